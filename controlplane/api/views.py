@@ -1,0 +1,205 @@
+"""The core's API: members, credentials, spaces, memberships, conversations.
+
+Views validate, call one service, and render."""
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane import services
+from controlplane.api.fields import validated
+from controlplane.api.pagination import paginate
+from controlplane.api.permissions import IsAdmin, ReadableAnonymously
+from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, LIMIT, errors
+from controlplane.api.serializers import (ChannelCreateIn, ConversationOut, CredentialCreatedOut, CredentialOut,
+                                          EmptyIn, GroupCreateIn, MemberCreateIn, MemberOut, MemberRefIn,
+                                          MembershipAddIn, MembershipOut, SpaceCreateIn, SpaceOut, envelope)
+from controlplane.errors import NotFound
+from controlplane.idempotency import idempotent
+from controlplane.models import Credential, Membership
+from controlplane.render import (render_conversation, render_credential, render_member, render_membership,
+                                 render_space)
+from controlplane.selectors import (active_membership, can_read_space, get_space_for, readable_conversations)
+
+
+class MeView(APIView):
+    @extend_schema(operation_id="get_me", responses={200: envelope("member", MemberOut), **errors()})
+    def get(self, request):
+        return Response({"member": render_member(request.user)})
+
+
+class CredentialsView(APIView):
+    @extend_schema(operation_id="list_credentials",
+                   responses={200: envelope("credentials", CredentialOut, many=True), **errors()})
+    def get(self, request):
+        credentials = Credential.objects.filter(member=request.user).order_by("id")
+        return Response({"credentials": [render_credential(c) for c in credentials]})
+
+    @extend_schema(operation_id="create_credential", request=EmptyIn, parameters=[IDEMPOTENCY_KEY],
+                   responses={201: CredentialCreatedOut,
+                              **errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "IDEMPOTENCY_CONFLICT")})
+    @idempotent
+    def post(self, request):
+        validated(EmptyIn, request.data)
+        credential, token = services.issue_credential(request.user, actor=request.user)
+        return Response({**render_credential(credential), "token": token}, status=201)
+
+
+class CredentialView(APIView):
+    @extend_schema(operation_id="delete_credential", responses={204: None, **errors("NOT_FOUND")})
+    def delete(self, request, credential_id):
+        credential = Credential.objects.filter(member=request.user, public_id=credential_id).first()
+        if credential is None:
+            raise NotFound()
+        services.revoke_credential(credential, actor=request.user)
+        return Response(status=204)
+
+
+class MembersView(APIView):
+    permission_classes = [IsAdmin]
+
+    @extend_schema(operation_id="create_member", request=MemberCreateIn, parameters=[IDEMPOTENCY_KEY],
+                   responses={201: envelope("member", MemberOut),
+                              **errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "FORBIDDEN", "CONFLICT",
+                                       "IDEMPOTENCY_CONFLICT")})
+    @idempotent
+    def post(self, request):
+        data = validated(MemberCreateIn, request.data)
+        member = services.create_member(data["handle"], kind=data["kind"], display_name=data.get("display_name", ""),
+                                        is_admin=data["is_admin"], actor=request.user)
+        return Response({"member": render_member(member)}, status=201)
+
+
+class SpacesView(APIView):
+    @extend_schema(operation_id="create_space", request=SpaceCreateIn, parameters=[IDEMPOTENCY_KEY],
+                   responses={201: envelope("space", SpaceOut),
+                              **errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "CONFLICT",
+                                       "IDEMPOTENCY_CONFLICT")})
+    @idempotent
+    def post(self, request):
+        data = validated(SpaceCreateIn, request.data)
+        space = services.create_space(**data, actor=request.user)
+        return Response({"space": render_space(space)}, status=201)
+
+
+class SpaceView(APIView):
+    permission_classes = [ReadableAnonymously]
+
+    @extend_schema(operation_id="get_space", responses={200: envelope("space", SpaceOut),
+                                                        **errors("NOT_FOUND", anonymous=True)})
+    def get(self, request, slug):
+        return Response({"space": render_space(get_space_for(slug, request.user))})
+
+
+class JoinView(APIView):
+    @extend_schema(operation_id="join_space", request=EmptyIn, parameters=[IDEMPOTENCY_KEY],
+                   responses={200: envelope("membership", MembershipOut),
+                              **errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "NOT_FOUND", "CONFLICT",
+                                       "IDEMPOTENCY_CONFLICT")})
+    @idempotent
+    def post(self, request, slug):
+        validated(EmptyIn, request.data)
+        membership = services.join_space(get_space_for(slug, request.user), actor=request.user)
+        return Response({"membership": render_membership(membership)})
+
+
+class SpaceMembersView(APIView):
+    permission_classes = [ReadableAnonymously]
+
+    @extend_schema(operation_id="list_space_members", parameters=[CURSOR, LIMIT],
+                   responses={200: envelope("members", MembershipOut, many=True, paged=True),
+                              **errors("INVALID_REQUEST", "INVALID_CURSOR", "NOT_FOUND", anonymous=True)})
+    def get(self, request, slug):
+        space = get_space_for(slug, request.user)
+        if not can_read_space(space, request.user):
+            raise NotFound()
+        memberships = space.memberships.select_related("member")
+        membership = active_membership(space, request.user)
+        # Pending requests are the owners' business; removed members are history.
+        if membership is not None and membership.role == Membership.Role.OWNER:
+            memberships = memberships.exclude(status=Membership.Status.REMOVED)
+        else:
+            memberships = memberships.filter(status=Membership.Status.ACTIVE)
+        page = paginate(request, memberships, stream=f"members:{space.pk}", render=render_membership)
+        return Response({"members": page.pop("items"), **page})
+
+    @extend_schema(operation_id="add_space_member", request=MembershipAddIn, parameters=[IDEMPOTENCY_KEY],
+                   responses={200: envelope("membership", MembershipOut),
+                              **errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "FORBIDDEN", "NOT_FOUND",
+                                       "CONFLICT", "IDEMPOTENCY_CONFLICT")})
+    @idempotent
+    def post(self, request, slug):
+        data = validated(MembershipAddIn, request.data)
+        space = get_space_for(slug, request.user)
+        membership = services.add_member(space, services.member_for_handle(data["member"]), role=data["role"],
+                                         actor=request.user)
+        return Response({"membership": render_membership(membership)})
+
+
+class SpaceMemberView(APIView):
+    @extend_schema(operation_id="remove_space_member", responses={204: None,
+                                                                  **errors("FORBIDDEN", "NOT_FOUND", "CONFLICT")})
+    def delete(self, request, slug, handle):
+        space = get_space_for(slug, request.user)
+        services.remove_member(space, services.member_for_handle(handle), actor=request.user)
+        return Response(status=204)
+
+
+class ConversationsView(APIView):
+    permission_classes = [ReadableAnonymously]
+
+    @extend_schema(operation_id="list_channels", parameters=[CURSOR, LIMIT],
+                   responses={200: envelope("conversations", ConversationOut, many=True, paged=True),
+                              **errors("INVALID_REQUEST", "INVALID_CURSOR", "NOT_FOUND", anonymous=True)})
+    def get(self, request, slug):
+        space = get_space_for(slug, request.user)
+        if not can_read_space(space, request.user):
+            raise NotFound()
+        conversations = readable_conversations(space, request.user).select_related("space")
+        page = paginate(request, conversations, stream=f"conversations:{space.pk}", render=render_conversation)
+        return Response({"conversations": page.pop("items"), **page})
+
+
+def _conversation_response(conversation, created: bool) -> Response:
+    return Response({"conversation": render_conversation(conversation)}, status=201 if created else 200)
+
+
+CONVERSATION_ERRORS = errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "FORBIDDEN", "NOT_FOUND", "CONFLICT",
+                             "IDEMPOTENCY_CONFLICT")
+
+
+class DirectView(APIView):
+    @extend_schema(operation_id="get_or_create_direct", request=MemberRefIn, parameters=[IDEMPOTENCY_KEY],
+                   responses={200: envelope("conversation", ConversationOut),
+                              201: envelope("conversation", ConversationOut), **CONVERSATION_ERRORS})
+    @idempotent
+    def post(self, request, slug):
+        data = validated(MemberRefIn, request.data)
+        space = get_space_for(slug, request.user)
+        conversation, created = services.get_or_create_direct(space, services.member_for_handle(data["member"]),
+                                                              actor=request.user)
+        return _conversation_response(conversation, created)
+
+
+class ChannelsView(APIView):
+    @extend_schema(operation_id="create_channel", request=ChannelCreateIn, parameters=[IDEMPOTENCY_KEY],
+                   responses={201: envelope("conversation", ConversationOut), **CONVERSATION_ERRORS})
+    @idempotent
+    def post(self, request, slug):
+        data = validated(ChannelCreateIn, request.data)
+        space = get_space_for(slug, request.user)
+        return _conversation_response(services.create_channel(space, data["name"], actor=request.user), True)
+
+
+class GroupsView(APIView):
+    @extend_schema(operation_id="get_or_create_group", request=GroupCreateIn, parameters=[IDEMPOTENCY_KEY],
+                   responses={200: envelope("conversation", ConversationOut),
+                              201: envelope("conversation", ConversationOut), **CONVERSATION_ERRORS})
+    @idempotent
+    def post(self, request, slug):
+        data = validated(GroupCreateIn, request.data)
+        space = get_space_for(slug, request.user)
+        members = [services.member_for_handle(h) for h in data["members"]]
+        conversation, created = services.get_or_create_group(space, members, actor=request.user)
+        return _conversation_response(conversation, created)

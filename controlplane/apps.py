@@ -1,0 +1,9 @@
+from django.apps import AppConfig
+
+
+class ControlPlaneConfig(AppConfig):
+    name = "controlplane"
+    verbose_name = "Switchboard core"
+
+    def ready(self):
+        from controlplane.api import schema  # noqa: F401  (registers OpenAPI extensions)

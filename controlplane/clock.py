@@ -1,0 +1,29 @@
+"""The one clock. Tests move it with `freeze(at)`; nothing else reads time."""
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+
+_frozen: dt.datetime | None = None
+
+
+def now() -> dt.datetime:
+    return _frozen or dt.datetime.now(dt.timezone.utc)
+
+
+@contextlib.contextmanager
+def freeze(at: dt.datetime):
+    global _frozen
+    previous, _frozen = _frozen, at
+    try:
+        yield
+    finally:
+        _frozen = previous
+
+
+def rfc3339(value: dt.datetime | None) -> str | None:
+    """RFC 3339 UTC with milliseconds, e.g. 2026-11-30T02:25:45.123Z."""
+    if value is None:
+        return None
+    value = value.astimezone(dt.timezone.utc)
+    return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"

@@ -1,0 +1,161 @@
+"""Errors are values with codes, mapped once to the contract's shape:
+`{"error": {"code": "…", "message": "…", "details": {…}}}`.
+"""
+from __future__ import annotations
+
+import logging
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
+from django.http import Http404, JsonResponse
+from rest_framework import exceptions as drf
+from rest_framework.response import Response
+
+logger = logging.getLogger("switchboard.errors")
+
+
+class ApiError(Exception):
+    status = 400
+    code = "INVALID_REQUEST"
+    message = "The request is invalid."
+
+    def __init__(self, message: str | None = None, *, details: dict | None = None, code: str | None = None,
+                 status: int | None = None, headers: dict | None = None):
+        self.message = message or self.message
+        self.details = details or {}
+        self.code = code or self.code
+        self.status = status or self.status
+        self.headers = headers or {}
+        super().__init__(self.message)
+
+    def body(self) -> dict:
+        return error_body(self.code, self.message, self.details)
+
+
+class InvalidRequest(ApiError):
+    pass
+
+
+class InvalidIdempotencyKey(ApiError):
+    code = "INVALID_IDEMPOTENCY_KEY"
+    message = "Idempotency-Key must be 8–128 visible ASCII characters."
+
+
+class InvalidCursor(ApiError):
+    code = "INVALID_CURSOR"
+    message = "The cursor is invalid for this caller and stream."
+
+
+class Unauthenticated(ApiError):
+    status, code, message = 401, "UNAUTHENTICATED", "Authentication credentials are missing or invalid."
+
+
+class Forbidden(ApiError):
+    status, code, message = 403, "FORBIDDEN", "You are not allowed to do this."
+
+
+class GrantRequired(ApiError):
+    status, code, message = 403, "GRANT_REQUIRED", "Sending here needs a grant covering every recipient."
+
+
+class AuthorityRevoked(ApiError):
+    status, code, message = 403, "AUTHORITY_REVOKED", "The authority this message was sent under is no longer active."
+
+
+class NotFound(ApiError):
+    status, code, message = 404, "NOT_FOUND", "Not found."
+
+
+class Conflict(ApiError):
+    status, code, message = 409, "CONFLICT", "The request conflicts with the current state."
+
+
+class IdempotencyConflict(ApiError):
+    status, code, message = 409, "IDEMPOTENCY_CONFLICT", "This Idempotency-Key was used with a different request."
+
+
+class ResyncRequired(ApiError):
+    status, code, message = 410, "RESYNC_REQUIRED", "The cursor is older than the retention floor; take a fresh snapshot."
+
+
+class BodyTooLarge(ApiError):
+    status, code, message = 413, "BODY_TOO_LARGE", "The body is larger than allowed."
+
+
+class InvalidBody(ApiError):
+    status, code, message = 422, "INVALID_BODY", "The body is not valid text."
+
+
+class RateLimited(ApiError):
+    status, code, message = 429, "RATE_LIMITED", "Too many requests."
+
+
+def error_body(code: str, message: str, details: dict | None = None) -> dict:
+    return {"error": {"code": code, "message": message, "details": details or {}}}
+
+
+def _from_drf(exc: drf.APIException) -> ApiError:
+    if isinstance(exc, (drf.NotAuthenticated, drf.AuthenticationFailed)):
+        return Unauthenticated(str(exc.detail) if isinstance(exc, drf.AuthenticationFailed) else None)
+    if isinstance(exc, drf.PermissionDenied):
+        return Forbidden()
+    if isinstance(exc, drf.NotFound):
+        return NotFound()
+    if isinstance(exc, drf.MethodNotAllowed):
+        return ApiError(str(exc.detail), status=405, code="METHOD_NOT_ALLOWED")
+    if isinstance(exc, drf.NotAcceptable):
+        return ApiError(str(exc.detail), status=406, code="NOT_ACCEPTABLE")
+    if isinstance(exc, drf.UnsupportedMediaType):
+        return ApiError("Send JSON with Content-Type: application/json.", status=415, code="INVALID_REQUEST")
+    if isinstance(exc, drf.Throttled):
+        wait = max(1, int(exc.wait or 1))
+        return RateLimited(details={"retry_after": wait}, headers={"Retry-After": str(wait)})
+    if isinstance(exc, drf.ValidationError):
+        return InvalidRequest("The request has invalid fields.", details={"fields": exc.detail})
+    if isinstance(exc, drf.ParseError):
+        return InvalidRequest(str(exc.detail))
+    return ApiError(str(exc.detail), status=exc.status_code)
+
+
+def api_exception_handler(exc, context):
+    """DRF's EXCEPTION_HANDLER: every error leaves in the contract's shape."""
+    if isinstance(exc, Http404):
+        exc = NotFound()
+    elif isinstance(exc, RequestDataTooBig):
+        exc = BodyTooLarge("The request is too large.")
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = Forbidden()
+    elif isinstance(exc, SuspiciousOperation):
+        exc = InvalidRequest("The request was rejected.")
+    elif isinstance(exc, drf.APIException):
+        exc = _from_drf(exc)
+    if not isinstance(exc, ApiError):
+        logger.exception("unhandled error in API view", exc_info=exc)
+        exc = ApiError("Internal error.", status=500, code="INTERNAL")
+    response = Response(exc.body(), status=exc.status, headers=exc.headers)
+    return response
+
+
+# Django-level handlers for errors raised outside DRF views.
+def _json(code: str, message: str, status: int) -> JsonResponse:
+    return JsonResponse(error_body(code, message), status=status)
+
+
+def bad_request(request, exception=None):
+    return _json("INVALID_REQUEST", "The request is invalid.", 400)
+
+
+def permission_denied(request, exception=None):
+    return _json("FORBIDDEN", "You are not allowed to do this.", 403)
+
+
+def not_found(request, exception=None):
+    return _json("NOT_FOUND", "Not found.", 404)
+
+
+def server_error(request):
+    return _json("INTERNAL", "Internal error.", 500)
+
+
+def csrf_failure(request, reason=""):
+    return _json("FORBIDDEN", "CSRF verification failed.", 403)

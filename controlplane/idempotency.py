@@ -1,0 +1,83 @@
+"""Idempotency-Key for creating POST and PATCH requests.
+
+The key is scoped to the caller and the route (method and path). The first
+successful (2xx) response is stored in the same transaction as the change it
+describes, so a retry either finds both or neither. The same key with the
+same request replays the original status and body; with a different request
+it is 409 IDEMPOTENCY_CONFLICT. Failed requests change nothing and are not
+stored, so they may be retried with the same key.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import re
+from functools import wraps
+
+from django.db import IntegrityError, transaction
+from rest_framework.response import Response
+
+from controlplane.clock import now
+from controlplane.errors import IdempotencyConflict, InvalidIdempotencyKey
+from controlplane.models import IdempotencyRecord
+
+KEY_RE = re.compile(r"^[\x21-\x7e]{8,128}$")
+RETENTION = dt.timedelta(hours=48)  # the contract promises at least 24 hours
+
+
+def idempotency_key(request) -> str | None:
+    """The request's Idempotency-Key, None when absent; 400 when malformed."""
+    key = request.META.get("HTTP_IDEMPOTENCY_KEY")
+    if key is None:
+        return None
+    if not KEY_RE.match(key):
+        raise InvalidIdempotencyKey()
+    return key
+
+
+def request_fingerprint(request) -> str:
+    canonical = json.dumps(request.data, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _replay(record: IdempotencyRecord, fingerprint: str) -> Response:
+    if record.fingerprint != fingerprint:
+        raise IdempotencyConflict()
+    return Response(record.body, status=record.status_code)
+
+
+def idempotent(view_method):
+    """Decorate a DRF view method that creates or changes state."""
+
+    @wraps(view_method)
+    def wrapper(self, request, *args, **kwargs):
+        key = idempotency_key(request)
+        if key is None or request.user is None:
+            return view_method(self, request, *args, **kwargs)
+        scope = f"{request.method} {request.path}"
+        fingerprint = request_fingerprint(request)
+        lookup = {"owner": request.user, "scope": scope, "key": key}
+        record = IdempotencyRecord.objects.filter(**lookup).first()
+        if record is not None:
+            return _replay(record, fingerprint)
+        try:
+            with transaction.atomic():
+                response = view_method(self, request, *args, **kwargs)
+                if 200 <= response.status_code < 300:
+                    IdempotencyRecord.objects.create(**lookup, fingerprint=fingerprint,
+                                                     status_code=response.status_code, body=response.data)
+        except IntegrityError:
+            # A concurrent request with the same key committed first.
+            record = IdempotencyRecord.objects.filter(**lookup).first()
+            if record is None:
+                raise
+            return _replay(record, fingerprint)
+        return response
+
+    return wrapper
+
+
+def purge_idempotency_records() -> int:
+    deleted, _ = IdempotencyRecord.objects.filter(created_at__lt=now() - RETENTION).delete()
+    return deleted

@@ -1,0 +1,62 @@
+"""The root secret and the per-purpose keys derived from it.
+
+`SERVER_ADMIN_KEY` is the only secret an operator manages. Every other key
+(Django's SECRET_KEY, cursor HMAC keys, secret-encryption keys) is derived
+from it with HKDF-SHA256 and a purpose label, so rotating one purpose never
+needs a new root and no derived key reveals another.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+from functools import lru_cache
+from pathlib import Path
+
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+MIN_ROOT_KEY_CHARS = 32
+
+
+class MissingAdminKey(RuntimeError):
+    pass
+
+
+def load_root_key(*, debug: bool, var_dir: Path) -> str:
+    """The root key from the environment, or (development only) from var/."""
+    key = os.environ.get("SERVER_ADMIN_KEY", "")
+    if key:
+        if len(key) < MIN_ROOT_KEY_CHARS:
+            raise MissingAdminKey(f"SERVER_ADMIN_KEY must be at least {MIN_ROOT_KEY_CHARS} characters")
+        return key
+    if not debug:
+        raise MissingAdminKey("SERVER_ADMIN_KEY is required when DEBUG is off")
+    path = var_dir / "server_admin_key"
+    if not path.exists():
+        var_dir.mkdir(parents=True, exist_ok=True)
+        # O_EXCL: two processes starting at once agree on one key.
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(48))
+    return path.read_text().strip()
+
+
+@lru_cache(maxsize=None)
+def derive_key(root: str, purpose: str, length: int = 32) -> bytes:
+    return HKDF(
+        algorithm=hashes.SHA256(),
+        length=length,
+        salt=b"switchboard/v1",
+        info=purpose.encode(),
+    ).derive(root.encode())
+
+
+def purpose_key(purpose: str, length: int = 32) -> bytes:
+    """A key for one purpose ("cursor", "secret-encryption", …)."""
+    from django.conf import settings
+
+    return derive_key(settings.SERVER_ADMIN_KEY, purpose, length)

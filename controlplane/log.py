@@ -1,0 +1,92 @@
+"""The host-wide event log.
+
+Commit-order guarantee: positions are taken from the single `LogHead` row
+with `UPDATE … RETURNING` as the last write of the writer's transaction. The
+row lock that UPDATE takes is held until COMMIT, so position assignment and
+commit happen in one serialized section: a transaction that gets a larger
+position can only do so after every smaller position has committed (and,
+on PostgreSQL, become visible: locks are released after the commit is
+visible). A reader that has seen position p can therefore never later find
+a newly committed event at a position <= p. See docs/architecture.md.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django.db import connection, transaction
+
+from controlplane.clock import now
+from controlplane.live import LOG_GROUP, group_send_on_commit
+from controlplane.models import Event, EventAddressee, LogHead
+
+
+@dataclass(frozen=True)
+class NewEvent:
+    kind: str
+    data: dict
+    space_id: int | None = None
+    conversation_id: int | None = None
+    actor_id: int | None = None
+    restricted: bool = False
+    addressees: tuple[int, ...] = field(default_factory=tuple)
+
+
+_ALLOCATE_SQL = f"UPDATE {LogHead._meta.db_table} SET position = position + %s WHERE id = 1 RETURNING position"
+
+
+def reserve_positions(count: int) -> list[int]:
+    """Take the next `count` positions, in the caller's transaction.
+
+    From here to COMMIT every other writer waits on the log head row, so do
+    it as late as possible: after validation, right before the final inserts.
+    """
+    if not connection.in_atomic_block:
+        raise RuntimeError("positions are reserved inside the writer's transaction")
+    with connection.cursor() as cursor:
+        cursor.execute(_ALLOCATE_SQL, [count])
+        last = cursor.fetchone()[0]
+    return list(range(last - count + 1, last + 1))
+
+
+def append_events(events: list[NewEvent], positions: list[int] | None = None) -> list[Event]:
+    """Append `events` to the log in the caller's transaction, at `positions`
+    if the caller reserved them already, else at freshly reserved ones."""
+    if not events:
+        return []
+    positions = positions or reserve_positions(len(events))
+    created_at = now()
+    rows = [
+        Event(position=position, kind=e.kind, space_id=e.space_id, conversation_id=e.conversation_id,
+              actor_id=e.actor_id, restricted=e.restricted, data=e.data, created_at=created_at)
+        for position, e in zip(positions, events, strict=True)
+    ]
+    Event.objects.bulk_create(rows)
+    addressees = [
+        EventAddressee(member_id=member_id, event_id=row.position, space_id=e.space_id)
+        for row, e in zip(rows, events)
+        for member_id in e.addressees
+    ]
+    if addressees:
+        EventAddressee.objects.bulk_create(addressees)
+    group_send_on_commit(LOG_GROUP, {"type": "log.advanced", "position": positions[-1]})
+    return rows
+
+
+def log_head() -> LogHead:
+    return LogHead.objects.get(id=1)
+
+
+def prune_events(*, older_than) -> int:
+    """Delete events created before `older_than` and raise the retention
+    floor past them. Returns how many were deleted."""
+    with transaction.atomic():
+        boundary = (
+            Event.objects.filter(created_at__lt=older_than).order_by("-position").values_list("position", flat=True).first()
+        )
+        if boundary is None:
+            return 0
+        # Raise the floor first, so a reader never sees a gap it is not told about.
+        LogHead.objects.filter(id=1, floor__lt=boundary).update(floor=boundary)
+        EventAddressee.objects.filter(event_id__lte=boundary).delete()
+        deleted, _ = Event.objects.filter(position__lte=boundary).delete()
+        return deleted

@@ -1,0 +1,18 @@
+from django.core.management.base import BaseCommand, CommandError
+
+from controlplane.models import Member
+from controlplane.services import issue_credential
+
+
+class Command(BaseCommand):
+    help = "Issue a bearer credential for a member and print the token (shown once)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("handle")
+
+    def handle(self, *args, handle, **options):
+        member = Member.objects.filter(handle=handle.removeprefix("@")).first()
+        if member is None:
+            raise CommandError(f"no member @{handle.removeprefix('@')}")
+        _, token = issue_credential(member, actor=None)
+        self.stdout.write(token)

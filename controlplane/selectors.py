@@ -1,0 +1,77 @@
+"""Reads that decide access. Absent and invisible are the same 404."""
+from __future__ import annotations
+
+from django.db.models import Q, QuerySet
+
+from controlplane.errors import NotFound
+from controlplane.models import Conversation, Member, Membership, Participant, Space
+
+
+def active_membership(space: Space, member: Member | None) -> Membership | None:
+    if member is None:
+        return None
+    return Membership.objects.filter(space=space, member=member, status=Membership.Status.ACTIVE).first()
+
+
+def readable_spaces(member: Member | None) -> QuerySet[Space]:
+    """Open spaces, and those `member` actively belongs to."""
+    if member is None:
+        return Space.objects.filter(visibility=Space.Visibility.OPEN)
+    mine = Membership.objects.filter(member=member, status=Membership.Status.ACTIVE).values("space_id")
+    return Space.objects.filter(Q(visibility=Space.Visibility.OPEN) | Q(id__in=mine))
+
+
+def can_read_space(space: Space, member: Member | None) -> bool:
+    return space.visibility == Space.Visibility.OPEN or active_membership(space, member) is not None
+
+
+def get_space_for(slug: str, member: Member | None) -> Space:
+    """The space, if `member` may at least see it exists.
+
+    Private spaces are invisible to non-members; open and request spaces
+    show their metadata (a request space must be findable to ask to join).
+    """
+    space = Space.objects.filter(slug=slug).first()
+    if space is None:
+        raise NotFound()
+    if space.visibility == Space.Visibility.PRIVATE and not _has_membership(space, member):
+        raise NotFound()
+    return space
+
+
+def _has_membership(space: Space, member: Member | None) -> bool:
+    if member is None:
+        return False
+    return Membership.objects.filter(space=space, member=member).exclude(status=Membership.Status.REMOVED).exists()
+
+
+def participant_conversations(member: Member) -> QuerySet:
+    return Participant.objects.filter(member=member).values("conversation_id")
+
+
+def readable_conversations(space: Space, member: Member | None) -> QuerySet[Conversation]:
+    """Conversations of `space` that `member` can read (assumes the space is
+    readable): every channel, and the direct and group conversations they
+    take part in."""
+    channels = Q(kind=Conversation.Kind.CHANNEL)
+    if member is None:
+        return space.conversations.filter(channels)
+    return space.conversations.filter(channels | Q(id__in=participant_conversations(member)))
+
+
+def get_conversation_for(space: Space, ref: str, member: Member | None) -> Conversation:
+    """A conversation by `cnv_…` id or `#name`, if `member` can read it."""
+    if not can_read_space(space, member):
+        raise NotFound()
+    qs = readable_conversations(space, member)
+    if ref.startswith("#"):
+        conversation = qs.filter(kind=Conversation.Kind.CHANNEL, name=ref[1:]).first()
+    else:
+        conversation = qs.filter(public_id=ref).first()
+    if conversation is None:
+        raise NotFound()
+    return conversation
+
+
+def members_by_handle(handles: list[str]) -> dict[str, Member]:
+    return {m.handle: m for m in Member.objects.filter(handle__in=handles)}

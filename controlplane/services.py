@@ -1,0 +1,240 @@
+"""Every state change of the core goes through here.
+
+Each service runs in one transaction, records its actor in the events it
+appends, and appends those events as its last write (controlplane.log).
+"""
+from __future__ import annotations
+
+import re
+
+from django.contrib.auth import get_user_model
+from django.db import IntegrityError, transaction
+
+from controlplane import events
+from controlplane.clock import now
+from controlplane.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from controlplane.log import append_events
+from controlplane.models import Conversation, Credential, Member, Membership, Participant, Space
+from controlplane.selectors import active_membership
+from controlplane.tokens import hash_token, new_bearer_token
+
+HANDLE_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{1,31}$")
+SLUG_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+CHANNEL_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,79}$")
+MAX_GROUP_MEMBERS = 64
+
+
+def parse_handle(value: str) -> str:
+    """`@alice` or `alice` → `alice`, or InvalidRequest."""
+    handle = value[1:] if isinstance(value, str) and value.startswith("@") else value
+    if not isinstance(handle, str) or not HANDLE_RE.match(handle):
+        raise InvalidRequest("A handle is 2–32 characters of a-z, 0-9, _ and -, starting with a letter or digit.",
+                             details={"handle": value if isinstance(value, str) else None})
+    return handle
+
+
+def member_for_handle(value: str) -> Member:
+    member = Member.objects.filter(handle=parse_handle(value)).first()
+    if member is None:
+        raise NotFound("No such member.", details={"member": value})
+    return member
+
+
+# --- members and credentials ---------------------------------------------------
+
+def create_member(handle: str, *, kind: str = Member.Kind.AGENT, display_name: str = "", is_admin: bool = False,
+                  password: str | None = None, actor: Member | None) -> Member:
+    """Create a member; humans (and admins) also get a Django user for the web app."""
+    handle = parse_handle(handle)
+    if kind not in Member.Kind.values:
+        raise InvalidRequest("kind must be human, agent or operator.", details={"kind": kind})
+    try:
+        with transaction.atomic():
+            user = None
+            if kind == Member.Kind.HUMAN or is_admin:
+                user = get_user_model().objects.create_user(username=handle, password=password,
+                                                            is_staff=is_admin, is_superuser=is_admin)
+            return Member.objects.create(handle=handle, kind=kind, display_name=display_name or handle,
+                                         is_admin=is_admin, user=user)
+    except IntegrityError:
+        raise Conflict("That handle is taken.", details={"handle": f"@{handle}"}) from None
+
+
+def issue_credential(member: Member, *, actor: Member | None) -> tuple[Credential, str]:
+    """A new bearer credential; the token is returned here and never again."""
+    token = new_bearer_token()
+    credential = Credential.objects.create(member=member, token_hash=hash_token(token))
+    return credential, token
+
+
+def revoke_credential(credential: Credential, *, actor: Member) -> None:
+    credential.delete()
+
+
+# --- spaces and memberships -----------------------------------------------------
+
+def create_space(*, slug: str, name: str, visibility: str, send_policy: str, actor: Member) -> Space:
+    """Create a space; its creator becomes its first owner."""
+    if not SLUG_RE.match(slug):
+        raise InvalidRequest("A slug is 1–64 characters of a-z, 0-9 and -, starting with a letter or digit.",
+                             details={"slug": slug})
+    try:
+        with transaction.atomic():
+            space = Space.objects.create(slug=slug, name=name, visibility=visibility, send_policy=send_policy,
+                                         created_by=actor)
+            owner = Membership.objects.create(space=space, member=actor, role=Membership.Role.OWNER)
+            append_events([events.space_created(space, actor=actor), events.member_joined(owner, actor=actor)])
+    except IntegrityError:
+        raise Conflict("That slug is taken.", details={"slug": slug}) from None
+    return space
+
+
+def _lock_membership(space: Space, member: Member) -> Membership | None:
+    return Membership.objects.select_for_update().filter(space=space, member=member).first()
+
+
+def join_space(space: Space, *, actor: Member) -> Membership:
+    """Join an open space, or ask to join a request space (pending until an
+    owner admits). Private spaces are joined only by an owner adding you.
+    Idempotent: joining again returns the current membership."""
+    if space.visibility == Space.Visibility.PRIVATE:
+        raise NotFound()
+    if space.archived:
+        raise Conflict("The space is archived.")
+    status = Membership.Status.ACTIVE if space.visibility == Space.Visibility.OPEN else Membership.Status.PENDING
+    with transaction.atomic():
+        membership = _lock_membership(space, actor)
+        if membership is not None and membership.status != Membership.Status.REMOVED:
+            return membership
+        if membership is None:
+            try:
+                with transaction.atomic():
+                    membership = Membership.objects.create(space=space, member=actor, status=status)
+            except IntegrityError:  # a concurrent join won
+                return Membership.objects.get(space=space, member=actor)
+        else:
+            membership.status, membership.role, membership.updated_at = status, Membership.Role.MEMBER, now()
+            membership.save(update_fields=["status", "role", "updated_at"])
+        if status == Membership.Status.ACTIVE:
+            append_events([events.member_joined(membership, actor=actor)])
+        return membership
+
+
+def require_owner(space: Space, actor: Member) -> None:
+    membership = active_membership(space, actor)
+    if not actor.is_admin and (membership is None or membership.role != Membership.Role.OWNER):
+        raise Forbidden("Only the space's owners may do this.")
+
+
+def add_member(space: Space, member: Member, *, role: str = Membership.Role.MEMBER, actor: Member) -> Membership:
+    """Owners add a member (or admit a pending request, or change a role)."""
+    require_owner(space, actor)
+    if role not in Membership.Role.values:
+        raise InvalidRequest("role must be owner, member or observer.", details={"role": role})
+    if not member.is_active:
+        raise Conflict("The member is suspended.")
+    with transaction.atomic():
+        membership = _lock_membership(space, member)
+        joined = membership is None or membership.status != Membership.Status.ACTIVE
+        if membership is None:
+            membership = Membership.objects.create(space=space, member=member, role=role)
+        elif joined or membership.role != role:
+            membership.status, membership.role, membership.updated_at = Membership.Status.ACTIVE, role, now()
+            membership.save(update_fields=["status", "role", "updated_at"])
+        if joined:
+            append_events([events.member_joined(membership, actor=actor)])
+        return membership
+
+
+def remove_member(space: Space, member: Member, *, actor: Member) -> None:
+    """Remove a member (owners) or leave (anyone). Delivery from the space
+    stops at once: every read path checks the active membership."""
+    if member.pk != actor.pk:
+        require_owner(space, actor)
+    with transaction.atomic():
+        membership = _lock_membership(space, member)
+        if membership is None or membership.status == Membership.Status.REMOVED:
+            raise NotFound("Not a member of this space.")
+        was_active = membership.status == Membership.Status.ACTIVE
+        if was_active and membership.role == Membership.Role.OWNER and not _another_owner(space, member):
+            raise Conflict("A space keeps at least one owner.")
+        membership.status, membership.updated_at = Membership.Status.REMOVED, now()
+        membership.save(update_fields=["status", "updated_at"])
+        if was_active:
+            append_events([events.member_removed(membership, actor=actor)])
+
+
+def _another_owner(space: Space, member: Member) -> bool:
+    return (Membership.objects.filter(space=space, role=Membership.Role.OWNER, status=Membership.Status.ACTIVE)
+            .exclude(member=member).exists())
+
+
+# --- conversations ------------------------------------------------------------
+
+def require_sender(space: Space, actor: Member) -> Membership:
+    """Writing in a space needs an active, non-observer membership."""
+    membership = active_membership(space, actor)
+    if membership is None or membership.role == Membership.Role.OBSERVER:
+        raise Forbidden("Only active members (not observers) may write in this space.")
+    if space.archived:
+        raise Conflict("The space is archived.")
+    return membership
+
+
+def create_channel(space: Space, name: str, *, actor: Member) -> Conversation:
+    require_sender(space, actor)
+    name = name[1:] if name.startswith("#") else name
+    if not CHANNEL_RE.match(name):
+        raise InvalidRequest("A channel name is 1–80 characters of a-z, 0-9, _ and -.", details={"name": name})
+    try:
+        with transaction.atomic():
+            conversation = Conversation.objects.create(space=space, kind=Conversation.Kind.CHANNEL, name=name,
+                                                       address=f"#{name}", created_by=actor)
+            append_events([events.conversation_created(conversation, [], actor=actor)])
+    except IntegrityError:
+        raise Conflict("A channel with that name exists.", details={"name": f"#{name}"}) from None
+    return conversation
+
+
+def get_or_create_direct(space: Space, other: Member, *, actor: Member) -> tuple[Conversation, bool]:
+    """The direct conversation of the pair; the same pair always gets the same one."""
+    if other.pk == actor.pk:
+        raise InvalidRequest("A direct conversation needs another member.")
+    pair = sorted([actor, other], key=lambda m: m.pk)
+    return _get_or_create_participants(space, Conversation.Kind.DIRECT, pair,
+                                       f"direct:{pair[0].pk}:{pair[1].pk}", actor=actor)
+
+
+def get_or_create_group(space: Space, members: list[Member], *, actor: Member) -> tuple[Conversation, bool]:
+    """The group with exactly this ordered member list (which includes the caller)."""
+    ids = [m.pk for m in members]
+    if len(set(ids)) != len(ids):
+        raise InvalidRequest("A group lists each member once.")
+    if not 2 <= len(ids) <= MAX_GROUP_MEMBERS:
+        raise InvalidRequest(f"A group has 2–{MAX_GROUP_MEMBERS} members.")
+    if actor.pk not in ids:
+        raise InvalidRequest("A group you create must include you.")
+    return _get_or_create_participants(space, Conversation.Kind.GROUP, members,
+                                       "group:" + ",".join(map(str, ids)), actor=actor)
+
+
+def _get_or_create_participants(space: Space, kind: str, members: list[Member], address: str, *,
+                                 actor: Member) -> tuple[Conversation, bool]:
+    require_sender(space, actor)
+    existing = Conversation.objects.filter(space=space, address=address).first()
+    if existing is not None:
+        return existing, False
+    readers = set(Membership.objects.filter(space=space, member__in=members, status=Membership.Status.ACTIVE)
+                  .values_list("member_id", flat=True))
+    outsiders = [f"@{m.handle}" for m in members if m.pk not in readers]
+    if outsiders:
+        raise InvalidRequest("Every member must be an active member of the space.", details={"members": outsiders})
+    try:
+        with transaction.atomic():
+            conversation = Conversation.objects.create(space=space, kind=kind, address=address, created_by=actor)
+            Participant.objects.bulk_create(
+                Participant(conversation=conversation, member=m, ordinal=i) for i, m in enumerate(members))
+            append_events([events.conversation_created(conversation, members, actor=actor)])
+    except IntegrityError:  # created concurrently: same address, same conversation
+        return Conversation.objects.get(space=space, address=address), False
+    return conversation, True

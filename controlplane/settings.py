@@ -1,0 +1,207 @@
+"""Switchboard settings, read from the environment (docs/configuration.md)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+from controlplane.keys import derive_key, load_root_key
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("SWITCHBOARD_VAR_DIR", BASE_DIR / "var"))
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    return int(value) if value else default
+
+
+DEBUG = env_bool("DEBUG", False)
+SERVER_ADMIN_KEY = load_root_key(debug=DEBUG, var_dir=VAR_DIR)
+SECRET_KEY = derive_key(SERVER_ADMIN_KEY, "django-secret-key", 48).hex()
+
+SWITCHBOARD_BIND = os.environ.get("SWITCHBOARD_BIND", "127.0.0.1:8000")
+SWITCHBOARD_PUBLIC_URL = os.environ.get("SWITCHBOARD_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
+WEBHOOK_ALLOW_PRIVATE_NETWORKS = env_bool("WEBHOOK_ALLOW_PRIVATE_NETWORKS", False)
+WEBHOOK_CA_BUNDLE = os.environ.get("WEBHOOK_CA_BUNDLE") or None
+CLAIM_TTL_HOURS = env_int("CLAIM_TTL_HOURS", 24)
+EVENT_RETENTION_DAYS = env_int("EVENT_RETENTION_DAYS", 30)
+RATE_LIMIT_PER_MINUTE = env_int("RATE_LIMIT_PER_MINUTE", 12000)
+REDIS_URL = os.environ.get("REDIS_URL") or None
+
+ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "").split(",") if h] or ["*"]
+CSRF_TRUSTED_ORIGINS = [SWITCHBOARD_PUBLIC_URL]
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "channels",
+    "django_q",
+    "controlplane",
+    "inbox",
+    "grants",
+    "webhooks",
+]
+
+# Short and async-capable: every sync layer costs a thread hop under ASGI.
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+ASGI_APPLICATION = "controlplane.asgi.application"
+WSGI_APPLICATION = "controlplane.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- database -------------------------------------------------------------
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'switchboard.sqlite3'}"
+_db = dj_database_url.parse(DATABASE_URL)
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    _db["OPTIONS"] = {
+        # Writers take the lock at BEGIN, so they queue instead of failing
+        # with "database is locked" when they upgrade a read lock.
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=30000;",
+    }
+    _db["TEST"] = {"NAME": str(VAR_DIR / "test_switchboard.sqlite3")}
+elif _db["ENGINE"] == "django.db.backends.postgresql":
+    # Under ASGI every request runs in a fresh thread, so CONN_MAX_AGE
+    # cannot reuse connections; a process-wide pool does.
+    _db["CONN_MAX_AGE"] = 0
+    _db.setdefault("OPTIONS", {})["pool"] = {
+        "min_size": env_int("DB_POOL_MIN", 2),
+        "max_size": env_int("DB_POOL_MAX", 16),
+        "timeout": 10,
+    }
+DATABASES = {"default": _db}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+IS_POSTGRES = _db["ENGINE"] == "django.db.backends.postgresql"
+
+# --- channels, cache, tasks -----------------------------------------------
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": "switchboard"},
+        }
+    }
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": "switchboard",
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+Q_CLUSTER = {
+    "name": "switchboard",
+    "workers": env_int("Q_WORKERS", 2),
+    # django-q2's `retry` is a redelivery timeout, not a backoff: keep
+    # timeout < retry; our own retry policy lives in our rows.
+    "timeout": 60,
+    "retry": 120,
+    "ack_failures": True,
+    "max_attempts": 1,
+    "catch_up": False,
+    "save_limit": 1000,
+    "log_level": os.environ.get("Q_LOG_LEVEL", "WARNING"),
+}
+if REDIS_URL:
+    Q_CLUSTER["redis"] = REDIS_URL
+else:
+    Q_CLUSTER["orm"] = "default"
+    Q_CLUSTER["poll"] = 0.5
+
+# --- auth, API --------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "/admin/login/"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "controlplane.api.authentication.BearerTokenAuthentication",
+        "controlplane.api.authentication.MemberSessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["controlplane.api.permissions.IsMember"],
+    "DEFAULT_THROTTLE_CLASSES": ["controlplane.api.throttling.CredentialRateThrottle"],
+    "DEFAULT_PARSER_CLASSES": ["controlplane.api.parsers.StrictJSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "EXCEPTION_HANDLER": "controlplane.errors.api_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "controlplane.api.schema.SwitchboardAutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Switchboard API",
+    "DESCRIPTION": "Durable, addressed messaging between people and AI agents.",
+    "VERSION": "0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "SCHEMA_PATH_PREFIX": r"/v0",
+    "ENUM_NAME_OVERRIDES": {
+        "MemberKindEnum": "controlplane.models.Member.Kind",
+        "ConversationKindEnum": ["channel", "direct", "group"],
+    },
+}
+
+# Message bodies are 8 KiB; nothing legitimate needs more than this.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 256 * 1024
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "/static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+CSRF_FAILURE_VIEW = "controlplane.errors.csrf_failure"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "WARNING")},
+    "loggers": {"switchboard": {"level": os.environ.get("LOG_LEVEL", "INFO"), "propagate": True}},
+}

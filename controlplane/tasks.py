@@ -1,0 +1,18 @@
+"""django-q2 entry points: thin wrappers over services."""
+from __future__ import annotations
+
+import datetime as dt
+
+from django.conf import settings
+
+from controlplane.clock import now
+from controlplane.idempotency import purge_idempotency_records as _purge
+from controlplane.log import prune_events
+
+
+def prune_event_log() -> int:
+    return prune_events(older_than=now() - dt.timedelta(days=settings.EVENT_RETENTION_DAYS))
+
+
+def purge_idempotency_records() -> int:
+    return _purge()

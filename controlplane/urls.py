@@ -1,0 +1,23 @@
+from django.contrib import admin
+from django.http import JsonResponse
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+
+def healthz(request):
+    return JsonResponse({"status": "ok"})
+
+
+urlpatterns = [
+    path("healthz", healthz),
+    path("admin/", admin.site.urls),
+    path("v0/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("v0/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    path("v0/", include("controlplane.api.urls")),
+    path("v0/", include("inbox.api.urls")),
+]
+
+handler400 = "controlplane.errors.bad_request"
+handler403 = "controlplane.errors.permission_denied"
+handler404 = "controlplane.errors.not_found"
+handler500 = "controlplane.errors.server_error"

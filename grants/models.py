@@ -1,0 +1,1 @@
+"""Grants and approval requests (SPEC §5) live here."""

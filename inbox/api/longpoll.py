@@ -1,0 +1,61 @@
+"""Long-polling for feed views (`wait_ms`).
+
+The wrapped DRF view does each read in a worker thread and gives its
+database connection back at once; the wait itself is a coroutine on the
+event loop, woken by the process's LogWatcher, so a waiting request holds no
+thread and no database connection, and is cancelled if the client goes away.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from asgiref.sync import sync_to_async
+from django.db import connections
+
+from controlplane.live import FEED_RECHECK_SECONDS, log_watcher
+
+MAX_WAIT_MS = 30_000
+
+
+def _wait_ms(request) -> int:
+    try:
+        value = int(request.GET.get("wait_ms", "0"))
+    except ValueError:
+        return 0  # the view itself answers INVALID_REQUEST
+    return value if 0 < value <= MAX_WAIT_MS else 0
+
+
+def _release_connections() -> None:
+    for connection in connections.all(initialized_only=True):
+        if not connection.in_atomic_block:
+            connection.close()
+
+
+def long_polling(sync_view):
+    """Wrap a feed view (from `as_view()`) into an async long-polling view."""
+
+    def read_once(request, *args, **kwargs):
+        try:
+            return sync_view(request, *args, **kwargs)
+        finally:
+            _release_connections()
+
+    read = sync_to_async(read_once)
+
+    async def view(request, *args, **kwargs):
+        wait_ms = _wait_ms(request)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_ms / 1000
+        while True:
+            mark = log_watcher.mark()
+            response = await read(request, *args, **kwargs)
+            remaining = deadline - loop.time()
+            if remaining <= 0 or response.status_code != 200 or response.data["events"]:
+                return response
+            request.switchboard_repoll = True
+            await log_watcher.wait(mark, min(remaining, FEED_RECHECK_SECONDS))
+
+    # drf-spectacular documents the wrapped DRF view.
+    view.cls, view.initkwargs = sync_view.cls, sync_view.initkwargs
+    view.csrf_exempt = True
+    return view

@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from controlplane.api.fields import StrictCharField, StrictSerializer
+from controlplane.api.pagination import DEFAULT_LIMIT, MAX_LIMIT
+from inbox.services import MAX_BODY_BYTES
+
+
+class SendMessageIn(StrictSerializer):
+    body = StrictCharField(allow_blank=True, help_text="UTF-8 text, at most 8 KiB encoded; stored exactly.")
+    reply_to = StrictCharField(required=False, allow_null=True, max_length=40)
+    related_paths = serializers.ListField(child=StrictCharField(), required=False)
+
+
+class ResolveIn(StrictSerializer):
+    result = StrictCharField(allow_blank=True, help_text="Required, at most 2 KiB encoded.")
+
+
+class FeedParams(serializers.Serializer):
+    cursor = serializers.CharField(required=False, max_length=200)
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=MAX_LIMIT, default=DEFAULT_LIMIT)
+    wait_ms = serializers.IntegerField(required=False, min_value=0, max_value=30_000, default=0)
+
+
+class BodyParams(serializers.Serializer):
+    cursor = serializers.CharField(required=False, max_length=200)
+    max_bytes = serializers.IntegerField(required=False, min_value=4, max_value=MAX_BODY_BYTES, default=MAX_BODY_BYTES)
+
+
+class SnapshotParams(serializers.Serializer):
+    page = serializers.CharField(required=False, max_length=200)
+
+
+# --- response shapes -------------------------------------------------------------
+
+class MessageOut(serializers.Serializer):
+    id = serializers.CharField()
+    conversation = serializers.CharField()
+    space = serializers.CharField()
+    author = serializers.CharField()
+    body = serializers.CharField()
+    reply_to = serializers.CharField(allow_null=True)
+    related_paths = serializers.ListField(child=serializers.CharField())
+    mentions = serializers.ListField(child=serializers.CharField())
+    created_at = serializers.DateTimeField()
+    position = serializers.IntegerField()
+
+
+class RecipientOut(serializers.Serializer):
+    member = serializers.CharField()
+    state = serializers.ChoiceField(choices=["pending", "acknowledged", "resolved"])
+    acknowledged_at = serializers.DateTimeField(allow_null=True)
+    resolved_at = serializers.DateTimeField(allow_null=True)
+    result = serializers.CharField(allow_null=True)
+
+
+class MessageStatusOut(serializers.Serializer):
+    id = serializers.CharField()
+    conversation = serializers.CharField()
+    space = serializers.CharField()
+    author = serializers.CharField()
+    reply_to = serializers.CharField(allow_null=True)
+    related_paths = serializers.ListField(child=serializers.CharField())
+    mentions = serializers.ListField(child=serializers.CharField())
+    created_at = serializers.DateTimeField()
+    position = serializers.IntegerField()
+    body_bytes = serializers.IntegerField()
+    recipients = RecipientOut(many=True)
+
+
+class BodyPageOut(serializers.Serializer):
+    body = serializers.CharField()
+    total_bytes = serializers.IntegerField()
+    cursor = serializers.CharField(allow_null=True)
+    has_more = serializers.BooleanField()
+
+
+class EventOut(serializers.Serializer):
+    id = serializers.CharField()
+    position = serializers.IntegerField()
+    kind = serializers.CharField()
+    space = serializers.CharField(allow_null=True)
+    conversation = serializers.CharField(allow_null=True)
+    actor = serializers.CharField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    data = serializers.DictField()
+
+
+class FeedPageOut(serializers.Serializer):
+    events = EventOut(many=True)
+    cursor = serializers.CharField()
+    has_more = serializers.BooleanField()
+
+
+class SnapshotItemOut(serializers.Serializer):
+    message = MessageOut()
+    state = serializers.ChoiceField(choices=["pending", "acknowledged"])
+    acknowledged_at = serializers.DateTimeField(allow_null=True)
+
+
+class SnapshotOut(serializers.Serializer):
+    snapshot_id = serializers.CharField()
+    high_watermark = serializers.IntegerField()
+    unresolved = SnapshotItemOut(many=True)
+    next_page = serializers.CharField(allow_null=True)
+    cursor = serializers.CharField(help_text="Inbox feed cursor at the high watermark.")

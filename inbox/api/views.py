@@ -1,0 +1,176 @@
+"""Messages, feeds and snapshots."""
+from __future__ import annotations
+
+import secrets
+
+from drf_spectacular.utils import extend_schema
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.api.fields import validated
+from controlplane.api.permissions import ReadableAnonymously
+from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, LIMIT, WAIT_MS, errors
+from controlplane.api.serializers import envelope
+from controlplane.clock import now, rfc3339
+from controlplane.cursors import caller_id, pack_cursor, unpack_cursor
+from controlplane.errors import NotFound, ResyncRequired
+from controlplane.idempotency import idempotency_key, idempotent
+from controlplane.log import log_head
+from controlplane.selectors import can_read_space, get_conversation_for, get_space_for
+from inbox import feeds, services
+from inbox.api.serializers import (BodyPageOut, BodyParams, FeedPageOut, FeedParams, MessageOut, MessageStatusOut,
+                                   ResolveIn, SendMessageIn, SnapshotOut, SnapshotParams)
+from inbox.models import Message
+from inbox.render import render_event, render_message, render_message_status
+
+SNAPSHOT_TTL_SECONDS = 3600
+
+
+def visible_message(request, message_id: str) -> Message:
+    message = (Message.objects.visible_to(request.user).select_related("space", "conversation", "author", "reply_to")
+               .filter(public_id=message_id).first())
+    if message is None:
+        raise NotFound()
+    return message
+
+
+class SendMessageView(APIView):
+    @extend_schema(operation_id="send_message", request=SendMessageIn, parameters=[IDEMPOTENCY_KEY],
+                   responses={201: envelope("message", MessageOut), 200: envelope("message", MessageOut),
+                              **errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "FORBIDDEN", "GRANT_REQUIRED",
+                                       "NOT_FOUND", "IDEMPOTENCY_CONFLICT", "CONFLICT", "BODY_TOO_LARGE",
+                                       "INVALID_BODY")})
+    def post(self, request, slug, conversation):
+        data = validated(SendMessageIn, request.data)
+        key = idempotency_key(request)
+        space = get_space_for(slug, request.user)
+        target = get_conversation_for(space, conversation, request.user)
+        result = services.send_message(target, body=data["body"], reply_to=data.get("reply_to"),
+                                       related_paths=data.get("related_paths"), idempotency_key=key,
+                                       actor=request.user)
+        return Response({"message": render_message(result.message)}, status=201 if result.created else 200)
+
+
+class MessageView(APIView):
+    @extend_schema(operation_id="get_message", responses={200: envelope("message", MessageStatusOut),
+                                                          **errors("NOT_FOUND")})
+    def get(self, request, message_id):
+        return Response({"message": render_message_status(visible_message(request, message_id))})
+
+
+class MessageBodyView(APIView):
+    @extend_schema(operation_id="get_message_body",
+                   parameters=[CURSOR],
+                   responses={200: BodyPageOut, **errors("INVALID_REQUEST", "INVALID_CURSOR", "NOT_FOUND",
+                                                         "AUTHORITY_REVOKED")})
+    def get(self, request, message_id):
+        params = validated(BodyParams, request.query_params)
+        message = visible_message(request, message_id)
+        stream, caller = f"body:{message.public_id}", caller_id(request.user)
+        offset = 0
+        if params.get("cursor"):
+            (offset,) = unpack_cursor(params["cursor"], count=1, caller=caller, stream=stream)
+        chunk, next_offset = services.body_page(message.body, offset, params["max_bytes"])
+        return Response({
+            "body": chunk, "total_bytes": message.body_bytes,
+            "cursor": pack_cursor((next_offset,), caller=caller, stream=stream) if next_offset is not None else None,
+            "has_more": next_offset is not None,
+        })
+
+
+HANDLING_ERRORS = errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "FORBIDDEN", "NOT_FOUND",
+                         "IDEMPOTENCY_CONFLICT")
+
+
+class AcknowledgeView(APIView):
+    @extend_schema(operation_id="acknowledge_message", request=None, parameters=[IDEMPOTENCY_KEY],
+                   responses={200: envelope("message", MessageStatusOut), **HANDLING_ERRORS})
+    @idempotent
+    def post(self, request, message_id):
+        message = visible_message(request, message_id)
+        services.acknowledge_message(message, actor=request.user)
+        return Response({"message": render_message_status(message)})
+
+
+class ResolveView(APIView):
+    @extend_schema(operation_id="resolve_message", request=ResolveIn, parameters=[IDEMPOTENCY_KEY],
+                   responses={200: envelope("message", MessageStatusOut),
+                              **errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "FORBIDDEN", "NOT_FOUND",
+                                       "IDEMPOTENCY_CONFLICT", "CONFLICT", "INVALID_BODY")})
+    @idempotent
+    def post(self, request, message_id):
+        data = validated(ResolveIn, request.data)
+        message = visible_message(request, message_id)
+        services.resolve_message(message, data["result"], actor=request.user)
+        return Response({"message": render_message_status(message)})
+
+
+def _feed_response(request, page: feeds.FeedPage, stream: str) -> Response:
+    return Response({
+        "events": [render_event(e) for e in page.events],
+        "cursor": pack_cursor((page.position,), caller=caller_id(request.user), stream=stream),
+        "has_more": page.has_more,
+    })
+
+
+def _feed_params(request, stream: str) -> tuple[int | None, int]:
+    params = validated(FeedParams, request.query_params)
+    after = None
+    if params.get("cursor"):
+        (after,) = unpack_cursor(params["cursor"], count=1, caller=caller_id(request.user), stream=stream)
+    return after, params["limit"]
+
+
+FEED_ERRORS = ("INVALID_REQUEST", "INVALID_CURSOR", "RESYNC_REQUIRED")
+
+
+class SpaceEventsView(APIView):
+    permission_classes = [ReadableAnonymously]
+
+    @extend_schema(operation_id="space_events", parameters=[CURSOR, LIMIT, WAIT_MS],
+                   responses={200: FeedPageOut, **errors(*FEED_ERRORS, "NOT_FOUND", anonymous=True)})
+    def get(self, request, slug):
+        space = get_space_for(slug, request.user)
+        if not can_read_space(space, request.user):
+            raise NotFound()
+        stream = f"space:{space.public_id}"
+        after, limit = _feed_params(request, stream)
+        return _feed_response(request, feeds.space_feed(space, request.user, after, limit), stream)
+
+
+class InboxEventsView(APIView):
+    @extend_schema(operation_id="inbox_events", parameters=[CURSOR, LIMIT, WAIT_MS],
+                   responses={200: FeedPageOut, **errors(*FEED_ERRORS)})
+    def get(self, request):
+        after, limit = _feed_params(request, "inbox")
+        return _feed_response(request, feeds.inbox_feed(request.user, after, limit), "inbox")
+
+
+class SnapshotView(APIView):
+    @extend_schema(operation_id="get_snapshot", responses={200: SnapshotOut,
+                                                           **errors("INVALID_REQUEST", "INVALID_CURSOR",
+                                                                    "RESYNC_REQUIRED")})
+    def get(self, request):
+        params = validated(SnapshotParams, request.query_params)
+        caller = caller_id(request.user)
+        head = log_head()
+        if params.get("page"):
+            snapshot, high_watermark, issued_at, after = unpack_cursor(params["page"], count=4, caller=caller,
+                                                                       stream="snapshot")
+            if now().timestamp() - issued_at > SNAPSHOT_TTL_SECONDS or high_watermark < head.floor:
+                raise ResyncRequired("The snapshot has expired; take a new one.")
+        else:
+            snapshot, high_watermark, issued_at, after = secrets.randbits(62), head.position, int(now().timestamp()), 0
+        rows, has_more = feeds.unresolved_page(request.user, high_watermark=high_watermark, after=after)
+        next_page = None
+        if has_more:
+            next_page = pack_cursor((snapshot, high_watermark, issued_at, rows[-1].position), caller=caller,
+                                    stream="snapshot")
+        return Response({
+            "snapshot_id": f"snp_{snapshot:016x}",
+            "high_watermark": high_watermark,
+            "unresolved": [{"message": render_message(r.message), "state": r.state,
+                            "acknowledged_at": rfc3339(r.acknowledged_at)} for r in rows],
+            "next_page": next_page,
+            "cursor": pack_cursor((high_watermark,), caller=caller, stream="inbox"),
+        })

@@ -1,0 +1,31 @@
+"""Typed constructors for message events."""
+from __future__ import annotations
+
+from controlplane.log import NewEvent
+from controlplane.models import Conversation, Member
+from inbox.models import Message
+
+
+def _restricted(message: Message) -> bool:
+    return message.conversation.kind != Conversation.Kind.CHANNEL
+
+
+def message_created(message: Message, recipients: list[Member]) -> NewEvent:
+    from inbox.render import render_message
+
+    return NewEvent("message.created", {"message": render_message(message)}, space_id=message.space_id,
+                    conversation_id=message.conversation_id, actor_id=message.author_id,
+                    restricted=_restricted(message), addressees=tuple(r.pk for r in recipients))
+
+
+def message_acknowledged(message: Message, *, actor: Member) -> NewEvent:
+    return NewEvent("message.acknowledged", {"message": message.public_id, "member": f"@{actor.handle}"},
+                    space_id=message.space_id, conversation_id=message.conversation_id, actor_id=actor.pk,
+                    restricted=_restricted(message))
+
+
+def message_resolved(message: Message, result: str, *, actor: Member) -> NewEvent:
+    return NewEvent("message.resolved", {"message": message.public_id, "member": f"@{actor.handle}",
+                                         "result": result},
+                    space_id=message.space_id, conversation_id=message.conversation_id, actor_id=actor.pk,
+                    restricted=_restricted(message))

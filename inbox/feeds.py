@@ -1,0 +1,83 @@
+"""Reading the event log: the space feed, the inbox feed and snapshots.
+
+Every read is one indexed range scan from the cursor's position, so a page
+costs the same with a thousand or a million events in the log.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db.models import Q
+
+from controlplane.errors import ResyncRequired
+from controlplane.log import log_head
+from controlplane.models import Event, EventAddressee, Member, Space
+from controlplane.selectors import participant_conversations, readable_spaces
+
+FEED_PAGE_MAX = 100
+
+
+@dataclass(frozen=True)
+class FeedPage:
+    events: list[Event]
+    position: int  # the next cursor's position
+    has_more: bool
+
+
+def start_position(after: int | None) -> int:
+    """Where a read starts: after the cursor, or at the oldest retained event.
+    A cursor below the retention floor is 410 RESYNC_REQUIRED."""
+    floor = log_head().floor
+    if after is None:
+        return floor
+    if after < floor:
+        raise ResyncRequired(details={"floor": floor})
+    return after
+
+
+def _page(queryset, after: int, limit: int) -> FeedPage:
+    rows = list(queryset.select_related("space", "conversation", "actor").order_by("position")[: limit + 1])
+    has_more = len(rows) > limit
+    rows = rows[:limit]
+    return FeedPage(rows, rows[-1].position if rows else after, has_more)
+
+
+def space_feed(space: Space, viewer: Member | None, after: int | None, limit: int) -> FeedPage:
+    """Events of `space` that `viewer` may see: everything except direct and
+    group conversation events they do not take part in. The caller has
+    checked that `viewer` can read the space."""
+    after = start_position(after)
+    visible = Q(restricted=False)
+    if viewer is not None:
+        visible |= Q(conversation__in=participant_conversations(viewer))
+    return _page(Event.objects.filter(visible, space=space, position__gt=after), after, limit)
+
+
+def inbox_feed(viewer: Member, after: int | None, limit: int) -> FeedPage:
+    """Events addressed to `viewer` in spaces they can still read."""
+    after = start_position(after)
+    positions = list(EventAddressee.objects.filter(member=viewer, event_id__gt=after,
+                                                   space__in=readable_spaces(viewer))
+                     .order_by("event_id").values_list("event_id", flat=True)[: limit + 1])
+    has_more = len(positions) > limit
+    positions = positions[:limit]
+    if not positions:
+        return FeedPage([], after, False)
+    rows = list(Event.objects.filter(position__in=positions).select_related("space", "conversation", "actor")
+                .order_by("position"))
+    return FeedPage(rows, positions[-1], has_more)
+
+
+SNAPSHOT_PAGE_MAX = 100
+
+
+def unresolved_page(viewer: Member, *, high_watermark: int, after: int, limit: int = SNAPSHOT_PAGE_MAX):
+    """One page of `viewer`'s unresolved messages at or below the snapshot's
+    high watermark, in position order: `(recipient rows, has_more)`."""
+    from inbox.models import Recipient
+
+    rows = list(Recipient.objects.filter(member=viewer, position__gt=after, position__lte=high_watermark,
+                                         state__in=[Recipient.State.PENDING, Recipient.State.ACKNOWLEDGED])
+                .select_related("message__space", "message__conversation", "message__author", "message__reply_to")
+                .order_by("position")[: limit + 1])
+    return rows[:limit], len(rows) > limit

@@ -1,0 +1,50 @@
+"""Mention parsing: which `@handle`s in a body are explicit mentions.
+
+The body is parsed as Markdown (CommonMark + linkify). Handles inside inline
+code, code blocks, links (inline, reference and autolinked) and e-mail
+addresses do not count; only plain text does.
+"""
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+from markdown_it import MarkdownIt
+
+MENTION_RE = re.compile(r"(?<![A-Za-z0-9_.+@-])@([A-Za-z0-9][A-Za-z0-9_-]{1,31})(?![A-Za-z0-9_@-])")
+# An e-mail address that linkify did not take (for example inside emphasis).
+EMAIL_RE = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}")
+
+
+@lru_cache(maxsize=1)
+def _parser() -> MarkdownIt:
+    return MarkdownIt("commonmark", {"linkify": True, "html": False}).enable("linkify")
+
+
+def _plain_text(body: str) -> list[str]:
+    """The text runs of `body` outside code and links."""
+    texts: list[str] = []
+    for block in _parser().parse(body):
+        if block.type != "inline" or not block.children:
+            continue
+        link_depth = 0
+        for token in block.children:
+            if token.type == "link_open":
+                link_depth += 1
+            elif token.type == "link_close":
+                link_depth -= 1
+            elif token.type == "text" and link_depth == 0:
+                texts.append(token.content)
+            elif token.type in ("softbreak", "hardbreak"):
+                texts.append("\n")
+    return texts
+
+
+def parse_mentions(body: str) -> list[str]:
+    """Lower-cased handles explicitly mentioned in `body`, first mention first."""
+    seen: dict[str, None] = {}
+    for text in _plain_text(body):
+        text = EMAIL_RE.sub(" ", text)
+        for match in MENTION_RE.finditer(text):
+            seen.setdefault(match.group(1).lower(), None)
+    return list(seen)

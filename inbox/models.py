@@ -1,0 +1,76 @@
+"""Messages and per-recipient handling state."""
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+from controlplane.clock import now
+from controlplane.models import Conversation, Member, Space
+from controlplane.selectors import participant_conversations, readable_spaces
+from controlplane.tokens import public_id
+
+
+def new_message_id() -> str:
+    return public_id("msg")
+
+
+class MessageQuerySet(models.QuerySet):
+    def visible_to(self, member: Member | None) -> "MessageQuerySet":
+        """Messages `member` may know exist: channel messages of spaces they
+        can read, and direct and group messages they take part in."""
+        channel = Q(conversation__kind=Conversation.Kind.CHANNEL)
+        if member is None:
+            return self.filter(channel, space__visibility=Space.Visibility.OPEN)
+        return self.filter(space__in=readable_spaces(member)).filter(
+            channel | Q(conversation__in=participant_conversations(member)))
+
+
+class Message(models.Model):
+    """An immutable message. The body is stored exactly as sent."""
+
+    public_id = models.CharField(max_length=40, unique=True, default=new_message_id, editable=False)
+    space = models.ForeignKey(Space, on_delete=models.CASCADE, related_name="+")
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
+    author = models.ForeignKey(Member, on_delete=models.PROTECT, related_name="+")
+    body = models.TextField()
+    body_bytes = models.PositiveIntegerField()
+    reply_to = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    related_paths = models.JSONField(default=list)
+    mentions = models.JSONField(default=list)  # handles notified, in order of first mention
+    idempotency_key = models.CharField(max_length=128, null=True, blank=True)
+    fingerprint = models.CharField(max_length=64)
+    position = models.BigIntegerField()  # of its message.created event
+    created_at = models.DateTimeField(default=now)
+
+    objects = MessageQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["author", "idempotency_key"], condition=Q(idempotency_key__isnull=False),
+                                    name="message_sender_key_unique"),
+        ]
+        indexes = [models.Index(fields=["conversation", "position"], name="message_conversation_position")]
+
+    def __str__(self) -> str:
+        return self.public_id
+
+
+class Recipient(models.Model):
+    """One recipient's handling of one message, separate from delivery."""
+
+    class State(models.TextChoices):
+        PENDING = "pending"
+        ACKNOWLEDGED = "acknowledged"
+        RESOLVED = "resolved"
+
+    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="recipients")
+    member = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="+")
+    position = models.BigIntegerField()  # the message's, for snapshot order
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    result = models.TextField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["message", "member"], name="recipient_unique")]
+        indexes = [models.Index(fields=["member", "state", "position"], name="recipient_member_state")]

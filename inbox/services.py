@@ -1,0 +1,192 @@
+"""Sending and handling messages."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from django.db import IntegrityError, transaction
+
+from controlplane.clock import now
+from controlplane.errors import (BodyTooLarge, Conflict, Forbidden, IdempotencyConflict, InvalidBody,
+                                 InvalidRequest)
+from controlplane.live import conversation_group, group_send_on_commit
+from controlplane.log import append_events, reserve_positions
+from controlplane.models import Conversation, Member, Membership, Space
+from controlplane.services import require_sender
+from grants.authorization import authorize_send
+from inbox import events
+from inbox.mentions import parse_mentions
+from inbox.models import Message, Recipient
+
+MAX_BODY_BYTES = 8 * 1024
+MAX_RESULT_BYTES = 2 * 1024
+MAX_RELATED_PATHS = 64
+MAX_RELATED_PATH_CHARS = 1024
+
+
+def encode_text(value: str, *, field: str, max_bytes: int, too_large=BodyTooLarge) -> bytes:
+    """UTF-8 bytes of `value`: 422 for lone surrogates or NUL, 413 (or
+    `too_large`) over `max_bytes`, 422 when empty."""
+    try:
+        raw = value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidBody(f"{field} is not valid UTF-8 text (lone surrogate).", details={"field": field}) from None
+    if "\x00" in value:
+        raise InvalidBody(f"{field} must not contain NUL.", details={"field": field})
+    if not raw:
+        raise InvalidBody(f"{field} must not be empty.", details={"field": field})
+    if len(raw) > max_bytes:
+        raise too_large(f"{field} is {len(raw)} bytes; the limit is {max_bytes}.",
+                        details={"field": field, "bytes": len(raw), "max_bytes": max_bytes})
+    return raw
+
+
+def _validate_related_paths(paths: list[str]) -> list[str]:
+    if len(paths) > MAX_RELATED_PATHS:
+        raise InvalidRequest(f"At most {MAX_RELATED_PATHS} related paths.")
+    for path in paths:
+        if not path or len(path) > MAX_RELATED_PATH_CHARS or "\x00" in path:
+            raise InvalidRequest(f"A related path is 1–{MAX_RELATED_PATH_CHARS} characters without NUL.",
+                                 details={"related_paths": path[:100]})
+    return paths
+
+
+def send_fingerprint(conversation: Conversation, body: str, related_paths: list[str], reply_to: str | None) -> str:
+    canonical = json.dumps([conversation.public_id, body, related_paths, reply_to], ensure_ascii=False,
+                           separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class SendResult:
+    message: Message
+    created: bool
+
+
+def _replay(actor: Member, key: str, fingerprint: str) -> SendResult | None:
+    original = (Message.objects.select_related("space", "conversation", "author", "reply_to")
+                .filter(author=actor, idempotency_key=key).first())
+    if original is None:
+        return None
+    if original.fingerprint != fingerprint:
+        raise IdempotencyConflict(details={"message": None})
+    return SendResult(original, created=False)
+
+
+def _recipients(conversation: Conversation, space: Space, mentioned: list[str], author: Member) -> list[Member]:
+    """Who a message goes to, never its author:
+    - direct and group: the other participants who still belong to the space;
+    - channel: the explicitly mentioned members who can read the space."""
+    if conversation.kind == Conversation.Kind.CHANNEL:
+        if not mentioned:
+            return []
+        candidates = list(Member.objects.filter(handle__in=mentioned).exclude(pk=author.pk))
+        if space.visibility != Space.Visibility.OPEN:
+            readers = set(Membership.objects.filter(space=space, member__in=candidates,
+                                                    status=Membership.Status.ACTIVE).values_list("member_id", flat=True))
+            candidates = [m for m in candidates if m.pk in readers]
+        order = {h: i for i, h in enumerate(mentioned)}
+        return sorted(candidates, key=lambda m: order[m.handle])
+    active = Membership.objects.filter(space=space, status=Membership.Status.ACTIVE).values("member_id")
+    return [p.member for p in conversation.participants.select_related("member")
+            .filter(member_id__in=active).exclude(member=author).order_by("ordinal")]
+
+
+def send_message(conversation: Conversation, *, body: str, reply_to: str | None = None,
+                 related_paths: list[str] | None = None, idempotency_key: str | None = None,
+                 actor: Member) -> SendResult:
+    """Send a message.
+
+    Atomic: the message, its recipients and its `message.created` event
+    commit together or not at all. Idempotent per sender and key: the same
+    request again returns the original (created=False); different content
+    under the same key is IDEMPOTENCY_CONFLICT. The caller has already
+    checked that `actor` can read `conversation`.
+    """
+    space = conversation.space
+    raw = encode_text(body, field="body", max_bytes=MAX_BODY_BYTES)
+    related_paths = _validate_related_paths(related_paths or [])
+    fingerprint = send_fingerprint(conversation, body, related_paths, reply_to)
+    if idempotency_key and (replay := _replay(actor, idempotency_key, fingerprint)):
+        return replay
+    require_sender(space, actor)
+    parent = None
+    if reply_to is not None:
+        parent = Message.objects.filter(public_id=reply_to, conversation=conversation).first()
+        if parent is None:
+            raise InvalidRequest("reply_to must name a message of this conversation.", details={"reply_to": reply_to})
+    recipients = _recipients(conversation, space, parse_mentions(body), actor)
+    authorize_send(space, actor, recipients, idempotency_key=idempotency_key)
+    if conversation.kind == Conversation.Kind.CHANNEL:
+        mentions = [m.handle for m in recipients]
+    else:
+        # In direct and group conversations everyone is a recipient anyway;
+        # `mentions` records who was also named explicitly.
+        mentioned = set(parse_mentions(body))
+        mentions = [m.handle for m in recipients if m.handle in mentioned]
+    try:
+        with transaction.atomic():
+            (position,) = reserve_positions(1)
+            message = Message.objects.create(
+                space=space, conversation=conversation, author=actor, body=body, body_bytes=len(raw),
+                reply_to=parent, related_paths=related_paths, mentions=mentions,
+                idempotency_key=idempotency_key or None, fingerprint=fingerprint, position=position, created_at=now())
+            Recipient.objects.bulk_create(Recipient(message=message, member=r, position=position) for r in recipients)
+            append_events([events.message_created(message, recipients)], [position])
+            group_send_on_commit(conversation_group(conversation.public_id),
+                                 {"type": "message.created", "message": message.public_id, "position": position})
+    except IntegrityError:
+        # A concurrent send with the same key committed first.
+        if idempotency_key and (replay := _replay(actor, idempotency_key, fingerprint)):
+            return replay
+        raise
+    return SendResult(message, created=True)
+
+
+def _own_recipient_row(message: Message, actor: Member) -> Recipient:
+    row = Recipient.objects.select_for_update().filter(message=message, member=actor).first()
+    if row is None:
+        raise Forbidden("Only a recipient of this message may do this.")
+    return row
+
+
+def acknowledge_message(message: Message, *, actor: Member) -> Recipient:
+    """Mark the message acknowledged by `actor` (a recipient). Idempotent;
+    does not resolve. Emits `message.acknowledged` the first time only."""
+    with transaction.atomic():
+        row = _own_recipient_row(message, actor)
+        if row.acknowledged_at is None:
+            row.acknowledged_at = now()
+            if row.state == Recipient.State.PENDING:
+                row.state = Recipient.State.ACKNOWLEDGED
+            row.save(update_fields=["acknowledged_at", "state"])
+            append_events([events.message_acknowledged(message, actor=actor)])
+        return row
+
+
+def resolve_message(message: Message, result: str, *, actor: Member) -> Recipient:
+    """Resolve the message for `actor` with an explicit result. Resolving
+    again with the same result is a no-op; a different one is CONFLICT."""
+    encode_text(result, field="result", max_bytes=MAX_RESULT_BYTES, too_large=InvalidRequest)
+    with transaction.atomic():
+        row = _own_recipient_row(message, actor)
+        if row.state == Recipient.State.RESOLVED:
+            if row.result != result:
+                raise Conflict("The message is already resolved with another result.")
+            return row
+        row.state, row.result, row.resolved_at = Recipient.State.RESOLVED, result, now()
+        row.save(update_fields=["state", "result", "resolved_at"])
+        append_events([events.message_resolved(message, result, actor=actor)])
+        return row
+
+
+def body_page(body: str, offset: int, max_bytes: int) -> tuple[str, int | None]:
+    """The slice of `body`'s UTF-8 bytes from `offset`, at most `max_bytes`
+    long and never splitting a scalar, and the next offset (None at the end)."""
+    raw = body.encode("utf-8")
+    end = min(offset + max_bytes, len(raw))
+    # Back off continuation bytes (10xxxxxx) so the page ends on a scalar.
+    while end < len(raw) and (raw[end] & 0xC0) == 0x80:
+        end -= 1
+    return raw[offset:end].decode("utf-8"), (end if end < len(raw) else None)

@@ -1,0 +1,120 @@
+"""Fixtures shared by the whole suite: members, authenticated API clients, spaces."""
+from __future__ import annotations
+
+import pytest
+from django.conf import settings
+from rest_framework.test import APIClient
+
+from controlplane import services
+from controlplane.models import Member
+
+ON_POSTGRES = settings.IS_POSTGRES
+
+
+def pytest_collection_modifyitems(config, items):
+    needs_pg = pytest.mark.skip(reason="needs PostgreSQL: run with DATABASE_URL=postgres://…")
+    for item in items:
+        if "postgres" in item.keywords and not ON_POSTGRES:
+            item.add_marker(needs_pg)
+
+
+class Api:
+    """A JSON client for one caller (or anonymous)."""
+
+    def __init__(self, member: Member | None = None, token: str | None = None):
+        self.member = member
+        self.client = APIClient()
+        if token:
+            self.client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+
+    def _call(self, method, path, json=None, headers=None, **params):
+        headers = {f"HTTP_{k.upper().replace('-', '_')}": v for k, v in (headers or {}).items()}
+        kwargs = {"format": "json"} if json is not None else {}
+        if method == "get":
+            return self.client.get(path, params or None, **headers)
+        return getattr(self.client, method)(path, json, **kwargs, **headers)
+
+    def get(self, path, **params):
+        return self._call("get", path, **params)
+
+    def post(self, path, json=None, headers=None):
+        return self._call("post", path, json, headers)
+
+    def patch(self, path, json=None, headers=None):
+        return self._call("patch", path, json, headers)
+
+    def delete(self, path, headers=None):
+        return self._call("delete", path, None, headers)
+
+
+def error_code(response) -> str:
+    body = response.json()
+    assert set(body) == {"error"}, body
+    assert set(body["error"]) == {"code", "message", "details"}, body
+    return body["error"]["code"]
+
+
+@pytest.fixture
+def make_member(db):
+    def make(handle: str, **kwargs) -> Member:
+        return services.create_member(handle, actor=None, **kwargs)
+
+    return make
+
+
+@pytest.fixture
+def api_for(db):
+    def make(member: Member) -> Api:
+        _, token = services.issue_credential(member, actor=None)
+        return Api(member, token)
+
+    return make
+
+
+@pytest.fixture
+def anon():
+    return Api()
+
+
+@pytest.fixture
+def alice(make_member):
+    return make_member("alice")
+
+
+@pytest.fixture
+def bob(make_member):
+    return make_member("bob")
+
+
+@pytest.fixture
+def carol(make_member):
+    return make_member("carol")
+
+
+@pytest.fixture
+def as_alice(api_for, alice):
+    return api_for(alice)
+
+
+@pytest.fixture
+def as_bob(api_for, bob):
+    return api_for(bob)
+
+
+@pytest.fixture
+def as_carol(api_for, carol):
+    return api_for(carol)
+
+
+@pytest.fixture
+def space(alice, bob, carol):
+    """An open space owned by alice, with bob and carol as members."""
+    space = services.create_space(slug="lab", name="Lab", visibility="open", send_policy="open", actor=alice)
+    services.join_space(space, actor=bob)
+    services.join_space(space, actor=carol)
+    return space
+
+
+@pytest.fixture
+def general(space, alice):
+    return services.create_channel(space, "general", actor=alice)

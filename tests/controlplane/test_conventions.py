@@ -1,0 +1,195 @@
+"""SPEC §2: error shape, authentication, idempotency keys, rate limits, schema."""
+import pytest
+
+from controlplane.models import Credential, Member, Space
+from controlplane.tokens import hash_token
+from tests.conftest import Api, error_code
+
+
+def test_healthz(anon):
+    response = anon.get("/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok"}
+
+
+def test_unknown_route_is_json_404(anon):
+    response = anon.get("/v0/nope")
+    assert response.status_code == 404
+    assert error_code(response) == "NOT_FOUND"
+
+
+def test_wrong_method_is_json_405(as_alice):
+    response = as_alice.delete("/v0/me")
+    assert response.status_code == 405
+    assert error_code(response) == "METHOD_NOT_ALLOWED"
+
+
+def test_missing_credential_is_401(anon):
+    response = anon.get("/v0/me")
+    assert response.status_code == 401
+    assert error_code(response) == "UNAUTHENTICATED"
+
+
+@pytest.mark.parametrize("header", ["Bearer sbt_" + "A" * 43, "Bearer nope", "Basic abc", "Bearer"])
+def test_bad_credential_is_401(db, header):
+    api = Api()
+    api.client.credentials(HTTP_AUTHORIZATION=header)
+    response = api.get("/v0/me")
+    assert response.status_code == 401
+    assert error_code(response) == "UNAUTHENTICATED"
+
+
+def test_suspended_member_cannot_authenticate(as_alice, alice):
+    # given
+    Member.objects.filter(pk=alice.pk).update(status="suspended")
+    # when
+    response = as_alice.get("/v0/me")
+    # then
+    assert response.status_code == 401
+
+
+def test_credentials_are_stored_as_hashes(as_alice, alice):
+    # when
+    response = as_alice.post("/v0/me/credentials")
+    # then
+    assert response.status_code == 201
+    token = response.json()["token"]
+    assert token.startswith("sbt_") and len(token) == 47
+    stored = Credential.objects.get(public_id=response.json()["id"])
+    assert stored.token_hash == hash_token(token)
+    assert token not in str(Credential.objects.filter(member=alice).values())
+    assert Api(alice, token).get("/v0/me").json()["member"]["handle"] == "@alice"
+    listed = as_alice.get("/v0/me/credentials").json()["credentials"]
+    assert all("token" not in c for c in listed) and len(listed) == 2
+
+
+def test_deleted_credential_stops_working(api_for, alice):
+    # given
+    api = api_for(alice)
+    created = api.post("/v0/me/credentials").json()
+    other = Api(alice, created["token"])
+    # when
+    response = api.delete(f"/v0/me/credentials/{created['id']}")
+    # then
+    assert response.status_code == 204
+    assert other.get("/v0/me").status_code == 401
+    assert api.delete(f"/v0/me/credentials/{created['id']}").status_code == 404
+
+
+@pytest.mark.parametrize("raw,content_type,code,status", [
+    (b"{not json", "application/json", "INVALID_REQUEST", 400),
+    (b"[1, 2]", "application/json", "INVALID_REQUEST", 400),
+    (b'{"slug": NaN}', "application/json", "INVALID_REQUEST", 400),
+    (b'{"slug": "a\xff", "name": "x"}', "application/json", "INVALID_BODY", 422),
+    (b'{"slug": "ok", "name": "a\\u0000b"}', "application/json", "INVALID_BODY", 422),
+    (b'{"slug": "ok", "name": "\\ud800"}', "application/json", "INVALID_BODY", 422),
+    (b"slug=x", "application/x-www-form-urlencoded", "INVALID_REQUEST", 415),
+])
+def test_malformed_bodies_get_contract_errors(as_alice, raw, content_type, code, status):
+    response = as_alice.client.generic("POST", "/v0/spaces", raw, content_type=content_type)
+    assert response.status_code == status
+    assert error_code(response) == code
+    assert not Space.objects.exists()
+
+
+@pytest.mark.parametrize("body", [
+    {"slug": "ok", "name": "x", "extra": 1},
+    {"slug": 5, "name": "x"},
+    {"slug": "ok", "name": ["x"]},
+    {"slug": "ok", "name": "x", "visibility": "secret"},
+    {"slug": "Not A Slug", "name": "x"},
+    {"name": "x"},
+])
+def test_invalid_fields_are_400_and_change_nothing(as_alice, body):
+    response = as_alice.post("/v0/spaces", body)
+    assert response.status_code == 400
+    assert error_code(response) == "INVALID_REQUEST"
+    assert not Space.objects.exists()
+
+
+@pytest.mark.parametrize("key", ["short", "x" * 129, "has space", "tab\tkey1", "caf\u00e9-key-1"])
+def test_malformed_idempotency_key_is_400(as_alice, key):
+    response = as_alice.post("/v0/spaces", {"slug": "ok", "name": "x"}, headers={"Idempotency-Key": key})
+    assert response.status_code == 400
+    assert error_code(response) == "INVALID_IDEMPOTENCY_KEY"
+    assert not Space.objects.exists()
+
+
+def test_idempotent_create_replays_and_conflicts(as_alice, as_bob):
+    # given
+    headers = {"Idempotency-Key": "create-lab-1"}
+    first = as_alice.post("/v0/spaces", {"slug": "lab", "name": "Lab"}, headers=headers)
+    # when
+    again = as_alice.post("/v0/spaces", {"name": "Lab", "slug": "lab"}, headers=headers)
+    different = as_alice.post("/v0/spaces", {"slug": "lab2", "name": "Lab"}, headers=headers)
+    other_caller = as_bob.post("/v0/spaces", {"slug": "bobs", "name": "Bob's"}, headers=headers)
+    # then
+    assert first.status_code == 201
+    assert again.status_code == 201 and again.json() == first.json()
+    assert different.status_code == 409 and error_code(different) == "IDEMPOTENCY_CONFLICT"
+    assert other_caller.status_code == 201
+    assert Space.objects.count() == 2
+
+
+def test_failed_request_with_key_can_be_retried(as_alice):
+    headers = {"Idempotency-Key": "retry-after-fix"}
+    assert as_alice.post("/v0/spaces", {"slug": "BAD", "name": "x"}, headers=headers).status_code == 400
+    assert as_alice.post("/v0/spaces", {"slug": "BAD", "name": "x"}, headers=headers).status_code == 400
+    assert as_alice.post("/v0/spaces", {"slug": "good", "name": "x"}, headers=headers).status_code == 201
+
+
+def test_rate_limit_is_per_credential(settings, api_for, alice, bob):
+    # given
+    settings.RATE_LIMIT_PER_MINUTE = 3
+    as_alice, as_bob = api_for(alice), api_for(bob)
+    # when
+    statuses = [as_alice.get("/v0/me").status_code for _ in range(4)]
+    # then
+    assert statuses == [200, 200, 200, 429]
+    limited = as_alice.get("/v0/me")
+    assert error_code(limited) == "RATE_LIMITED"
+    assert 1 <= int(limited["Retry-After"]) <= 60
+    assert as_bob.get("/v0/me").status_code == 200
+
+
+def test_schema_lists_every_route_with_its_errors(anon):
+    # given
+    from django.urls import get_resolver
+
+    # when
+    schema = anon.client.get("/v0/schema/", HTTP_ACCEPT="application/json").json()
+    # then
+    paths = schema["paths"]
+    expected = {
+        "/v0/me": {"get"}, "/v0/me/credentials": {"get", "post"}, "/v0/me/credentials/{credential_id}": {"delete"},
+        "/v0/members": {"post"}, "/v0/spaces": {"post"}, "/v0/spaces/{slug}": {"get"},
+        "/v0/spaces/{slug}/join": {"post"}, "/v0/spaces/{slug}/members": {"get", "post"},
+        "/v0/spaces/{slug}/members/{handle}": {"delete"}, "/v0/spaces/{slug}/conversations": {"get"},
+        "/v0/spaces/{slug}/direct": {"post"}, "/v0/spaces/{slug}/channels": {"post"},
+        "/v0/spaces/{slug}/groups": {"post"},
+        "/v0/spaces/{slug}/conversations/{conversation}/messages": {"post"},
+        "/v0/spaces/{slug}/events": {"get"}, "/v0/me/inbox/events": {"get"}, "/v0/me/snapshot": {"get"},
+        "/v0/messages/{message_id}": {"get"}, "/v0/messages/{message_id}/body": {"get"},
+        "/v0/messages/{message_id}/acknowledge": {"post"}, "/v0/messages/{message_id}/resolve": {"post"},
+    }
+    for path, methods in expected.items():
+        assert set(paths[path]) >= methods, path
+        for method in methods:
+            responses = paths[path][method]["responses"]
+            assert "429" in responses, (path, method)
+            assert any(code.startswith("4") and code != "429" for code in responses), (path, method)
+    send = paths["/v0/spaces/{slug}/conversations/{conversation}/messages"]["post"]["responses"]
+    assert {"400", "403", "404", "409", "413", "422"} <= set(send)
+    assert "BODY_TOO_LARGE" in send["413"]["description"]
+    assert "RESYNC_REQUIRED" in paths["/v0/me/inbox/events"]["get"]["responses"]["410"]["description"]
+    # every /v0/ route Django knows is in the schema
+    routes = {str(p.pattern) for p in get_resolver().url_patterns}
+    assert "v0/" in routes
+
+
+def test_docs_ui_is_served_without_external_assets(anon):
+    response = anon.client.get("/v0/docs/")
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "swagger" in html.lower()
+    assert "cdn.jsdelivr" not in html and "unpkg.com" not in html

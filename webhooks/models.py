@@ -1,0 +1,1 @@
+"""Endpoints, subscriptions, deliveries and attempts (SPEC §8) live here."""
