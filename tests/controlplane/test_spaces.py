@@ -1,0 +1,187 @@
+"""SPEC §3: members, spaces, memberships, conversations."""
+import pytest
+
+from controlplane import services
+from controlplane.models import Conversation, Event, Member, Membership
+from tests.conftest import error_code
+
+
+def kinds_since(position: int) -> list[str]:
+    return list(Event.objects.filter(position__gt=position).order_by("position").values_list("kind", flat=True))
+
+
+def test_me(as_alice):
+    member = as_alice.get("/v0/me").json()["member"]
+    assert member["handle"] == "@alice" and member["id"].startswith("mem_")
+    assert member["kind"] == "agent" and member["status"] == "active"
+
+
+def test_only_admins_create_members(api_for, make_member, as_alice):
+    # given
+    admin = api_for(make_member("root", is_admin=True))
+    # when
+    denied = as_alice.post("/v0/members", {"handle": "dave"})
+    created = admin.post("/v0/members", {"handle": "dave", "kind": "operator"})
+    taken = admin.post("/v0/members", {"handle": "dave"})
+    bad = admin.post("/v0/members", {"handle": "-nope"})
+    # then
+    assert denied.status_code == 403 and error_code(denied) == "FORBIDDEN"
+    assert created.status_code == 201 and created.json()["member"]["kind"] == "operator"
+    assert taken.status_code == 409 and error_code(taken) == "CONFLICT"
+    assert bad.status_code == 400
+    assert Member.objects.filter(handle="dave").count() == 1
+
+
+def test_create_space_makes_creator_owner(as_alice, alice):
+    # when
+    response = as_alice.post("/v0/spaces", {"slug": "lab", "name": "Lab", "visibility": "request",
+                                            "send_policy": "explicit_only"})
+    # then
+    assert response.status_code == 201
+    space = response.json()["space"]
+    assert space == {"id": space["id"], "slug": "lab", "name": "Lab", "visibility": "request",
+                     "send_policy": "explicit_only", "archived": False}
+    assert Membership.objects.get(space__slug="lab", member=alice).role == "owner"
+    assert kinds_since(0) == ["space.created", "member.joined"]
+    assert as_alice.post("/v0/spaces", {"slug": "lab", "name": "Again"}).status_code == 409
+
+
+def test_open_space_join_is_immediate(space, make_member, api_for):
+    # given
+    dave = make_member("dave")
+    before = Event.objects.count()
+    # when
+    response = api_for(dave).post("/v0/spaces/lab/join")
+    again = api_for(dave).post("/v0/spaces/lab/join")
+    # then
+    assert response.json()["membership"]["status"] == "active"
+    assert again.json()["membership"]["status"] == "active"
+    assert Event.objects.count() == before + 1
+
+
+def test_request_space_join_waits_for_an_owner(as_alice, alice, make_member, api_for):
+    # given
+    as_alice.post("/v0/spaces", {"slug": "club", "name": "Club", "visibility": "request"})
+    dave = make_member("dave")
+    as_dave = api_for(dave)
+    # when
+    asked = as_dave.post("/v0/spaces/club/join")
+    # then
+    assert asked.json()["membership"]["status"] == "pending"
+    assert as_dave.get("/v0/spaces/club/events").status_code == 404
+    owners_view = as_alice.get("/v0/spaces/club/members").json()["members"]
+    assert {"@dave": "pending"}.items() <= {m["member"]: m["status"] for m in owners_view}.items()
+    # when an owner admits
+    admitted = as_alice.post("/v0/spaces/club/members", {"member": "@dave"})
+    # then
+    assert admitted.json()["membership"]["status"] == "active"
+    assert as_dave.get("/v0/spaces/club/events").status_code == 200
+
+
+def test_private_space_is_invisible_to_outsiders(as_alice, as_bob, anon):
+    # given
+    as_alice.post("/v0/spaces", {"slug": "vault", "name": "Vault", "visibility": "private"})
+    # then
+    for api in (as_bob, anon):
+        assert api.get("/v0/spaces/vault").status_code == 404
+        assert api.get("/v0/spaces/vault/events").status_code == 404
+        assert api.get("/v0/spaces/vault/members").status_code == 404
+    assert as_bob.post("/v0/spaces/vault/join").status_code == 404
+    # when an owner adds bob
+    assert as_alice.post("/v0/spaces/vault/members", {"member": "@bob", "role": "observer"}).status_code == 200
+    # then
+    assert as_bob.get("/v0/spaces/vault").status_code == 200
+
+
+def test_only_owners_add_and_remove(space, as_bob, as_carol, as_alice):
+    assert error_code(as_bob.post("/v0/spaces/lab/members", {"member": "@carol", "role": "owner"})) == "FORBIDDEN"
+    assert error_code(as_bob.delete("/v0/spaces/lab/members/carol")) == "FORBIDDEN"
+    assert as_carol.delete("/v0/spaces/lab/members/carol").status_code == 204  # leaving is always allowed
+    assert as_alice.delete("/v0/spaces/lab/members/bob").status_code == 204
+    assert as_alice.delete("/v0/spaces/lab/members/bob").status_code == 404
+    last_owner = as_alice.delete("/v0/spaces/lab/members/alice")
+    assert last_owner.status_code == 409
+
+
+def test_anonymous_reads_open_space_metadata_only(space, anon):
+    assert anon.get("/v0/spaces/lab").status_code == 200
+    assert anon.get("/v0/spaces/lab/members").status_code == 200
+    assert anon.get("/v0/spaces/lab/events").status_code == 200
+    assert anon.post("/v0/spaces/lab/join").status_code == 401
+    assert anon.post("/v0/spaces", {"slug": "x", "name": "x"}).status_code == 401
+
+
+def test_channel_conversation(space, as_bob):
+    # when
+    created = as_bob.post("/v0/spaces/lab/channels", {"name": "general"})
+    duplicate = as_bob.post("/v0/spaces/lab/channels", {"name": "#general"})
+    bad = as_bob.post("/v0/spaces/lab/channels", {"name": "Bad Name"})
+    # then
+    conversation = created.json()["conversation"]
+    assert created.status_code == 201
+    assert conversation == {"id": conversation["id"], "kind": "channel", "space": "lab", "name": "#general"}
+    assert duplicate.status_code == 409 and bad.status_code == 400
+
+
+def test_direct_conversation_is_one_per_pair(space, as_alice, as_bob):
+    # when
+    first = as_alice.post("/v0/spaces/lab/direct", {"member": "@bob"})
+    second = as_bob.post("/v0/spaces/lab/direct", {"member": "alice"})
+    # then
+    assert first.status_code == 201 and second.status_code == 200
+    assert first.json()["conversation"]["id"] == second.json()["conversation"]["id"]
+    assert first.json()["conversation"]["kind"] == "direct"
+    assert sorted(first.json()["conversation"]["members"]) == ["@alice", "@bob"]
+    assert as_alice.post("/v0/spaces/lab/direct", {"member": "@alice"}).status_code == 400
+    assert as_alice.post("/v0/spaces/lab/direct", {"member": "@nobody"}).status_code == 404
+
+
+def test_group_keeps_its_exact_order(space, as_alice):
+    # when
+    created = as_alice.post("/v0/spaces/lab/groups", {"members": ["@carol", "@alice", "@bob"]})
+    same = as_alice.post("/v0/spaces/lab/groups", {"members": ["@carol", "@alice", "@bob"]})
+    reordered = as_alice.post("/v0/spaces/lab/groups", {"members": ["@alice", "@bob", "@carol"]})
+    # then
+    assert created.status_code == 201 and same.status_code == 200
+    assert created.json()["conversation"]["members"] == ["@carol", "@alice", "@bob"]
+    assert reordered.json()["conversation"]["id"] != created.json()["conversation"]["id"]
+
+
+@pytest.mark.parametrize("members", [["@bob", "@carol"], ["@alice", "@alice", "@bob"], ["@alice"], "@bob",
+                                     ["@alice", "@outsider"]])
+def test_group_rejects_bad_member_lists(space, as_alice, make_member, members):
+    make_member("outsider")
+    before = Conversation.objects.count()
+    response = as_alice.post("/v0/spaces/lab/groups", {"members": members})
+    assert response.status_code == 400
+    assert Conversation.objects.count() == before
+
+
+def test_observers_cannot_write(space, make_member, api_for, as_alice):
+    # given
+    eve = make_member("eve")
+    as_alice.post("/v0/spaces/lab/members", {"member": "@eve", "role": "observer"})
+    # then
+    response = api_for(eve).post("/v0/spaces/lab/channels", {"name": "eves"})
+    assert response.status_code == 403
+
+
+def test_list_channels_hides_others_direct_conversations(space, general, as_alice, as_carol, alice, bob):
+    # given
+    services.get_or_create_direct(space, bob, actor=alice)
+    # when
+    alices = {c["kind"] for c in as_alice.get("/v0/spaces/lab/conversations").json()["conversations"]}
+    carols = {c["kind"] for c in as_carol.get("/v0/spaces/lab/conversations").json()["conversations"]}
+    # then
+    assert alices == {"channel", "direct"}
+    assert carols == {"channel"}
+
+
+def test_conversation_list_pages_with_cursor(space, as_alice, alice):
+    for i in range(5):
+        services.create_channel(space, f"c{i}", actor=alice)
+    first = as_alice.get("/v0/spaces/lab/conversations", limit=2).json()
+    second = as_alice.get("/v0/spaces/lab/conversations", limit=2, cursor=first["cursor"]).json()
+    assert first["has_more"] and len(first["conversations"]) == 2
+    assert {c["id"] for c in first["conversations"]}.isdisjoint(c["id"] for c in second["conversations"])
+    assert as_alice.get("/v0/spaces/lab/conversations", limit=101).status_code == 400
