@@ -88,6 +88,10 @@ class LogWatcher:
             except asyncio.CancelledError:
                 raise
             except Exception:
+                # Some layers turn a cancellation (the loop shutting down)
+                # into their own errors: stop rather than retry then.
+                if asyncio.current_task().cancelling():
+                    raise
                 logger.warning("log watcher lost its channel layer; retrying", exc_info=True)
                 await asyncio.sleep(1.0)
 

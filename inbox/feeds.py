@@ -71,11 +71,12 @@ def inbox_feed(viewer: Member, after: int | None, limit: int) -> FeedPage:
 SNAPSHOT_PAGE_MAX = 100
 
 
-def unresolved_page(viewer: Member, *, high_watermark: int, after: int, limit: int = SNAPSHOT_PAGE_MAX):
+def unresolved_page(viewer: Member, *, high_watermark: int, after: int, limit: int | None = None):
     """One page of `viewer`'s unresolved messages at or below the snapshot's
     high watermark, in position order: `(recipient rows, has_more)`."""
     from inbox.models import Recipient
 
+    limit = limit or SNAPSHOT_PAGE_MAX
     rows = list(Recipient.objects.filter(member=viewer, position__gt=after, position__lte=high_watermark,
                                          state__in=[Recipient.State.PENDING, Recipient.State.ACKNOWLEDGED])
                 .select_related("message__space", "message__conversation", "message__author", "message__reply_to")

@@ -44,6 +44,8 @@ def long_polling(sync_view):
 
     async def view(request, *args, **kwargs):
         wait_ms = _wait_ms(request)
+        if not wait_ms:
+            return await read(request, *args, **kwargs)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
         while True:

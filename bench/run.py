@@ -1,0 +1,334 @@
+"""Switchboard benchmark harness: `make bench` or `.venv/bin/python bench/run.py [flags]`.
+
+One run, every figure beside its baseline from the same run:
+
+1. baseline: one-row INSERT transactions/s into the same PostgreSQL database
+   (psycopg 3, autocommit off), 1 and --clients clients; pgbench if installed.
+2. feeds: space and inbox feed page latency (limit 100) with 1,000 and with
+   1,000,000 events in the log, and the ratio 1M / 1k (target <= 1.3).
+3. sends: sends/s, p50/p99 latency, errors and peak resident memory per
+   server process, through the HTTP API with --clients concurrent aiohttp
+   clients, for Daphne (1 process), uvicorn (2 workers) and gunicorn (2 and
+   4 sync workers).
+
+It creates the database `switchboard_bench` from scratch (dropped at the end
+unless --keep), migrates it, starts every server as a subprocess on a free
+127.0.0.1 port, writes bench/results/<stamp>/results.json (plus each server's
+stderr) and prints Markdown tables. See bench/README.md.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import psycopg  # noqa: E402
+
+from bench import feeds, fixture, load  # noqa: E402
+from bench.servers import PY, SETUPS, Server  # noqa: E402
+
+DB_NAME = "switchboard_bench"
+PG = "postgresql://postgres@127.0.0.1:5432"
+DSN = f"{PG}/{DB_NAME}"
+REDIS = ("127.0.0.1", 6379)
+# A fixed root key for the run: cursors built here must verify in the servers.
+ADMIN_KEY = "bench-only-server-admin-key-0123456789abcdefghijklmnopqrstuvwxyz"
+PHASES = ("baseline", "feeds", "sends")
+TARGET_SENDS_PER_S = 500
+TARGET_RSS_MIB = 155
+TARGET_FEED_RATIO = 1.3
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--seconds", type=float, default=8.0, help="measured seconds per send setup (default 8)")
+    p.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds before each send measurement")
+    p.add_argument("--baseline-seconds", type=float, default=5.0, help="seconds per insert baseline (default 5)")
+    p.add_argument("--clients", type=int, default=16, help="concurrent clients (default 16)")
+    p.add_argument("--only", action="append", choices=PHASES, help="run only this phase (repeatable)")
+    p.add_argument("--setups", nargs="+", choices=list(SETUPS), default=list(SETUPS), metavar="SETUP",
+                   help="server setups for the send benchmark (default: all)")
+    p.add_argument("--feed-server", choices=list(SETUPS), default="daphne-1",
+                   help="server that answers the feed benchmark (default daphne-1; see README)")
+    p.add_argument("--feed-events", type=int, default=1_000_000, help="events in the big log (default 1,000,000)")
+    p.add_argument("--feed-requests", type=int, default=200, help="sequential requests per feed and stage")
+    p.add_argument("--no-idempotency-key", action="store_true", help="send without an Idempotency-Key header")
+    p.add_argument("--no-redis", action="store_true", help="run the servers without REDIS_URL")
+    p.add_argument("--keep", action="store_true", help=f"keep the {DB_NAME} database afterwards")
+    args = p.parse_args(argv)
+    args.phases = [ph for ph in PHASES if not args.only or ph in args.only]
+    if args.clients < 1 or args.seconds <= 0 or not 0 < args.feed_requests <= 4000:
+        p.error("--clients and --seconds must be positive; --feed-requests 1..4000")
+    return args
+
+
+def server_env(args) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE"}}
+    env.update({"DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{DB_NAME}", "SERVER_ADMIN_KEY": ADMIN_KEY,
+                "DEBUG": "0", "RATE_LIMIT_PER_MINUTE": "0", "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"})
+    if not args.no_redis:
+        env["REDIS_URL"] = "redis://127.0.0.1:6379/0"
+    return env
+
+
+def redis_up() -> bool:
+    try:
+        with socket.create_connection(REDIS, timeout=2) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def recreate_database() -> None:
+    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {DB_NAME}")
+
+
+def drop_database() -> None:
+    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
+
+
+def machine_facts() -> dict:
+    def first(path: str, prefix: str) -> str:
+        try:
+            with open(path) as f:
+                return next((line.split(":", 1)[1].strip() for line in f if line.startswith(prefix)), "?")
+        except OSError:
+            return "?"
+
+    with psycopg.connect(f"{PG}/postgres") as conn:
+        pg_version = conn.execute("SELECT version()").fetchone()[0]
+        pg_settings = dict(conn.execute("SELECT name, setting FROM pg_settings WHERE name IN "
+                                        "('fsync', 'synchronous_commit', 'shared_buffers', 'max_connections')"))
+    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                           capture_output=True, text=True)
+    django_version = subprocess.run([PY, "-c", "import django; print(django.get_version())"],
+                                    capture_output=True, text=True).stdout.strip()
+    return {"nproc": os.cpu_count(), "mem_total": first("/proc/meminfo", "MemTotal"),
+            "cpu_model": first("/proc/cpuinfo", "model name"), "kernel": platform.release(),
+            "postgresql": pg_version, "postgresql_settings": pg_settings,
+            "python": platform.python_version(), "django": django_version,
+            "git_commit": git.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")}
+
+
+# --- phases -------------------------------------------------------------------------
+
+def run_baseline(args, out_dir: Path) -> dict:
+    result = {"psycopg": [load.insert_baseline(DSN, n, args.baseline_seconds) for n in sorted({1, args.clients})]}
+    result["pgbench"] = load.pgbench_baseline(DB_NAME, args.clients, args.baseline_seconds,
+                                              out_dir / "pgbench-insert.sql")
+    return result
+
+
+def run_feeds(args, env, fx, out_dir: Path) -> dict:
+    with Server(args.feed_server, env, out_dir) as server:
+        asyncio.run(fixture.ensure_spaces(server.base_url, fx))
+        result = asyncio.run(feeds.run(server.base_url, DSN, fx, requests=args.feed_requests,
+                                       total_events=args.feed_events))
+    result["server"] = args.feed_server
+    result["server_log"] = server.log_summary()
+    return result
+
+
+def run_sends(args, env, fx, out_dir: Path, run_id: str) -> dict:
+    results = {}
+    senders = fx.members[: args.clients]
+    for name in args.setups:
+        print(f"  sends: {name} …", file=sys.stderr, flush=True)
+        try:
+            with Server(name, env, out_dir) as server:
+                asyncio.run(fixture.ensure_spaces(server.base_url, fx))
+                server.memory.start()
+                client_cpu = time.process_time()
+                try:
+                    figures = asyncio.run(load.send_load(
+                        server.base_url, fixture.SEND_SPACE, [m.token for m in senders], [m.handle for m in fx.members],
+                        clients=args.clients, warmup=args.warmup, seconds=args.seconds,
+                        run_id=f"{run_id}-{name}", idempotency_keys=not args.no_idempotency_key))
+                finally:
+                    processes = server.memory.stop()
+                    client_cpu = time.process_time() - client_cpu
+            window = args.warmup + args.seconds
+            results[name] = {**figures, "command": " ".join(server.argv), "startup_seconds": server.startup_seconds,
+                             "processes": processes, "server_log": server.log_summary(),
+                             "server_cpu_cores": round(sum(p["cpu_seconds"] for p in processes) / window, 2),
+                             "client_cpu_cores": round(client_cpu / window, 2)}
+        except Exception as exc:  # one broken setup must not hide the others
+            results[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+    return results
+
+
+# --- report -----------------------------------------------------------------------------
+
+def fmt(value, digits: int = 1) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def verdict(ok: bool | None) -> str:
+    return "–" if ok is None else ("yes" if ok else "**no**")
+
+
+def markdown(report: dict) -> str:
+    m, res, cfg = report["machine"], report["results"], report["config"]
+    lines = [f"## Switchboard benchmark {report['stamp']}", "",
+             f"{m['nproc']} cores · {m['mem_total']} · {m['cpu_model']} · {m['postgresql'].split(' on ')[0]} · "
+             f"Python {m['python']} · Django {m['django']} · commit {m['git_commit']} · "
+             f"redis {'on' if cfg['redis'] else 'off'} · {cfg['clients']} clients", ""]
+
+    base16 = None
+    if "baseline" in res:
+        b = res["baseline"]
+        lines += ["### Baseline: one-row INSERT transactions into the same PostgreSQL database", "",
+                  "| client | clients | tx/s | p50 ms | p99 ms |", "| --- | ---: | ---: | ---: | ---: |"]
+        if "error" in b:
+            lines.append(f"| error | | {b['error']} | | |")
+        for row in b.get("psycopg", []):
+            lines.append(f"| psycopg 3, autocommit off | {row['clients']} | {fmt(row['tx_per_s'])} | "
+                         f"{fmt(row['p50_ms'], 2)} | {fmt(row['p99_ms'], 2)} |")
+            if row["clients"] == cfg["clients"]:
+                base16 = row["tx_per_s"]
+        pgb = b.get("pgbench")
+        if pgb:
+            lines.append(f"| pgbench (C, autocommit INSERT) | {pgb['clients']} | "
+                         f"{fmt(pgb.get('tx_per_s')) if 'tx_per_s' in pgb else pgb.get('error', '?')[:80]} | – | – |")
+        lines.append("")
+
+    if "sends" in res:
+        lines += [f"### Sends through the HTTP API ({cfg['clients']} aiohttp clients, {fmt(cfg['seconds'])} s "
+                  f"measured after {fmt(cfg['warmup'])} s warm-up, PostgreSQL)", "",
+                  "| server | sends/s | vs insert tx/s | p50 ms | p99 ms | errors | peak RSS per process, MiB "
+                  "| CPU cores server / client | tracebacks | ≥ 500/s | ≤ 155 MiB |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | --- |"]
+        for name, r in res["sends"].items():
+            if "error" in r:
+                lines.append(f"| {name} | failed: {r['error'][:120]} | | | | | | | | | |")
+                continue
+            rss = [p["peak_rss_mib"] for p in r["processes"]]
+            rss_text = " / ".join(f"{p['role'][0]}:{p['peak_rss_mib']:.0f}" for p in r["processes"])
+            share = f"{100 * r['sends_per_s'] / base16:.1f}%" if base16 else "–"
+            lines.append(f"| {name} | {fmt(r['sends_per_s'])} | {share} | {fmt(r['p50_ms'], 1)} | "
+                         f"{fmt(r['p99_ms'], 1)} | {r['errors']} | {rss_text} | "
+                         f"{r['server_cpu_cores']:.2f} / {r['client_cpu_cores']:.2f} | {r['server_log']['tracebacks']} | "
+                         f"{verdict(r['sends_per_s'] >= TARGET_SENDS_PER_S)} | "
+                         f"{verdict(max(rss, default=0) <= TARGET_RSS_MIB)} |")
+        lines += ["", "RSS: m = main process (the only one for Daphne), w = worker, h = helper (multiprocessing resource tracker); "
+                  "peak of VmRSS sampled every 0.1 s. CPU cores: CPU time used during warm-up + measurement / wall time "
+                  "(server: all its processes; client: this process).", ""]
+
+    if "feeds" in res:
+        f = res["feeds"]
+        if "error" in f:
+            lines += [f"### Feed pages: failed: {f['error']}", ""]
+        else:
+            s1k, s1m = f["stages"]["1k"], f["stages"]["1M"]
+            lines += [f"### Feed pages (limit {f['page']}, {cfg['feed_requests']} sequential requests each, "
+                      f"cursor in the middle, {f['server']})", "",
+                      f"Log: {fmt(s1k['events_in_log'])} events (1k stage) vs {fmt(s1m['events_in_log'])} (1M stage).",
+                      "",
+                      "| feed | 1k p50 ms | 1k p99 ms | 1M p50 ms | 1M p99 ms | ratio p50 | ratio p99 | errors "
+                      "| ≤ 1.3 |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+            rows = (("space feed, 1k-event space (`feed-small`)", "small", "small", "space_small"),
+                    ("space feed, ~1M-event space (`feed-big`) vs 1k space", "small", "big", "space_big"),
+                    ("inbox feed (`/v0/me/inbox/events`)", "inbox", "inbox", "inbox"))
+            for label, k1, k2, key in rows:
+                a, b = s1k[k1], s1m[k2]
+                ratio = f["ratios"][f"{key}_p50_ms"]
+                errors = a["errors"] + b["errors"] + a["short_pages"] + b["short_pages"]
+                lines.append(f"| {label} | {fmt(a['p50_ms'], 2)} | {fmt(a['p99_ms'], 2)} | {fmt(b['p50_ms'], 2)} | "
+                             f"{fmt(b['p99_ms'], 2)} | {fmt(ratio, 2)} | {fmt(f['ratios'][f'{key}_p99_ms'], 2)} | "
+                             f"{errors} | {verdict(None if ratio is None else ratio <= TARGET_FEED_RATIO)} |")
+            lines.append("")
+
+    problems = []
+    servers = [(f"sends, {name}", r) for name, r in res.get("sends", {}).items()]
+    if "server_log" in res.get("feeds", {}):
+        servers.append((f"feeds, {res['feeds']['server']}", res["feeds"]))
+    for label, r in servers:
+        log = r.get("server_log", {})
+        if r.get("errors"):
+            problems.append(f"- {label}: {r['errors']} failed sends {r.get('statuses', {})}")
+        for line, count in list(log.get("exceptions", {}).items())[:4]:
+            problems.append(f"- {label}: traceback ending `{line[:160]}` ×{count} ({log['stderr']})")
+        for line, count in sorted(log.get("log_lines", {}).items(), key=lambda kv: -kv[1])[:4]:
+            problems.append(f"- {label}: log line `{line[:160]}` ×{count}")
+    for phase in ("baseline", "feeds"):
+        if "error" in res.get(phase, {}):
+            problems.append(f"- {phase} failed: {res[phase]['error']}")
+    if problems:
+        lines += ["### Problems seen (server stderr and failed requests)", "", *problems, ""]
+    lines.append(f"Results: {report['results_file']}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out_dir = ROOT / "bench" / "results" / stamp
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not args.no_redis and not redis_up():
+        print(f"Redis is not answering at {REDIS[0]}:{REDIS[1]}; start it or pass --no-redis.", file=sys.stderr)
+        return 2
+    env = server_env(args)
+    started = time.monotonic()
+    report = {"stamp": stamp, "machine": machine_facts(), "results": {},
+              "config": {"seconds": args.seconds, "warmup": args.warmup, "baseline_seconds": args.baseline_seconds,
+                         "clients": args.clients, "phases": args.phases, "setups": args.setups,
+                         "feed_server": args.feed_server, "feed_events": args.feed_events,
+                         "feed_requests": args.feed_requests, "redis": not args.no_redis,
+                         "idempotency_keys": not args.no_idempotency_key, "database": DB_NAME,
+                         "argv": sys.argv[1:]},
+              "results_file": str((out_dir / "results.json").relative_to(ROOT))}
+    results = report["results"]
+    failed = False
+    recreate_database()
+    try:
+        subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True, timeout=300)
+        fixture.boot_django(env)
+        fx = fixture.create_members(max(args.clients, 5))
+        for phase in args.phases:
+            print(f"{phase} …", file=sys.stderr, flush=True)
+            phase_started = time.monotonic()
+            try:
+                if phase == "baseline":
+                    results[phase] = run_baseline(args, out_dir)
+                elif phase == "feeds":
+                    results[phase] = run_feeds(args, env, fx, out_dir)
+                else:
+                    results[phase] = run_sends(args, env, fx, out_dir, stamp)
+            except Exception as exc:
+                failed = True
+                results[phase] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+                print(results[phase]["traceback"], file=sys.stderr)
+            report.setdefault("phase_seconds", {})[phase] = round(time.monotonic() - phase_started, 1)
+    finally:
+        fixture.shutdown_django()
+        if not args.keep:
+            drop_database()
+    report["total_seconds"] = round(time.monotonic() - started, 1)
+    (out_dir / "results.json").write_text(json.dumps(report, indent=2, default=str))
+    print(markdown(report))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""SPEC §6: space feed, inbox feed, cursors, retention, snapshots, long-polling."""
+import asyncio
+import datetime as dt
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.test import AsyncClient
+
+from controlplane import services
+from controlplane.clock import freeze, now
+from controlplane.cursors import pack_cursor
+from controlplane.live import log_watcher
+from controlplane.log import prune_events
+from controlplane.models import LogHead
+from inbox.services import send_message
+from tests.conftest import error_code
+
+
+def feed(api, path="/v0/spaces/lab/events", **params):
+    response = api.get(path, **params)
+    assert response.status_code == 200, response.json()
+    return response.json()
+
+
+def drain(api, path="/v0/spaces/lab/events", cursor=None, limit=100):
+    events = []
+    while True:
+        page = feed(api, path, limit=limit, **({"cursor": cursor} if cursor else {}))
+        events += page["events"]
+        cursor = page["cursor"]
+        if not page["has_more"]:
+            return events, cursor
+
+
+def test_space_feed_pages_in_position_order(general, as_alice, alice):
+    # given
+    for i in range(7):
+        send_message(general, body=f"m{i}", actor=alice)
+    # when
+    first = feed(as_alice, limit=3)
+    rest, cursor = drain(as_alice, cursor=first["cursor"], limit=3)
+    # then
+    events = first["events"] + rest
+    positions = [e["position"] for e in events]
+    assert positions == sorted(positions) and len(set(positions)) == len(positions)
+    assert [e["data"]["message"]["body"] for e in events if e["kind"] == "message.created"] == \
+        [f"m{i}" for i in range(7)]
+    assert set(events[0]) == {"id", "position", "kind", "space", "conversation", "actor", "created_at", "data"}
+    empty = feed(as_alice, cursor=cursor)
+    assert empty == {"events": [], "cursor": cursor, "has_more": False}
+
+
+def test_space_feed_hides_conversations_you_are_not_in(space, general, alice, bob, as_carol, anon):
+    # given
+    direct, _ = services.get_or_create_direct(space, bob, actor=alice)
+    send_message(direct, body="private", actor=alice)
+    send_message(general, body="public", actor=alice)
+    # when
+    carols, _ = drain(as_carol)
+    anons, _ = drain(anon)
+    # then
+    for events in (carols, anons):
+        assert all(e["conversation"] != direct.public_id for e in events)
+        assert "private" not in str(events)
+        assert any(e["kind"] == "message.created" and e["data"]["message"]["body"] == "public" for e in events)
+
+
+def test_participants_see_their_direct_conversation_in_the_space_feed(space, alice, bob, as_bob):
+    direct, _ = services.get_or_create_direct(space, bob, actor=alice)
+    send_message(direct, body="private", actor=alice)
+    events, _ = drain(as_bob)
+    assert [e["kind"] for e in events if e["conversation"] == direct.public_id] == \
+        ["conversation.created", "message.created"]
+
+
+def test_inbox_feed_has_only_addressed_events(space, general, alice, bob, carol, as_bob):
+    # given
+    direct, _ = services.get_or_create_direct(space, bob, actor=alice)
+    group, _ = services.get_or_create_group(space, [alice, bob, carol], actor=alice)
+    other = services.create_space(slug="other", name="Other", visibility="open", send_policy="open", actor=carol)
+    services.join_space(other, actor=bob)
+    elsewhere = services.create_channel(other, "general", actor=carol)
+    send_message(general, body="no mention", actor=alice)
+    send_message(general, body="hey @bob", actor=alice)
+    send_message(direct, body="dm", actor=alice)
+    send_message(group, body="group", actor=carol)
+    send_message(elsewhere, body="@bob over here", actor=carol)
+    send_message(direct, body="from me", actor=bob)
+    # when
+    events, _ = drain(as_bob, "/v0/me/inbox/events")
+    # then
+    assert [e["data"]["message"]["body"] for e in events] == ["hey @bob", "dm", "group", "@bob over here"]
+    assert {e["kind"] for e in events} == {"message.created"}
+
+
+def test_inbox_feed_drops_spaces_you_can_no_longer_read(alice, bob, api_for):
+    # given
+    space = services.create_space(slug="lab", name="Lab", visibility="private", send_policy="open", actor=alice)
+    services.add_member(space, bob, actor=alice)
+    direct, _ = services.get_or_create_direct(space, bob, actor=alice)
+    send_message(direct, body="before removal", actor=alice)
+    as_bob = api_for(bob)
+    assert len(drain(as_bob, "/v0/me/inbox/events")[0]) == 1
+    # when
+    services.remove_member(space, bob, actor=alice)
+    # then
+    assert drain(as_bob, "/v0/me/inbox/events")[0] == []
+
+
+def test_tampered_and_foreign_cursors_are_rejected(space, general, alice, as_alice, as_bob, anon):
+    # given
+    send_message(general, body="x", actor=alice)
+    cursor = feed(as_alice, limit=1)["cursor"]
+    other = services.create_space(slug="other", name="Other", visibility="open", send_policy="open", actor=alice)
+    # then
+    tampered = cursor[:-2] + ("AA" if cursor[-2:] != "AA" else "BB")
+    for api, path, token in [
+        (as_alice, "/v0/spaces/lab/events", tampered),
+        (as_alice, "/v0/spaces/lab/events", cursor + "A"),
+        (as_alice, "/v0/spaces/lab/events", "not-a-cursor!"),
+        (as_bob, "/v0/spaces/lab/events", cursor),          # another caller
+        (anon, "/v0/spaces/lab/events", cursor),            # anonymous
+        (as_alice, f"/v0/spaces/{other.slug}/events", cursor),  # another space
+        (as_alice, "/v0/me/inbox/events", cursor),          # another stream
+    ]:
+        response = api.get(path, cursor=token)
+        assert response.status_code == 400, (path, token)
+        assert error_code(response) == "INVALID_CURSOR"
+
+
+@pytest.mark.parametrize("params", [{"limit": 0}, {"limit": 101}, {"limit": "x"}, {"wait_ms": -1},
+                                    {"wait_ms": 30_001}])
+def test_bad_feed_parameters(space, as_alice, params):
+    response = as_alice.get("/v0/spaces/lab/events", **params)
+    assert response.status_code == 400 and error_code(response) == "INVALID_REQUEST"
+
+
+def test_cursor_below_retention_floor_needs_resync(general, alice, as_alice):
+    # given: an old event, a cursor before it, then a prune
+    old_cursor = feed(as_alice, limit=1)["cursor"]
+    with freeze(now() - dt.timedelta(days=40)):
+        send_message(general, body="old", actor=alice)
+    send_message(general, body="new", actor=alice)
+    # when
+    deleted = prune_events(older_than=now() - dt.timedelta(days=30))
+    # then
+    assert deleted >= 1
+    gone = as_alice.get("/v0/spaces/lab/events", cursor=old_cursor)
+    assert gone.status_code == 410 and error_code(gone) == "RESYNC_REQUIRED"
+    fresh, _ = drain(as_alice)
+    assert [e["data"]["message"]["body"] for e in fresh if e["kind"] == "message.created"] == ["new"]
+    assert all(e["position"] > LogHead.objects.get().floor for e in fresh)
+
+
+def test_snapshot_pages_keep_their_watermark(space, alice, bob, as_bob, monkeypatch):
+    # given
+    monkeypatch.setattr("inbox.feeds.SNAPSHOT_PAGE_MAX", 2)
+    direct, _ = services.get_or_create_direct(space, bob, actor=alice)
+    sent = [send_message(direct, body=f"task {i}", actor=alice).message for i in range(5)]
+    as_bob.post(f"/v0/messages/{sent[1].public_id}/resolve", {"result": "done"})
+    as_bob.post(f"/v0/messages/{sent[2].public_id}/acknowledge")
+    # when
+    first = as_bob.get("/v0/me/snapshot").json()
+    send_message(direct, body="after the snapshot", actor=alice)
+    pages = [first]
+    while pages[-1]["next_page"]:
+        pages.append(as_bob.get("/v0/me/snapshot", page=pages[-1]["next_page"]).json())
+    # then
+    assert len(pages) == 2
+    assert {p["snapshot_id"] for p in pages} == {first["snapshot_id"]}
+    assert {p["high_watermark"] for p in pages} == {first["high_watermark"]}
+    bodies = [u["message"]["body"] for p in pages for u in p["unresolved"]]
+    assert bodies == ["task 0", "task 2", "task 3", "task 4"]
+    assert [u["state"] for p in pages for u in p["unresolved"]][1] == "acknowledged"
+    since = drain(as_bob, "/v0/me/inbox/events", cursor=first["cursor"])[0]
+    assert [e["data"]["message"]["body"] for e in since] == ["after the snapshot"]
+
+
+def test_snapshot_page_tokens_are_bound_and_expire(space, alice, bob, as_bob, as_alice, monkeypatch):
+    monkeypatch.setattr("inbox.feeds.SNAPSHOT_PAGE_MAX", 1)
+    direct, _ = services.get_or_create_direct(space, bob, actor=alice)
+    for i in range(3):
+        send_message(direct, body=f"task {i}", actor=alice)
+    token = as_bob.get("/v0/me/snapshot").json()["next_page"]
+    assert error_code(as_alice.get("/v0/me/snapshot", page=token)) == "INVALID_CURSOR"
+    with freeze(now() + dt.timedelta(hours=2)):
+        expired = as_bob.get("/v0/me/snapshot", page=token)
+    assert expired.status_code == 410 and error_code(expired) == "RESYNC_REQUIRED"
+
+
+def test_long_poll_times_out_with_the_same_cursor(space, as_alice):
+    cursor = feed(as_alice)["cursor"]
+    response = as_alice.get("/v0/spaces/lab/events", cursor=cursor, wait_ms=30)
+    assert response.json() == {"events": [], "cursor": cursor, "has_more": False}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_long_poll_wakes_when_an_event_commits(monkeypatch):
+    # given: a waiting poll that only a wake (not the periodic recheck) can answer in time
+    monkeypatch.setattr("inbox.api.longpoll.FEED_RECHECK_SECONDS", 120)
+    alice = await sync_to_async(services.create_member)("alice", actor=None)
+    _, token = await sync_to_async(services.issue_credential)(alice, actor=None)
+    space = await sync_to_async(services.create_space)(slug="lab", name="Lab", visibility="open",
+                                                        send_policy="open", actor=alice)
+    general = await sync_to_async(services.create_channel)(space, "general", actor=alice)
+    head = await sync_to_async(lambda: LogHead.objects.get().position)()
+    cursor = pack_cursor((head,), caller=alice.public_id, stream=f"space:{space.public_id}")
+    waiting = asyncio.Event()
+    original_wait = log_watcher.wait
+
+    async def observed_wait(mark, timeout):
+        waiting.set()
+        await original_wait(mark, timeout)
+
+    monkeypatch.setattr(log_watcher, "wait", observed_wait)
+    poll = asyncio.create_task(AsyncClient().get("/v0/spaces/lab/events", {"cursor": cursor, "wait_ms": 20_000},
+                                                 headers={"Authorization": f"Bearer {token}"}))
+    await asyncio.wait([poll, asyncio.ensure_future(waiting.wait())], timeout=10,
+                       return_when=asyncio.FIRST_COMPLETED)
+    assert not poll.done(), poll.result().json()
+    # when
+    await sync_to_async(send_message)(general, body="wake up", actor=alice)
+    response = await asyncio.wait_for(poll, 15)
+    # then
+    events = response.json()["events"]
+    assert [e["data"]["message"]["body"] for e in events] == ["wake up"]
