@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml
 
 run: export DEBUG ?= 1
 run: $(STAMP)
+	@test -n "$$DATABASE_URL" || echo "Database: SQLite in var/ (set DATABASE_URL for PostgreSQL)"
 	$(PY) manage.py migrate --noinput -v 0
 	$(PY) manage.py bootstrap
 	$(PY) manage.py serve
@@ -25,10 +26,9 @@ test: $(STAMP)
 	DEBUG=1 $(PY) -m pytest $(PYTEST_ARGS)
 
 # The same suite on PostgreSQL + Redis (both must be running).
-test-postgres: export DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
-test-postgres: export REDIS_URL ?= redis://127.0.0.1:6379/0
 test-postgres: $(STAMP)
-	DEBUG=1 $(PY) -m pytest $(PYTEST_ARGS)
+	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} \
+	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/0} DEBUG=1 $(PY) -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) bench/run.py $(BENCH_ARGS)

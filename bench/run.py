@@ -23,6 +23,7 @@ import asyncio
 import json
 import os
 import platform
+import signal
 import socket
 import subprocess
 import sys
@@ -137,7 +138,7 @@ def run_baseline(args, out_dir: Path) -> dict:
 
 
 def run_feeds(args, env, fx, out_dir: Path) -> dict:
-    with Server(args.feed_server, env, out_dir) as server:
+    with Server(args.feed_server, env, out_dir, "feeds") as server:
         asyncio.run(fixture.ensure_spaces(server.base_url, fx))
         result = asyncio.run(feeds.run(server.base_url, DSN, fx, requests=args.feed_requests,
                                        total_events=args.feed_events))
@@ -152,7 +153,7 @@ def run_sends(args, env, fx, out_dir: Path, run_id: str) -> dict:
     for name in args.setups:
         print(f"  sends: {name} …", file=sys.stderr, flush=True)
         try:
-            with Server(name, env, out_dir) as server:
+            with Server(name, env, out_dir, "sends") as server:
                 asyncio.run(fixture.ensure_spaces(server.base_url, fx))
                 server.memory.start()
                 client_cpu = time.process_time()
@@ -282,6 +283,9 @@ def markdown(report: dict) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # Turn SIGTERM (e.g. from `timeout`) into SystemExit, so servers are stopped
+    # and the database dropped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out_dir = ROOT / "bench" / "results" / stamp
     out_dir.mkdir(parents=True, exist_ok=True)

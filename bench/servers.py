@@ -225,14 +225,14 @@ def summarize_log(text: str, limit: int = 2) -> dict:
 class Server:
     """One server setup as a context manager: started, healthy, then stopped."""
 
-    def __init__(self, name: str, env: dict[str, str], log_dir: Path):
+    def __init__(self, name: str, env: dict[str, str], log_dir: Path, phase: str):
         self.name = name
         self.port = free_port()
         self.argv = [a.replace("{port}", str(self.port)) for a in SETUPS[name]]
         self.env = env
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.stdout_path = log_dir / f"{name}.stdout.log"
-        self.stderr_path = log_dir / f"{name}.stderr.log"
+        self.stdout_path = log_dir / f"{phase}-{name}.stdout.log"
+        self.stderr_path = log_dir / f"{phase}-{name}.stderr.log"
         self.proc: subprocess.Popen | None = None
         self.memory: MemorySampler | None = None
         self.startup_seconds: float | None = None

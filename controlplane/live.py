@@ -2,7 +2,7 @@
 watcher that wakes long-polls when the event log advances anywhere.
 
 The durable rows are the truth; everything here is a nudge. A lost nudge
-delays a long-poll by at most FEED_RECHECK_SECONDS and loses nothing.
+delays a long-poll by at most settings.FEED_RECHECK_SECONDS and loses nothing.
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from django.db import transaction
 logger = logging.getLogger("switchboard.live")
 
 LOG_GROUP = "switchboard.log"
-FEED_RECHECK_SECONDS = 1.0
 GROUP_READD_SECONDS = 3600
 
 

@@ -44,7 +44,12 @@ def reserve_positions(count: int) -> list[int]:
         raise RuntimeError("positions are reserved inside the writer's transaction")
     with connection.cursor() as cursor:
         cursor.execute(_ALLOCATE_SQL, [count])
-        last = cursor.fetchone()[0]
+        row = cursor.fetchone()
+        if row is None:  # the head row is made by a migration; a flushed database lacks it
+            LogHead.objects.get_or_create(id=1)
+            cursor.execute(_ALLOCATE_SQL, [count])
+            row = cursor.fetchone()
+        last = row[0]
     return list(range(last - count + 1, last + 1))
 
 
@@ -73,7 +78,7 @@ def append_events(events: list[NewEvent], positions: list[int] | None = None) ->
 
 
 def log_head() -> LogHead:
-    return LogHead.objects.get(id=1)
+    return LogHead.objects.filter(id=1).first() or LogHead()
 
 
 def prune_events(*, older_than) -> int:

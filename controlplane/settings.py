@@ -36,6 +36,9 @@ CLAIM_TTL_HOURS = env_int("CLAIM_TTL_HOURS", 24)
 EVENT_RETENTION_DAYS = env_int("EVENT_RETENTION_DAYS", 30)
 RATE_LIMIT_PER_MINUTE = env_int("RATE_LIMIT_PER_MINUTE", 12000)
 REDIS_URL = os.environ.get("REDIS_URL") or None
+# A waiting long-poll re-reads at least this often, in case a wake was lost
+# (or, without Redis, came from another process).
+FEED_RECHECK_SECONDS = float(os.environ.get("FEED_RECHECK_SECONDS", "1.0"))
 
 ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "").split(",") if h] or ["*"]
 CSRF_TRUSTED_ORIGINS = [SWITCHBOARD_PUBLIC_URL]

@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import connections
 
-from controlplane.live import FEED_RECHECK_SECONDS, log_watcher
+from controlplane.live import log_watcher
 
 MAX_WAIT_MS = 30_000
 
@@ -55,7 +56,7 @@ def long_polling(sync_view):
             if remaining <= 0 or response.status_code != 200 or response.data["events"]:
                 return response
             request.switchboard_repoll = True
-            await log_watcher.wait(mark, min(remaining, FEED_RECHECK_SECONDS))
+            await log_watcher.wait(mark, min(remaining, settings.FEED_RECHECK_SECONDS))
 
     # drf-spectacular documents the wrapped DRF view.
     view.cls, view.initkwargs = sync_view.cls, sync_view.initkwargs

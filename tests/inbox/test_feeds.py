@@ -196,9 +196,9 @@ def test_long_poll_times_out_with_the_same_cursor(space, as_alice):
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.asyncio
-async def test_long_poll_wakes_when_an_event_commits(monkeypatch):
+async def test_long_poll_wakes_when_an_event_commits(monkeypatch, settings):
     # given: a waiting poll that only a wake (not the periodic recheck) can answer in time
-    monkeypatch.setattr("inbox.api.longpoll.FEED_RECHECK_SECONDS", 120)
+    settings.FEED_RECHECK_SECONDS = 120
     alice = await sync_to_async(services.create_member)("alice", actor=None)
     _, token = await sync_to_async(services.issue_credential)(alice, actor=None)
     space = await sync_to_async(services.create_space)(slug="lab", name="Lab", visibility="open",

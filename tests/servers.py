@@ -1,0 +1,76 @@
+"""Real server processes for end-to-end tests: `manage.py serve` on a free
+loopback port, against the test database."""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from django.conf import settings
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_database_url() -> str:
+    db = connection.settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{db['NAME']}"
+    user = db.get("USER") or "postgres"
+    return f"postgres://{user}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
+
+
+def server_env(**extra) -> dict:
+    env = {**os.environ, "DATABASE_URL": test_database_url(), "DEBUG": "1",
+           "SERVER_ADMIN_KEY": settings.SERVER_ADMIN_KEY, "RATE_LIMIT_PER_MINUTE": "0"}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def manage(*args, input: str | None = None, **env) -> str:
+    result = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=server_env(**env), input=input,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@contextlib.contextmanager
+def serving(*args, **env):
+    """`manage.py serve` until the block ends; yields its base URL."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "manage.py", "serve", "--bind", f"127.0.0.1:{port}", *args],
+                               cwd=ROOT, env=server_env(**env), stdout=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert process.poll() is None, "serve exited early"
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "serve did not become ready"
+            time.sleep(0.1)
+        yield base, process
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()

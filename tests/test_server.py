@@ -1,0 +1,111 @@
+"""End to end through real `serve` processes: HTTP on loopback, the real
+database, the real channel layer (Redis when REDIS_URL is set)."""
+import concurrent.futures
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.servers import manage, serving
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def member_with_token(handle: str) -> dict:
+    member_id = manage("createmember", handle, "--kind", "agent").strip()
+    token = manage("issuecredential", handle).strip()
+    assert member_id.startswith("mem_") and "\n" not in member_id
+    assert token.startswith("sbt_") and len(token) == 47
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_serve_answers_and_stops_cleanly_on_ctrl_c():
+    # given
+    with serving() as (base, process):
+        assert httpx.get(f"{base}/healthz").json() == {"status": "ok"}
+        children = children_of(process.pid)
+        assert len(children) == 2  # the ASGI server and the django-q2 cluster
+        # when
+        process.send_signal(signal.SIGINT)
+        # then
+        assert process.wait(20) == 0
+        assert "http://127.0.0.1:" in process.stdout.read()
+    assert not [pid for pid in children if Path(f"/proc/{pid}").exists()
+                and "zombie" not in Path(f"/proc/{pid}/status").read_text()]
+
+
+def test_long_poll_on_one_node_wakes_for_a_send_on_another(settings):
+    # given: two server processes sharing the database. With Redis the wake
+    # must cross nodes through the channel layer (the periodic recheck is
+    # pushed past the poll's wait); without it, the recheck finds the event.
+    alice, bob = member_with_token("alice"), member_with_token("bob")
+    recheck = {"FEED_RECHECK_SECONDS": 60} if settings.REDIS_URL else {}
+    with serving("--no-worker", **recheck) as (node_a, _), serving("--no-worker", **recheck) as (node_b, _):
+        assert httpx.post(f"{node_a}/v0/spaces", json={"slug": "lab", "name": "Lab"}, headers=alice).status_code == 201
+        assert httpx.post(f"{node_b}/v0/spaces/lab/join", headers=bob).status_code == 200
+        assert httpx.post(f"{node_a}/v0/spaces/lab/channels", json={"name": "general"},
+                          headers=alice).status_code == 201
+        cursor = httpx.get(f"{node_b}/v0/me/inbox/events", headers=bob).json()["cursor"]
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            poll = pool.submit(httpx.get, f"{node_b}/v0/me/inbox/events",
+                               params={"cursor": cursor, "wait_ms": 20_000}, headers=bob, timeout=30)
+            # when
+            sent = httpx.post(f"{node_a}/v0/spaces/lab/conversations/%23general/messages",
+                              json={"body": "hey @bob"}, headers=alice)
+            # then
+            assert sent.status_code == 201
+            events = poll.result(timeout=30).json()["events"]
+    assert [e["data"]["message"]["body"] for e in events] == ["hey @bob"]
+
+
+@pytest.mark.postgres
+def test_waiting_long_polls_hold_no_database_connection():
+    # given: a pool of 2 connections and 12 long-polls waiting at once
+    alice = member_with_token("alice")
+    with serving("--no-worker", DB_POOL_MIN=1, DB_POOL_MAX=2) as (base, _):
+        httpx.post(f"{base}/v0/spaces", json={"slug": "lab", "name": "Lab"}, headers=alice)
+        httpx.post(f"{base}/v0/spaces/lab/channels", json={"name": "general"}, headers=alice)
+        cursor = httpx.get(f"{base}/v0/spaces/lab/events", headers=alice).json()["cursor"]
+        while True:
+            page = httpx.get(f"{base}/v0/spaces/lab/events", params={"cursor": cursor}, headers=alice).json()
+            cursor = page["cursor"]
+            if not page["has_more"]:
+                break
+        with concurrent.futures.ThreadPoolExecutor(12) as pool:
+            polls = [pool.submit(httpx.get, f"{base}/v0/spaces/lab/events",
+                                 params={"cursor": cursor, "wait_ms": 25_000}, headers=alice, timeout=40)
+                     for _ in range(12)]
+            # when: a send needs a connection while they all wait
+            sent = httpx.post(f"{base}/v0/spaces/lab/conversations/%23general/messages",
+                              json={"body": "still room"}, headers=alice, timeout=20)
+            # then
+            assert sent.status_code == 201
+            bodies = [[e["data"]["message"]["body"] for e in p.result(timeout=40).json()["events"]] for p in polls]
+    assert bodies == [["still room"]] * 12
+
+
+def test_management_commands_print_only_their_result():
+    # when
+    member_id = manage("createmember", "dana", "--kind", "human", "--password-stdin", input="s3cret-pass\n")
+    token = manage("issuecredential", "@dana")
+    first_admin = manage("bootstrap")
+    second = manage("bootstrap")
+    # then
+    assert member_id.strip().startswith("mem_") and member_id.count("\n") <= 1
+    assert token.strip().startswith("sbt_") and token.count("\n") <= 1
+    assert "password:" in first_admin and second == ""
+    from django.contrib.auth import authenticate
+    assert authenticate(username="dana", password="s3cret-pass") is not None
