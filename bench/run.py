@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
+import redis  # noqa: E402
 
 from bench import feeds, fixture, load  # noqa: E402
 from bench.servers import PY, SETUPS, Server  # noqa: E402
@@ -43,7 +43,10 @@ from bench.servers import PY, SETUPS, Server  # noqa: E402
 DB_NAME = "switchboard_bench"
 PG = "postgresql://postgres@127.0.0.1:5432"
 DSN = f"{PG}/{DB_NAME}"
-REDIS = ("127.0.0.1", 6379)
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+# channels_redis keeps a group as a sorted set of channel names; stale names
+# left by earlier processes make every group_send on commit fan out to them.
+LOG_GROUP_KEY = "switchboard:group:switchboard.log"
 # A fixed root key for the run: cursors built here must verify in the servers.
 ADMIN_KEY = "bench-only-server-admin-key-0123456789abcdefghijklmnopqrstuvwxyz"
 PHASES = ("baseline", "feeds", "sends")
@@ -67,6 +70,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--feed-requests", type=int, default=200, help="sequential requests per feed and stage")
     p.add_argument("--no-idempotency-key", action="store_true", help="send without an Idempotency-Key header")
     p.add_argument("--no-redis", action="store_true", help="run the servers without REDIS_URL")
+    p.add_argument("--redis-url", default=DEFAULT_REDIS_URL,
+                   help=f"REDIS_URL for the servers (default {DEFAULT_REDIS_URL})")
     p.add_argument("--keep", action="store_true", help=f"keep the {DB_NAME} database afterwards")
     args = p.parse_args(argv)
     args.phases = [ph for ph in PHASES if not args.only or ph in args.only]
@@ -80,17 +85,25 @@ def server_env(args) -> dict[str, str]:
     env.update({"DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{DB_NAME}", "SERVER_ADMIN_KEY": ADMIN_KEY,
                 "DEBUG": "0", "RATE_LIMIT_PER_MINUTE": "0", "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"})
     if not args.no_redis:
-        env["REDIS_URL"] = "redis://127.0.0.1:6379/0"
+        env["REDIS_URL"] = args.redis_url
     return env
 
 
-def redis_up() -> bool:
+def redis_up(url: str) -> bool:
     try:
-        with socket.create_connection(REDIS, timeout=2) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
-    except OSError:
+        with redis.Redis.from_url(url, socket_timeout=2) as client:
+            return bool(client.ping())
+    except redis.RedisError:
         return False
+
+
+def log_group_size(url: str) -> int | None:
+    """How many channels the log group holds in Redis (None without Redis)."""
+    try:
+        with redis.Redis.from_url(url, socket_timeout=2) as client:
+            return client.zcard(LOG_GROUP_KEY)
+    except redis.RedisError:
+        return None
 
 
 def recreate_database() -> None:
@@ -125,6 +138,7 @@ def machine_facts() -> dict:
             "cpu_model": first("/proc/cpuinfo", "model name"), "kernel": platform.release(),
             "postgresql": pg_version, "postgresql_settings": pg_settings,
             "python": platform.python_version(), "django": django_version,
+            "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
             "git_commit": git.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")}
 
 
@@ -155,6 +169,7 @@ def run_sends(args, env, fx, out_dir: Path, run_id: str) -> dict:
         try:
             with Server(name, env, out_dir, "sends") as server:
                 asyncio.run(fixture.ensure_spaces(server.base_url, fx))
+                group_before = None if args.no_redis else log_group_size(args.redis_url)
                 server.memory.start()
                 client_cpu = time.process_time()
                 try:
@@ -169,7 +184,9 @@ def run_sends(args, env, fx, out_dir: Path, run_id: str) -> dict:
             results[name] = {**figures, "command": " ".join(server.argv), "startup_seconds": server.startup_seconds,
                              "processes": processes, "server_log": server.log_summary(),
                              "server_cpu_cores": round(sum(p["cpu_seconds"] for p in processes) / window, 2),
-                             "client_cpu_cores": round(client_cpu / window, 2)}
+                             "client_cpu_cores": round(client_cpu / window, 2),
+                             "log_group_channels": {"before": group_before, "after": None if args.no_redis
+                                                    else log_group_size(args.redis_url)}}
         except Exception as exc:  # one broken setup must not hide the others
             results[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
     return results
@@ -194,7 +211,8 @@ def markdown(report: dict) -> str:
     lines = [f"## Switchboard benchmark {report['stamp']}", "",
              f"{m['nproc']} cores · {m['mem_total']} · {m['cpu_model']} · {m['postgresql'].split(' on ')[0]} · "
              f"Python {m['python']} · Django {m['django']} · commit {m['git_commit']} · "
-             f"redis {'on' if cfg['redis'] else 'off'} · {cfg['clients']} clients", ""]
+             f"redis {cfg['redis'] or 'off'} · {cfg['clients']} clients · load average at start "
+             f"{m['loadavg_at_start'][0]:.2f}, at end {m['loadavg_at_end'][0]:.2f}", ""]
 
     base16 = None
     if "baseline" in res:
@@ -232,6 +250,11 @@ def markdown(report: dict) -> str:
                          f"{r['server_cpu_cores']:.2f} / {r['client_cpu_cores']:.2f} | {r['server_log']['tracebacks']} | "
                          f"{verdict(r['sends_per_s'] >= TARGET_SENDS_PER_S)} | "
                          f"{verdict(max(rss, default=0) <= TARGET_RSS_MIB)} |")
+        groups = [r["log_group_channels"]["before"] for r in res["sends"].values() if "log_group_channels" in r]
+        groups = [g for g in groups if g is not None]
+        if groups:
+            lines += ["", f"Channels in the Redis log group (`{LOG_GROUP_KEY}`) before each setup: "
+                      + ", ".join(map(str, groups)) + " (each one gets a copy of every send's nudge)."]
         lines += ["", "RSS: m = main process (the only one for Daphne), w = worker, h = helper (multiprocessing resource tracker); "
                   "peak of VmRSS sampled every 0.1 s. CPU cores: CPU time used during warm-up + measurement / wall time "
                   "(server: all its processes; client: this process).", ""]
@@ -289,8 +312,8 @@ def main(argv=None) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out_dir = ROOT / "bench" / "results" / stamp
     out_dir.mkdir(parents=True, exist_ok=True)
-    if not args.no_redis and not redis_up():
-        print(f"Redis is not answering at {REDIS[0]}:{REDIS[1]}; start it or pass --no-redis.", file=sys.stderr)
+    if not args.no_redis and not redis_up(args.redis_url):
+        print(f"Redis is not answering at {args.redis_url}; start it or pass --no-redis.", file=sys.stderr)
         return 2
     env = server_env(args)
     started = time.monotonic()
@@ -298,7 +321,8 @@ def main(argv=None) -> int:
               "config": {"seconds": args.seconds, "warmup": args.warmup, "baseline_seconds": args.baseline_seconds,
                          "clients": args.clients, "phases": args.phases, "setups": args.setups,
                          "feed_server": args.feed_server, "feed_events": args.feed_events,
-                         "feed_requests": args.feed_requests, "redis": not args.no_redis,
+                         "feed_requests": args.feed_requests,
+                         "redis": None if args.no_redis else args.redis_url,
                          "idempotency_keys": not args.no_idempotency_key, "database": DB_NAME,
                          "argv": sys.argv[1:]},
               "results_file": str((out_dir / "results.json").relative_to(ROOT))}
@@ -329,6 +353,7 @@ def main(argv=None) -> int:
         if not args.keep:
             drop_database()
     report["total_seconds"] = round(time.monotonic() - started, 1)
+    report["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     (out_dir / "results.json").write_text(json.dumps(report, indent=2, default=str))
     print(markdown(report))
     return 1 if failed else 0

@@ -30,7 +30,7 @@ def load_root_key(*, debug: bool, var_dir: Path) -> str:
             raise MissingAdminKey(f"SERVER_ADMIN_KEY must be at least {MIN_ROOT_KEY_CHARS} characters")
         return key
     if not debug:
-        raise MissingAdminKey("SERVER_ADMIN_KEY is required when DEBUG is off")
+        raise MissingAdminKey("SERVER_ADMIN_KEY is required when DEBUG is off (in development, DEBUG=1 keeps a generated key in var/)")
     path = var_dir / "server_admin_key"
     if not path.exists():
         var_dir.mkdir(parents=True, exist_ok=True)
