@@ -78,6 +78,11 @@ class ConversationAdmin(ReadOnlyAdmin):
     inlines = [ParticipantInline]
 
 
+@admin.register(Participant)
+class ParticipantAdmin(ReadOnlyAdmin):
+    list_display = ["conversation", "member", "ordinal"]
+
+
 @admin.register(Event)
 class EventAdmin(ReadOnlyAdmin):
     list_display = ["position", "kind", "space", "conversation", "actor", "restricted", "created_at"]

@@ -34,7 +34,16 @@ def get_space_for(slug: str, member: Member | None) -> Space:
     space = Space.objects.filter(slug=slug).first()
     if space is None:
         raise NotFound()
-    if space.visibility == Space.Visibility.PRIVATE and not _has_membership(space, member):
+    if (space.visibility == Space.Visibility.PRIVATE and not _has_membership(space, member)
+            and not (member is not None and member.is_admin)):
+        raise NotFound()
+    return space
+
+
+def get_readable_space(slug: str, member: Member | None) -> Space:
+    """The space, if `member` may read its members, conversations and feed."""
+    space = get_space_for(slug, member)
+    if not can_read_space(space, member):
         raise NotFound()
     return space
 

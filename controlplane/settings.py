@@ -206,5 +206,10 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "WARNING")},
-    "loggers": {"switchboard": {"level": os.environ.get("LOG_LEVEL", "INFO"), "propagate": True}},
+    "loggers": {
+        "switchboard": {"level": os.environ.get("LOG_LEVEL", "INFO"), "propagate": True},
+        # 4xx answers are the API working as specified, not server warnings.
+        "django": {"handlers": ["console"], "level": "WARNING", "propagate": False},
+        "django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False},
+    },
 }

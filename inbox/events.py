@@ -4,6 +4,7 @@ from __future__ import annotations
 from controlplane.log import NewEvent
 from controlplane.models import Conversation, Member
 from inbox.models import Message
+from inbox.render import render_message
 
 
 def _restricted(message: Message) -> bool:
@@ -11,8 +12,6 @@ def _restricted(message: Message) -> bool:
 
 
 def message_created(message: Message, recipients: list[Member]) -> NewEvent:
-    from inbox.render import render_message
-
     return NewEvent("message.created", {"message": render_message(message)}, space_id=message.space_id,
                     conversation_id=message.conversation_id, actor_id=message.author_id,
                     restricted=_restricted(message), addressees=tuple(r.pk for r in recipients))

@@ -116,15 +116,13 @@ def send_message(conversation: Conversation, *, body: str, reply_to: str | None 
         parent = Message.objects.filter(public_id=reply_to, conversation=conversation).first()
         if parent is None:
             raise InvalidRequest("reply_to must name a message of this conversation.", details={"reply_to": reply_to})
-    recipients = _recipients(conversation, space, parse_mentions(body), actor)
+    mentioned = parse_mentions(body)
+    recipients = _recipients(conversation, space, mentioned, actor)
     authorize_send(space, actor, recipients, idempotency_key=idempotency_key)
-    if conversation.kind == Conversation.Kind.CHANNEL:
-        mentions = [m.handle for m in recipients]
-    else:
-        # In direct and group conversations everyone is a recipient anyway;
-        # `mentions` records who was also named explicitly.
-        mentioned = set(parse_mentions(body))
-        mentions = [m.handle for m in recipients if m.handle in mentioned]
+    # In channels the recipients are the mentioned readers; in direct and
+    # group conversations everyone is a recipient, and `mentions` records who
+    # was also named explicitly.
+    mentions = [m.handle for m in recipients if m.handle in mentioned]
     try:
         with transaction.atomic():
             (position,) = reserve_positions(1)

@@ -20,7 +20,7 @@ from controlplane.idempotency import idempotent
 from controlplane.models import Credential, Membership
 from controlplane.render import (render_conversation, render_credential, render_member, render_membership,
                                  render_space)
-from controlplane.selectors import (active_membership, can_read_space, get_space_for, readable_conversations)
+from controlplane.selectors import active_membership, get_readable_space, get_space_for, readable_conversations
 
 
 class MeView(APIView):
@@ -111,9 +111,7 @@ class SpaceMembersView(APIView):
                    responses={200: envelope("members", MembershipOut, many=True, paged=True),
                               **errors("INVALID_REQUEST", "INVALID_CURSOR", "NOT_FOUND", anonymous=True)})
     def get(self, request, slug):
-        space = get_space_for(slug, request.user)
-        if not can_read_space(space, request.user):
-            raise NotFound()
+        space = get_readable_space(slug, request.user)
         memberships = space.memberships.select_related("member")
         membership = active_membership(space, request.user)
         # Pending requests are the owners' business; removed members are history.
@@ -153,9 +151,7 @@ class ConversationsView(APIView):
                    responses={200: envelope("conversations", ConversationOut, many=True, paged=True),
                               **errors("INVALID_REQUEST", "INVALID_CURSOR", "NOT_FOUND", anonymous=True)})
     def get(self, request, slug):
-        space = get_space_for(slug, request.user)
-        if not can_read_space(space, request.user):
-            raise NotFound()
+        space = get_readable_space(slug, request.user)
         conversations = readable_conversations(space, request.user).select_related("space")
         page = paginate(request, conversations, stream=f"conversations:{space.pk}", render=render_conversation)
         return Response({"conversations": page.pop("items"), **page})

@@ -34,17 +34,20 @@ class SnapshotParams(serializers.Serializer):
 
 # --- response shapes -------------------------------------------------------------
 
-class MessageOut(serializers.Serializer):
+class MessageMetaOut(serializers.Serializer):
     id = serializers.CharField()
     conversation = serializers.CharField()
     space = serializers.CharField()
     author = serializers.CharField()
-    body = serializers.CharField()
     reply_to = serializers.CharField(allow_null=True)
     related_paths = serializers.ListField(child=serializers.CharField())
     mentions = serializers.ListField(child=serializers.CharField())
     created_at = serializers.DateTimeField()
     position = serializers.IntegerField()
+
+
+class MessageOut(MessageMetaOut):
+    body = serializers.CharField()
 
 
 class RecipientOut(serializers.Serializer):
@@ -55,16 +58,7 @@ class RecipientOut(serializers.Serializer):
     result = serializers.CharField(allow_null=True)
 
 
-class MessageStatusOut(serializers.Serializer):
-    id = serializers.CharField()
-    conversation = serializers.CharField()
-    space = serializers.CharField()
-    author = serializers.CharField()
-    reply_to = serializers.CharField(allow_null=True)
-    related_paths = serializers.ListField(child=serializers.CharField())
-    mentions = serializers.ListField(child=serializers.CharField())
-    created_at = serializers.DateTimeField()
-    position = serializers.IntegerField()
+class MessageStatusOut(MessageMetaOut):
     body_bytes = serializers.IntegerField()
     recipients = RecipientOut(many=True)
 

@@ -16,7 +16,7 @@ from controlplane.cursors import caller_id, pack_cursor, unpack_cursor
 from controlplane.errors import NotFound, ResyncRequired
 from controlplane.idempotency import idempotency_key, idempotent
 from controlplane.log import log_head
-from controlplane.selectors import can_read_space, get_conversation_for, get_space_for
+from controlplane.selectors import get_conversation_for, get_readable_space, get_space_for
 from inbox import feeds, services
 from inbox.api.serializers import (BodyPageOut, BodyParams, FeedPageOut, FeedParams, MessageOut, MessageStatusOut,
                                    ResolveIn, SendMessageIn, SnapshotOut, SnapshotParams)
@@ -130,9 +130,7 @@ class SpaceEventsView(APIView):
     @extend_schema(operation_id="space_events", parameters=[CURSOR, LIMIT, WAIT_MS],
                    responses={200: FeedPageOut, **errors(*FEED_ERRORS, "NOT_FOUND", anonymous=True)})
     def get(self, request, slug):
-        space = get_space_for(slug, request.user)
-        if not can_read_space(space, request.user):
-            raise NotFound()
+        space = get_readable_space(slug, request.user)
         stream = f"space:{space.public_id}"
         after, limit = _feed_params(request, stream)
         return _feed_response(request, feeds.space_feed(space, request.user, after, limit), stream)

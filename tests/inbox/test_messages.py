@@ -265,3 +265,14 @@ def test_acknowledge_and_resolve(general, as_alice, as_bob):
     assert different.status_code == 409
     assert by_author.status_code == 403 and error_code(by_author) == "FORBIDDEN"
     assert Event.objects.filter(kind="message.resolved").count() == 1
+
+
+def test_malformed_send_key_is_400_and_stores_nothing(general, as_alice):
+    response = send(as_alice, "hi", headers={"Idempotency-Key": "short"})
+    assert response.status_code == 400 and error_code(response) == "INVALID_IDEMPOTENCY_KEY"
+    assert not Message.objects.exists()
+
+
+def test_anonymous_cannot_send(general, anon):
+    response = send(anon, "hi")
+    assert response.status_code == 401 and error_code(response) == "UNAUTHENTICATED"

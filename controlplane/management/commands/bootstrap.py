@@ -22,5 +22,5 @@ class Command(BaseCommand):
             "\nFirst admin created (this password is shown only now):\n"
             f"  user:     {handle}\n  password: {password}\n"
             f"  sign in:  {settings.SWITCHBOARD_PUBLIC_URL}/admin/\n"
-            f"  API token: python manage.py issuecredential {handle}\n"
+            f"  API token: DEBUG=1 .venv/bin/python manage.py issuecredential {handle}\n"
         )
