@@ -1,0 +1,40 @@
+"""The periodic sweeps: scheduled once, and doing what they say."""
+import datetime as dt
+
+from django_q.models import Schedule
+
+from controlplane import tasks
+from controlplane.clock import freeze, now
+from controlplane.models import Event, IdempotencyRecord, LogHead
+from controlplane.schedules import ensure_schedules
+from inbox.services import send_message
+
+
+def test_schedules_are_created_once(db):
+    ensure_schedules()
+    ensure_schedules()
+    assert set(Schedule.objects.values_list("name", flat=True)) == {"prune-event-log", "purge-idempotency-records"}
+
+
+def test_prune_event_log_honours_retention_days(settings, general, alice):
+    # given
+    settings.EVENT_RETENTION_DAYS = 7
+    with freeze(now() - dt.timedelta(days=8)):
+        old = send_message(general, body="old", actor=alice).message
+    recent = send_message(general, body="recent", actor=alice).message
+    # when
+    tasks.prune_event_log()
+    # then
+    assert not Event.objects.filter(position__lte=old.position).exists()
+    assert Event.objects.filter(position=recent.position).exists()
+    assert LogHead.objects.get().floor >= old.position
+
+
+def test_idempotency_records_live_at_least_a_day(as_alice):
+    as_alice.post("/v0/spaces", {"slug": "lab", "name": "Lab"}, headers={"Idempotency-Key": "keep-me-1"})
+    with freeze(now() + dt.timedelta(hours=25)):
+        tasks.purge_idempotency_records()
+    assert IdempotencyRecord.objects.count() == 1
+    with freeze(now() + dt.timedelta(hours=49)):
+        tasks.purge_idempotency_records()
+    assert IdempotencyRecord.objects.count() == 0
