@@ -1,4 +1,5 @@
 """ASGI entry point: HTTP (Django, with static files) and WebSockets (Channels)."""
+import asyncio
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
@@ -10,6 +11,14 @@ django_application = get_asgi_application()
 from channels.routing import ProtocolTypeRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
-application = ProtocolTypeRouter({
+from controlplane.live import publisher  # noqa: E402
+
+router = ProtocolTypeRouter({
     "http": ASGIStaticFilesHandler(django_application),
 })
+
+
+async def application(scope, receive, send):
+    # After-commit group messages for the in-memory layer run on this loop.
+    publisher.bind_server_loop(asyncio.get_running_loop())
+    await router(scope, receive, send)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 
 from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
+from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import transaction
 
 logger = logging.getLogger("switchboard.live")
@@ -19,23 +20,66 @@ LOG_GROUP = "switchboard.log"
 GROUP_READD_SECONDS = 3600
 
 
-def _group_send_now(group: str, message: dict) -> None:
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    try:
-        async_to_sync(layer.group_send)(group, message)
-    except Exception:  # a nudge must never fail the request that committed
-        logger.warning("group_send to %s failed", group, exc_info=True)
+class Publisher:
+    """Sends to Channels groups from sync code without a new event loop per
+    message (what `async_to_sync` would cost on every send).
+
+    In-memory layers live on the server's event loop, so messages are handed
+    to that loop (`bind_server_loop`, called by the ASGI application). Other
+    layers (Redis) get one long-lived background loop per process, so their
+    connection pools stay warm. Without either (tests, management commands)
+    it falls back to `async_to_sync`. Sends are fire-and-forget: a failure is
+    logged, never raised into the request that committed.
+    """
+
+    def __init__(self) -> None:
+        self._server_loop: asyncio.AbstractEventLoop | None = None
+        self._own_loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    def bind_server_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._server_loop = loop
+
+    def _background_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._own_loop is None or self._own_loop.is_closed():
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="switchboard-publisher", daemon=True).start()
+                self._own_loop = loop
+            return self._own_loop
+
+    def _target_loop(self, layer) -> asyncio.AbstractEventLoop | None:
+        if isinstance(layer, InMemoryChannelLayer):
+            loop = self._server_loop
+            return loop if loop is not None and loop.is_running() else None
+        return self._background_loop()
+
+    def send(self, group: str, message: dict) -> None:
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        loop = self._target_loop(layer)
+        try:
+            if loop is None:
+                async_to_sync(layer.group_send)(group, message)
+            else:
+                asyncio.run_coroutine_threadsafe(layer.group_send(group, message), loop).add_done_callback(
+                    _log_failure)
+        except Exception:
+            logger.warning("group_send to %s failed", group, exc_info=True)
+
+
+def _log_failure(future) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        logger.warning("group_send failed", exc_info=future.exception())
+
+
+publisher = Publisher()
 
 
 def group_send_on_commit(group: str, message: dict) -> None:
     """Send `message` to a Channels group once the current transaction commits."""
-    transaction.on_commit(lambda: _group_send_now(group, message), robust=True)
-
-
-def conversation_group(conversation_public_id: str) -> str:
-    return f"conversation.{conversation_public_id}"
+    transaction.on_commit(lambda: publisher.send(group, message), robust=True)
 
 
 class LogWatcher:

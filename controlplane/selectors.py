@@ -1,7 +1,7 @@
 """Reads that decide access. Absent and invisible are the same 404."""
 from __future__ import annotations
 
-from django.db.models import Q, QuerySet
+from django.db.models import OuterRef, Q, QuerySet, Subquery
 
 from controlplane.errors import NotFound
 from controlplane.models import Conversation, Member, Membership, Participant, Space
@@ -68,19 +68,22 @@ def readable_conversations(space: Space, member: Member | None) -> QuerySet[Conv
     return space.conversations.filter(channels | Q(id__in=participant_conversations(member)))
 
 
-def get_conversation_for(space: Space, ref: str, member: Member | None) -> Conversation:
-    """A conversation by `cnv_…` id or `#name`, if `member` can read it."""
-    if not can_read_space(space, member):
-        raise NotFound()
-    qs = readable_conversations(space, member)
+def get_conversation_to_write(slug: str, ref: str, member: Member) -> Conversation:
+    """A conversation (by `cnv_…` id or `#name`) that `member` can read, found
+    with its space in one query for the send path. It carries `caller_role`
+    (the caller's active role in the space, or None), so the sender check
+    needs no query either. Absent and unreadable are the same 404."""
+    role = Membership.objects.filter(space=OuterRef("space_id"), member=member,
+                                     status=Membership.Status.ACTIVE).values("role")[:1]
+    qs = (Conversation.objects.select_related("space").filter(space__slug=slug)
+          .filter(Q(kind=Conversation.Kind.CHANNEL) | Q(id__in=participant_conversations(member)))
+          .annotate(caller_role=Subquery(role)))
     if ref.startswith("#"):
-        conversation = qs.filter(kind=Conversation.Kind.CHANNEL, name=ref[1:]).first()
+        qs = qs.filter(kind=Conversation.Kind.CHANNEL, name=ref[1:])
     else:
-        conversation = qs.filter(public_id=ref).first()
-    if conversation is None:
+        qs = qs.filter(public_id=ref)
+    conversation = qs.first()
+    if conversation is None or (conversation.caller_role is None
+                                and conversation.space.visibility != Space.Visibility.OPEN):
         raise NotFound()
     return conversation
-
-
-def members_by_handle(handles: list[str]) -> dict[str, Member]:
-    return {m.handle: m for m in Member.objects.filter(handle__in=handles)}

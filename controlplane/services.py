@@ -171,14 +171,19 @@ def _another_owner(space: Space, member: Member) -> bool:
 
 # --- conversations ------------------------------------------------------------
 
-def require_sender(space: Space, actor: Member) -> Membership:
-    """Writing in a space needs an active, non-observer membership."""
-    membership = active_membership(space, actor)
-    if membership is None or membership.role == Membership.Role.OBSERVER:
+LOOK_UP_ROLE = object()
+
+
+def require_sender(space: Space, actor: Member, role: str | None = LOOK_UP_ROLE) -> None:
+    """Writing in a space needs an active, non-observer membership. `role`
+    is the actor's active role when the caller has already read it."""
+    if role is LOOK_UP_ROLE:
+        membership = active_membership(space, actor)
+        role = membership.role if membership else None
+    if role is None or role == Membership.Role.OBSERVER:
         raise Forbidden("Only active members (not observers) may write in this space.")
     if space.archived:
         raise Conflict("The space is archived.")
-    return membership
 
 
 def create_channel(space: Space, name: str, *, actor: Member) -> Conversation:

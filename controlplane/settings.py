@@ -122,7 +122,9 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": "switchboard"},
+            # channels-redis blocks 5 s per receive; redis-py's default 5 s
+            # read timeout would cut every idle receive short.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "prefix": "switchboard"},
         }
     }
     CACHES = {

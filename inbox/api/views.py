@@ -16,7 +16,7 @@ from controlplane.cursors import caller_id, pack_cursor, unpack_cursor
 from controlplane.errors import NotFound, ResyncRequired
 from controlplane.idempotency import idempotency_key, idempotent
 from controlplane.log import log_head
-from controlplane.selectors import get_conversation_for, get_readable_space, get_space_for
+from controlplane.selectors import get_conversation_to_write, get_readable_space
 from inbox import feeds, services
 from inbox.api.serializers import (BodyPageOut, BodyParams, FeedPageOut, FeedParams, MessageOut, MessageStatusOut,
                                    ResolveIn, SendMessageIn, SnapshotOut, SnapshotParams)
@@ -43,8 +43,7 @@ class SendMessageView(APIView):
     def post(self, request, slug, conversation):
         data = validated(SendMessageIn, request.data)
         key = idempotency_key(request)
-        space = get_space_for(slug, request.user)
-        target = get_conversation_for(space, conversation, request.user)
+        target = get_conversation_to_write(slug, conversation, request.user)
         result = services.send_message(target, body=data["body"], reply_to=data.get("reply_to"),
                                        related_paths=data.get("related_paths"), idempotency_key=key,
                                        actor=request.user)
