@@ -47,8 +47,13 @@ def _replay(record: IdempotencyRecord, fingerprint: str) -> Response:
     return Response(record.body, status=record.status_code)
 
 
-def idempotent(view_method):
-    """Decorate a DRF view method that creates or changes state."""
+def idempotent(view_method=None, *, secret_fields: tuple[str, ...] = ()):
+    """Decorate a DRF view method that creates or changes state.
+
+    `secret_fields` of the response body are never stored: a replay answers
+    them as null (a token is shown once, and never kept in plain text)."""
+    if view_method is None:
+        return lambda method: idempotent(method, secret_fields=secret_fields)
 
     @wraps(view_method)
     def wrapper(self, request, *args, **kwargs):
@@ -65,8 +70,9 @@ def idempotent(view_method):
             with transaction.atomic():
                 response = view_method(self, request, *args, **kwargs)
                 if 200 <= response.status_code < 300:
+                    stored = {**response.data, **{name: None for name in secret_fields if name in response.data}}
                     IdempotencyRecord.objects.create(**lookup, fingerprint=fingerprint,
-                                                     status_code=response.status_code, body=response.data)
+                                                     status_code=response.status_code, body=stored)
         except IntegrityError:
             # A concurrent request with the same key committed first.
             record = IdempotencyRecord.objects.filter(**lookup).first()

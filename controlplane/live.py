@@ -118,6 +118,7 @@ class LogWatcher:
         if layer is None:
             return
         while True:
+            channel = None
             try:
                 channel = await layer.new_channel()
                 await layer.group_add(LOG_GROUP, channel)
@@ -125,18 +126,31 @@ class LogWatcher:
                     try:
                         await asyncio.wait_for(layer.receive(channel), GROUP_READD_SECONDS)
                     except (asyncio.TimeoutError, TimeoutError):
-                        await layer.group_add(LOG_GROUP, channel)
+                        await layer.group_add(LOG_GROUP, channel)  # memberships expire
                         continue
                     self._wake()
             except asyncio.CancelledError:
+                await _leave(layer, channel)
                 raise
             except Exception:
                 # Some layers turn a cancellation (the loop shutting down)
                 # into their own errors: stop rather than retry then.
+                await _leave(layer, channel)
                 if asyncio.current_task().cancelling():
                     raise
                 logger.warning("log watcher lost its channel layer; retrying", exc_info=True)
                 await asyncio.sleep(1.0)
+
+
+async def _leave(layer, channel: str | None) -> None:
+    """Leave the log group, best effort: a channel left behind would get a
+    copy of every commit's message until its membership expires."""
+    if channel is None:
+        return
+    try:
+        await asyncio.wait_for(layer.group_discard(LOG_GROUP, channel), 1.0)
+    except Exception:
+        pass
 
 
 log_watcher = LogWatcher()

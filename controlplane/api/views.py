@@ -39,7 +39,7 @@ class CredentialsView(APIView):
     @extend_schema(operation_id="create_credential", request=EmptyIn, parameters=[IDEMPOTENCY_KEY],
                    responses={201: CredentialCreatedOut,
                               **errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "IDEMPOTENCY_CONFLICT")})
-    @idempotent
+    @idempotent(secret_fields=("token",))
     def post(self, request):
         validated(EmptyIn, request.data)
         credential, token = services.issue_credential(request.user, actor=request.user)

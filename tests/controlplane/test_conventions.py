@@ -193,3 +193,17 @@ def test_docs_ui_is_served_without_external_assets(anon):
     html = response.content.decode()
     assert "swagger" in html.lower()
     assert "cdn.jsdelivr" not in html and "unpkg.com" not in html
+
+
+def test_replayed_credential_never_reveals_the_token_again(as_alice):
+    # given
+    headers = {"Idempotency-Key": "new-credential-1"}
+    first = as_alice.post("/v0/me/credentials", headers=headers)
+    # when
+    replay = as_alice.post("/v0/me/credentials", headers=headers)
+    # then
+    assert first.json()["token"].startswith("sbt_")
+    assert replay.status_code == 201
+    assert replay.json() == {**first.json(), "token": None}
+    from controlplane.models import IdempotencyRecord
+    assert first.json()["token"] not in str(list(IdempotencyRecord.objects.values()))
