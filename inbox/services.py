@@ -69,7 +69,7 @@ def _replay(actor: Member, key: str, fingerprint: str) -> SendResult | None:
     if original is None:
         return None
     if original.fingerprint != fingerprint:
-        raise IdempotencyConflict(details={"message": None})
+        raise IdempotencyConflict()
     return SendResult(original, created=False)
 
 
@@ -108,8 +108,10 @@ def send_message(conversation: Conversation, *, body: str, reply_to: str | None 
     raw = encode_text(body, field="body", max_bytes=MAX_BODY_BYTES)
     related_paths = _validate_related_paths(related_paths or [])
     fingerprint = send_fingerprint(conversation, body, related_paths, reply_to)
-    # A retry is found by the (author, key) constraint at insert time, which
-    # keeps first sends (nearly all of them) one query shorter.
+    # A retry answers with the original before any check runs again: what
+    # authorized the first send (a one-message grant, say) may be used up.
+    if idempotency_key and (replay := _replay(actor, idempotency_key, fingerprint)):
+        return replay
     require_sender(space, actor, getattr(conversation, "caller_role", LOOK_UP_ROLE))
     parent = None
     if reply_to is not None:

@@ -276,3 +276,17 @@ def test_malformed_send_key_is_400_and_stores_nothing(general, as_alice):
 def test_anonymous_cannot_send(general, anon):
     response = send(anon, "hi")
     assert response.status_code == 401 and error_code(response) == "UNAUTHENTICATED"
+
+
+def test_retry_returns_the_original_even_after_the_right_to_send_is_gone(general, as_bob, alice, bob, space):
+    # given: bob sends with a key, then becomes an observer
+    key = {"Idempotency-Key": "send-before-demotion"}
+    first = send(as_bob, "sent while allowed", headers=key)
+    services.add_member(space, bob, role="observer", actor=alice)
+    # when
+    retry = send(as_bob, "sent while allowed", headers=key)
+    fresh = send(as_bob, "new message", headers={"Idempotency-Key": "after-demotion"})
+    # then
+    assert first.status_code == 201
+    assert retry.status_code == 200 and retry.json() == first.json()
+    assert fresh.status_code == 403
