@@ -22,7 +22,7 @@ from controlplane.clock import now
 from controlplane.errors import IdempotencyConflict, InvalidIdempotencyKey
 from controlplane.models import IdempotencyRecord
 
-KEY_RE = re.compile(r"^[\x21-\x7e]{8,128}$")
+KEY_RE = re.compile(r"[\x21-\x7e]{8,128}")  # use with fullmatch
 RETENTION = dt.timedelta(hours=48)  # the contract promises at least 24 hours
 
 
@@ -31,7 +31,7 @@ def idempotency_key(request) -> str | None:
     key = request.META.get("HTTP_IDEMPOTENCY_KEY")
     if key is None:
         return None
-    if not KEY_RE.match(key):
+    if not KEY_RE.fullmatch(key):
         raise InvalidIdempotencyKey()
     return key
 

@@ -18,16 +18,16 @@ from controlplane.models import Conversation, Credential, Member, Membership, Pa
 from controlplane.selectors import active_membership
 from controlplane.tokens import hash_token, new_bearer_token
 
-HANDLE_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{1,31}$")
-SLUG_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
-CHANNEL_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,79}$")
+HANDLE_RE = re.compile(r"[a-z0-9][a-z0-9_-]{1,31}")
+SLUG_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
+CHANNEL_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,79}")
 MAX_GROUP_MEMBERS = 64
 
 
 def parse_handle(value: str) -> str:
     """`@alice` or `alice` → `alice`, or InvalidRequest."""
     handle = value[1:] if isinstance(value, str) and value.startswith("@") else value
-    if not isinstance(handle, str) or not HANDLE_RE.match(handle):
+    if not isinstance(handle, str) or not HANDLE_RE.fullmatch(handle):
         raise InvalidRequest("A handle is 2–32 characters of a-z, 0-9, _ and -, starting with a letter or digit.",
                              details={"handle": value if isinstance(value, str) else None})
     return handle
@@ -75,7 +75,7 @@ def revoke_credential(credential: Credential, *, actor: Member) -> None:
 
 def create_space(*, slug: str, name: str, visibility: str, send_policy: str, actor: Member) -> Space:
     """Create a space; its creator becomes its first owner."""
-    if not SLUG_RE.match(slug):
+    if not SLUG_RE.fullmatch(slug):
         raise InvalidRequest("A slug is 1–64 characters of a-z, 0-9 and -, starting with a letter or digit.",
                              details={"slug": slug})
     try:
@@ -189,7 +189,7 @@ def require_sender(space: Space, actor: Member, role: str | None = LOOK_UP_ROLE)
 def create_channel(space: Space, name: str, *, actor: Member) -> Conversation:
     require_sender(space, actor)
     name = name[1:] if name.startswith("#") else name
-    if not CHANNEL_RE.match(name):
+    if not CHANNEL_RE.fullmatch(name):
         raise InvalidRequest("A channel name is 1–80 characters of a-z, 0-9, _ and -.", details={"name": name})
     try:
         with transaction.atomic():

@@ -7,7 +7,7 @@ import re
 import secrets
 
 TOKEN_PREFIX = "sbt_"
-TOKEN_RE = re.compile(r"^sbt_[A-Za-z0-9_-]{43}$")
+TOKEN_RE = re.compile(r"sbt_[A-Za-z0-9_-]{43}")  # use with fullmatch
 
 
 def public_id(prefix: str) -> str:

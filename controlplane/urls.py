@@ -1,7 +1,9 @@
 from django.contrib import admin
 from django.http import JsonResponse
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from controlplane.errors import not_found
 
 
 def healthz(request):
@@ -15,6 +17,9 @@ urlpatterns = [
     path("v0/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("v0/", include("controlplane.api.urls")),
     path("v0/", include("inbox.api.urls")),
+    # Unknown routes answer in the error shape, in DEBUG too (Django's debug
+    # 404 page would be HTML and list every route).
+    re_path(r"", not_found),
 ]
 
 handler400 = "controlplane.errors.bad_request"

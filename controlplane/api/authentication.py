@@ -16,10 +16,10 @@ class BearerTokenAuthentication(BaseAuthentication):
         if not header:
             return None
         scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not TOKEN_RE.match(token.strip()):
+        token = token.strip()
+        if scheme.lower() != "bearer" or not TOKEN_RE.fullmatch(token):
             raise AuthenticationFailed("Use Authorization: Bearer sbt_….")
-        credential = (Credential.objects.select_related("member")
-                      .filter(token_hash=hash_token(token.strip())).first())
+        credential = Credential.objects.select_related("member").filter(token_hash=hash_token(token)).first()
         if credential is None or not credential.member.is_active:
             raise AuthenticationFailed("The credential is unknown, revoked, or its member is suspended.")
         return credential.member, credential

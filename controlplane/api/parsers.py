@@ -4,47 +4,65 @@ from __future__ import annotations
 
 import json
 
+from django.conf import settings
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import BaseParser
 
-from controlplane.errors import InvalidBody
+from controlplane.errors import BodyTooLarge, InvalidBody
 
 
 def _reject_constant(name):
     raise ValueError(f"{name} is not JSON")
 
 
-def _check_text(value, path="$"):
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise InvalidBody("Text must not contain NUL.", details={"field": path})
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidBody("Text must be valid UTF-8 (no lone surrogates).", details={"field": path}) from None
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _check_text(key, path)
-            _check_text(item, f"{path}.{key}")
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            _check_text(item, f"{path}[{i}]")
+MAX_DEPTH = 32
+
+
+def _check(data) -> None:
+    """Every string is storable text (no NUL, no lone surrogate), and the
+    nesting is shallow. Iterative, so no input can exhaust the stack."""
+    stack = [(data, "$", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ParseError(f"JSON nested deeper than {MAX_DEPTH} levels.")
+        if isinstance(value, str):
+            if "\x00" in value:
+                raise InvalidBody("Text must not contain NUL.", details={"field": path})
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidBody("Text must be valid UTF-8 (no lone surrogates).", details={"field": path}) from None
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                stack.append((key, path, depth + 1))
+                stack.append((item, f"{path}.{key}", depth + 1))
+        elif isinstance(value, list):
+            stack.extend((item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value))
 
 
 class StrictJSONParser(BaseParser):
     media_type = "application/json"
 
     def parse(self, stream, media_type=None, parser_context=None):
-        raw = stream.read()
+        # DRF reads the stream itself, past Django's upload limit: enforce it here.
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        request = (parser_context or {}).get("request")
+        declared = request.META.get("CONTENT_LENGTH") if request is not None else None
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise BodyTooLarge("The request is too large.", details={"max_bytes": limit})
+        raw = stream.read(limit + 1)
+        if len(raw) > limit:
+            raise BodyTooLarge("The request is too large.", details={"max_bytes": limit})
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
             raise InvalidBody("The request body is not valid UTF-8.") from None
         try:
             data = json.loads(text, parse_constant=_reject_constant)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise ParseError(f"Malformed JSON: {exc}") from None
         if not isinstance(data, dict):
             raise ParseError("The request body must be a JSON object.")
-        _check_text(data)
+        _check(data)
         return data

@@ -4,12 +4,12 @@ from inbox.api import views
 from inbox.api.longpoll import long_polling
 
 urlpatterns = [
-    path("spaces/<str:slug>/conversations/<str:conversation>/messages", views.SendMessageView.as_view()),
-    path("spaces/<str:slug>/events", long_polling(views.SpaceEventsView.as_view())),
+    path("spaces/<space:slug>/conversations/<conversation:conversation>/messages", views.SendMessageView.as_view()),
+    path("spaces/<space:slug>/events", long_polling(views.SpaceEventsView.as_view())),
     path("me/inbox/events", long_polling(views.InboxEventsView.as_view())),
     path("me/snapshot", views.SnapshotView.as_view()),
-    path("messages/<str:message_id>", views.MessageView.as_view()),
-    path("messages/<str:message_id>/body", views.MessageBodyView.as_view()),
-    path("messages/<str:message_id>/acknowledge", views.AcknowledgeView.as_view()),
-    path("messages/<str:message_id>/resolve", views.ResolveView.as_view()),
+    path("messages/<pid:message_id>", views.MessageView.as_view()),
+    path("messages/<pid:message_id>/body", views.MessageBodyView.as_view()),
+    path("messages/<pid:message_id>/acknowledge", views.AcknowledgeView.as_view()),
+    path("messages/<pid:message_id>/resolve", views.ResolveView.as_view()),
 ]

@@ -207,3 +207,50 @@ def test_replayed_credential_never_reveals_the_token_again(as_alice):
     assert replay.json() == {**first.json(), "token": None}
     from controlplane.models import IdempotencyRecord
     assert first.json()["token"] not in str(list(IdempotencyRecord.objects.values()))
+
+
+@pytest.mark.parametrize("method,path", [
+    ("get", "/v0/spaces/%00"), ("get", "/v0/spaces/lab%00/events"), ("get", "/v0/messages/%00"),
+    ("get", "/v0/messages/msg_%00/body"), ("delete", "/v0/me/credentials/%00"), ("post", "/v0/spaces/%00/join"),
+    ("post", "/v0/spaces/lab/conversations/%23gen%00/messages"), ("get", "/v0/spaces/LAB"),
+    ("get", "/v0/messages/msg_" + "z" * 300),
+])
+def test_impossible_path_segments_are_404(as_alice, method, path):
+    response = getattr(as_alice, method)(path)
+    assert response.status_code == 404
+    assert error_code(response) == "NOT_FOUND"
+
+
+def test_unknown_route_is_json_in_debug_mode_too(settings, anon):
+    settings.DEBUG = True
+    response = anon.get("/v0/nope")
+    assert response.status_code == 404 and error_code(response) == "NOT_FOUND"
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v0/spaces", {"slug": "lab\n", "name": "x"}),
+    ("/v0/me/credentials", {"unexpected": True}),
+])
+def test_trailing_newlines_and_stray_fields_change_nothing(as_alice, path, body):
+    response = as_alice.post(path, body)
+    assert response.status_code == 400
+    assert not Space.objects.exists()
+
+
+def test_handles_are_matched_whole(api_for, make_member):
+    admin = api_for(make_member("root", is_admin=True))
+    response = admin.post("/v0/members", {"handle": "dave\n"})
+    assert response.status_code == 400
+    assert not Member.objects.filter(handle__startswith="dave").exists()
+
+
+def test_deeply_nested_json_is_400(as_alice):
+    raw = b'{"a": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    response = as_alice.client.generic("POST", "/v0/spaces", raw, content_type="application/json")
+    assert response.status_code == 400 and error_code(response) == "INVALID_REQUEST"
+
+
+def test_oversized_request_is_refused_before_parsing(as_alice):
+    response = as_alice.post("/v0/spaces", {"slug": "lab", "name": "x", "pad": "x" * 300_000})
+    assert response.status_code == 413 and error_code(response) == "BODY_TOO_LARGE"
+    assert not Space.objects.exists()
