@@ -70,6 +70,10 @@ class Conflict(ApiError):
     status, code, message = 409, "CONFLICT", "The request conflicts with the current state."
 
 
+class LimitExceeded(ApiError):
+    status, code, message = 409, "LIMIT_EXCEEDED", "A limit would be exceeded."
+
+
 class IdempotencyConflict(ApiError):
     status, code, message = 409, "IDEMPOTENCY_CONFLICT", "This Idempotency-Key was used with a different request."
 

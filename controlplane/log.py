@@ -84,17 +84,28 @@ def log_head() -> LogHead:
     return LogHead.objects.filter(id=1).first() or LogHead()
 
 
+PRUNE_BATCH = 5_000
+
+
 def prune_events(*, older_than) -> int:
-    """Delete events created before `older_than` and raise the retention
-    floor past them. Returns how many were deleted."""
-    with transaction.atomic():
-        boundary = (
-            Event.objects.filter(created_at__lt=older_than).order_by("-position").values_list("position", flat=True).first()
-        )
-        if boundary is None:
-            return 0
-        # Raise the floor first, so a reader never sees a gap it is not told about.
-        LogHead.objects.filter(id=1, floor__lt=boundary).update(floor=boundary)
-        EventAddressee.objects.filter(event_id__lte=boundary).delete()
-        deleted, _ = Event.objects.filter(position__lte=boundary).delete()
-        return deleted
+    """Delete events created before `older_than`, raising the retention floor
+    past them first. Returns how many were deleted.
+
+    The floor is raised in its own statement (it briefly takes the log head
+    lock) and committed before anything is deleted, so a reader always learns
+    of a gap (410) rather than silently skipping it; the deletes then run in
+    small batches that hold no lock writers need."""
+    boundary = (Event.objects.filter(created_at__lt=older_than).order_by("-position")
+                .values_list("position", flat=True).first())
+    if boundary is None:
+        return 0
+    LogHead.objects.filter(id=1, floor__lt=boundary).update(floor=boundary)
+    deleted = 0
+    while True:
+        batch = list(Event.objects.filter(position__lte=boundary).order_by("position")
+                     .values_list("position", flat=True)[:PRUNE_BATCH])
+        if not batch:
+            return deleted
+        with transaction.atomic():
+            EventAddressee.objects.filter(event_id__in=batch).delete()
+            deleted += Event.objects.filter(position__in=batch).delete()[1].get(Event._meta.label, 0)

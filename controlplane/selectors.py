@@ -28,11 +28,12 @@ def can_read_space(space: Space, member: Member | None) -> bool:
 def get_space_for(slug: str, member: Member | None) -> Space:
     """The space, if `member` may at least see it exists.
 
-    Private spaces are invisible to non-members; open and request spaces
-    show their metadata (a request space must be findable to ask to join).
+    Anonymous callers see open spaces only. Private spaces are invisible to
+    non-members; request spaces show their metadata to members of the host
+    (a request space must be findable to ask to join).
     """
     space = Space.objects.filter(slug=slug).first()
-    if space is None:
+    if space is None or (member is None and space.visibility != Space.Visibility.OPEN):
         raise NotFound()
     if (space.visibility == Space.Visibility.PRIVATE and not _has_membership(space, member)
             and not (member is not None and member.is_admin)):

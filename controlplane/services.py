@@ -6,13 +6,14 @@ appends, and appends those events as its last write (controlplane.log).
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 
 from controlplane import events
 from controlplane.clock import now
-from controlplane.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from controlplane.errors import Conflict, Forbidden, InvalidRequest, LimitExceeded, NotFound
 from controlplane.log import append_events
 from controlplane.models import Conversation, Credential, Member, Membership, Participant, Space
 from controlplane.selectors import active_membership
@@ -60,8 +61,14 @@ def create_member(handle: str, *, kind: str = Member.Kind.AGENT, display_name: s
         raise Conflict("That handle is taken.", details={"handle": f"@{handle}"}) from None
 
 
+MAX_CREDENTIALS = 20
+
+
 def issue_credential(member: Member, *, actor: Member | None) -> tuple[Credential, str]:
-    """A new bearer credential; the token is returned here and never again."""
+    """A new bearer credential; the token is returned here and never again.
+    A member holds at most MAX_CREDENTIALS (409 LIMIT_EXCEEDED beyond)."""
+    if Credential.objects.filter(member=member).count() >= MAX_CREDENTIALS:
+        raise LimitExceeded(f"A member holds at most {MAX_CREDENTIALS} credentials; delete one first.")
     token = new_bearer_token()
     credential = Credential.objects.create(member=member, token_hash=hash_token(token))
     return credential, token
@@ -89,11 +96,47 @@ def create_space(*, slug: str, name: str, visibility: str, send_policy: str, act
     return space
 
 
-def _lock_membership(space: Space, member: Member) -> Membership | None:
+def _lock_memberships(space: Space, member: Member) -> Membership | None:
+    """Lock the space's active owners (always first, in id order, so two
+    membership changes never deadlock) and `member`'s row; return the latter."""
+    list(Membership.objects.select_for_update().filter(space=space, role=Membership.Role.OWNER,
+                                                       status=Membership.Status.ACTIVE).order_by("id"))
     return Membership.objects.select_for_update().filter(space=space, member=member).first()
 
 
-def join_space(space: Space, *, actor: Member) -> Membership:
+def _keep_an_owner(space: Space, leaving: Membership) -> None:
+    """A space keeps at least one owner. The caller holds the owner rows'
+    locks, so two owners demoting or removing each other cannot both pass."""
+    if leaving.role != Membership.Role.OWNER or leaving.status != Membership.Status.ACTIVE:
+        return
+    others = (Membership.objects.filter(space=space, role=Membership.Role.OWNER, status=Membership.Status.ACTIVE)
+              .exclude(pk=leaving.pk).exists())
+    if not others:
+        raise Conflict("A space keeps at least one owner.")
+
+
+@dataclass(frozen=True)
+class MembershipChange:
+    membership: Membership
+    created: bool  # a membership came into being (none before, or removed)
+
+
+def _upsert_membership(space: Space, member: Member, current: Membership | None, *, status: str,
+                       role: str) -> MembershipChange:
+    if current is None:
+        try:
+            with transaction.atomic():
+                return MembershipChange(Membership.objects.create(space=space, member=member, status=status,
+                                                                  role=role), True)
+        except IntegrityError:  # created concurrently: continue from that row
+            current = Membership.objects.select_for_update().get(space=space, member=member)
+    created = current.status == Membership.Status.REMOVED
+    current.status, current.role, current.updated_at = status, role, now()
+    current.save(update_fields=["status", "role", "updated_at"])
+    return MembershipChange(current, created)
+
+
+def join_space(space: Space, *, actor: Member) -> MembershipChange:
     """Join an open space, or ask to join a request space (pending until an
     owner admits). Private spaces are joined only by an owner adding you.
     Idempotent: joining again returns the current membership."""
@@ -103,21 +146,13 @@ def join_space(space: Space, *, actor: Member) -> Membership:
         raise Conflict("The space is archived.")
     status = Membership.Status.ACTIVE if space.visibility == Space.Visibility.OPEN else Membership.Status.PENDING
     with transaction.atomic():
-        membership = _lock_membership(space, actor)
-        if membership is not None and membership.status != Membership.Status.REMOVED:
-            return membership
-        if membership is None:
-            try:
-                with transaction.atomic():
-                    membership = Membership.objects.create(space=space, member=actor, status=status)
-            except IntegrityError:  # a concurrent join won
-                return Membership.objects.get(space=space, member=actor)
-        else:
-            membership.status, membership.role, membership.updated_at = status, Membership.Role.MEMBER, now()
-            membership.save(update_fields=["status", "role", "updated_at"])
+        current = Membership.objects.select_for_update().filter(space=space, member=actor).first()
+        if current is not None and current.status != Membership.Status.REMOVED:
+            return MembershipChange(current, False)
+        change = _upsert_membership(space, actor, current, status=status, role=Membership.Role.MEMBER)
         if status == Membership.Status.ACTIVE:
-            append_events([events.member_joined(membership, actor=actor)])
-        return membership
+            append_events([events.member_joined(change.membership, actor=actor)])
+        return change
 
 
 def require_owner(space: Space, actor: Member) -> None:
@@ -126,24 +161,25 @@ def require_owner(space: Space, actor: Member) -> None:
         raise Forbidden("Only the space's owners may do this.")
 
 
-def add_member(space: Space, member: Member, *, role: str = Membership.Role.MEMBER, actor: Member) -> Membership:
-    """Owners add a member (or admit a pending request, or change a role)."""
+def add_member(space: Space, member: Member, *, role: str = Membership.Role.MEMBER,
+               actor: Member) -> MembershipChange:
+    """Owners add a member, admit a pending request, or change a role."""
     require_owner(space, actor)
     if role not in Membership.Role.values:
         raise InvalidRequest("role must be owner, member or observer.", details={"role": role})
     if not member.is_active:
         raise Conflict("The member is suspended.")
     with transaction.atomic():
-        membership = _lock_membership(space, member)
-        joined = membership is None or membership.status != Membership.Status.ACTIVE
-        if membership is None:
-            membership = Membership.objects.create(space=space, member=member, role=role)
-        elif joined or membership.role != role:
-            membership.status, membership.role, membership.updated_at = Membership.Status.ACTIVE, role, now()
-            membership.save(update_fields=["status", "role", "updated_at"])
+        current = _lock_memberships(space, member)
+        if current is not None and current.status == Membership.Status.ACTIVE and current.role == role:
+            return MembershipChange(current, False)
+        if current is not None and role != Membership.Role.OWNER:
+            _keep_an_owner(space, current)
+        joined = current is None or current.status != Membership.Status.ACTIVE
+        change = _upsert_membership(space, member, current, status=Membership.Status.ACTIVE, role=role)
         if joined:
-            append_events([events.member_joined(membership, actor=actor)])
-        return membership
+            append_events([events.member_joined(change.membership, actor=actor)])
+        return change
 
 
 def remove_member(space: Space, member: Member, *, actor: Member) -> None:
@@ -152,21 +188,15 @@ def remove_member(space: Space, member: Member, *, actor: Member) -> None:
     if member.pk != actor.pk:
         require_owner(space, actor)
     with transaction.atomic():
-        membership = _lock_membership(space, member)
+        membership = _lock_memberships(space, member)
         if membership is None or membership.status == Membership.Status.REMOVED:
             raise NotFound("Not a member of this space.")
+        _keep_an_owner(space, membership)
         was_active = membership.status == Membership.Status.ACTIVE
-        if was_active and membership.role == Membership.Role.OWNER and not _another_owner(space, member):
-            raise Conflict("A space keeps at least one owner.")
         membership.status, membership.updated_at = Membership.Status.REMOVED, now()
         membership.save(update_fields=["status", "updated_at"])
         if was_active:
             append_events([events.member_removed(membership, actor=actor)])
-
-
-def _another_owner(space: Space, member: Member) -> bool:
-    return (Membership.objects.filter(space=space, role=Membership.Role.OWNER, status=Membership.Status.ACTIVE)
-            .exclude(member=member).exists())
 
 
 # --- conversations ------------------------------------------------------------

@@ -103,7 +103,9 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": 30,
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=30000;",
     }
-    _db["TEST"] = {"NAME": str(VAR_DIR / "test_switchboard.sqlite3")}
+    # A file (not memory) so end-to-end tests' server processes share it;
+    # one per test run, so two runs in one checkout never clobber each other.
+    _db["TEST"] = {"NAME": str(VAR_DIR / f"test_switchboard_{os.getpid()}.sqlite3")}
 elif _db["ENGINE"] == "django.db.backends.postgresql":
     # Under ASGI every request runs in a fresh thread, so CONN_MAX_AGE
     # cannot reuse connections; a process-wide pool does.

@@ -25,14 +25,21 @@ class FeedPage:
 
 
 def start_position(after: int | None) -> int:
-    """Where a read starts: after the cursor, or at the oldest retained event.
-    A cursor below the retention floor is 410 RESYNC_REQUIRED."""
-    floor = log_head().floor
+    """Where a read without a cursor starts: at the oldest retained event."""
+    return log_head().floor if after is None else after
+
+
+def check_retained(after: int | None) -> None:
+    """410 RESYNC_REQUIRED when the cursor is below the retention floor.
+
+    Checked after reading the page: the floor is raised (and committed)
+    before any event is deleted, so a prune that removed events this read
+    should have returned is always seen here."""
     if after is None:
-        return floor
+        return
+    floor = log_head().floor
     if after < floor:
         raise ResyncRequired(details={"floor": floor})
-    return after
 
 
 def _page(queryset, after: int, limit: int) -> FeedPage:
@@ -46,26 +53,27 @@ def space_feed(space: Space, viewer: Member | None, after: int | None, limit: in
     """Events of `space` that `viewer` may see: everything except direct and
     group conversation events they do not take part in. The caller has
     checked that `viewer` can read the space."""
-    after = start_position(after)
+    start = start_position(after)
     visible = Q(restricted=False)
     if viewer is not None:
         visible |= Q(conversation__in=participant_conversations(viewer))
-    return _page(Event.objects.filter(visible, space=space, position__gt=after), after, limit)
+    page = _page(Event.objects.filter(visible, space=space, position__gt=start), start, limit)
+    check_retained(after)
+    return page
 
 
 def inbox_feed(viewer: Member, after: int | None, limit: int) -> FeedPage:
     """Events addressed to `viewer` in spaces they can still read."""
-    after = start_position(after)
-    positions = list(EventAddressee.objects.filter(member=viewer, event_id__gt=after,
+    start = start_position(after)
+    positions = list(EventAddressee.objects.filter(member=viewer, event_id__gt=start,
                                                    space__in=readable_spaces(viewer))
                      .order_by("event_id").values_list("event_id", flat=True)[: limit + 1])
     has_more = len(positions) > limit
     positions = positions[:limit]
-    if not positions:
-        return FeedPage([], after, False)
     rows = list(Event.objects.filter(position__in=positions).select_related("space", "conversation", "actor")
-                .order_by("position"))
-    return FeedPage(rows, positions[-1], has_more)
+                .order_by("position")) if positions else []
+    check_retained(after)
+    return FeedPage(rows, positions[-1] if positions else start, has_more)
 
 
 SNAPSHOT_PAGE_MAX = 100
@@ -73,12 +81,14 @@ SNAPSHOT_PAGE_MAX = 100
 
 def unresolved_page(viewer: Member, *, high_watermark: int, after: int, limit: int | None = None):
     """One page of `viewer`'s unresolved messages at or below the snapshot's
-    high watermark, in position order: `(recipient rows, has_more)`."""
+    high watermark, in position order, from spaces they can still read:
+    `(recipient rows, has_more)`."""
     from inbox.models import Recipient
 
     limit = limit or SNAPSHOT_PAGE_MAX
     rows = list(Recipient.objects.filter(member=viewer, position__gt=after, position__lte=high_watermark,
-                                         state__in=[Recipient.State.PENDING, Recipient.State.ACKNOWLEDGED])
+                                         state__in=[Recipient.State.PENDING, Recipient.State.ACKNOWLEDGED],
+                                         message__space__in=readable_spaces(viewer))
                 .select_related("message__space", "message__conversation", "message__author", "message__reply_to")
                 .order_by("position")[: limit + 1])
     return rows[:limit], len(rows) > limit

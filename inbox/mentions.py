@@ -11,9 +11,11 @@ from functools import lru_cache
 
 from markdown_it import MarkdownIt
 
-MENTION_RE = re.compile(r"(?<![A-Za-z0-9_.+@-])@([A-Za-z0-9][A-Za-z0-9_-]{1,31})(?![A-Za-z0-9_@-])")
+# Not after a word character (any script) or address punctuation, so the
+# local part of an e-mail address never reads as a mention.
+MENTION_RE = re.compile(r"(?<![\w.+@-])@([A-Za-z0-9][A-Za-z0-9_-]{1,31})(?![A-Za-z0-9_@-])")
 # An e-mail address that linkify did not take (for example inside emphasis).
-EMAIL_RE = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}")
+EMAIL_RE = re.compile(r"[\w.%+-]+@[\w.-]+\.\w{2,}")
 
 
 @lru_cache(maxsize=1)

@@ -55,7 +55,7 @@ def test_long_poll_on_one_node_wakes_for_a_send_on_another(settings):
     recheck = {"FEED_RECHECK_SECONDS": 60} if settings.REDIS_URL else {}
     with serving("--no-worker", **recheck) as (node_a, _), serving("--no-worker", **recheck) as (node_b, _):
         assert httpx.post(f"{node_a}/v0/spaces", json={"slug": "lab", "name": "Lab"}, headers=alice).status_code == 201
-        assert httpx.post(f"{node_b}/v0/spaces/lab/join", headers=bob).status_code == 200
+        assert httpx.post(f"{node_b}/v0/spaces/lab/join", headers=bob).status_code == 201
         assert httpx.post(f"{node_a}/v0/spaces/lab/channels", json={"name": "general"},
                           headers=alice).status_code == 201
         cursor = httpx.get(f"{node_b}/v0/me/inbox/events", headers=bob).json()["cursor"]

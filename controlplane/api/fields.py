@@ -30,6 +30,15 @@ class StrictChoiceField(serializers.ChoiceField):
         return super().to_internal_value(data)
 
 
+class QueryIntegerField(serializers.IntegerField):
+    """An integer query parameter written as plain digits (not `1.0`, `1_0`)."""
+
+    def to_internal_value(self, data):
+        if not (isinstance(data, str) and data.isascii() and data.isdigit() and len(data) <= 12):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class StrictSerializer(serializers.Serializer):
     """Rejects unknown fields and non-object input."""
 

@@ -1,7 +1,7 @@
 """Keyset pagination with opaque cursors for plain lists."""
 from __future__ import annotations
 
-from controlplane.api.fields import validated
+from controlplane.api.fields import QueryIntegerField, validated
 from controlplane.cursors import caller_id, pack_cursor, unpack_cursor
 from rest_framework import serializers
 
@@ -11,7 +11,7 @@ DEFAULT_LIMIT = 50
 
 class PageParams(serializers.Serializer):
     cursor = serializers.CharField(required=False, max_length=200)
-    limit = serializers.IntegerField(required=False, min_value=1, max_value=MAX_LIMIT, default=DEFAULT_LIMIT)
+    limit = QueryIntegerField(required=False, min_value=1, max_value=MAX_LIMIT, default=DEFAULT_LIMIT)
 
 
 def paginate(request, queryset, *, stream: str, render) -> dict:

@@ -51,6 +51,8 @@ IDEMPOTENCY_KEY = OpenApiParameter(
 )
 CURSOR = OpenApiParameter("cursor", str, description="Opaque cursor from a previous page (exclusive).")
 LIMIT = OpenApiParameter("limit", int, description="Page size, 1–100 (default 50).")
+MAX_BYTES = OpenApiParameter("max_bytes", int, description="Page size in bytes, 4–8192 (default 8192).")
+SNAPSHOT_PAGE = OpenApiParameter("page", str, description="`next_page` of the previous page of this snapshot.")
 WAIT_MS = OpenApiParameter("wait_ms", int, description="Long-poll up to this many milliseconds (0–30000).")
 
 

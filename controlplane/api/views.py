@@ -38,7 +38,8 @@ class CredentialsView(APIView):
 
     @extend_schema(operation_id="create_credential", request=EmptyIn, parameters=[IDEMPOTENCY_KEY],
                    responses={201: CredentialCreatedOut,
-                              **errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "IDEMPOTENCY_CONFLICT")})
+                              **errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "IDEMPOTENCY_CONFLICT",
+                                       "LIMIT_EXCEEDED")})
     @idempotent(secret_fields=("token",))
     def post(self, request):
         validated(EmptyIn, request.data)
@@ -92,16 +93,20 @@ class SpaceView(APIView):
         return Response({"space": render_space(get_space_for(slug, request.user))})
 
 
+def _membership_response(change: services.MembershipChange) -> Response:
+    return Response({"membership": render_membership(change.membership)}, status=201 if change.created else 200)
+
+
 class JoinView(APIView):
     @extend_schema(operation_id="join_space", request=EmptyIn, parameters=[IDEMPOTENCY_KEY],
-                   responses={200: envelope("membership", MembershipOut),
+                   responses={200: envelope("membership", MembershipOut), 201: envelope("membership", MembershipOut),
                               **errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "NOT_FOUND", "CONFLICT",
                                        "IDEMPOTENCY_CONFLICT")})
     @idempotent
     def post(self, request, slug):
         validated(EmptyIn, request.data)
-        membership = services.join_space(get_space_for(slug, request.user), actor=request.user)
-        return Response({"membership": render_membership(membership)})
+        change = services.join_space(get_space_for(slug, request.user), actor=request.user)
+        return _membership_response(change)
 
 
 class SpaceMembersView(APIView):
@@ -123,16 +128,16 @@ class SpaceMembersView(APIView):
         return Response({"members": page.pop("items"), **page})
 
     @extend_schema(operation_id="add_space_member", request=MembershipAddIn, parameters=[IDEMPOTENCY_KEY],
-                   responses={200: envelope("membership", MembershipOut),
+                   responses={200: envelope("membership", MembershipOut), 201: envelope("membership", MembershipOut),
                               **errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "FORBIDDEN", "NOT_FOUND",
                                        "CONFLICT", "IDEMPOTENCY_CONFLICT")})
     @idempotent
     def post(self, request, slug):
         data = validated(MembershipAddIn, request.data)
         space = get_space_for(slug, request.user)
-        membership = services.add_member(space, services.member_for_handle(data["member"]), role=data["role"],
-                                         actor=request.user)
-        return Response({"membership": render_membership(membership)})
+        change = services.add_member(space, services.member_for_handle(data["member"]), role=data["role"],
+                                     actor=request.user)
+        return _membership_response(change)
 
 
 class SpaceMemberView(APIView):

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from controlplane.api.fields import StrictCharField, StrictSerializer
+from controlplane.api.fields import QueryIntegerField, StrictCharField, StrictSerializer
 from controlplane.api.pagination import DEFAULT_LIMIT, MAX_LIMIT
 from inbox.services import MAX_BODY_BYTES
 
@@ -19,13 +19,13 @@ class ResolveIn(StrictSerializer):
 
 class FeedParams(serializers.Serializer):
     cursor = serializers.CharField(required=False, max_length=200)
-    limit = serializers.IntegerField(required=False, min_value=1, max_value=MAX_LIMIT, default=DEFAULT_LIMIT)
-    wait_ms = serializers.IntegerField(required=False, min_value=0, max_value=30_000, default=0)
+    limit = QueryIntegerField(required=False, min_value=1, max_value=MAX_LIMIT, default=DEFAULT_LIMIT)
+    wait_ms = QueryIntegerField(required=False, min_value=0, max_value=30_000, default=0)
 
 
 class BodyParams(serializers.Serializer):
     cursor = serializers.CharField(required=False, max_length=200)
-    max_bytes = serializers.IntegerField(required=False, min_value=4, max_value=MAX_BODY_BYTES, default=MAX_BODY_BYTES)
+    max_bytes = QueryIntegerField(required=False, min_value=4, max_value=MAX_BODY_BYTES, default=MAX_BODY_BYTES)
 
 
 class SnapshotParams(serializers.Serializer):

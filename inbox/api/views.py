@@ -9,8 +9,8 @@ from rest_framework.views import APIView
 
 from controlplane.api.fields import validated
 from controlplane.api.permissions import ReadableAnonymously
-from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, LIMIT, WAIT_MS, errors
-from controlplane.api.serializers import envelope
+from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, LIMIT, MAX_BYTES, SNAPSHOT_PAGE, WAIT_MS, errors
+from controlplane.api.serializers import EmptyIn, envelope
 from controlplane.clock import now, rfc3339
 from controlplane.cursors import caller_id, pack_cursor, unpack_cursor
 from controlplane.errors import NotFound, ResyncRequired
@@ -59,7 +59,7 @@ class MessageView(APIView):
 
 class MessageBodyView(APIView):
     @extend_schema(operation_id="get_message_body",
-                   parameters=[CURSOR],
+                   parameters=[CURSOR, MAX_BYTES],
                    responses={200: BodyPageOut, **errors("INVALID_REQUEST", "INVALID_CURSOR", "NOT_FOUND",
                                                          "AUTHORITY_REVOKED")})
     def get(self, request, message_id):
@@ -82,10 +82,11 @@ HANDLING_ERRORS = errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "FORBIDDE
 
 
 class AcknowledgeView(APIView):
-    @extend_schema(operation_id="acknowledge_message", request=None, parameters=[IDEMPOTENCY_KEY],
+    @extend_schema(operation_id="acknowledge_message", request=EmptyIn, parameters=[IDEMPOTENCY_KEY],
                    responses={200: envelope("message", MessageStatusOut), **HANDLING_ERRORS})
     @idempotent
     def post(self, request, message_id):
+        validated(EmptyIn, request.data)
         message = visible_message(request, message_id)
         services.acknowledge_message(message, actor=request.user)
         return Response({"message": render_message_status(message)})
@@ -144,7 +145,7 @@ class InboxEventsView(APIView):
 
 
 class SnapshotView(APIView):
-    @extend_schema(operation_id="get_snapshot", responses={200: SnapshotOut,
+    @extend_schema(operation_id="get_snapshot", parameters=[SNAPSHOT_PAGE], responses={200: SnapshotOut,
                                                            **errors("INVALID_REQUEST", "INVALID_CURSOR",
                                                                     "RESYNC_REQUIRED")})
     def get(self, request):

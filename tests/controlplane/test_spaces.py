@@ -88,7 +88,7 @@ def test_private_space_is_invisible_to_outsiders(as_alice, as_bob, anon):
         assert api.get("/v0/spaces/vault/members").status_code == 404
     assert as_bob.post("/v0/spaces/vault/join").status_code == 404
     # when an owner adds bob
-    assert as_alice.post("/v0/spaces/vault/members", {"member": "@bob", "role": "observer"}).status_code == 200
+    assert as_alice.post("/v0/spaces/vault/members", {"member": "@bob", "role": "observer"}).status_code == 201
     # then
     assert as_bob.get("/v0/spaces/vault").status_code == 200
 
@@ -185,3 +185,38 @@ def test_conversation_list_pages_with_cursor(space, as_alice, alice):
     assert first["has_more"] and len(first["conversations"]) == 2
     assert {c["id"] for c in first["conversations"]}.isdisjoint(c["id"] for c in second["conversations"])
     assert as_alice.get("/v0/spaces/lab/conversations", limit=101).status_code == 400
+
+
+def test_anonymous_callers_see_open_spaces_only(as_alice, anon):
+    as_alice.post("/v0/spaces", {"slug": "club", "name": "Club", "visibility": "request"})
+    assert anon.get("/v0/spaces/club").status_code == 404
+    assert anon.get("/v0/spaces/club/members").status_code == 404
+
+
+def test_join_answers_201_when_it_creates_a_membership(space, make_member, api_for):
+    as_dave = api_for(make_member("dave"))
+    assert as_dave.post("/v0/spaces/lab/join").status_code == 201
+    assert as_dave.post("/v0/spaces/lab/join").status_code == 200
+
+
+def test_a_space_keeps_an_owner_through_demotion(space, as_alice):
+    # when: the only owner demotes themself
+    response = as_alice.post("/v0/spaces/lab/members", {"member": "@alice", "role": "observer"})
+    # then
+    assert response.status_code == 409 and error_code(response) == "CONFLICT"
+    assert Membership.objects.get(space=space, member__handle="alice").role == "owner"
+    # when another owner exists, demotion is fine
+    assert as_alice.post("/v0/spaces/lab/members", {"member": "@bob", "role": "owner"}).status_code == 200
+    assert as_alice.post("/v0/spaces/lab/members", {"member": "@alice", "role": "member"}).status_code == 200
+
+
+def test_credentials_are_capped(as_alice):
+    statuses = [as_alice.post("/v0/me/credentials").status_code for _ in range(20)]
+    assert statuses == [201] * 19 + [409]
+    assert error_code(as_alice.post("/v0/me/credentials")) == "LIMIT_EXCEEDED"
+
+
+@pytest.mark.parametrize("limit", ["1.0", "1_0", " 1", "+1", "１"])
+def test_query_integers_are_plain_digits(space, as_alice, limit):
+    response = as_alice.get("/v0/spaces/lab/conversations", limit=limit)
+    assert response.status_code == 400 and error_code(response) == "INVALID_REQUEST"

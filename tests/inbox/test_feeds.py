@@ -225,3 +225,18 @@ async def test_long_poll_wakes_when_an_event_commits(monkeypatch, settings):
     # then
     events = response.json()["events"]
     assert [e["data"]["message"]["body"] for e in events] == ["wake up"]
+
+
+def test_snapshot_forgets_spaces_you_were_removed_from(alice, bob, api_for):
+    # given
+    space = services.create_space(slug="priv", name="Priv", visibility="private", send_policy="open", actor=alice)
+    services.add_member(space, bob, actor=alice)
+    direct, _ = services.get_or_create_direct(space, bob, actor=alice)
+    send_message(direct, body="secret plan for bob", actor=alice)
+    as_bob = api_for(bob)
+    assert len(as_bob.get("/v0/me/snapshot").json()["unresolved"]) == 1
+    # when
+    services.remove_member(space, bob, actor=alice)
+    # then
+    snapshot = as_bob.get("/v0/me/snapshot").json()
+    assert snapshot["unresolved"] == [] and "secret" not in str(snapshot)

@@ -290,3 +290,17 @@ def test_retry_returns_the_original_even_after_the_right_to_send_is_gone(general
     assert first.status_code == 201
     assert retry.status_code == 200 and retry.json() == first.json()
     assert fresh.status_code == 403
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"[1]", b'{"unknown": 1}'])
+def test_acknowledge_refuses_a_malformed_body(general, as_alice, as_bob, raw):
+    message_id = send(as_alice, "hi @bob").json()["message"]["id"]
+    response = as_bob.client.generic("POST", f"/v0/messages/{message_id}/acknowledge", raw,
+                                     content_type="application/json")
+    assert response.status_code == 400
+    assert Recipient.objects.get(message__public_id=message_id).state == "pending"
+
+
+def test_unicode_email_addresses_do_not_mention(general, as_alice):
+    message = send(as_alice, "write to josé@bob.com please").json()["message"]
+    assert message["mentions"] == []

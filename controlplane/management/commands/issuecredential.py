@@ -1,5 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
+from controlplane.errors import ApiError
 from controlplane.models import Member
 from controlplane.services import issue_credential
 
@@ -14,5 +15,8 @@ class Command(BaseCommand):
         member = Member.objects.filter(handle=handle.removeprefix("@")).first()
         if member is None:
             raise CommandError(f"no member @{handle.removeprefix('@')}")
-        _, token = issue_credential(member, actor=None)
+        try:
+            _, token = issue_credential(member, actor=None)
+        except ApiError as exc:
+            raise CommandError(exc.message) from None
         self.stdout.write(token)
