@@ -10,13 +10,14 @@ from django.db import IntegrityError, transaction
 from controlplane.clock import now
 from controlplane.errors import (BodyTooLarge, Conflict, Forbidden, IdempotencyConflict, InvalidBody,
                                  InvalidRequest)
-from controlplane.log import append_events, reserve_positions
+from controlplane.log import append_events
 from controlplane.models import Conversation, Member, Membership, Space
 from controlplane.services import LOOK_UP_ROLE, require_sender
 from grants.authorization import authorize_send
 from inbox import events
 from inbox.mentions import parse_mentions
 from inbox.models import Message, Recipient
+from inbox.writes import insert_message
 
 MAX_BODY_BYTES = 8 * 1024
 MAX_RESULT_BYTES = 2 * 1024
@@ -125,15 +126,11 @@ def send_message(conversation: Conversation, *, body: str, reply_to: str | None 
     # group conversations everyone is a recipient, and `mentions` records who
     # was also named explicitly.
     mentions = [m.handle for m in recipients if m.handle in mentioned]
+    message = Message(space=space, conversation=conversation, author=actor, body=body, body_bytes=len(raw),
+                      reply_to=parent, related_paths=related_paths, mentions=mentions,
+                      idempotency_key=idempotency_key or None, fingerprint=fingerprint)
     try:
-        with transaction.atomic():
-            (position,) = reserve_positions(1)
-            message = Message.objects.create(
-                space=space, conversation=conversation, author=actor, body=body, body_bytes=len(raw),
-                reply_to=parent, related_paths=related_paths, mentions=mentions,
-                idempotency_key=idempotency_key or None, fingerprint=fingerprint, position=position, created_at=now())
-            Recipient.objects.bulk_create(Recipient(message=message, member=r, position=position) for r in recipients)
-            append_events([events.message_created(message, recipients)], [position])
+        insert_message(message, recipients)
     except IntegrityError:
         # A concurrent send with the same key committed first.
         if idempotency_key and (replay := _replay(actor, idempotency_key, fingerprint)):

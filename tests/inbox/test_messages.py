@@ -24,10 +24,18 @@ def test_send_to_channel_renders_the_contract_shape(general, as_alice):
     assert message["created_at"].endswith("Z") and len(message["created_at"]) == 24
 
 
-def test_one_send_emits_exactly_one_event(general, as_alice):
-    before = Event.objects.count()
-    send(as_alice, "hi @bob")
-    assert list(Event.objects.filter(position__gt=before).values_list("kind", flat=True)) == ["message.created"]
+def test_one_send_writes_one_event_recipient_and_addressee(general, as_alice):
+    # given
+    before = Event.objects.order_by("-position").values_list("position", flat=True).first()
+    # when
+    message = send(as_alice, "hi @bob").json()["message"]
+    # then
+    (event,) = Event.objects.filter(position__gt=before)
+    assert event.kind == "message.created" and event.position == message["position"]
+    assert event.data["message"] == message
+    assert list(Recipient.objects.filter(message__public_id=message["id"]).values_list("member__handle", "position")) \
+        == [("bob", message["position"])]
+    assert list(EventAddressee.objects.filter(event=event).values_list("member__handle", flat=True)) == ["bob"]
 
 
 @pytest.mark.parametrize("body", ["exact  spacing \r\n\ttabs ", "e\u0301 combining", "emoji \U0001F600",

@@ -1,0 +1,93 @@
+"""Writing a message with its recipients and its event.
+
+On PostgreSQL the whole write is one statement (data-modifying CTEs from the
+log head UPDATE through every insert), sent in one round trip and committed
+on its own unless the caller holds a transaction; the log head lock is then
+held for that statement alone. Elsewhere (SQLite) the same rows are written
+through the ORM in one transaction. Both give the same rows and the same
+commit-order guarantee (controlplane.log).
+"""
+from __future__ import annotations
+
+import json
+
+from django.db import connection, transaction
+
+from controlplane.live import LOG_GROUP, group_send_on_commit
+from controlplane.log import append_events, reserve_positions
+from controlplane.models import Event, EventAddressee, LogHead, Member
+from inbox import events
+from inbox.models import Message, Recipient
+
+
+def insert_message(message: Message, recipients: list[Member]) -> Message:
+    """Insert `message` (unsaved; every field but `position` set) with one
+    recipient row per member of `recipients` and its `message.created`
+    event. Atomic. Raises IntegrityError on a duplicate (author, key)."""
+    if connection.vendor == "postgresql":
+        return _insert_in_one_statement(message, recipients)
+    with transaction.atomic():
+        (message.position,) = reserve_positions(1)
+        message.save(force_insert=True)
+        Recipient.objects.bulk_create(Recipient(message=message, member=r, position=message.position)
+                                      for r in recipients)
+        append_events([events.message_created(message, recipients)], [message.position])
+    return message
+
+
+def _table(model) -> str:
+    return connection.ops.quote_name(model._meta.db_table)
+
+
+def _one_statement_sql() -> str:
+    return f"""
+WITH head AS (
+    UPDATE {_table(LogHead)} SET position = position + 1 WHERE id = 1 RETURNING position
+), msg AS (
+    INSERT INTO {_table(Message)} (public_id, space_id, conversation_id, author_id, body, body_bytes, reply_to_id,
+                                   related_paths, mentions, idempotency_key, fingerprint, position, created_at)
+    SELECT %(public_id)s, %(space_id)s, %(conversation_id)s, %(author_id)s, %(body)s, %(body_bytes)s,
+           %(reply_to_id)s, %(related_paths)s::jsonb, %(mentions)s::jsonb, %(idempotency_key)s, %(fingerprint)s,
+           head.position, %(created_at)s
+    FROM head
+    RETURNING id, position
+), recipients AS (
+    INSERT INTO {_table(Recipient)} (message_id, member_id, position, state)
+    SELECT msg.id, r.member_id, msg.position, 'pending' FROM msg, unnest(%(recipients)s::bigint[]) AS r(member_id)
+), event AS (
+    INSERT INTO {_table(Event)} (position, kind, space_id, conversation_id, actor_id, restricted, data, created_at)
+    SELECT msg.position, %(kind)s, %(space_id)s, %(conversation_id)s, %(author_id)s, %(restricted)s,
+           jsonb_set(%(data)s::jsonb, '{{message,position}}', to_jsonb(msg.position)), %(created_at)s
+    FROM msg
+), addressees AS (
+    INSERT INTO {_table(EventAddressee)} (member_id, event_id, space_id)
+    SELECT r.member_id, msg.position, %(space_id)s FROM msg, unnest(%(recipients)s::bigint[]) AS r(member_id)
+)
+SELECT id, position FROM msg
+"""
+
+
+def _insert_in_one_statement(message: Message, recipients: list[Member]) -> Message:
+    message.position = 0  # set by the statement; rendered into the event by jsonb_set
+    event = events.message_created(message, recipients)
+    params = {
+        "public_id": message.public_id, "space_id": message.space_id, "conversation_id": message.conversation_id,
+        "author_id": message.author_id, "body": message.body, "body_bytes": message.body_bytes,
+        "reply_to_id": message.reply_to_id, "related_paths": json.dumps(message.related_paths),
+        "mentions": json.dumps(message.mentions), "idempotency_key": message.idempotency_key,
+        "fingerprint": message.fingerprint, "created_at": message.created_at,
+        "recipients": [r.pk for r in recipients], "kind": event.kind, "restricted": event.restricted,
+        "data": json.dumps(event.data),
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_one_statement_sql(), params)
+        row = cursor.fetchone()
+        if row is None:  # the log head row is made by a migration; a flushed database lacks it
+            LogHead.objects.get_or_create(id=1)
+            cursor.execute(_one_statement_sql(), params)
+            row = cursor.fetchone()
+    message.id, message.position = row
+    message._state.adding, message._state.db = False, connection.alias
+    group_send_on_commit(LOG_GROUP, {"type": "log.advanced", "position": message.position,
+                                     "conversations": [message.conversation_id]})
+    return message
