@@ -65,12 +65,15 @@ class SendResult:
 
 
 def _replay(actor: Member, key: str, fingerprint: str) -> SendResult | None:
-    original = (Message.objects.select_related("space", "conversation", "author", "reply_to")
-                .filter(author=actor, idempotency_key=key).first())
-    if original is None:
+    """The original send under (actor, key), or None. The probe is the
+    common case (a first send), so it reads one column."""
+    stored = Message.objects.filter(author=actor, idempotency_key=key).values_list("fingerprint", flat=True)[:1]
+    if not stored:
         return None
-    if original.fingerprint != fingerprint:
+    if stored[0] != fingerprint:
         raise IdempotencyConflict()
+    original = Message.objects.select_related("space", "conversation", "author", "reply_to").get(
+        author=actor, idempotency_key=key)
     return SendResult(original, created=False)
 
 

@@ -3,11 +3,36 @@
 Both authenticate a `Member`, which becomes `request.user`."""
 from __future__ import annotations
 
+from django.db import connection
 from rest_framework.authentication import BaseAuthentication, SessionAuthentication
 from rest_framework.exceptions import AuthenticationFailed
 
-from controlplane.models import Credential
+from controlplane.models import Credential, Member
 from controlplane.tokens import TOKEN_RE, hash_token
+
+
+_MEMBER_FIELDS = ["id", "public_id", "handle", "display_name", "kind", "status", "is_admin", "user_id"]
+
+
+def _credential_sql() -> str:
+    quote = connection.ops.quote_name
+    columns = ", ".join(f"m.{quote(f)}" for f in _MEMBER_FIELDS)
+    return (f"SELECT c.id, c.public_id, {columns} FROM {quote(Credential._meta.db_table)} c "
+            f"JOIN {quote(Member._meta.db_table)} m ON m.id = c.member_id WHERE c.token_hash = %s")
+
+
+def credential_for_hash(token_hash: str) -> Credential | None:
+    """The credential and its member in one query. Plain SQL: this runs on
+    every API request, and compiling the ORM join cost more than running it."""
+    with connection.cursor() as cursor:
+        cursor.execute(_credential_sql(), [token_hash])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    member = Member.from_db(connection.alias, _MEMBER_FIELDS, [*row[2:8], bool(row[8]), row[9]])
+    credential = Credential.from_db(connection.alias, ["id", "public_id", "member_id"], [row[0], row[1], member.pk])
+    credential.member = member
+    return credential
 
 
 class BearerTokenAuthentication(BaseAuthentication):
@@ -19,7 +44,7 @@ class BearerTokenAuthentication(BaseAuthentication):
         token = token.strip()
         if scheme.lower() != "bearer" or not TOKEN_RE.fullmatch(token):
             raise AuthenticationFailed("Use Authorization: Bearer sbt_….")
-        credential = Credential.objects.select_related("member").filter(token_hash=hash_token(token)).first()
+        credential = credential_for_hash(hash_token(token))
         if credential is None or not credential.member.is_active:
             raise AuthenticationFailed("The credential is unknown, revoked, or its member is suspended.")
         return credential.member, credential
