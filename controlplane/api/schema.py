@@ -31,9 +31,10 @@ class ErrorSerializer(serializers.Serializer):
     error = ErrorDetailSerializer()
 
 
-def errors(*codes: str, anonymous: bool = False) -> dict[int, OpenApiResponse]:
-    """Error responses for `codes`, plus those every route can give."""
-    every = ["RATE_LIMITED"] + ([] if anonymous else ["UNAUTHENTICATED"])
+def errors(*codes: str) -> dict[int, OpenApiResponse]:
+    """Error responses for `codes`, plus those every route can give (a bad
+    credential is 401 even where anonymous callers are welcome)."""
+    every = ["RATE_LIMITED", "UNAUTHENTICATED"]
     by_status: dict[int, list[str]] = {}
     for code in [*codes, *every]:
         by_status.setdefault(ERROR_STATUS[code], [])
@@ -57,6 +58,15 @@ WAIT_MS = OpenApiParameter("wait_ms", int, description="Long-poll up to this man
 
 
 class SwitchboardAutoSchema(AutoSchema):
+    def get_auth(self):
+        from controlplane.api.permissions import ReadableAnonymously
+
+        auth = super().get_auth()
+        anonymous_reads = any(isinstance(p, ReadableAnonymously) for p in self.view.get_permissions())
+        if anonymous_reads and self.method == "GET" and {} not in auth:
+            auth.append({})
+        return auth
+
     def get_tags(self):
         return [self.path.split("/")[2] if self.path.count("/") >= 2 else "switchboard"]
 

@@ -88,7 +88,7 @@ class SpaceView(APIView):
     permission_classes = [ReadableAnonymously]
 
     @extend_schema(operation_id="get_space", responses={200: envelope("space", SpaceOut),
-                                                        **errors("NOT_FOUND", anonymous=True)})
+                                                        **errors("NOT_FOUND")})
     def get(self, request, slug):
         return Response({"space": render_space(get_space_for(slug, request.user))})
 
@@ -114,7 +114,7 @@ class SpaceMembersView(APIView):
 
     @extend_schema(operation_id="list_space_members", parameters=[CURSOR, LIMIT],
                    responses={200: envelope("members", MembershipOut, many=True, paged=True),
-                              **errors("INVALID_REQUEST", "INVALID_CURSOR", "NOT_FOUND", anonymous=True)})
+                              **errors("INVALID_REQUEST", "INVALID_CURSOR", "NOT_FOUND")})
     def get(self, request, slug):
         space = get_readable_space(slug, request.user)
         memberships = space.memberships.select_related("member")
@@ -154,7 +154,7 @@ class ConversationsView(APIView):
 
     @extend_schema(operation_id="list_channels", parameters=[CURSOR, LIMIT],
                    responses={200: envelope("conversations", ConversationOut, many=True, paged=True),
-                              **errors("INVALID_REQUEST", "INVALID_CURSOR", "NOT_FOUND", anonymous=True)})
+                              **errors("INVALID_REQUEST", "INVALID_CURSOR", "NOT_FOUND")})
     def get(self, request, slug):
         space = get_readable_space(slug, request.user)
         conversations = readable_conversations(space, request.user).select_related("space")

@@ -128,7 +128,7 @@ class SpaceEventsView(APIView):
     permission_classes = [ReadableAnonymously]
 
     @extend_schema(operation_id="space_events", parameters=[CURSOR, LIMIT, WAIT_MS],
-                   responses={200: FeedPageOut, **errors(*FEED_ERRORS, "NOT_FOUND", anonymous=True)})
+                   responses={200: FeedPageOut, **errors(*FEED_ERRORS, "NOT_FOUND")})
     def get(self, request, slug):
         space = get_readable_space(slug, request.user)
         stream = f"space:{space.public_id}"

@@ -182,6 +182,9 @@ def test_schema_lists_every_route_with_its_errors(anon):
     assert {"400", "403", "404", "409", "413", "422"} <= set(send)
     assert "BODY_TOO_LARGE" in send["413"]["description"]
     assert "RESYNC_REQUIRED" in paths["/v0/me/inbox/events"]["get"]["responses"]["410"]["description"]
+    assert {} in paths["/v0/spaces/{slug}/events"]["get"]["security"]
+    assert {} not in paths["/v0/me/inbox/events"]["get"].get("security", [{"bearer": []}])
+    assert "401" in paths["/v0/spaces/{slug}/events"]["get"]["responses"]
     # every /v0/ route Django knows is in the schema
     routes = {str(p.pattern) for p in get_resolver().url_patterns}
     assert "v0/" in routes
