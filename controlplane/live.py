@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 
 from asgiref.sync import async_to_sync
@@ -35,6 +36,7 @@ class Publisher:
     def __init__(self) -> None:
         self._server_loop: asyncio.AbstractEventLoop | None = None
         self._own_loop: asyncio.AbstractEventLoop | None = None
+        self._own_loop_pid = 0
         self._lock = threading.Lock()
 
     def bind_server_loop(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -42,10 +44,11 @@ class Publisher:
 
     def _background_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
-            if self._own_loop is None or self._own_loop.is_closed():
+            # A forked child inherits the loop object but not its thread.
+            if self._own_loop is None or self._own_loop.is_closed() or self._own_loop_pid != os.getpid():
                 loop = asyncio.new_event_loop()
                 threading.Thread(target=loop.run_forever, name="switchboard-publisher", daemon=True).start()
-                self._own_loop = loop
+                self._own_loop, self._own_loop_pid = loop, os.getpid()
             return self._own_loop
 
     def _target_loop(self, layer) -> asyncio.AbstractEventLoop | None:
