@@ -66,6 +66,18 @@ class NotFound(ApiError):
     status, code, message = 404, "NOT_FOUND", "Not found."
 
 
+class UnknownDelivery(ApiError):
+    status, code, message = 404, "UNKNOWN_DELIVERY", "No such delivery token in your inbox."
+
+
+class UnknownEvent(ApiError):
+    status, code, message = 404, "UNKNOWN_EVENT", "No such inbox event."
+
+
+class InvalidEventId(ApiError):
+    code, message = "INVALID_EVENT_ID", "An event id is evt_ followed by 43 canonical base64url characters."
+
+
 class Conflict(ApiError):
     status, code, message = 409, "CONFLICT", "The request conflicts with the current state."
 

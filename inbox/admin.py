@@ -1,7 +1,7 @@
 from django.contrib import admin
 
 from controlplane.admin import ReadOnlyAdmin
-from inbox.models import Message, Recipient
+from inbox.models import InboxItem, Message, Recipient
 
 
 class RecipientInline(admin.TabularInline):
@@ -26,3 +26,10 @@ class MessageAdmin(ReadOnlyAdmin):
 class RecipientAdmin(ReadOnlyAdmin):
     list_display = ["message", "member", "state", "acknowledged_at", "resolved_at"]
     list_filter = ["state"]
+
+
+@admin.register(InboxItem)
+class InboxItemAdmin(ReadOnlyAdmin):
+    list_display = ["token", "member", "kind", "state", "content_bytes", "position", "created_at"]
+    list_filter = ["kind", "state"]
+    search_fields = ["token", "member__handle"]

@@ -1,13 +1,15 @@
 """Messages and per-recipient handling state."""
 from __future__ import annotations
 
+import secrets
+
 from django.db import models
 from django.db.models import Q
 
 from controlplane.clock import now
 from controlplane.models import Conversation, Member, Space
 from controlplane.selectors import participant_conversations, readable_spaces
-from controlplane.tokens import public_id
+from controlplane.tokens import b64url, public_id
 
 
 def new_message_id() -> str:
@@ -74,3 +76,38 @@ class Recipient(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["message", "member"], name="recipient_unique")]
         indexes = [models.Index(fields=["member", "state", "position"], name="recipient_member_state")]
+
+
+def new_delivery_token() -> str:
+    """`dlv_` + canonical unpadded base64url of 32 random bytes (43 characters)."""
+    return "dlv_" + b64url(secrets.token_bytes(32))
+
+
+class InboxItem(models.Model):
+    """One classified, immutable item in a recipient's durable inbox, bound
+    to its delivery token before publication. Acknowledgement leaves the row
+    as a tombstone, so a token is never rebound to another payload."""
+
+    class State(models.TextChoices):
+        PENDING = "pending"
+        ACKNOWLEDGED = "acknowledged"
+
+    member = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="+")
+    token = models.CharField(max_length=47, unique=True, default=new_delivery_token, editable=False)
+    kind = models.CharField(max_length=32)
+    payload = models.JSONField()
+    content_bytes = models.PositiveIntegerField()
+    message = models.ForeignKey(Message, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    conversation = models.ForeignKey(Conversation, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    # Insertion order: the log position of what produced the item. Positions
+    # follow commit order, so order within a conversation is kept.
+    position = models.BigIntegerField()
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=now)
+
+    class Meta:
+        indexes = [models.Index(fields=["member", "state", "position", "id"], name="inboxitem_pending")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} for {self.member_id}"

@@ -1,5 +1,8 @@
 """Writing a message with its recipients and its event.
 
+A message's rows: the message, per recipient a handling row and an inbox
+item, and its event with addressee rows.
+
 On PostgreSQL the whole write is one statement (data-modifying CTEs from the
 log head UPDATE through every insert), sent in one round trip and committed
 on its own unless the caller holds a transaction; the log head lock is then
@@ -17,20 +20,26 @@ from controlplane.live import LOG_GROUP, group_send_on_commit
 from controlplane.log import append_events, reserve_positions
 from controlplane.models import Event, EventAddressee, LogHead, Member
 from inbox import events
-from inbox.models import Message, Recipient
+from inbox.items import message_items
+from inbox.models import InboxItem, Message, Recipient
 
 
 def insert_message(message: Message, recipients: list[Member]) -> Message:
-    """Insert `message` (unsaved; every field but `position` set) with one
-    recipient row per member of `recipients` and its `message.created`
-    event. Atomic. Raises IntegrityError on a duplicate (author, key)."""
+    """Insert `message` (unsaved; every field but `position` set) with, per
+    member of `recipients`, a handling row and an inbox item bound to its
+    delivery token, and the `message.created` event. Atomic. Raises
+    IntegrityError on a duplicate (author, key)."""
+    items = message_items(message, recipients)
     if connection.vendor == "postgresql":
-        return _insert_in_one_statement(message, recipients)
+        return _insert_in_one_statement(message, recipients, items)
     with transaction.atomic():
         (message.position,) = reserve_positions(1)
         message.save(force_insert=True)
         Recipient.objects.bulk_create(Recipient(message=message, member=r, position=message.position)
                                       for r in recipients)
+        for item in items:
+            item.message, item.position = message, message.position
+        InboxItem.objects.bulk_create(items)
         append_events([events.message_created(message, recipients)], [message.position])
     return message
 
@@ -59,6 +68,12 @@ WITH head AS (
     SELECT msg.position, %(kind)s, %(space_id)s, %(conversation_id)s, %(author_id)s, %(restricted)s,
            jsonb_set(%(data)s::jsonb, '{{message,position}}', to_jsonb(msg.position)), %(created_at)s
     FROM msg
+), items AS (
+    INSERT INTO {_table(InboxItem)} (member_id, token, kind, payload, content_bytes, message_id, conversation_id,
+                                     position, state, created_at)
+    SELECT i.member_id, i.token, %(item_kind)s, %(item_payload)s::jsonb, %(item_bytes)s, msg.id,
+           %(conversation_id)s, msg.position, 'pending', %(created_at)s
+    FROM msg, unnest(%(recipients)s::bigint[], %(tokens)s::text[]) AS i(member_id, token)
 ), addressees AS (
     INSERT INTO {_table(EventAddressee)} (member_id, event_id, space_id)
     SELECT r.member_id, msg.position, %(space_id)s FROM msg, unnest(%(recipients)s::bigint[]) AS r(member_id)
@@ -67,7 +82,7 @@ SELECT id, position FROM msg
 """
 
 
-def _insert_in_one_statement(message: Message, recipients: list[Member]) -> Message:
+def _insert_in_one_statement(message: Message, recipients: list[Member], items: list[InboxItem]) -> Message:
     message.position = 0  # set by the statement; rendered into the event by jsonb_set
     event = events.message_created(message, recipients)
     params = {
@@ -78,6 +93,10 @@ def _insert_in_one_statement(message: Message, recipients: list[Member]) -> Mess
         "fingerprint": message.fingerprint, "created_at": message.created_at,
         "recipients": [r.pk for r in recipients], "kind": event.kind, "restricted": event.restricted,
         "data": json.dumps(event.data),
+        "tokens": [item.token for item in items],
+        "item_kind": items[0].kind if items else None,
+        "item_payload": json.dumps(items[0].payload) if items else None,
+        "item_bytes": items[0].content_bytes if items else None,
     }
     with connection.cursor() as cursor:
         cursor.execute(_one_statement_sql(), params)

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from inbox.api import views
+from inbox.api import delivery_views, views
 from inbox.api.longpoll import long_polling
 
 urlpatterns = [
@@ -8,6 +8,9 @@ urlpatterns = [
     path("spaces/<space:slug>/events", long_polling(views.SpaceEventsView.as_view())),
     path("me/inbox/events", long_polling(views.InboxEventsView.as_view())),
     path("me/snapshot", views.SnapshotView.as_view()),
+    path("me/inbox", delivery_views.InboxView.as_view()),
+    path("me/inbox/acknowledge", delivery_views.AcknowledgeDeliveryView.as_view()),
+    path("inbox-events/<str:event_id>", delivery_views.InboxEventView.as_view()),
     path("messages/<pid:message_id>", views.MessageView.as_view()),
     path("messages/<pid:message_id>/body", views.MessageBodyView.as_view()),
     path("messages/<pid:message_id>/acknowledge", views.AcknowledgeView.as_view()),

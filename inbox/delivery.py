@@ -1,0 +1,86 @@
+"""The durable inbox: reading pages, acknowledging deliveries, reading one
+item by event id (SPEC §7). Reads never acknowledge anything."""
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from dataclasses import dataclass
+
+from django.db.models import Q
+
+from controlplane.clock import now
+from controlplane.errors import InvalidEventId, UnknownDelivery, UnknownEvent
+from controlplane.log import log_head
+from controlplane.models import Member
+from controlplane.tokens import b64url
+from inbox.models import InboxItem
+
+PAGE_ITEMS = 50
+PAGE_BYTES = 2 * 1024 * 1024
+TOKEN_RE = re.compile(r"dlv_[A-Za-z0-9_-]{43}")
+EVENT_ID_RE = re.compile(r"evt_[A-Za-z0-9_-]{43}")
+
+
+@dataclass(frozen=True)
+class InboxPage:
+    items: list[InboxItem]
+    # (upper insertion bound, last position, last id) to continue from, or None
+    next: tuple[int, int, int] | None
+
+
+def read_inbox(member: Member, *, bound: int | None = None, after: tuple[int, int] = (0, 0)) -> InboxPage:
+    """One page of `member`'s pending items in insertion order: at most
+    PAGE_ITEMS items and PAGE_BYTES of content (at least one item).
+
+    The first page fixes the upper insertion bound (the log head, which
+    every committed item is at or below); continuations keep it, so items
+    arriving during a traversal belong to the next read. Acknowledged items
+    simply drop out of later pages."""
+    if bound is None:
+        bound = log_head().position
+    position, last_id = after
+    rows = list(InboxItem.objects.filter(member=member, state=InboxItem.State.PENDING, position__lte=bound)
+                .filter(Q(position__gt=position) | Q(position=position, id__gt=last_id))
+                .order_by("position", "id")[: PAGE_ITEMS + 1])
+    page, size = [], 0
+    for row in rows[:PAGE_ITEMS]:
+        if page and size + row.content_bytes > PAGE_BYTES:
+            break
+        page.append(row)
+        size += row.content_bytes
+    more = len(rows) > len(page)
+    return InboxPage(page, (bound, page[-1].position, page[-1].id) if more else None)
+
+
+def acknowledge_delivery(member: Member, token: str) -> None:
+    """Acknowledge the item bound to `token`. Idempotent; the row stays as a
+    tombstone keeping the token's binding. Unknown or foreign tokens are
+    404 UNKNOWN_DELIVERY."""
+    acknowledged = (InboxItem.objects.filter(member=member, token=token, state=InboxItem.State.PENDING)
+                    .update(state=InboxItem.State.ACKNOWLEDGED, acknowledged_at=now()))
+    if not acknowledged and not InboxItem.objects.filter(member=member, token=token).exists():
+        raise UnknownDelivery()
+
+
+def token_for_event_id(event_id: str) -> str:
+    """`evt_…` → `dlv_…`, accepting only canonical base64url of 32 bytes:
+    an alias that decodes to the same bytes is 400 INVALID_EVENT_ID."""
+    if not isinstance(event_id, str) or not EVENT_ID_RE.fullmatch(event_id):
+        raise InvalidEventId()
+    encoded = event_id[4:]
+    try:
+        raw = base64.urlsafe_b64decode(encoded + "=")
+    except (binascii.Error, ValueError):
+        raise InvalidEventId() from None
+    if len(raw) != 32 or b64url(raw) != encoded:
+        raise InvalidEventId()
+    return "dlv_" + encoded
+
+
+def read_event(member: Member, event_id: str) -> InboxItem:
+    """The retained item for `event_id`, acknowledged or not. No side effects."""
+    item = InboxItem.objects.filter(member=member, token=token_for_event_id(event_id)).first()
+    if item is None:
+        raise UnknownEvent()
+    return item

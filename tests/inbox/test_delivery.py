@@ -1,0 +1,155 @@
+"""SPEC §7: inbox items, read_inbox, acknowledge_delivery, read_event."""
+import base64
+import re
+
+import pytest
+
+from controlplane import services
+from inbox import delivery
+from inbox.models import InboxItem
+from inbox.services import send_message
+from tests.conftest import error_code
+
+TOKEN = re.compile(r"^dlv_[A-Za-z0-9_-]{43}$")
+
+
+def read_all(api):
+    items, cursor = [], None
+    while True:
+        page = api.get("/v0/me/inbox", **({"cursor": cursor} if cursor else {})).json()
+        items += page["items"]
+        cursor = page["nextCursor"]
+        if cursor is None:
+            return items
+
+
+def test_every_recipient_gets_one_classified_item(space, general, alice, bob, carol, as_bob, as_carol, as_alice):
+    # given
+    direct, _ = services.get_or_create_direct(space, bob, actor=alice)
+    group, _ = services.get_or_create_group(space, [carol, alice, bob], actor=alice)
+    # when
+    dm = send_message(direct, body="just you", actor=alice).message
+    grp = send_message(group, body="all of us", actor=alice).message
+    mention = send_message(general, body="hey @carol", actor=alice).message
+    # then
+    bobs = [e["item"] for e in read_all(as_bob)]
+    carols = [e["item"] for e in read_all(as_carol)]
+    assert bobs == [
+        {"kind": "direct", "postId": dm.public_id, "conversation": direct.public_id, "sender": "@alice",
+         "content": "just you"},
+        {"kind": "group", "postId": grp.public_id, "conversation": group.public_id, "group": group.public_id,
+         "members": ["@carol", "@alice", "@bob"], "sender": "@alice", "content": "all of us"},
+    ]
+    assert [i["kind"] for i in carols] == ["group", "mention"]
+    assert carols[1] == {"kind": "mention", "postId": mention.public_id, "conversation": general.public_id,
+                         "space": "lab", "sender": "@alice", "content": "hey @carol"}
+    assert read_all(as_alice) == []  # the author is never offered its own post
+
+
+def test_tokens_are_canonical_random_and_unique(space, alice, bob, as_bob):
+    direct, _ = services.get_or_create_direct(space, bob, actor=alice)
+    for i in range(20):
+        send_message(direct, body=f"m{i}", actor=alice)
+    tokens = [e["deliveryToken"] for e in read_all(as_bob)]
+    assert len(set(tokens)) == 20 and all(TOKEN.match(t) for t in tokens)
+    for token in tokens:
+        raw = base64.urlsafe_b64decode(token[4:] + "=")
+        assert len(raw) == 32 and base64.urlsafe_b64encode(raw).rstrip(b"=").decode() == token[4:]
+
+
+def test_pages_hold_at_most_50_items(space, alice, bob, as_bob):
+    direct, _ = services.get_or_create_direct(space, bob, actor=alice)
+    for i in range(53):
+        send_message(direct, body=f"m{i}", actor=alice)
+    first = as_bob.get("/v0/me/inbox").json()
+    second = as_bob.get("/v0/me/inbox", cursor=first["nextCursor"]).json()
+    assert len(first["items"]) == 50 and len(second["items"]) == 3 and second["nextCursor"] is None
+    assert [e["item"]["content"] for e in first["items"] + second["items"]] == [f"m{i}" for i in range(53)]
+
+
+def test_pages_hold_at_most_the_byte_limit(space, alice, bob, as_bob, monkeypatch):
+    # given: items of ~1 KiB and a 2.5 KiB page
+    monkeypatch.setattr(delivery, "PAGE_BYTES", 2560)
+    direct, _ = services.get_or_create_direct(space, bob, actor=alice)
+    for i in range(5):
+        send_message(direct, body=f"{i}" * 1000, actor=alice)
+    # when
+    first = as_bob.get("/v0/me/inbox").json()
+    # then
+    assert len(first["items"]) == 2
+    assert len(read_all(as_bob)) == 5
+
+
+def test_continuations_keep_the_first_pages_bound(space, alice, bob, as_bob, monkeypatch):
+    # given
+    monkeypatch.setattr(delivery, "PAGE_ITEMS", 2)
+    direct, _ = services.get_or_create_direct(space, bob, actor=alice)
+    for i in range(3):
+        send_message(direct, body=f"before {i}", actor=alice)
+    first = as_bob.get("/v0/me/inbox").json()
+    # when: an item arrives mid-traversal
+    send_message(direct, body="during", actor=alice)
+    rest = as_bob.get("/v0/me/inbox", cursor=first["nextCursor"]).json()
+    # then: it belongs to the next read
+    assert [e["item"]["content"] for e in rest["items"]] == ["before 2"] and rest["nextCursor"] is None
+    assert [e["item"]["content"] for e in read_all(as_bob)][-1] == "during"
+
+
+def test_reading_never_acknowledges(space, alice, bob, as_bob):
+    direct, _ = services.get_or_create_direct(space, bob, actor=alice)
+    send_message(direct, body="still here", actor=alice)
+    assert len(read_all(as_bob)) == 1 and len(read_all(as_bob)) == 1
+
+
+def test_acknowledge_is_idempotent_and_leaves_a_tombstone(space, alice, bob, as_bob):
+    # given
+    direct, _ = services.get_or_create_direct(space, bob, actor=alice)
+    send_message(direct, body="ack me", actor=alice)
+    token = read_all(as_bob)[0]["deliveryToken"]
+    # when
+    first = as_bob.post("/v0/me/inbox/acknowledge", {"deliveryToken": token})
+    again = as_bob.post("/v0/me/inbox/acknowledge", {"deliveryToken": token})
+    # then
+    assert first.status_code == 200 and first.json() == {}
+    assert again.status_code == 200 and again.json() == {}
+    assert read_all(as_bob) == []
+    event = as_bob.get(f"/v0/inbox-events/evt_{token[4:]}")
+    assert event.status_code == 200 and event.json()["item"]["content"] == "ack me"
+    assert InboxItem.objects.get(token=token).state == "acknowledged"
+
+
+def test_foreign_and_unknown_tokens_are_unknown_delivery(space, alice, bob, as_carol, as_bob):
+    direct, _ = services.get_or_create_direct(space, bob, actor=alice)
+    send_message(direct, body="for bob", actor=alice)
+    token = read_all(as_bob)[0]["deliveryToken"]
+    for api, value in ((as_carol, token), (as_bob, "dlv_" + "A" * 43)):
+        response = api.post("/v0/me/inbox/acknowledge", {"deliveryToken": value})
+        assert response.status_code == 404 and error_code(response) == "UNKNOWN_DELIVERY"
+    assert InboxItem.objects.get(token=token).state == "pending"
+
+
+@pytest.mark.parametrize("body", [{}, {"deliveryToken": "nope"}, {"deliveryToken": 5},
+                                  {"deliveryToken": "dlv_" + "A" * 43, "extra": True}])
+def test_acknowledge_accepts_exactly_a_delivery_token(space, as_bob, body):
+    response = as_bob.post("/v0/me/inbox/acknowledge", body)
+    assert response.status_code == 400 and error_code(response) == "INVALID_REQUEST"
+
+
+def test_event_ids_must_be_canonical(space, alice, bob, as_bob, as_carol):
+    # given
+    direct, _ = services.get_or_create_direct(space, bob, actor=alice)
+    send_message(direct, body="x", actor=alice)
+    token = read_all(as_bob)[0]["deliveryToken"]
+    encoded = token[4:]
+    # an alias: the last character carries 2 unused bits; flipping them decodes to the same bytes
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    alias = encoded[:-1] + alphabet[alphabet.index(encoded[-1]) ^ 1]
+    assert base64.urlsafe_b64decode(alias + "=") == base64.urlsafe_b64decode(encoded + "=")
+    # then
+    for bad in (f"evt_{alias}", "evt_short", f"dlv_{encoded}", f"evt_{encoded}=", "evt_" + "!" * 43):
+        response = as_bob.get(f"/v0/inbox-events/{bad}")
+        assert response.status_code == 400 and error_code(response) == "INVALID_EVENT_ID", bad
+    assert error_code(as_carol.get(f"/v0/inbox-events/evt_{encoded}")) == "UNKNOWN_EVENT"
+    assert as_bob.get(f"/v0/inbox-events/evt_{'A' * 43}").status_code == 404
+    assert as_bob.get(f"/v0/inbox-events/evt_{encoded}").status_code == 200
+    assert InboxItem.objects.get(token=token).state == "pending"  # no side effect
