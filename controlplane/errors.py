@@ -102,6 +102,10 @@ class InvalidBody(ApiError):
     status, code, message = 422, "INVALID_BODY", "The body is not valid text."
 
 
+class MailboxFull(ApiError):
+    status, code, message = 507, "MAILBOX_FULL", "A recipient's pending inbox is full."
+
+
 class RateLimited(ApiError):
     status, code, message = 429, "RATE_LIMITED", "Too many requests."
 

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 
 from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
@@ -125,13 +126,18 @@ class LogWatcher:
             try:
                 channel = await layer.new_channel()
                 await layer.group_add(LOG_GROUP, channel)
+                joined = time.monotonic()
                 while True:
                     try:
                         await asyncio.wait_for(layer.receive(channel), GROUP_READD_SECONDS)
+                        self._wake()
                     except (asyncio.TimeoutError, TimeoutError):
-                        await layer.group_add(LOG_GROUP, channel)  # memberships expire
-                        continue
-                    self._wake()
+                        pass
+                    # Group memberships expire (a day by default) however busy
+                    # the group is: renew by the clock, not only when idle.
+                    if time.monotonic() - joined >= GROUP_READD_SECONDS:
+                        await layer.group_add(LOG_GROUP, channel)
+                        joined = time.monotonic()
             except asyncio.CancelledError:
                 await _leave(layer, channel)
                 raise

@@ -121,19 +121,20 @@ class MembershipChange:
     created: bool  # a membership came into being (none before, or removed)
 
 
-def _upsert_membership(space: Space, member: Member, current: Membership | None, *, status: str,
-                       role: str) -> MembershipChange:
-    if current is None:
-        try:
-            with transaction.atomic():
-                return MembershipChange(Membership.objects.create(space=space, member=member, status=status,
-                                                                  role=role), True)
-        except IntegrityError:  # created concurrently: continue from that row
-            current = Membership.objects.select_for_update().get(space=space, member=member)
-    created = current.status == Membership.Status.REMOVED
-    current.status, current.role, current.updated_at = status, role, now()
-    current.save(update_fields=["status", "role", "updated_at"])
-    return MembershipChange(current, created)
+def _create_membership(space: Space, member: Member, *, status: str, role: str) -> Membership | None:
+    """A new membership row, or None when a concurrent request created one first."""
+    try:
+        with transaction.atomic():
+            return Membership.objects.create(space=space, member=member, status=status, role=role)
+    except IntegrityError:
+        return None
+
+
+def _set_membership(membership: Membership, *, status: str, role: str) -> MembershipChange:
+    created = membership.status == Membership.Status.REMOVED
+    membership.status, membership.role, membership.updated_at = status, role, now()
+    membership.save(update_fields=["status", "role", "updated_at"])
+    return MembershipChange(membership, created)
 
 
 def join_space(space: Space, *, actor: Member) -> MembershipChange:
@@ -147,9 +148,15 @@ def join_space(space: Space, *, actor: Member) -> MembershipChange:
     status = Membership.Status.ACTIVE if space.visibility == Space.Visibility.OPEN else Membership.Status.PENDING
     with transaction.atomic():
         current = Membership.objects.select_for_update().filter(space=space, member=actor).first()
-        if current is not None and current.status != Membership.Status.REMOVED:
+        if current is None:
+            created = _create_membership(space, actor, status=status, role=Membership.Role.MEMBER)
+            if created is None:  # an owner's add (or another join) won the race: theirs stands
+                return MembershipChange(Membership.objects.get(space=space, member=actor), False)
+            change = MembershipChange(created, True)
+        elif current.status != Membership.Status.REMOVED:
             return MembershipChange(current, False)
-        change = _upsert_membership(space, actor, current, status=status, role=Membership.Role.MEMBER)
+        else:
+            change = _set_membership(current, status=status, role=Membership.Role.MEMBER)
         if status == Membership.Status.ACTIVE:
             append_events([events.member_joined(change.membership, actor=actor)])
         return change
@@ -164,19 +171,26 @@ def require_owner(space: Space, actor: Member) -> None:
 def add_member(space: Space, member: Member, *, role: str = Membership.Role.MEMBER,
                actor: Member) -> MembershipChange:
     """Owners add a member, admit a pending request, or change a role."""
-    require_owner(space, actor)
     if role not in Membership.Role.values:
         raise InvalidRequest("role must be owner, member or observer.", details={"role": role})
     if not member.is_active:
         raise Conflict("The member is suspended.")
     with transaction.atomic():
         current = _lock_memberships(space, member)
-        if current is not None and current.status == Membership.Status.ACTIVE and current.role == role:
+        require_owner(space, actor)  # under the owner rows' locks: a just-removed owner cannot act
+        if current is None:
+            created = _create_membership(space, member, status=Membership.Status.ACTIVE, role=role)
+            if created is not None:
+                append_events([events.member_joined(created, actor=actor)])
+                return MembershipChange(created, True)
+            # a concurrent join won the race: the owner's decision applies to its row
+            current = Membership.objects.select_for_update().get(space=space, member=member)
+        if current.status == Membership.Status.ACTIVE and current.role == role:
             return MembershipChange(current, False)
-        if current is not None and role != Membership.Role.OWNER:
+        if role != Membership.Role.OWNER:
             _keep_an_owner(space, current)
-        joined = current is None or current.status != Membership.Status.ACTIVE
-        change = _upsert_membership(space, member, current, status=Membership.Status.ACTIVE, role=role)
+        joined = current.status != Membership.Status.ACTIVE
+        change = _set_membership(current, status=Membership.Status.ACTIVE, role=role)
         if joined:
             append_events([events.member_joined(change.membership, actor=actor)])
         return change
@@ -185,10 +199,10 @@ def add_member(space: Space, member: Member, *, role: str = Membership.Role.MEMB
 def remove_member(space: Space, member: Member, *, actor: Member) -> None:
     """Remove a member (owners) or leave (anyone). Delivery from the space
     stops at once: every read path checks the active membership."""
-    if member.pk != actor.pk:
-        require_owner(space, actor)
     with transaction.atomic():
         membership = _lock_memberships(space, member)
+        if member.pk != actor.pk:
+            require_owner(space, actor)  # under the owner rows' locks: a just-removed owner cannot act
         if membership is None or membership.status == Membership.Status.REMOVED:
             raise NotFound("Not a member of this space.")
         _keep_an_owner(space, membership)

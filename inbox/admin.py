@@ -1,7 +1,7 @@
 from django.contrib import admin
 
 from controlplane.admin import ReadOnlyAdmin
-from inbox.models import InboxItem, Message, Recipient
+from inbox.models import InboxItem, Mailbox, Message, Recipient
 
 
 class RecipientInline(admin.TabularInline):
@@ -33,3 +33,8 @@ class InboxItemAdmin(ReadOnlyAdmin):
     list_display = ["token", "member", "kind", "state", "content_bytes", "position", "created_at"]
     list_filter = ["kind", "state"]
     search_fields = ["token", "member__handle"]
+
+
+@admin.register(Mailbox)
+class MailboxAdmin(ReadOnlyAdmin):
+    list_display = ["member", "pending_bytes"]

@@ -7,14 +7,15 @@ import binascii
 import re
 from dataclasses import dataclass
 
-from django.db.models import Q
+from django.db import transaction
+from django.db.models import F, Q
 
 from controlplane.clock import now
 from controlplane.errors import InvalidEventId, UnknownDelivery, UnknownEvent
 from controlplane.log import log_head
 from controlplane.models import Member
 from controlplane.tokens import b64url
-from inbox.models import InboxItem
+from inbox.models import InboxItem, Mailbox
 
 PAGE_ITEMS = 50
 PAGE_BYTES = 2 * 1024 * 1024
@@ -57,10 +58,14 @@ def acknowledge_delivery(member: Member, token: str) -> None:
     """Acknowledge the item bound to `token`. Idempotent; the row stays as a
     tombstone keeping the token's binding. Unknown or foreign tokens are
     404 UNKNOWN_DELIVERY."""
-    acknowledged = (InboxItem.objects.filter(member=member, token=token, state=InboxItem.State.PENDING)
-                    .update(state=InboxItem.State.ACKNOWLEDGED, acknowledged_at=now()))
-    if not acknowledged and not InboxItem.objects.filter(member=member, token=token).exists():
-        raise UnknownDelivery()
+    with transaction.atomic():
+        item = InboxItem.objects.select_for_update().filter(member=member, token=token).first()
+        if item is None:
+            raise UnknownDelivery()
+        if item.state == InboxItem.State.PENDING:
+            item.state, item.acknowledged_at = InboxItem.State.ACKNOWLEDGED, now()
+            item.save(update_fields=["state", "acknowledged_at"])
+            Mailbox.objects.filter(member=member).update(pending_bytes=F("pending_bytes") - item.content_bytes)
 
 
 def token_for_event_id(event_id: str) -> str:

@@ -111,3 +111,11 @@ class InboxItem(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} for {self.member_id}"
+
+
+class Mailbox(models.Model):
+    """A recipient's pending inbox content, in bytes: the counter the 10 MiB
+    limit is enforced against (raised by a send, lowered by acknowledgement)."""
+
+    member = models.OneToOneField(Member, primary_key=True, on_delete=models.CASCADE, related_name="+")
+    pending_bytes = models.BigIntegerField(default=0)

@@ -15,13 +15,22 @@ from __future__ import annotations
 import json
 
 from django.db import connection, transaction
+from django.db.models import F
+
+from controlplane.errors import MailboxFull
 
 from controlplane.live import LOG_GROUP, group_send_on_commit
 from controlplane.log import append_events, reserve_positions
 from controlplane.models import Event, EventAddressee, LogHead, Member
 from inbox import events
 from inbox.items import message_items
-from inbox.models import InboxItem, Message, Recipient
+from inbox.models import InboxItem, Mailbox, Message, Recipient
+
+MAILBOX_LIMIT_BYTES = 10 * 1024 * 1024
+
+
+class _MissingLogHead(Exception):
+    """The log head row is made by a migration; a flushed database lacks it."""
 
 
 def insert_message(message: Message, recipients: list[Member]) -> Message:
@@ -33,6 +42,7 @@ def insert_message(message: Message, recipients: list[Member]) -> Message:
     if connection.vendor == "postgresql":
         return _insert_in_one_statement(message, recipients, items)
     with transaction.atomic():
+        _reserve_mailboxes(recipients, items[0].content_bytes if items else 0)
         (message.position,) = reserve_positions(1)
         message.save(force_insert=True)
         Recipient.objects.bulk_create(Recipient(message=message, member=r, position=message.position)
@@ -44,14 +54,36 @@ def insert_message(message: Message, recipients: list[Member]) -> Message:
     return message
 
 
+def _reserve_mailboxes(recipients: list[Member], size: int) -> None:
+    """Count `size` more pending bytes for each recipient, or MAILBOX_FULL."""
+    full = []
+    for member in sorted(recipients, key=lambda m: m.pk):
+        Mailbox.objects.get_or_create(member=member)
+        if not Mailbox.objects.filter(member=member, pending_bytes__lte=MAILBOX_LIMIT_BYTES - size).update(
+                pending_bytes=F("pending_bytes") + size):
+            full.append(f"@{member.handle}")
+    if full:
+        raise MailboxFull(details={"recipients": full})
+
+
 def _table(model) -> str:
     return connection.ops.quote_name(model._meta.db_table)
 
 
 def _one_statement_sql() -> str:
     return f"""
-WITH head AS (
-    UPDATE {_table(LogHead)} SET position = position + 1 WHERE id = 1 RETURNING position
+WITH quota AS (
+    INSERT INTO {_table(Mailbox)} AS box (member_id, pending_bytes)
+    SELECT r.member_id, %(item_bytes)s FROM unnest(%(quota_members)s::bigint[]) AS r(member_id)
+    WHERE %(item_bytes)s <= %(mailbox_limit)s
+    ORDER BY r.member_id
+    ON CONFLICT (member_id) DO UPDATE SET pending_bytes = box.pending_bytes + EXCLUDED.pending_bytes
+        WHERE box.pending_bytes + EXCLUDED.pending_bytes <= %(mailbox_limit)s
+    RETURNING member_id
+), head AS (
+    UPDATE {_table(LogHead)} SET position = position + 1
+    WHERE id = 1 AND (SELECT count(*) FROM quota) = cardinality(%(quota_members)s::bigint[])
+    RETURNING position
 ), msg AS (
     INSERT INTO {_table(Message)} (public_id, space_id, conversation_id, author_id, body, body_bytes, reply_to_id,
                                    related_paths, mentions, idempotency_key, fingerprint, position, created_at)
@@ -78,8 +110,19 @@ WITH head AS (
     INSERT INTO {_table(EventAddressee)} (member_id, event_id, space_id)
     SELECT r.member_id, msg.position, %(space_id)s FROM msg, unnest(%(recipients)s::bigint[]) AS r(member_id)
 )
-SELECT id, position FROM msg
+SELECT (SELECT id FROM msg), (SELECT position FROM msg), ARRAY(SELECT member_id FROM quota)
 """
+
+
+def _run_one_statement(params: dict, recipients: list[Member]) -> tuple[int, int]:
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(_one_statement_sql(), params)
+        message_id, position, granted = cursor.fetchone()
+        if len(granted) < len(recipients):
+            raise MailboxFull(details={"recipients": [f"@{r.handle}" for r in recipients if r.pk not in granted]})
+        if message_id is None:
+            raise _MissingLogHead()
+    return message_id, position
 
 
 def _insert_in_one_statement(message: Message, recipients: list[Member], items: list[InboxItem]) -> Message:
@@ -96,16 +139,18 @@ def _insert_in_one_statement(message: Message, recipients: list[Member], items: 
         "tokens": [item.token for item in items],
         "item_kind": items[0].kind if items else None,
         "item_payload": json.dumps(items[0].payload) if items else None,
-        "item_bytes": items[0].content_bytes if items else None,
+        "item_bytes": items[0].content_bytes if items else 0,
+        # Sorted, so concurrent sends lock mailbox rows in one order.
+        "quota_members": sorted(r.pk for r in recipients), "mailbox_limit": MAILBOX_LIMIT_BYTES,
     }
-    with connection.cursor() as cursor:
-        cursor.execute(_one_statement_sql(), params)
-        row = cursor.fetchone()
-        if row is None:  # the log head row is made by a migration; a flushed database lacks it
-            LogHead.objects.get_or_create(id=1)
-            cursor.execute(_one_statement_sql(), params)
-            row = cursor.fetchone()
-    message.id, message.position = row
+    # A transaction, because a full mailbox is found mid-statement and the
+    # other recipients' counters must roll back with it.
+    try:
+        message_id, position = _run_one_statement(params, recipients)
+    except _MissingLogHead:
+        LogHead.objects.get_or_create(id=1)
+        message_id, position = _run_one_statement(params, recipients)
+    message.id, message.position = message_id, position
     message._state.adding, message._state.db = False, connection.alias
     group_send_on_commit(LOG_GROUP, {"type": "log.advanced", "position": message.position,
                                      "conversations": [message.conversation_id]})

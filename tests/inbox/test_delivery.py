@@ -153,3 +153,37 @@ def test_event_ids_must_be_canonical(space, alice, bob, as_bob, as_carol):
     assert as_bob.get(f"/v0/inbox-events/evt_{'A' * 43}").status_code == 404
     assert as_bob.get(f"/v0/inbox-events/evt_{encoded}").status_code == 200
     assert InboxItem.objects.get(token=token).state == "pending"  # no side effect
+
+
+def test_a_full_mailbox_rejects_the_whole_send(space, alice, bob, carol, as_bob, monkeypatch):
+    # given: room for two ~100-byte items per recipient
+    from controlplane.models import Event
+    from inbox import writes
+    from inbox.models import Mailbox, Message
+    group, _ = services.get_or_create_group(space, [alice, bob, carol], actor=alice)
+    direct, _ = services.get_or_create_direct(space, bob, actor=alice)
+    send_message(direct, body="first", actor=alice)
+    size = InboxItem.objects.get(member=bob).content_bytes
+    # a group item is about 80 bytes larger (group address and members)
+    monkeypatch.setattr(writes, "MAILBOX_LIMIT_BYTES", size * 2 + 150)
+    send_message(direct, body="secnd", actor=alice)
+    before = (Message.objects.count(), InboxItem.objects.count(), Event.objects.count(),
+              Mailbox.objects.get(member=carol).pending_bytes if Mailbox.objects.filter(member=carol).exists() else 0)
+    # when: bob is full; carol is not
+    response = send(alice, group.public_id, "to everyone")
+    # then: 507, and nothing of the send is stored, for anyone
+    assert response.status_code == 507 and error_code(response) == "MAILBOX_FULL"
+    assert response.json()["error"]["details"]["recipients"] == ["@bob"]
+    assert (Message.objects.count(), InboxItem.objects.count(), Event.objects.count(),
+            Mailbox.objects.get(member=carol).pending_bytes if Mailbox.objects.filter(member=carol).exists() else 0) \
+        == before
+    # when bob acknowledges an item, there is room again
+    token = read_all(as_bob)[0]["deliveryToken"]
+    as_bob.post("/v0/me/inbox/acknowledge", {"deliveryToken": token})
+    assert send(alice, group.public_id, "to everyone").status_code == 201
+
+
+def send(member, conversation_id, body):
+    from tests.conftest import Api
+    _, token = services.issue_credential(member, actor=None)
+    return Api(member, token).post(f"/v0/spaces/lab/conversations/{conversation_id}/messages", {"body": body})

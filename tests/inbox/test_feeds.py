@@ -240,3 +240,31 @@ def test_snapshot_forgets_spaces_you_were_removed_from(alice, bob, api_for):
     # then
     snapshot = as_bob.get("/v0/me/snapshot").json()
     assert snapshot["unresolved"] == [] and "secret" not in str(snapshot)
+
+
+@pytest.mark.asyncio
+async def test_log_watcher_renews_its_group_membership_under_steady_traffic(monkeypatch):
+    # given: memberships expire after 1 s, renewed every 0.3 s, and a commit every 0.1 s
+    from channels.layers import InMemoryChannelLayer
+
+    from controlplane import live
+    layer = InMemoryChannelLayer(group_expiry=1)
+    monkeypatch.setattr(live, "get_channel_layer", lambda: layer)
+    monkeypatch.setattr(live, "GROUP_READD_SECONDS", 0.3)
+    watcher = live.LogWatcher()
+    watcher.mark()
+    for _ in range(100):  # until the listener has joined the group
+        if layer.groups.get(live.LOG_GROUP):
+            break
+        await asyncio.sleep(0.01)
+    wakes = 0
+    # when: traffic runs for longer than the expiry
+    for _ in range(25):
+        mark = watcher.mark()
+        await layer.group_send(live.LOG_GROUP, {"type": "log.advanced"})
+        await watcher.wait(mark, 0.5)
+        wakes += mark.is_set()
+        await asyncio.sleep(0.1)
+    watcher._task.cancel()
+    # then: every commit still woke the watcher
+    assert wakes == 25
