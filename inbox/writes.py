@@ -33,6 +33,18 @@ class _MissingLogHead(Exception):
     """The log head row is made by a migration; a flushed database lacks it."""
 
 
+def inbox_group(member: Member) -> str:
+    """The Channels group of a member's live inbox clients."""
+    return f"inbox.{member.public_id}"
+
+
+def _announce_items(message: Message, recipients: list[Member]) -> None:
+    # Ids and counts only: clients read the items through read_inbox.
+    for member in recipients:
+        group_send_on_commit(inbox_group(member), {"type": "inbox.available", "items": 1,
+                                                   "message": message.public_id})
+
+
 def insert_message(message: Message, recipients: list[Member]) -> Message:
     """Insert `message` (unsaved; every field but `position` set) with, per
     member of `recipients`, a handling row and an inbox item bound to its
@@ -51,6 +63,7 @@ def insert_message(message: Message, recipients: list[Member]) -> Message:
             item.message, item.position = message, message.position
         InboxItem.objects.bulk_create(items)
         append_events([events.message_created(message, recipients)], [message.position])
+        _announce_items(message, recipients)
     return message
 
 
@@ -152,6 +165,8 @@ def _insert_in_one_statement(message: Message, recipients: list[Member], items: 
         message_id, position = _run_one_statement(params, recipients)
     message.id, message.position = message_id, position
     message._state.adding, message._state.db = False, connection.alias
+    # Committed already (or deferred to the caller's commit by on_commit).
     group_send_on_commit(LOG_GROUP, {"type": "log.advanced", "position": message.position,
                                      "conversations": [message.conversation_id]})
+    _announce_items(message, recipients)
     return message

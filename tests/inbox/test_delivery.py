@@ -5,6 +5,7 @@ import re
 import pytest
 
 from controlplane import services
+from controlplane.errors import MailboxFull
 from inbox import delivery
 from inbox.models import InboxItem
 from inbox.services import send_message
@@ -187,3 +188,32 @@ def send(member, conversation_id, body):
     from tests.conftest import Api
     _, token = services.issue_credential(member, actor=None)
     return Api(member, token).post(f"/v0/spaces/lab/conversations/{conversation_id}/messages", {"body": body})
+
+
+def test_recipients_inbox_groups_hear_of_new_items_after_commit(space, alice, bob, carol, monkeypatch,
+                                                                 django_capture_on_commit_callbacks):
+    # given
+    from controlplane import live
+    sent = []
+    monkeypatch.setattr(live.publisher, "send", lambda group, message: sent.append((group, message)))
+    group, _ = services.get_or_create_group(space, [alice, bob, carol], actor=alice)
+    # when
+    with django_capture_on_commit_callbacks(execute=True):
+        message = send_message(group, body="hello both", actor=alice).message
+    # then: one announcement per recipient, ids and counts only
+    inbox = sorted((g, m) for g, m in sent if g.startswith("inbox."))
+    assert inbox == sorted([(f"inbox.{m.public_id}", {"type": "inbox.available", "items": 1,
+                                                      "message": message.public_id}) for m in (bob, carol)])
+
+
+def test_a_rejected_send_announces_nothing(space, alice, bob, monkeypatch, django_capture_on_commit_callbacks):
+    from controlplane import live
+    from inbox import writes
+    sent = []
+    monkeypatch.setattr(live.publisher, "send", lambda group, message: sent.append(group))
+    monkeypatch.setattr(writes, "MAILBOX_LIMIT_BYTES", 10)
+    direct, _ = services.get_or_create_direct(space, bob, actor=alice)
+    with django_capture_on_commit_callbacks(execute=True):
+        with pytest.raises(MailboxFull):
+            send_message(direct, body="too big for the box", actor=alice)
+    assert sent == []
