@@ -109,3 +109,23 @@ def test_management_commands_print_only_their_result():
     assert "password:" in first_admin and second == ""
     from django.contrib.auth import authenticate
     assert authenticate(username="dana", password="s3cret-pass") is not None
+
+
+def test_inbox_items_and_tokens_survive_a_restart():
+    # given: an item delivered through one server process
+    alice, bob = member_with_token("alice"), member_with_token("bob")
+    with serving("--no-worker") as (base, _):
+        httpx.post(f"{base}/v0/spaces", json={"slug": "lab", "name": "Lab"}, headers=alice)
+        httpx.post(f"{base}/v0/spaces/lab/join", headers=bob)
+        direct = httpx.post(f"{base}/v0/spaces/lab/direct", json={"member": "@bob"},
+                            headers=alice).json()["conversation"]["id"]
+        httpx.post(f"{base}/v0/spaces/lab/conversations/{direct}/messages", json={"body": "survive"}, headers=alice)
+        before = httpx.get(f"{base}/v0/me/inbox", headers=bob).json()["items"]
+    # when: a new process serves the same database
+    with serving("--no-worker") as (base, _):
+        after = httpx.get(f"{base}/v0/me/inbox", headers=bob).json()["items"]
+        token = after[0]["deliveryToken"]
+        event = httpx.get(f"{base}/v0/inbox-events/evt_{token[4:]}", headers=bob).json()
+    # then
+    assert before == after and len(after) == 1
+    assert event == {"item": after[0]["item"]}
