@@ -6,7 +6,10 @@ One run, every figure beside its baseline from the same run:
    (psycopg 3, autocommit off), 1 and --clients clients; pgbench if installed.
 2. feeds: space and inbox feed page latency (limit 100) with 1,000 and with
    1,000,000 events in the log, and the ratio 1M / 1k (target <= 1.3).
-3. sends: sends/s, p50/p99 latency, errors and peak resident memory per
+3. inbox: read_inbox page time for members with 10, 10,000 and 1,000,000
+   pending items (ratios, target <= 1.3), and acknowledge_delivery/s with
+   --clients concurrent aiohttp clients beside the insert baseline.
+4. sends: sends/s, p50/p99 latency, errors and peak resident memory per
    server process, through the HTTP API with --clients concurrent aiohttp
    clients, for Daphne (1 process), uvicorn (2 workers) and gunicorn (2 and
    4 sync workers).
@@ -37,7 +40,7 @@ if str(ROOT) not in sys.path:
 import psycopg  # noqa: E402
 import redis  # noqa: E402
 
-from bench import feeds, fixture, load  # noqa: E402
+from bench import feeds, fixture, inbox, load  # noqa: E402
 from bench.servers import PY, SETUPS, Server  # noqa: E402
 
 DB_NAME = "switchboard_bench"
@@ -49,7 +52,7 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 LOG_GROUP_KEY = "switchboard:group:switchboard.log"
 # A fixed root key for the run: cursors built here must verify in the servers.
 ADMIN_KEY = "bench-only-server-admin-key-0123456789abcdefghijklmnopqrstuvwxyz"
-PHASES = ("baseline", "feeds", "sends")
+PHASES = ("baseline", "feeds", "inbox", "sends")
 TARGET_SENDS_PER_S = 500
 TARGET_RSS_MIB = 155
 TARGET_FEED_RATIO = 1.3
@@ -68,6 +71,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="server that answers the feed benchmark (default daphne-1; see README)")
     p.add_argument("--feed-events", type=int, default=1_000_000, help="events in the big log (default 1,000,000)")
     p.add_argument("--feed-requests", type=int, default=200, help="sequential requests per feed and stage")
+    p.add_argument("--inbox-items", type=int, default=1_000_000,
+                   help="pending items of the biggest inbox (default 1,000,000)")
+    p.add_argument("--ack-seconds", type=float, default=5.0, help="measured seconds of acknowledgements (default 5)")
     p.add_argument("--no-idempotency-key", action="store_true", help="send without an Idempotency-Key header")
     p.add_argument("--no-redis", action="store_true", help="run the servers without REDIS_URL")
     p.add_argument("--redis-url", default=DEFAULT_REDIS_URL,
@@ -75,8 +81,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help=f"keep the {DB_NAME} database afterwards")
     args = p.parse_args(argv)
     args.phases = [ph for ph in PHASES if not args.only or ph in args.only]
-    if args.clients < 1 or args.seconds <= 0 or not 0 < args.feed_requests <= 4000:
-        p.error("--clients and --seconds must be positive; --feed-requests 1..4000")
+    if args.clients < 1 or args.seconds <= 0 or args.ack_seconds <= 0 or not 0 < args.feed_requests <= 4000:
+        p.error("--clients, --seconds and --ack-seconds must be positive; --feed-requests 1..4000")
+    if not 10_000 <= args.inbox_items <= 10_000_000:
+        p.error("--inbox-items 10,000..10,000,000")
     return args
 
 
@@ -156,6 +164,17 @@ def run_feeds(args, env, fx, out_dir: Path) -> dict:
         asyncio.run(fixture.ensure_spaces(server.base_url, fx))
         result = asyncio.run(feeds.run(server.base_url, DSN, fx, requests=args.feed_requests,
                                        total_events=args.feed_events))
+    result["server"] = args.feed_server
+    result["server_log"] = server.log_summary()
+    return result
+
+
+def run_inbox(args, env, out_dir: Path, baseline: dict | None) -> dict:
+    with Server(args.feed_server, env, out_dir, "inbox") as server:
+        result = inbox.run(server.base_url, DSN, requests=args.feed_requests, largest=args.inbox_items,
+                           clients=args.clients, warmup=args.warmup, seconds=args.ack_seconds)
+    if not baseline or "psycopg" not in baseline:  # the baseline phase did not run: a quick one
+        result["insert_baseline"] = load.insert_baseline(DSN, args.clients, 2.0)
     result["server"] = args.feed_server
     result["server_log"] = server.log_summary()
     return result
@@ -283,10 +302,14 @@ def markdown(report: dict) -> str:
                              f"{errors} | {verdict(None if ratio is None else ratio <= TARGET_FEED_RATIO)} |")
             lines.append("")
 
+    if "inbox" in res:
+        lines += inbox_markdown(res["inbox"], cfg, base16)
+
     problems = []
     servers = [(f"sends, {name}", r) for name, r in res.get("sends", {}).items()]
-    if "server_log" in res.get("feeds", {}):
-        servers.append((f"feeds, {res['feeds']['server']}", res["feeds"]))
+    for phase in ("feeds", "inbox"):
+        if "server_log" in res.get(phase, {}):
+            servers.append((f"{phase}, {res[phase]['server']}", res[phase]))
     for label, r in servers:
         log = r.get("server_log", {})
         if r.get("errors"):
@@ -295,13 +318,57 @@ def markdown(report: dict) -> str:
             problems.append(f"- {label}: traceback ending `{line[:160]}` ×{count} ({log['stderr']})")
         for line, count in sorted(log.get("log_lines", {}).items(), key=lambda kv: -kv[1])[:4]:
             problems.append(f"- {label}: log line `{line[:160]}` ×{count}")
-    for phase in ("baseline", "feeds"):
+    ack = res.get("inbox", {}).get("ack", {})
+    if ack.get("errors"):
+        problems.append(f"- inbox: {ack['errors']} failed acknowledgements {ack.get('statuses', {})}")
+    if ack and not ack["check"]["ok"]:
+        problems.append(f"- inbox: after the acknowledgements {ack['check']} (200s: {ack['acks_total']})")
+    for phase in ("baseline", "feeds", "inbox"):
         if "error" in res.get(phase, {}):
             problems.append(f"- {phase} failed: {res[phase]['error']}")
     if problems:
         lines += ["### Problems seen (server stderr and failed requests)", "", *problems, ""]
     lines.append(f"Results: {report['results_file']}")
     return "\n".join(lines)
+
+
+def inbox_markdown(r: dict, cfg: dict, base16: float | None) -> list[str]:
+    if "error" in r:
+        return [f"### Inbox: failed: {r['error']}", ""]
+    st, ratios = r["stages"], r["ratios"]
+    lines = [f"### Inbox pages (`GET /v0/me/inbox`, at most {r['page_items']} items, {cfg['feed_requests']} "
+             f"sequential requests each, {r['server']})", "",
+             "Pending items of the member read: " + " / ".join(fmt(s["items"]) for s in st.values())
+             + f" (items table: {fmt(st['1M']['items_in_table'])} rows, {fmt(st['1M']['table_mib'])} MiB at the "
+             f"last stage; that stage loaded in {fmt(st['1M']['load_seconds'])} s).", "",
+             "| request | 10 p50 / p99 ms | 10k p50 / p99 ms | 1M p50 / p99 ms | ratio 10k / 10 p50 "
+             "| ratio 1M / 10 p50 / p99 | ratio 1M / 10k p50 | errors | ≤ 1.3 |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    rows = (("first page (no cursor)", "first"), ("next page (`nextCursor` of the first)", "next"),
+            ("middle page (cursor at the middle item)", "middle"), ("event lookup (`/v0/inbox-events/evt_…`)", "event"))
+    for label, page in rows:
+        cells = [st[s].get(page) for s in ("10", "10k", "1M")]
+        errors = sum(c["errors"] + c.get("wrong_pages", 0) for c in cells if c)
+        ratio = ratios[f"{page}_1M/10_p50_ms"]
+        lines.append(f"| {label} | " + " | ".join(f"{fmt(c['p50_ms'], 2)} / {fmt(c['p99_ms'], 2)}" if c else "–"
+                                                 for c in cells)
+                     + f" | {fmt(ratios[f'{page}_10k/10_p50_ms'], 2)} | {fmt(ratio, 2)} / "
+                     f"{fmt(ratios[f'{page}_1M/10_p99_ms'], 2)} | {fmt(ratios[f'{page}_1M/10k_p50_ms'], 2)} | "
+                     f"{errors} | {verdict(None if ratio is None else ratio <= TARGET_FEED_RATIO)} |")
+    a = r["ack"]
+    if base16 is None and "insert_baseline" in r:
+        base16 = r["insert_baseline"]["tx_per_s"]
+    share = f"{100 * a['acks_per_s'] / base16:.1f}%" if base16 else "–"
+    lines += ["", "Ratios are against the 10-item first page (event lookups: the 10-item lookup), which holds 10 "
+              "items where the others hold 50; 1M / 10k compares the same page.", "",
+              f"### Acknowledgements (`POST /v0/me/inbox/acknowledge`, {a['clients']} aiohttp clients, one member "
+              f"and distinct tokens each, {fmt(a['seconds'])} s after {fmt(a['warmup_seconds'])} s warm-up, "
+              f"{r['server']})", "",
+              "| acks/s | vs insert tx/s | insert tx/s | p50 ms | p99 ms | errors | rows and mailboxes agree |",
+              "| ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+              f"| {fmt(a['acks_per_s'])} | {share} | {fmt(base16)} | {fmt(a['p50_ms'], 1)} | {fmt(a['p99_ms'], 1)} "
+              f"| {a['errors']} | {verdict(a['check']['ok'])} |", ""]
+    return lines
 
 
 def main(argv=None) -> int:
@@ -321,7 +388,8 @@ def main(argv=None) -> int:
               "config": {"seconds": args.seconds, "warmup": args.warmup, "baseline_seconds": args.baseline_seconds,
                          "clients": args.clients, "phases": args.phases, "setups": args.setups,
                          "feed_server": args.feed_server, "feed_events": args.feed_events,
-                         "feed_requests": args.feed_requests,
+                         "feed_requests": args.feed_requests, "inbox_items": args.inbox_items,
+                         "ack_seconds": args.ack_seconds,
                          "redis": None if args.no_redis else args.redis_url,
                          "idempotency_keys": not args.no_idempotency_key, "database": DB_NAME,
                          "argv": sys.argv[1:]},
@@ -341,6 +409,8 @@ def main(argv=None) -> int:
                     results[phase] = run_baseline(args, out_dir)
                 elif phase == "feeds":
                     results[phase] = run_feeds(args, env, fx, out_dir)
+                elif phase == "inbox":
+                    results[phase] = run_inbox(args, env, out_dir, results.get("baseline"))
                 else:
                     results[phase] = run_sends(args, env, fx, out_dir, stamp)
             except Exception as exc:

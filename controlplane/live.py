@@ -81,6 +81,21 @@ def _log_failure(future) -> None:
 publisher = Publisher()
 
 
+def kick_on_commit(task: str, *args) -> None:
+    """Queue a django-q2 task once the current transaction commits. A nudge:
+    the durable rows are the truth, and a periodic sweep finds what a lost
+    kick left behind."""
+    def kick():
+        from django_q.tasks import async_task
+
+        try:
+            async_task(task, *args)
+        except Exception:
+            logger.warning("could not queue %s", task, exc_info=True)
+
+    transaction.on_commit(kick, robust=True)
+
+
 def group_send_on_commit(group: str, message: dict) -> None:
     """Send `message` to a Channels group once the current transaction commits."""
     transaction.on_commit(lambda: publisher.send(group, message), robust=True)

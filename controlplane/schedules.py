@@ -8,6 +8,7 @@ SCHEDULES = [
     # (name, task path, minutes between runs)
     ("prune-event-log", "controlplane.tasks.prune_event_log", 60),
     ("purge-idempotency-records", "controlplane.tasks.purge_idempotency_records", 60),
+    ("classify-inbox-items", "inbox.tasks.classify_all", 1),
 ]
 
 

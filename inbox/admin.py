@@ -1,7 +1,8 @@
 from django.contrib import admin
 
 from controlplane.admin import ReadOnlyAdmin
-from inbox.models import InboxItem, Mailbox, Message, Recipient
+from inbox import firewall
+from inbox.models import FirewallRule, InboxItem, Mailbox, Message, Recipient
 
 
 class RecipientInline(admin.TabularInline):
@@ -30,11 +31,48 @@ class RecipientAdmin(ReadOnlyAdmin):
 
 @admin.register(InboxItem)
 class InboxItemAdmin(ReadOnlyAdmin):
-    list_display = ["token", "member", "kind", "state", "content_bytes", "position", "created_at"]
-    list_filter = ["kind", "state"]
+    list_display = ["token", "member", "kind", "state", "admission", "content_bytes", "position", "created_at"]
+    list_filter = ["kind", "state", "admission"]
     search_fields = ["token", "member__handle"]
+    actions = ["release"]
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    @admin.action(description="Release the selected held items into their inbox", permissions=["release"])
+    def release(self, request, queryset):
+        actor = getattr(request.user, "member", None)
+        held = queryset.filter(admission=InboxItem.Admission.HELD).select_related("member")
+        for item in held:
+            firewall.release_item(item.member, item.token, actor=actor)
+        self.message_user(request, f"Released {len(held)} held item(s).")
+
+    def has_release_permission(self, request):
+        return request.user.is_superuser
+
+
+@admin.register(FirewallRule)
+class FirewallRuleAdmin(admin.ModelAdmin):
+    list_display = ["member", "ordinal", "action", "sender", "space", "conversation_kind", "content_pattern",
+                    "min_bytes"]
+    search_fields = ["member__handle"]
+    raw_id_fields = ["member"]
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        firewall.refresh_firewall_flag(obj.member)
+
+    def delete_model(self, request, obj):
+        super().delete_model(request, obj)
+        firewall.refresh_firewall_flag(obj.member)
+
+    def delete_queryset(self, request, queryset):
+        members = {rule.member for rule in queryset.select_related("member")}
+        super().delete_queryset(request, queryset)
+        for member in members:
+            firewall.refresh_firewall_flag(member)
 
 
 @admin.register(Mailbox)
 class MailboxAdmin(ReadOnlyAdmin):
-    list_display = ["member", "pending_bytes"]
+    list_display = ["member", "pending_bytes", "firewall"]

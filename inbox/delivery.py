@@ -41,7 +41,8 @@ def read_inbox(member: Member, *, bound: int | None = None, after: tuple[int, in
     if bound is None:
         bound = log_head().position
     position, last_id = after
-    rows = list(InboxItem.objects.filter(member=member, state=InboxItem.State.PENDING, position__lte=bound)
+    rows = list(InboxItem.objects.filter(member=member, admission=InboxItem.Admission.ADMITTED,
+                                         state=InboxItem.State.PENDING, position__lte=bound)
                 .filter(Q(position__gt=position) | Q(position=position, id__gt=last_id))
                 .order_by("position", "id")[: PAGE_ITEMS + 1])
     page, size = [], 0
@@ -59,7 +60,8 @@ def acknowledge_delivery(member: Member, token: str) -> None:
     tombstone keeping the token's binding. Unknown or foreign tokens are
     404 UNKNOWN_DELIVERY."""
     with transaction.atomic():
-        item = InboxItem.objects.select_for_update().filter(member=member, token=token).first()
+        item = (InboxItem.objects.select_for_update()
+                .filter(member=member, token=token, admission=InboxItem.Admission.ADMITTED).first())
         if item is None:
             raise UnknownDelivery()
         if item.state == InboxItem.State.PENDING:
@@ -85,7 +87,8 @@ def token_for_event_id(event_id: str) -> str:
 
 def read_event(member: Member, event_id: str) -> InboxItem:
     """The retained item for `event_id`, acknowledged or not. No side effects."""
-    item = InboxItem.objects.filter(member=member, token=token_for_event_id(event_id)).first()
+    item = InboxItem.objects.filter(member=member, token=token_for_event_id(event_id),
+                                    admission=InboxItem.Admission.ADMITTED).first()
     if item is None:
         raise UnknownEvent()
     return item

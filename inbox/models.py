@@ -83,10 +83,18 @@ def new_delivery_token() -> str:
     return "dlv_" + b64url(secrets.token_bytes(32))
 
 
+class Admission(models.TextChoices):
+    ADMITTED = "admitted"
+    UNCLASSIFIED = "unclassified"  # waiting for the firewall
+    HELD = "held"  # kept privately for audit; its owner or an admin may release it
+
+
 class InboxItem(models.Model):
     """One classified, immutable item in a recipient's durable inbox, bound
     to its delivery token before publication. Acknowledgement leaves the row
     as a tombstone, so a token is never rebound to another payload."""
+
+    Admission = Admission
 
     class State(models.TextChoices):
         PENDING = "pending"
@@ -105,9 +113,18 @@ class InboxItem(models.Model):
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     acknowledged_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=now)
+    # The inbox firewall's decision. Only admitted items reach any read path.
+    admission = models.CharField(max_length=16, choices=Admission.choices, default=Admission.ADMITTED)
+    guidance = models.TextField(null=True, blank=True)  # local policy text, never part of the content
+    settled_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["member", "state", "position", "id"], name="inboxitem_pending")]
+        indexes = [
+            models.Index(fields=["member", "state", "position", "id"], name="inboxitem_pending",
+                         condition=models.Q(admission="admitted")),
+            models.Index(fields=["member", "position", "id"], name="inboxitem_unsettled",
+                         condition=models.Q(admission="unclassified")),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} for {self.member_id}"
@@ -115,7 +132,33 @@ class InboxItem(models.Model):
 
 class Mailbox(models.Model):
     """A recipient's pending inbox content, in bytes: the counter the 10 MiB
-    limit is enforced against (raised by a send, lowered by acknowledgement)."""
+    limit is enforced against (raised by a send, lowered by acknowledgement
+    or a hold). `firewall` says whether new items wait for classification;
+    the row is also the lock that serializes one member's classification."""
 
     member = models.OneToOneField(Member, primary_key=True, on_delete=models.CASCADE, related_name="+")
     pending_bytes = models.BigIntegerField(default=0)
+    firewall = models.BooleanField(default=False)
+
+
+class FirewallRule(models.Model):
+    """One ordered rule of a member's inbox firewall. Every condition given
+    must match; the first matching rule decides; no match admits."""
+
+    class Action(models.TextChoices):
+        ALLOW = "allow"
+        HOLD = "hold"
+
+    member = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="+")
+    ordinal = models.PositiveSmallIntegerField()
+    action = models.CharField(max_length=8, choices=Action.choices)
+    sender = models.CharField(max_length=32, null=True, blank=True)  # a handle
+    space = models.CharField(max_length=64, null=True, blank=True)  # a slug
+    conversation_kind = models.CharField(max_length=16, null=True, blank=True)
+    content_pattern = models.CharField(max_length=200, null=True, blank=True)  # a regular expression
+    min_bytes = models.PositiveIntegerField(null=True, blank=True)
+    guidance = models.TextField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["member", "ordinal"], name="firewallrule_order")]
+        ordering = ["member", "ordinal"]

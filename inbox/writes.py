@@ -19,7 +19,7 @@ from django.db.models import F
 
 from controlplane.errors import MailboxFull
 
-from controlplane.live import LOG_GROUP, group_send_on_commit
+from controlplane.live import LOG_GROUP, group_send_on_commit, kick_on_commit
 from controlplane.log import append_events, reserve_positions
 from controlplane.models import Event, EventAddressee, LogHead, Member
 from inbox import events
@@ -38,11 +38,15 @@ def inbox_group(member: Member) -> str:
     return f"inbox.{member.public_id}"
 
 
-def _announce_items(message: Message, recipients: list[Member]) -> None:
-    # Ids and counts only: clients read the items through read_inbox.
+def _after_commit(message: Message, recipients: list[Member], firewalled: set[int]) -> None:
+    """Announce admitted items (ids and counts only: clients read the items
+    through read_inbox) and kick classification for firewalled recipients."""
     for member in recipients:
-        group_send_on_commit(inbox_group(member), {"type": "inbox.available", "items": 1,
-                                                   "message": message.public_id})
+        if member.pk in firewalled:
+            kick_on_commit("inbox.tasks.classify_pending", member.pk)
+        else:
+            group_send_on_commit(inbox_group(member), {"type": "inbox.available", "items": 1,
+                                                       "message": message.public_id})
 
 
 def insert_message(message: Message, recipients: list[Member]) -> Message:
@@ -54,7 +58,10 @@ def insert_message(message: Message, recipients: list[Member]) -> Message:
     if connection.vendor == "postgresql":
         return _insert_in_one_statement(message, recipients, items)
     with transaction.atomic():
-        _reserve_mailboxes(recipients, items[0].content_bytes if items else 0)
+        firewalled = _reserve_mailboxes(recipients, items[0].content_bytes if items else 0)
+        for item in items:
+            if item.member_id in firewalled:
+                item.admission = InboxItem.Admission.UNCLASSIFIED
         (message.position,) = reserve_positions(1)
         message.save(force_insert=True)
         Recipient.objects.bulk_create(Recipient(message=message, member=r, position=message.position)
@@ -63,12 +70,13 @@ def insert_message(message: Message, recipients: list[Member]) -> Message:
             item.message, item.position = message, message.position
         InboxItem.objects.bulk_create(items)
         append_events([events.message_created(message, recipients)], [message.position])
-        _announce_items(message, recipients)
+        _after_commit(message, recipients, firewalled)
     return message
 
 
-def _reserve_mailboxes(recipients: list[Member], size: int) -> None:
-    """Count `size` more pending bytes for each recipient, or MAILBOX_FULL."""
+def _reserve_mailboxes(recipients: list[Member], size: int) -> set[int]:
+    """Count `size` more pending bytes for each recipient, or MAILBOX_FULL.
+    Returns the recipients whose firewall classifies new items."""
     full = []
     for member in sorted(recipients, key=lambda m: m.pk):
         Mailbox.objects.get_or_create(member=member)
@@ -77,6 +85,7 @@ def _reserve_mailboxes(recipients: list[Member], size: int) -> None:
             full.append(f"@{member.handle}")
     if full:
         raise MailboxFull(details={"recipients": full})
+    return set(Mailbox.objects.filter(member__in=recipients, firewall=True).values_list("member_id", flat=True))
 
 
 def _table(model) -> str:
@@ -86,13 +95,13 @@ def _table(model) -> str:
 def _one_statement_sql() -> str:
     return f"""
 WITH quota AS (
-    INSERT INTO {_table(Mailbox)} AS box (member_id, pending_bytes)
-    SELECT r.member_id, %(item_bytes)s FROM unnest(%(quota_members)s::bigint[]) AS r(member_id)
+    INSERT INTO {_table(Mailbox)} AS box (member_id, pending_bytes, firewall)
+    SELECT r.member_id, %(item_bytes)s, false FROM unnest(%(quota_members)s::bigint[]) AS r(member_id)
     WHERE %(item_bytes)s <= %(mailbox_limit)s
     ORDER BY r.member_id
     ON CONFLICT (member_id) DO UPDATE SET pending_bytes = box.pending_bytes + EXCLUDED.pending_bytes
         WHERE box.pending_bytes + EXCLUDED.pending_bytes <= %(mailbox_limit)s
-    RETURNING member_id
+    RETURNING member_id, firewall
 ), head AS (
     UPDATE {_table(LogHead)} SET position = position + 1
     WHERE id = 1 AND (SELECT count(*) FROM quota) = cardinality(%(quota_members)s::bigint[])
@@ -115,27 +124,30 @@ WITH quota AS (
     FROM msg
 ), items AS (
     INSERT INTO {_table(InboxItem)} (member_id, token, kind, payload, content_bytes, message_id, conversation_id,
-                                     position, state, created_at)
+                                     position, state, created_at, admission)
     SELECT i.member_id, i.token, %(item_kind)s, %(item_payload)s::jsonb, %(item_bytes)s, msg.id,
-           %(conversation_id)s, msg.position, 'pending', %(created_at)s
+           %(conversation_id)s, msg.position, 'pending', %(created_at)s,
+           CASE WHEN quota.firewall THEN 'unclassified' ELSE 'admitted' END
     FROM msg, unnest(%(recipients)s::bigint[], %(tokens)s::text[]) AS i(member_id, token)
+    JOIN quota ON quota.member_id = i.member_id
 ), addressees AS (
     INSERT INTO {_table(EventAddressee)} (member_id, event_id, space_id)
     SELECT r.member_id, msg.position, %(space_id)s FROM msg, unnest(%(recipients)s::bigint[]) AS r(member_id)
 )
-SELECT (SELECT id FROM msg), (SELECT position FROM msg), ARRAY(SELECT member_id FROM quota)
+SELECT (SELECT id FROM msg), (SELECT position FROM msg), ARRAY(SELECT member_id FROM quota),
+       ARRAY(SELECT member_id FROM quota WHERE firewall)
 """
 
 
-def _run_one_statement(params: dict, recipients: list[Member]) -> tuple[int, int]:
+def _run_one_statement(params: dict, recipients: list[Member]) -> tuple[int, int, set[int]]:
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(_one_statement_sql(), params)
-        message_id, position, granted = cursor.fetchone()
+        message_id, position, granted, firewalled = cursor.fetchone()
         if len(granted) < len(recipients):
             raise MailboxFull(details={"recipients": [f"@{r.handle}" for r in recipients if r.pk not in granted]})
         if message_id is None:
             raise _MissingLogHead()
-    return message_id, position
+    return message_id, position, set(firewalled)
 
 
 def _insert_in_one_statement(message: Message, recipients: list[Member], items: list[InboxItem]) -> Message:
@@ -159,14 +171,14 @@ def _insert_in_one_statement(message: Message, recipients: list[Member], items: 
     # A transaction, because a full mailbox is found mid-statement and the
     # other recipients' counters must roll back with it.
     try:
-        message_id, position = _run_one_statement(params, recipients)
+        message_id, position, firewalled = _run_one_statement(params, recipients)
     except _MissingLogHead:
         LogHead.objects.get_or_create(id=1)
-        message_id, position = _run_one_statement(params, recipients)
+        message_id, position, firewalled = _run_one_statement(params, recipients)
     message.id, message.position = message_id, position
     message._state.adding, message._state.db = False, connection.alias
     # Committed already (or deferred to the caller's commit by on_commit).
     group_send_on_commit(LOG_GROUP, {"type": "log.advanced", "position": message.position,
                                      "conversations": [message.conversation_id]})
-    _announce_items(message, recipients)
+    _after_commit(message, recipients, firewalled)
     return message

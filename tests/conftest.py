@@ -20,6 +20,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(needs_pg)
 
 
+@pytest.fixture(autouse=True)
+def tasks_run_synchronously(monkeypatch):
+    """django-q2 tasks run in-process in unit tests; the end-to-end tests run
+    real clusters."""
+    from django_q.conf import Conf
+
+    monkeypatch.setattr(Conf, "SYNC", True)
+
+
 class Api:
     """A JSON client for one caller (or anonymous)."""
 
@@ -45,6 +54,9 @@ class Api:
 
     def patch(self, path, json=None, headers=None):
         return self._call("patch", path, json, headers)
+
+    def put(self, path, json=None, headers=None):
+        return self._call("put", path, json, headers)
 
     def delete(self, path, headers=None):
         return self._call("delete", path, None, headers)

@@ -23,6 +23,13 @@ class StrictBooleanField(serializers.BooleanField):
         return data
 
 
+class StrictIntegerField(serializers.IntegerField):
+    def to_internal_value(self, data):
+        if not isinstance(data, int) or isinstance(data, bool):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class StrictChoiceField(serializers.ChoiceField):
     def to_internal_value(self, data):
         if not isinstance(data, str):

@@ -6,14 +6,16 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.api.fields import StrictCharField, StrictSerializer, validated
+from controlplane.api.fields import (StrictCharField, StrictChoiceField, StrictIntegerField, StrictSerializer,
+                                     validated)
 from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, errors
 from controlplane.clock import rfc3339
 from controlplane.cursors import caller_id, pack_cursor, unpack_cursor
 from controlplane.errors import InvalidRequest
 from controlplane.idempotency import idempotent
-from inbox import delivery
-from inbox.models import InboxItem
+from controlplane.services import parse_handle
+from inbox import delivery, firewall
+from inbox.models import FirewallRule, InboxItem
 
 STREAM = "read_inbox"
 
@@ -39,7 +41,68 @@ ItemOut = inline_serializer("InboxEvent", {"item": serializers.DictField()})
 
 
 def render_entry(item: InboxItem) -> dict:
-    return {"deliveryToken": item.token, "item": item.payload, "insertedAt": rfc3339(item.created_at)}
+    entry = {"deliveryToken": item.token, "item": item.payload, "insertedAt": rfc3339(item.created_at)}
+    if item.guidance:
+        entry["guidance"] = item.guidance  # local policy beside the item, never inside the peer's content
+    return entry
+
+
+class RuleIn(StrictSerializer):
+    action = StrictChoiceField(choices=FirewallRule.Action.choices)
+    sender = StrictCharField(required=False, allow_null=True, max_length=33)
+    space = StrictCharField(required=False, allow_null=True, max_length=64)
+    conversation_kind = StrictChoiceField(required=False, allow_null=True, choices=["channel", "direct", "group"])
+    content_pattern = StrictCharField(required=False, allow_null=True, max_length=firewall.MAX_PATTERN)
+    min_bytes = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=2**31 - 1)
+    guidance = StrictCharField(required=False, allow_null=True, max_length=2000)
+
+
+class RulesIn(StrictSerializer):
+    rules = serializers.ListField(child=RuleIn(), max_length=firewall.MAX_RULES)
+
+
+RULE_FIELDS = ["action", "sender", "space", "conversation_kind", "content_pattern", "min_bytes", "guidance"]
+RulesOut = inline_serializer("FirewallRules", {"rules": RuleIn(many=True)})
+
+
+def render_rules(rules) -> dict:
+    return {"rules": [{name: getattr(rule, name) for name in RULE_FIELDS} for rule in rules]}
+
+
+class FirewallView(APIView):
+    @extend_schema(operation_id="get_inbox_firewall", responses={200: RulesOut, **errors()})
+    def get(self, request):
+        return Response(render_rules(FirewallRule.objects.filter(member=request.user).order_by("ordinal")))
+
+    @extend_schema(operation_id="set_inbox_firewall", request=RulesIn,
+                   responses={200: RulesOut, **errors("INVALID_REQUEST")})
+    def put(self, request):
+        rules = validated(RulesIn, request.data)["rules"]
+        for rule in rules:
+            if rule.get("sender"):
+                rule["sender"] = parse_handle(rule["sender"])
+        return Response(render_rules(firewall.set_rules(request.user, [dict(r) for r in rules],
+                                                        actor=request.user)))
+
+
+class HeldView(APIView):
+    @extend_schema(operation_id="list_held_items", responses={200: InboxPageOut, **errors()})
+    def get(self, request):
+        held = InboxItem.objects.filter(member=request.user, admission=InboxItem.Admission.HELD).order_by(
+            "position", "id")[:delivery.PAGE_ITEMS]
+        return Response({"items": [render_entry(item) for item in held], "nextCursor": None})
+
+
+class ReleaseView(APIView):
+    @extend_schema(operation_id="release_held_item", request=AcknowledgeDeliveryIn, parameters=[IDEMPOTENCY_KEY],
+                   responses={200: inline_serializer("Released", {"item": InboxEntryOut()}),
+                              **errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "UNKNOWN_DELIVERY",
+                                       "IDEMPOTENCY_CONFLICT")})
+    @idempotent
+    def post(self, request):
+        token = validated(AcknowledgeDeliveryIn, request.data)["deliveryToken"]
+        item = firewall.release_item(request.user, token, actor=request.user)
+        return Response({"item": render_entry(item)})
 
 
 class InboxView(APIView):

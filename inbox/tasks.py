@@ -1,0 +1,13 @@
+"""django-q2 entry points: thin wrappers over services."""
+from __future__ import annotations
+
+from inbox import firewall
+
+
+def classify_pending(member_id: int) -> int:
+    return firewall.classify_pending(member_id)
+
+
+def classify_all() -> int:
+    """The sweep: settles whatever a lost kick left unclassified."""
+    return sum(firewall.classify_pending(member_id) for member_id in firewall.members_with_unclassified_items())
