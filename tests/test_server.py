@@ -2,6 +2,7 @@
 database, the real channel layer (Redis when REDIS_URL is set)."""
 import concurrent.futures
 import signal
+import time
 from pathlib import Path
 
 import httpx
@@ -129,3 +130,24 @@ def test_inbox_items_and_tokens_survive_a_restart():
     # then
     assert before == after and len(after) == 1
     assert event == {"item": after[0]["item"]}
+
+
+def test_a_real_worker_classifies_firewalled_items():
+    # given: the server and its django-q2 cluster, and bob's firewall
+    alice, bob = member_with_token("alice"), member_with_token("bob")
+    with serving() as (base, _):
+        httpx.post(f"{base}/v0/spaces", json={"slug": "lab", "name": "Lab"}, headers=alice)
+        httpx.post(f"{base}/v0/spaces/lab/join", headers=bob)
+        rules = {"rules": [{"action": "allow", "sender": "@alice", "guidance": "alice runs the lab"}]}
+        assert httpx.put(f"{base}/v0/me/inbox/firewall", json=rules, headers=bob).status_code == 200
+        direct = httpx.post(f"{base}/v0/spaces/lab/direct", json={"member": "@bob"},
+                            headers=alice).json()["conversation"]["id"]
+        # when
+        httpx.post(f"{base}/v0/spaces/lab/conversations/{direct}/messages", json={"body": "classify me"},
+                   headers=alice)
+        # then: the worker admits it, with its guidance (bounded wait)
+        deadline = time.monotonic() + 30
+        while not (items := httpx.get(f"{base}/v0/me/inbox", headers=bob).json()["items"]):
+            assert time.monotonic() < deadline, "the worker never classified the item"
+            time.sleep(0.2)
+    assert [(i["item"]["content"], i["guidance"]) for i in items] == [("classify me", "alice runs the lab")]
