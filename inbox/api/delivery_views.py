@@ -66,7 +66,10 @@ RulesOut = inline_serializer("FirewallRules", {"rules": RuleIn(many=True)})
 
 
 def render_rules(rules) -> dict:
-    return {"rules": [{name: getattr(rule, name) for name in RULE_FIELDS} for rule in rules]}
+    rendered = [{name: getattr(rule, name) for name in RULE_FIELDS} for rule in rules]
+    for rule in rendered:
+        rule["sender"] = f"@{rule['sender']}" if rule["sender"] else None
+    return {"rules": rendered}
 
 
 class FirewallView(APIView):

@@ -23,6 +23,7 @@ def test_rules_admit_with_guidance_or_hold(space, alice, bob, carol, as_bob, dja
         {"action": "allow", "sender": "@carol", "guidance": "carol is a trusted reviewer"},
     ]})
     assert response.status_code == 200 and len(response.json()["rules"]) == 2
+    assert response.json()["rules"][1]["sender"] == "@carol"
     to_alice, _ = services.get_or_create_direct(space, alice, actor=bob)
     to_carol, _ = services.get_or_create_direct(space, carol, actor=bob)
     # when: each send commits, and its after-commit kick classifies (tasks run in-process here)
