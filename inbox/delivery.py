@@ -41,8 +41,11 @@ def read_inbox(member: Member, *, bound: int | None = None, after: tuple[int, in
     if bound is None:
         bound = log_head().position
     position, last_id = after
+    # `position__gte` repeats what the OR implies so the index seeks to the
+    # cursor instead of scanning every earlier item.
     rows = list(InboxItem.objects.filter(member=member, admission=InboxItem.Admission.ADMITTED,
-                                         state=InboxItem.State.PENDING, position__lte=bound)
+                                         state=InboxItem.State.PENDING, position__lte=bound,
+                                         position__gte=position)
                 .filter(Q(position__gt=position) | Q(position=position, id__gt=last_id))
                 .order_by("position", "id")[: PAGE_ITEMS + 1])
     page, size = [], 0
