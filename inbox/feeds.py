@@ -13,6 +13,7 @@ from controlplane.errors import ResyncRequired
 from controlplane.log import log_head
 from controlplane.models import Event, EventAddressee, Member, Space
 from controlplane.selectors import participant_conversations, readable_spaces
+from inbox.models import Recipient
 
 FEED_PAGE_MAX = 100
 
@@ -83,8 +84,6 @@ def unresolved_page(viewer: Member, *, high_watermark: int, after: int, limit: i
     """One page of `viewer`'s unresolved messages at or below the snapshot's
     high watermark, in position order, from spaces they can still read:
     `(recipient rows, has_more)`."""
-    from inbox.models import Recipient
-
     limit = limit or SNAPSHOT_PAGE_MAX
     rows = list(Recipient.objects.filter(member=viewer, position__gt=after, position__lte=high_watermark,
                                          state__in=[Recipient.State.PENDING, Recipient.State.ACKNOWLEDGED],

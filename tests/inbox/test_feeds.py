@@ -93,11 +93,18 @@ def test_inbox_feed_has_only_addressed_events(space, general, alice, bob, carol,
     assert {e["kind"] for e in events} == {"message.created"}
 
 
-def test_inbox_feed_drops_spaces_you_can_no_longer_read(alice, bob, api_for):
-    # given
-    space = services.create_space(slug="lab", name="Lab", visibility="private", send_policy="open", actor=alice)
+@pytest.fixture
+def private_direct(alice, bob):
+    """A private space of alice's with bob in it, and their direct conversation."""
+    space = services.create_space(slug="priv", name="Priv", visibility="private", send_policy="open", actor=alice)
     services.add_member(space, bob, actor=alice)
     direct, _ = services.get_or_create_direct(space, bob, actor=alice)
+    return space, direct
+
+
+def test_inbox_feed_drops_spaces_you_can_no_longer_read(private_direct, alice, bob, api_for):
+    # given
+    space, direct = private_direct
     send_message(direct, body="before removal", actor=alice)
     as_bob = api_for(bob)
     assert len(drain(as_bob, "/v0/me/inbox/events")[0]) == 1
@@ -227,11 +234,9 @@ async def test_long_poll_wakes_when_an_event_commits(monkeypatch, settings):
     assert [e["data"]["message"]["body"] for e in events] == ["wake up"]
 
 
-def test_snapshot_forgets_spaces_you_were_removed_from(alice, bob, api_for):
+def test_snapshot_forgets_spaces_you_were_removed_from(private_direct, alice, bob, api_for):
     # given
-    space = services.create_space(slug="priv", name="Priv", visibility="private", send_policy="open", actor=alice)
-    services.add_member(space, bob, actor=alice)
-    direct, _ = services.get_or_create_direct(space, bob, actor=alice)
+    space, direct = private_direct
     send_message(direct, body="secret plan for bob", actor=alice)
     as_bob = api_for(bob)
     assert len(as_bob.get("/v0/me/snapshot").json()["unresolved"]) == 1
