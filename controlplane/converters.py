@@ -33,8 +33,15 @@ class ConversationRefConverter(_Converter):
     regex = rf"{PUBLIC_ID}|#[a-z0-9][a-z0-9_-]{{0,79}}"
 
 
+class GrantIdConverter(_Converter):
+    """Grant ids are client-chosen."""
+
+    regex = r"grt_[A-Za-z0-9_-]{1,64}"
+
+
 def register() -> None:
     register_converter(SlugConverter, "space")
     register_converter(HandleConverter, "handle")
     register_converter(PublicIdConverter, "pid")
     register_converter(ConversationRefConverter, "conversation")
+    register_converter(GrantIdConverter, "grant")

@@ -57,6 +57,10 @@ class Forbidden(ApiError):
 class GrantRequired(ApiError):
     status, code, message = 403, "GRANT_REQUIRED", "Sending here needs a grant covering every recipient."
 
+    def __init__(self, message: str | None = None, *, uncovered: list | None = None, **kwargs):
+        super().__init__(message, **kwargs)
+        self.uncovered = uncovered or []  # the members no grant covers
+
 
 class AuthorityRevoked(ApiError):
     status, code, message = 403, "AUTHORITY_REVOKED", "The authority this message was sent under is no longer active."
@@ -80,6 +84,10 @@ class InvalidEventId(ApiError):
 
 class Conflict(ApiError):
     status, code, message = 409, "CONFLICT", "The request conflicts with the current state."
+
+
+class GrantConflict(ApiError):
+    status, code, message = 409, "GRANT_CONFLICT", "This grant id is taken by a different grant."
 
 
 class LimitExceeded(ApiError):

@@ -9,6 +9,7 @@ SCHEDULES = [
     ("prune-event-log", "controlplane.tasks.prune_event_log", 60),
     ("purge-idempotency-records", "controlplane.tasks.purge_idempotency_records", 60),
     ("classify-inbox-items", "inbox.tasks.classify_all", 1),
+    ("expire-grants", "grants.tasks.expire_and_recover", 1),
 ]
 
 

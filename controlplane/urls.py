@@ -3,7 +3,10 @@ from django.http import JsonResponse
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from controlplane import converters
 from controlplane.errors import not_found
+
+converters.register()
 
 
 def healthz(request):
@@ -13,10 +16,12 @@ def healthz(request):
 urlpatterns = [
     path("healthz", healthz),
     path("admin/", admin.site.urls),
+    path("staff/", include("grants.urls")),
     path("v0/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("v0/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("v0/", include("controlplane.api.urls")),
     path("v0/", include("inbox.api.urls")),
+    path("v0/", include("grants.api.urls")),
     # Unknown routes answer in the error shape, in DEBUG too (Django's debug
     # 404 page would be HTML and list every route).
     re_path(r"", not_found),

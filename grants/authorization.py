@@ -1,23 +1,87 @@
-"""The authorization decision for a send: the one function grants extend."""
+"""The authorization decision for a send: the one place send policy lives.
+
+Under `open`, membership is the authority. Under `explicit_only`, discovery
+creates no authority: every recipient needs an active grant of the space
+(project, pair, or one-message for exactly this sender, recipient and key).
+The grants used are locked until the send commits: project and pair grants
+in share mode (concurrent sends go on together), one-message grants
+exclusively (one message consumes them). A revocation takes the same rows
+exclusively, so a send racing it is admitted before its fence or sees the
+grant no longer active, never half.
+"""
 from __future__ import annotations
 
+from django.db import connection
+from django.db.models import F, Q
+
+from controlplane.clock import now
 from controlplane.errors import GrantRequired
 from controlplane.models import Member, Space
+from grants.models import Grant
+
+# When more than one grant covers a recipient, the narrowest is used: a
+# one-message grant made for exactly this message is consumed rather than
+# left to sit unused, and a pair grant records more than the project grant.
+_PREFERENCE = {Grant.Kind.ONE_MESSAGE: 0, Grant.Kind.PAIR: 1, Grant.Kind.PROJECT: 2}
+
+
+def _usable() -> Q:
+    return Q(status=Grant.Status.ACTIVE) & (Q(expires_at__isnull=True) | Q(expires_at__gt=now()))
+
+
+def _locked(queryset, *, share: bool) -> list[Grant]:
+    """Rows of `queryset`, locked until the transaction ends (in id order, so
+    concurrent lockers never deadlock). SQLite writers are serialized anyway."""
+    queryset = queryset.order_by("id")
+    if connection.vendor != "postgresql":
+        return list(queryset)
+    if not share:
+        return list(queryset.select_for_update())
+    sql, params = queryset.query.sql_with_params()
+    return list(Grant.objects.raw(f"{sql} FOR SHARE", params))
 
 
 def authorize_send(space: Space, author: Member, recipients: list[Member], *,
-                   idempotency_key: str | None) -> dict[int, None]:
+                   idempotency_key: str | None) -> dict[int, Grant]:
     """Decide whether `author` may send to every one of `recipients`.
 
-    Returns the authority each recipient's copy is sent under (keyed by
-    member pk), or raises GrantRequired naming the recipients not covered.
-    Under the `open` policy membership is the authority. Under
-    `explicit_only`, discovery creates no authority: every recipient needs a
-    grant, and a send with no recipients needs none.
+    Returns the grant each recipient's copy is sent under, keyed by member
+    pk (empty under `open`), or raises GrantRequired naming the recipients
+    no grant covers. Under `explicit_only` call it inside the send's
+    transaction: the grants stay locked until it commits.
     """
-    if space.send_policy == Space.SendPolicy.OPEN:
-        return {r.pk: None for r in recipients}
-    uncovered = [f"@{r.handle}" for r in recipients]
+    if space.send_policy == Space.SendPolicy.OPEN or not recipients:
+        return {}
+    pks = [r.pk for r in recipients]
+    in_space = Grant.objects.filter(_usable(), space=space)
+    candidates = _locked(in_space.filter(Q(kind=Grant.Kind.PROJECT)
+                                         | Q(kind=Grant.Kind.PAIR, sender=author, recipient_id__in=pks)), share=True)
+    if idempotency_key:
+        candidates += _locked(in_space.filter(kind=Grant.Kind.ONE_MESSAGE, sender=author, recipient_id__in=pks,
+                                              idempotency_key=idempotency_key, message__isnull=True), share=False)
+    chosen: dict[int, Grant] = {}
+    for grant in sorted(candidates, key=lambda g: (_PREFERENCE[g.kind], g.pk)):
+        covered = pks if grant.kind == Grant.Kind.PROJECT else [grant.recipient_id]
+        for pk in covered:
+            chosen.setdefault(pk, grant)
+    uncovered = [r for r in recipients if r.pk not in chosen]
     if uncovered:
-        raise GrantRequired(details={"recipients": uncovered})
-    return {}
+        raise GrantRequired(details={"recipients": [f"@{r.handle}" for r in uncovered]},
+                            uncovered=uncovered)
+    return chosen
+
+
+def consume_one_message_grants(authority: dict[int, Grant], message) -> None:
+    """Bind the one-message grants a send used to its message: consumed, they
+    authorize nothing else. In the send's transaction, under their locks."""
+    ids = {g.pk for g in authority.values() if g.kind == Grant.Kind.ONE_MESSAGE}
+    if ids:
+        Grant.objects.filter(pk__in=ids, message__isnull=True).update(message=message)
+
+
+def inactive_authority() -> Q:
+    """Recipient rows whose authority is no longer active: their grant has
+    left `active` (or its generation moved on), or its expiry has passed."""
+    return Q(grant__isnull=False) & (~Q(grant__status=Grant.Status.ACTIVE)
+                                     | ~Q(grant__generation=F("grant_generation"))
+                                     | Q(grant__expires_at__lte=now()))

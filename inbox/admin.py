@@ -1,6 +1,7 @@
 from django.contrib import admin
 
 from controlplane.admin import ReadOnlyAdmin
+from controlplane.errors import ApiError
 from inbox import firewall
 from inbox.models import FirewallRule, InboxItem, Mailbox, Message, Recipient
 
@@ -42,10 +43,15 @@ class InboxItemAdmin(ReadOnlyAdmin):
     @admin.action(description="Release the selected held items into their inbox", permissions=["release"])
     def release(self, request, queryset):
         actor = getattr(request.user, "member", None)
-        held = queryset.filter(admission=InboxItem.Admission.HELD).select_related("member")
-        for item in held:
-            firewall.release_item(item.member, item.token, actor=actor)
-        self.message_user(request, f"Released {len(held)} held item(s).")
+        released, refused = 0, 0
+        for item in queryset.filter(admission=InboxItem.Admission.HELD).select_related("member"):
+            try:
+                firewall.release_item(item.member, item.token, actor=actor)
+                released += 1
+            except ApiError:
+                refused += 1  # its grant is being or was revoked
+        self.message_user(request, f"Released {released} held item(s)."
+                          + (f" {refused} could not be released: their grant is no longer active." if refused else ""))
 
     def has_release_permission(self, request):
         return request.user.is_superuser

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Exists, F, OuterRef, Q
 
 from controlplane.clock import now
 from controlplane.errors import InvalidEventId, UnknownDelivery, UnknownEvent
@@ -41,12 +41,18 @@ def read_inbox(member: Member, *, bound: int | None = None, after: tuple[int, in
     if bound is None:
         bound = log_head().position
     position, last_id = after
+    # An item a revocation barrier withholds holds back its conversation's
+    # later items until the barrier settles it (almost always: none).
+    withheld_before = InboxItem.objects.filter(member=member, admission=InboxItem.Admission.WITHHELD,
+                                               conversation=OuterRef("conversation"),
+                                               position__lt=OuterRef("position"))
     # `position__gte` repeats what the OR implies so the index seeks to the
     # cursor instead of scanning every earlier item.
     rows = list(InboxItem.objects.filter(member=member, admission=InboxItem.Admission.ADMITTED,
                                          state=InboxItem.State.PENDING, position__lte=bound,
                                          position__gte=position)
                 .filter(Q(position__gt=position) | Q(position=position, id__gt=last_id))
+                .filter(~Exists(withheld_before))
                 .order_by("position", "id")[: PAGE_ITEMS + 1])
     page, size = [], 0
     for row in rows[:PAGE_ITEMS]:
@@ -89,9 +95,12 @@ def token_for_event_id(event_id: str) -> str:
 
 
 def read_event(member: Member, event_id: str) -> InboxItem:
-    """The retained item for `event_id`, acknowledged or not. No side effects."""
-    item = InboxItem.objects.filter(member=member, token=token_for_event_id(event_id),
-                                    admission=InboxItem.Admission.ADMITTED).first()
+    """The retained item for `event_id`, acknowledged or not, or the
+    tombstone a revocation barrier left of it. No side effects."""
+    item = InboxItem.objects.filter(
+        Q(admission=InboxItem.Admission.ADMITTED)
+        | Q(state=InboxItem.State.REJECTED, admission=InboxItem.Admission.WITHHELD),
+        member=member, token=token_for_event_id(event_id)).first()
     if item is None:
         raise UnknownEvent()
     return item

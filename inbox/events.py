@@ -28,3 +28,12 @@ def message_resolved(message: Message, result: str, *, actor: Member) -> NewEven
                                          "result": result},
                     space_id=message.space_id, conversation_id=message.conversation_id, actor_id=actor.pk,
                     restricted=_restricted(message))
+
+
+def message_rejected(message: Message, member: Member, reason: str) -> NewEvent:
+    """A revocation barrier withdrew `message` from one recipient before
+    hand-off; addressed to that recipient, visible to the participants."""
+    return NewEvent("message.rejected", {"message": message.public_id, "member": f"@{member.handle}",
+                                         "reason": reason},
+                    space_id=message.space_id, conversation_id=message.conversation_id,
+                    restricted=_restricted(message), addressees=(member.pk,))

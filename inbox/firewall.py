@@ -17,8 +17,9 @@ from django.db import transaction
 from django.db.models import F
 
 from controlplane.clock import now
-from controlplane.errors import InvalidRequest, UnknownDelivery
+from controlplane.errors import AuthorityRevoked, InvalidRequest, UnknownDelivery
 from controlplane.models import Conversation, Member
+from grants.models import Grant
 from inbox.models import FirewallRule, InboxItem, Mailbox
 
 MAX_RULES = 50
@@ -58,7 +59,8 @@ def classify_next(member_id: int) -> bool:
         box = Mailbox.objects.select_for_update(skip_locked=True).filter(member_id=member_id).first()
         if box is None:
             return False
-        item = (InboxItem.objects.select_related("conversation__space")
+        # The item's own lock too: a revocation barrier may withhold it meanwhile.
+        item = (InboxItem.objects.select_for_update(of=("self",)).select_related("conversation__space")
                 .filter(member_id=member_id, admission=InboxItem.Admission.UNCLASSIFIED)
                 .order_by("position", "id").first())
         if item is None:
@@ -89,16 +91,23 @@ def members_with_unclassified_items() -> list[int]:
 
 
 def release_item(member: Member, token: str, *, actor: Member) -> InboxItem:
-    """Admit a held item (its owner, or an admin through the admin)."""
+    """Admit a held item (its owner, or an admin through the admin). An item
+    sent under a grant needs that grant active: its row is locked first, in
+    the order a revocation barrier takes the same rows, so a release either
+    happens before the barrier (which then settles the item) or is refused."""
+    held = InboxItem.objects.filter(member=member, token=token, admission=InboxItem.Admission.HELD)
     with transaction.atomic():
-        item = InboxItem.objects.select_for_update().filter(member=member, token=token,
-                                                            admission=InboxItem.Admission.HELD).first()
+        grant_id = held.values_list("grant_id", flat=True).first()
+        if grant_id is not None and not Grant.objects.select_for_update().get(pk=grant_id).is_active:
+            raise AuthorityRevoked("The grant this item was sent under is no longer active.")
+        item = held.select_for_update().first()
         if item is None:
             raise UnknownDelivery("No such held item.")
+        if item.state == InboxItem.State.REJECTED:  # the barrier settled it
+            raise AuthorityRevoked("The grant this item was sent under is no longer active.")
         item.admission, item.settled_at = InboxItem.Admission.ADMITTED, now()
         item.save(update_fields=["admission", "settled_at"])
-        if item.state == InboxItem.State.PENDING:
-            Mailbox.objects.filter(member=member).update(pending_bytes=F("pending_bytes") + item.content_bytes)
+        Mailbox.objects.filter(member=member).update(pending_bytes=F("pending_bytes") + item.content_bytes)
         return item
 
 

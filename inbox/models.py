@@ -64,6 +64,7 @@ class Recipient(models.Model):
         PENDING = "pending"
         ACKNOWLEDGED = "acknowledged"
         RESOLVED = "resolved"
+        REJECTED = "rejected"  # withdrawn by a revocation barrier before hand-off
 
     message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="recipients")
     member = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="+")
@@ -72,6 +73,12 @@ class Recipient(models.Model):
     acknowledged_at = models.DateTimeField(null=True, blank=True)
     resolved_at = models.DateTimeField(null=True, blank=True)
     result = models.TextField(null=True, blank=True)
+    # The authority this recipient's copy was sent under (explicit_only
+    # spaces): the grant and its generation at the time.
+    grant = models.ForeignKey("grants.Grant", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    grant_generation = models.PositiveIntegerField(null=True, blank=True)
+    rejected_at = models.DateTimeField(null=True, blank=True)
+    reason = models.TextField(null=True, blank=True)  # why it was rejected
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["message", "member"], name="recipient_unique")]
@@ -87,6 +94,7 @@ class Admission(models.TextChoices):
     ADMITTED = "admitted"
     UNCLASSIFIED = "unclassified"  # waiting for the firewall
     HELD = "held"  # kept privately for audit; its owner or an admin may release it
+    WITHHELD = "withheld"  # its grant is being revoked; the barrier will settle it
 
 
 class InboxItem(models.Model):
@@ -99,6 +107,7 @@ class InboxItem(models.Model):
     class State(models.TextChoices):
         PENDING = "pending"
         ACKNOWLEDGED = "acknowledged"
+        REJECTED = "rejected"  # a tombstone: withdrawn by a revocation barrier, never handed off
 
     member = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="+")
     token = models.CharField(max_length=47, unique=True, default=new_delivery_token, editable=False)
@@ -117,6 +126,9 @@ class InboxItem(models.Model):
     admission = models.CharField(max_length=16, choices=Admission.choices, default=Admission.ADMITTED)
     guidance = models.TextField(null=True, blank=True)  # local policy text, never part of the content
     settled_at = models.DateTimeField(null=True, blank=True)
+    # The grant the message was sent to this recipient under, if any.
+    grant = models.ForeignKey("grants.Grant", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    reason = models.TextField(null=True, blank=True)  # why it was rejected
 
     class Meta:
         indexes = [
@@ -124,6 +136,12 @@ class InboxItem(models.Model):
                          condition=models.Q(admission="admitted")),
             models.Index(fields=["member", "position", "id"], name="inboxitem_unsettled",
                          condition=models.Q(admission="unclassified")),
+            # Items a revocation barrier holds back; later items of the same
+            # conversation wait behind them.
+            models.Index(fields=["member", "conversation", "position"], name="inboxitem_withheld",
+                         condition=models.Q(admission="withheld")),
+            models.Index(fields=["grant"], name="inboxitem_grant_pending",
+                         condition=models.Q(grant__isnull=False, state="pending")),
         ]
 
     def __str__(self) -> str:

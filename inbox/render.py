@@ -1,13 +1,31 @@
 """JSON shapes of messages and events, as the contract gives them."""
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from controlplane.clock import rfc3339
-from controlplane.models import Event
+from controlplane.models import Event, Space
+from grants.authorization import inactive_authority
 from inbox.models import Message, Recipient
 
 
-def render_message(message: Message) -> dict:
-    return {
+def withheld_bodies(messages: Iterable[tuple[str, Space]]) -> set[str]:
+    """Of these (message id, space) pairs, the messages whose bodies are
+    withheld because their authority is no longer active (SPEC §5). Only
+    explicit_only spaces have grants, so only their messages are looked up."""
+    ids = {message_id for message_id, space in messages if space.send_policy == Space.SendPolicy.EXPLICIT_ONLY}
+    if not ids:
+        return set()
+    return set(Recipient.objects.filter(message__public_id__in=ids).filter(inactive_authority())
+               .values_list("message__public_id", flat=True))
+
+
+def _withhold(rendered: dict) -> dict:
+    return {**rendered, "body": None, "body_withheld": "AUTHORITY_REVOKED"}
+
+
+def render_message(message: Message, *, withheld: bool = False) -> dict:
+    rendered = {
         "id": message.public_id,
         "conversation": message.conversation.public_id,
         "space": message.space.slug,
@@ -19,6 +37,7 @@ def render_message(message: Message) -> dict:
         "created_at": rfc3339(message.created_at),
         "position": message.position,
     }
+    return _withhold(rendered) if withheld else rendered
 
 
 def render_message_status(message: Message) -> dict:
@@ -29,13 +48,24 @@ def render_message_status(message: Message) -> dict:
     recipients = Recipient.objects.filter(message=message).select_related("member").order_by("id")
     data["recipients"] = [
         {"member": f"@{r.member.handle}", "state": r.state, "acknowledged_at": rfc3339(r.acknowledged_at),
-         "resolved_at": rfc3339(r.resolved_at), "result": r.result}
+         "resolved_at": rfc3339(r.resolved_at), "result": r.result, "rejected_at": rfc3339(r.rejected_at),
+         "reason": r.reason}
         for r in recipients
     ]
     return data
 
 
-def render_event(event: Event) -> dict:
+def render_events(events: list[Event]) -> list[dict]:
+    """Events as the feeds give them: a message whose authority was revoked
+    keeps its place and metadata, without its body."""
+    withheld = withheld_bodies((e.data["message"]["id"], e.space) for e in events if e.kind == "message.created")
+    return [render_event(e, withheld=withheld) for e in events]
+
+
+def render_event(event: Event, *, withheld: set[str] = frozenset()) -> dict:
+    data = event.data
+    if event.kind == "message.created" and data["message"]["id"] in withheld:
+        data = {**data, "message": _withhold(data["message"])}
     return {
         "id": event.public_id,
         "position": event.position,
@@ -44,5 +74,5 @@ def render_event(event: Event) -> dict:
         "conversation": event.conversation.public_id if event.conversation_id else None,
         "actor": f"@{event.actor.handle}" if event.actor_id else None,
         "created_at": rfc3339(event.created_at),
-        "data": event.data,
+        "data": data,
     }

@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from django.db import IntegrityError, connection, transaction
 
 from controlplane.clock import now
-from controlplane.errors import (BodyTooLarge, Conflict, Forbidden, IdempotencyConflict, InvalidBody,
-                                 InvalidRequest)
+from controlplane.errors import (AuthorityRevoked, BodyTooLarge, Conflict, Forbidden, GrantRequired, IdempotencyConflict,
+                                 InvalidBody, InvalidRequest)
 from controlplane.log import append_events
 from controlplane.models import Conversation, Member, Membership, Space
 from controlplane.services import LOOK_UP_ROLE, require_sender
-from grants.authorization import authorize_send
+from grants.approvals import render_approval_request, retain_for_approval
+from grants.authorization import authorize_send, consume_one_message_grants, inactive_authority
 from inbox import events
 from inbox.mentions import parse_mentions
 from inbox.models import Message, Recipient
@@ -105,15 +106,17 @@ def _recipients(conversation: Conversation, space: Space, mentioned: list[str], 
 
 def send_message(conversation: Conversation, *, body: str, reply_to: str | None = None,
                  related_paths: list[str] | None = None, idempotency_key: str | None = None,
-                 actor: Member) -> SendResult:
+                 request_approval: bool = False, actor: Member) -> SendResult:
     """Send a message.
 
     Atomic: the message, its recipients and its `message.created` event
     commit together or not at all. Idempotent per sender and key: the same
     request again returns the original (created=False); different content
-    under the same key is IDEMPOTENCY_CONFLICT. The caller has already
-    checked that `actor` can read `conversation` (and may have annotated it
-    with `caller_role`, see selectors.get_conversation_to_write).
+    under the same key is IDEMPOTENCY_CONFLICT. Without authority for every
+    recipient it is GRANT_REQUIRED; with `request_approval` the message is
+    then retained in an approval request, named in the error's details. The
+    caller has already checked that `actor` can read `conversation` (and may
+    have annotated it with `caller_role`, see selectors.get_conversation_to_write).
     """
     space = conversation.space
     raw = encode_text(body, field="body", max_bytes=MAX_BODY_BYTES)
@@ -131,7 +134,6 @@ def send_message(conversation: Conversation, *, body: str, reply_to: str | None 
             raise InvalidRequest("reply_to must name a message of this conversation.", details={"reply_to": reply_to})
     mentioned = parse_mentions(body)
     recipients = _recipients(conversation, space, mentioned, actor)
-    authorize_send(space, actor, recipients, idempotency_key=idempotency_key)
     # In channels the recipients are the mentioned readers; in direct and
     # group conversations everyone is a recipient, and `mentions` records who
     # was also named explicitly.
@@ -140,19 +142,45 @@ def send_message(conversation: Conversation, *, body: str, reply_to: str | None 
                       reply_to=parent, related_paths=related_paths, mentions=mentions,
                       idempotency_key=idempotency_key or None, fingerprint=fingerprint)
     try:
-        insert_message(message, recipients)
+        if space.send_policy == Space.SendPolicy.OPEN:
+            insert_message(message, recipients)
+        else:
+            # The grants stay locked from the decision to the commit.
+            with transaction.atomic():
+                authority = authorize_send(space, actor, recipients, idempotency_key=idempotency_key)
+                insert_message(message, recipients, authority)
+                consume_one_message_grants(authority, message)
     except IntegrityError:
         # A concurrent send with the same key committed first.
         if idempotency_key and (replay := _replay(actor, idempotency_key, fingerprint)):
             return replay
         raise
+    except GrantRequired as refusal:
+        # A concurrent send with the same key may have used the grant.
+        if idempotency_key and (replay := _replay(actor, idempotency_key, fingerprint)):
+            return replay
+        if request_approval:
+            approval = retain_for_approval(message, refusal.uncovered)
+            refusal.details["approval_request"] = render_approval_request(approval)
+        raise
     return SendResult(message, created=True)
+
+
+def require_active_authority(message: Message) -> None:
+    """Body access and handling need the authority the message was sent
+    under to be active still: under explicit_only, every grant it recorded
+    (SPEC §5). Revoked authority is never restored."""
+    if Recipient.objects.filter(message=message).filter(inactive_authority()).exists():
+        raise AuthorityRevoked()
 
 
 def _own_recipient_row(message: Message, actor: Member) -> Recipient:
     row = Recipient.objects.select_for_update().filter(message=message, member=actor).first()
     if row is None:
         raise Forbidden("Only a recipient of this message may do this.")
+    # Under the row lock: a barrier that has not yet settled this row sees
+    # the change, and one that has is seen here.
+    require_active_authority(message)
     return row
 
 

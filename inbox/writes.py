@@ -18,12 +18,12 @@ from django.db import connection, transaction
 from django.db.models import F
 
 from controlplane.errors import MailboxFull
-
 from controlplane.live import LOG_GROUP, group_send_on_commit, kick_on_commit
-from controlplane.log import append_events, reserve_positions
+from controlplane.log import NewEvent, append_events, reserve_positions
 from controlplane.models import Event, EventAddressee, LogHead, Member
+from grants.models import Grant
 from inbox import events
-from inbox.items import message_items
+from inbox.items import content_bytes, message_items
 from inbox.models import InboxItem, Mailbox, Message, Recipient
 
 MAILBOX_LIMIT_BYTES = 10 * 1024 * 1024
@@ -49,14 +49,18 @@ def _after_commit(message: Message, recipients: list[Member], firewalled: set[in
                                                        "message": message.public_id})
 
 
-def insert_message(message: Message, recipients: list[Member]) -> Message:
+def insert_message(message: Message, recipients: list[Member], authority: dict[int, Grant] | None = None) -> Message:
     """Insert `message` (unsaved; every field but `position` set) with, per
     member of `recipients`, a handling row and an inbox item bound to its
-    delivery token, and the `message.created` event. Atomic. Raises
-    IntegrityError on a duplicate (author, key)."""
+    delivery token, both recording the grant (and its generation) in
+    `authority` for that member, and the `message.created` event. Atomic.
+    Raises IntegrityError on a duplicate (author, key)."""
+    authority = authority or {}
     items = message_items(message, recipients)
+    for item in items:
+        item.grant = authority.get(item.member_id)
     if connection.vendor == "postgresql":
-        return _insert_in_one_statement(message, recipients, items)
+        return _insert_in_one_statement(message, recipients, items, authority)
     with transaction.atomic():
         firewalled = _reserve_mailboxes(recipients, items[0].content_bytes if items else 0)
         for item in items:
@@ -64,8 +68,10 @@ def insert_message(message: Message, recipients: list[Member]) -> Message:
                 item.admission = InboxItem.Admission.UNCLASSIFIED
         (message.position,) = reserve_positions(1)
         message.save(force_insert=True)
-        Recipient.objects.bulk_create(Recipient(message=message, member=r, position=message.position)
-                                      for r in recipients)
+        Recipient.objects.bulk_create(
+            Recipient(message=message, member=r, position=message.position, grant=authority.get(r.pk),
+                      grant_generation=authority[r.pk].generation if r.pk in authority else None)
+            for r in recipients)
         for item in items:
             item.message, item.position = message, message.position
         InboxItem.objects.bulk_create(items)
@@ -115,8 +121,10 @@ WITH quota AS (
     FROM head
     RETURNING id, position
 ), recipients AS (
-    INSERT INTO {_table(Recipient)} (message_id, member_id, position, state)
-    SELECT msg.id, r.member_id, msg.position, 'pending' FROM msg, unnest(%(recipients)s::bigint[]) AS r(member_id)
+    INSERT INTO {_table(Recipient)} (message_id, member_id, position, state, grant_id, grant_generation)
+    SELECT msg.id, r.member_id, msg.position, 'pending', r.grant_id, r.generation
+    FROM msg, unnest(%(recipients)s::bigint[], %(grants)s::bigint[], %(generations)s::integer[])
+        AS r(member_id, grant_id, generation)
 ), event AS (
     INSERT INTO {_table(Event)} (position, kind, space_id, conversation_id, actor_id, restricted, data, created_at)
     SELECT msg.position, %(kind)s, %(space_id)s, %(conversation_id)s, %(author_id)s, %(restricted)s,
@@ -124,11 +132,12 @@ WITH quota AS (
     FROM msg
 ), items AS (
     INSERT INTO {_table(InboxItem)} (member_id, token, kind, payload, content_bytes, message_id, conversation_id,
-                                     position, state, created_at, admission)
+                                     position, state, created_at, admission, grant_id)
     SELECT i.member_id, i.token, %(item_kind)s, %(item_payload)s::jsonb, %(item_bytes)s, msg.id,
            %(conversation_id)s, msg.position, 'pending', %(created_at)s,
-           CASE WHEN quota.firewall THEN 'unclassified' ELSE 'admitted' END
-    FROM msg, unnest(%(recipients)s::bigint[], %(tokens)s::text[]) AS i(member_id, token)
+           CASE WHEN quota.firewall THEN 'unclassified' ELSE 'admitted' END, i.grant_id
+    FROM msg, unnest(%(recipients)s::bigint[], %(tokens)s::text[], %(grants)s::bigint[])
+        AS i(member_id, token, grant_id)
     JOIN quota ON quota.member_id = i.member_id
 ), addressees AS (
     INSERT INTO {_table(EventAddressee)} (member_id, event_id, space_id)
@@ -150,7 +159,8 @@ def _run_one_statement(params: dict, recipients: list[Member]) -> tuple[int, int
     return message_id, position, set(firewalled)
 
 
-def _insert_in_one_statement(message: Message, recipients: list[Member], items: list[InboxItem]) -> Message:
+def _insert_in_one_statement(message: Message, recipients: list[Member], items: list[InboxItem],
+                             authority: dict[int, Grant]) -> Message:
     message.position = 0  # set by the statement; rendered into the event by jsonb_set
     event = events.message_created(message, recipients)
     params = {
@@ -159,7 +169,9 @@ def _insert_in_one_statement(message: Message, recipients: list[Member], items: 
         "reply_to_id": message.reply_to_id, "related_paths": json.dumps(message.related_paths),
         "mentions": json.dumps(message.mentions), "idempotency_key": message.idempotency_key,
         "fingerprint": message.fingerprint, "created_at": message.created_at,
-        "recipients": [r.pk for r in recipients], "kind": event.kind, "restricted": event.restricted,
+        "recipients": [r.pk for r in recipients], "kind": event.kind,
+        "grants": [authority[r.pk].pk if r.pk in authority else None for r in recipients],
+        "generations": [authority[r.pk].generation if r.pk in authority else None for r in recipients], "restricted": event.restricted,
         "data": json.dumps(event.data),
         "tokens": [item.token for item in items],
         "item_kind": items[0].kind if items else None,
@@ -182,3 +194,22 @@ def _insert_in_one_statement(message: Message, recipients: list[Member], items: 
                                      "conversations": [message.conversation_id]})
     _after_commit(message, recipients, firewalled)
     return message
+
+
+def insert_notice(member: Member, payload: dict, event: NewEvent, *, conversation_id: int | None = None,
+                  position: int | None = None) -> InboxItem:
+    """Insert a notice from the control plane itself (`approval`,
+    `rejected`) into `member`'s inbox with its event, in the caller's
+    transaction. A notice is admitted directly (there is no peer content for
+    the firewall to judge) and always fits: it tells of something that
+    already happened, so the mailbox limit does not refuse it. `position`
+    places it in an earlier slot (a rejection takes its message's place);
+    by default it goes at its event's position."""
+    (row,) = append_events([event])
+    size = content_bytes(payload)
+    Mailbox.objects.get_or_create(member=member)
+    Mailbox.objects.filter(member=member).update(pending_bytes=F("pending_bytes") + size)
+    item = InboxItem.objects.create(member=member, kind=payload["kind"], payload=payload, content_bytes=size,
+                                    conversation_id=conversation_id, position=row.position if position is None else position)
+    group_send_on_commit(inbox_group(member), {"type": "inbox.available", "items": 1})
+    return item

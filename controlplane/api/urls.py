@@ -1,10 +1,6 @@
 from django.urls import path
 
-from controlplane import converters
-
 from controlplane.api import views
-
-converters.register()
 
 urlpatterns = [
     path("me", views.MeView.as_view()),

@@ -91,7 +91,8 @@ class FirewallView(APIView):
 class HeldView(APIView):
     @extend_schema(operation_id="list_held_items", responses={200: InboxPageOut, **errors()})
     def get(self, request):
-        held = InboxItem.objects.filter(member=request.user, admission=InboxItem.Admission.HELD).order_by(
+        held = InboxItem.objects.filter(member=request.user, admission=InboxItem.Admission.HELD,
+                                        state=InboxItem.State.PENDING).order_by(
             "position", "id")[:delivery.PAGE_ITEMS]
         return Response({"items": [render_entry(item) for item in held], "nextCursor": None})
 
@@ -142,4 +143,9 @@ class InboxEventView(APIView):
     @extend_schema(operation_id="read_event",
                    responses={200: ItemOut, **errors("INVALID_EVENT_ID", "UNKNOWN_EVENT")})
     def get(self, request, event_id):
-        return Response({"item": delivery.read_event(request.user, event_id).payload})
+        item = delivery.read_event(request.user, event_id)
+        if item.state == InboxItem.State.REJECTED:
+            # Revoked authority never restores the content; the tombstone says why.
+            payload = {k: v for k, v in item.payload.items() if k != "content"}
+            return Response({"item": payload, "state": "rejected", "reason": item.reason})
+        return Response({"item": item.payload})

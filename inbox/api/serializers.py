@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from controlplane.api.fields import QueryIntegerField, StrictCharField, StrictSerializer
+from controlplane.api.fields import QueryIntegerField, StrictBooleanField, StrictCharField, StrictSerializer
 from controlplane.api.pagination import DEFAULT_LIMIT, MAX_LIMIT
 from inbox.services import MAX_BODY_BYTES
 
@@ -11,6 +11,9 @@ class SendMessageIn(StrictSerializer):
     body = StrictCharField(allow_blank=True, help_text="UTF-8 text, at most 8 KiB encoded; stored exactly.")
     reply_to = StrictCharField(required=False, allow_null=True, max_length=40)
     related_paths = serializers.ListField(child=StrictCharField(), required=False)
+    request_approval = StrictBooleanField(required=False, default=False,
+                                          help_text="Without authority, retain the message for an admin to approve "
+                                                    "(needs an Idempotency-Key).")
 
 
 class ResolveIn(StrictSerializer):
@@ -47,15 +50,20 @@ class MessageMetaOut(serializers.Serializer):
 
 
 class MessageOut(MessageMetaOut):
-    body = serializers.CharField()
+    body = serializers.CharField(allow_null=True, help_text="null when withheld")
+    body_withheld = serializers.ChoiceField(choices=["AUTHORITY_REVOKED"], required=False,
+                                            help_text="Present when the authority the message was sent under "
+                                                      "is no longer active")
 
 
 class RecipientOut(serializers.Serializer):
     member = serializers.CharField()
-    state = serializers.ChoiceField(choices=["pending", "acknowledged", "resolved"])
+    state = serializers.ChoiceField(choices=["pending", "acknowledged", "resolved", "rejected"])
     acknowledged_at = serializers.DateTimeField(allow_null=True)
     resolved_at = serializers.DateTimeField(allow_null=True)
     result = serializers.CharField(allow_null=True)
+    rejected_at = serializers.DateTimeField(allow_null=True)
+    reason = serializers.CharField(allow_null=True, help_text="Why a revocation barrier rejected it")
 
 
 class MessageStatusOut(MessageMetaOut):

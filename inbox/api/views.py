@@ -21,7 +21,7 @@ from inbox import feeds, services
 from inbox.api.serializers import (BodyPageOut, BodyParams, FeedPageOut, FeedParams, MessageOut, MessageStatusOut,
                                    ResolveIn, SendMessageIn, SnapshotOut, SnapshotParams)
 from inbox.models import Message
-from inbox.render import render_event, render_message, render_message_status
+from inbox.render import render_events, render_message, render_message_status, withheld_bodies
 
 SNAPSHOT_TTL_SECONDS = 3600
 
@@ -46,7 +46,7 @@ class SendMessageView(APIView):
         target = get_conversation_to_write(slug, conversation, request.user)
         result = services.send_message(target, body=data["body"], reply_to=data.get("reply_to"),
                                        related_paths=data.get("related_paths"), idempotency_key=key,
-                                       actor=request.user)
+                                       request_approval=data["request_approval"], actor=request.user)
         return Response({"message": render_message(result.message)}, status=201 if result.created else 200)
 
 
@@ -65,6 +65,7 @@ class MessageBodyView(APIView):
     def get(self, request, message_id):
         params = validated(BodyParams, request.query_params)
         message = visible_message(request, message_id)
+        services.require_active_authority(message)
         stream, caller = f"body:{message.public_id}", caller_id(request.user)
         offset = 0
         if params.get("cursor"):
@@ -77,8 +78,8 @@ class MessageBodyView(APIView):
         })
 
 
-HANDLING_ERRORS = errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "FORBIDDEN", "NOT_FOUND",
-                         "IDEMPOTENCY_CONFLICT")
+HANDLING_ERRORS = errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "FORBIDDEN", "AUTHORITY_REVOKED",
+                         "NOT_FOUND", "IDEMPOTENCY_CONFLICT")
 
 
 class AcknowledgeView(APIView):
@@ -95,8 +96,9 @@ class AcknowledgeView(APIView):
 class ResolveView(APIView):
     @extend_schema(operation_id="resolve_message", request=ResolveIn, parameters=[IDEMPOTENCY_KEY],
                    responses={200: envelope("message", MessageStatusOut),
-                              **errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "FORBIDDEN", "NOT_FOUND",
-                                       "IDEMPOTENCY_CONFLICT", "CONFLICT", "INVALID_BODY")})
+                              **errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "FORBIDDEN",
+                                       "AUTHORITY_REVOKED", "NOT_FOUND", "IDEMPOTENCY_CONFLICT", "CONFLICT",
+                                       "INVALID_BODY")})
     @idempotent
     def post(self, request, message_id):
         data = validated(ResolveIn, request.data)
@@ -107,7 +109,7 @@ class ResolveView(APIView):
 
 def _feed_response(request, page: feeds.FeedPage, stream: str) -> Response:
     return Response({
-        "events": [render_event(e) for e in page.events],
+        "events": render_events(page.events),
         "cursor": pack_cursor((page.position,), caller=caller_id(request.user), stream=stream),
         "has_more": page.has_more,
     })
@@ -160,6 +162,7 @@ class SnapshotView(APIView):
         else:
             snapshot, high_watermark, issued_at, after = secrets.randbits(62), head.position, int(now().timestamp()), 0
         rows, has_more = feeds.unresolved_page(request.user, high_watermark=high_watermark, after=after)
+        withheld = withheld_bodies((r.message.public_id, r.message.space) for r in rows)
         next_page = None
         if has_more:
             next_page = pack_cursor((snapshot, high_watermark, issued_at, rows[-1].position), caller=caller,
@@ -167,7 +170,8 @@ class SnapshotView(APIView):
         return Response({
             "snapshot_id": f"snp_{snapshot:016x}",
             "high_watermark": high_watermark,
-            "unresolved": [{"message": render_message(r.message), "state": r.state,
+            "unresolved": [{"message": render_message(r.message, withheld=r.message.public_id in withheld),
+                            "state": r.state,
                             "acknowledged_at": rfc3339(r.acknowledged_at)} for r in rows],
             "next_page": next_page,
             "cursor": pack_cursor((high_watermark,), caller=caller, stream="inbox"),

@@ -215,7 +215,8 @@ def test_status_shows_recipients_without_body(general, as_alice, as_bob):
     status = as_bob.get(f"/v0/messages/{message_id}").json()["message"]
     assert "body" not in status and status["body_bytes"] == 7
     assert status["recipients"] == [{"member": "@bob", "state": "pending", "acknowledged_at": None,
-                                     "resolved_at": None, "result": None}]
+                                     "resolved_at": None, "result": None,
+                                     "rejected_at": None, "reason": None}]
 
 
 def test_body_pages_never_split_a_scalar(general, as_alice, as_bob):
@@ -268,7 +269,7 @@ def test_acknowledge_and_resolve(general, as_alice, as_bob):
     assert missing.status_code == 400 and too_big.status_code == 400
     assert resolved.json()["message"]["recipients"][0] | {"resolved_at": None} == {
         "member": "@bob", "state": "resolved", "acknowledged_at": acked.json()["message"]["recipients"][0][
-            "acknowledged_at"], "resolved_at": None, "result": "LGTM"}
+            "acknowledged_at"], "resolved_at": None, "result": "LGTM", "rejected_at": None, "reason": None}
     assert same.status_code == 200
     assert different.status_code == 409
     assert by_author.status_code == 403 and error_code(by_author) == "FORBIDDEN"

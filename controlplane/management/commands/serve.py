@@ -9,6 +9,7 @@ import time
 import urllib.request
 
 from django.conf import settings
+from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from controlplane.schedules import ensure_schedules
@@ -33,6 +34,7 @@ class Command(BaseCommand):
     def handle(self, *args, bind, no_worker, **options):
         host, port = split_bind(bind)
         ensure_schedules()
+        call_command("recover")  # persisted barriers finish before anything is served
         manage = [sys.executable, os.path.join(settings.BASE_DIR, "manage.py")]
         children = [subprocess.Popen([sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "-v", "0",
                                       "controlplane.asgi:application"])]

@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from controlplane.api.fields import StrictCharField, StrictChoiceField, StrictSerializer
+from grants.models import ApprovalRequest, Grant
+
+
+class GrantCreateIn(StrictSerializer):
+    id = StrictCharField(max_length=68, help_text="Client-chosen: grt_ and 1–64 of A-Z, a-z, 0-9, _ and -.")
+    kind = StrictChoiceField(choices=Grant.Kind.choices)
+    sender = StrictCharField(max_length=33, required=False, allow_null=True, help_text="pair and one_message")
+    recipient = StrictCharField(max_length=33, required=False, allow_null=True, help_text="pair and one_message")
+    idempotency_key = StrictCharField(max_length=128, required=False, allow_null=True,
+                                      help_text="one_message: the sender's Idempotency-Key for that message")
+    expires_at = serializers.DateTimeField(required=False, allow_null=True, help_text="RFC 3339")
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict) and data.get("expires_at") is not None and not isinstance(data["expires_at"], str):
+            raise serializers.ValidationError({"expires_at": ["An RFC 3339 date-time string."]})
+        return super().to_internal_value(data)
+
+
+class DenyIn(StrictSerializer):
+    reason = StrictCharField(max_length=2000, help_text="Why; recorded with who denied and when.")
+
+
+class ApprovalListParams(serializers.Serializer):
+    status = serializers.ChoiceField(choices=ApprovalRequest.Status.choices, default=ApprovalRequest.Status.PENDING)
+
+
+class GrantOut(serializers.Serializer):
+    id = serializers.CharField()
+    space = serializers.CharField()
+    kind = serializers.ChoiceField(choices=Grant.Kind.choices)
+    sender = serializers.CharField(allow_null=True)
+    recipient = serializers.CharField(allow_null=True)
+    idempotency_key = serializers.CharField(allow_null=True)
+    expires_at = serializers.DateTimeField(allow_null=True)
+    status = serializers.ChoiceField(choices=Grant.Status.choices)
+    generation = serializers.IntegerField()
+    message = serializers.CharField(allow_null=True, help_text="one_message: the message that consumed it")
+    created_by = serializers.CharField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    barrier_started_at = serializers.DateTimeField(allow_null=True)
+    ended_at = serializers.DateTimeField(allow_null=True)
+
+
+class ApprovalRequestOut(serializers.Serializer):
+    id = serializers.CharField()
+    status = serializers.ChoiceField(choices=ApprovalRequest.Status.choices)
+    space = serializers.CharField()
+    conversation = serializers.CharField()
+    sender = serializers.CharField()
+    recipients = serializers.ListField(child=serializers.CharField())
+    idempotency_key = serializers.CharField()
+    body = serializers.CharField()
+    reply_to = serializers.CharField(allow_null=True)
+    related_paths = serializers.ListField(child=serializers.CharField())
+    fingerprint = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    decided_by = serializers.CharField(allow_null=True)
+    decided_at = serializers.DateTimeField(allow_null=True)
+    reason = serializers.CharField(allow_null=True)
+    message = serializers.CharField(allow_null=True, help_text="Once approved and sent")

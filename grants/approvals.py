@@ -1,0 +1,149 @@
+"""Approval requests: a send without authority, retained exactly, decided by
+an admin. Approval creates one-message grants for the uncovered recipients
+and sends the retained message itself, in one transaction; denial records
+who and why. Either way the sender gets an `approval` inbox item."""
+from __future__ import annotations
+
+from django.db import IntegrityError, transaction
+
+from controlplane.clock import now, rfc3339
+from controlplane.errors import ApiError, Conflict, IdempotencyConflict, InvalidRequest, NotFound
+from controlplane.log import NewEvent
+from controlplane.models import Conversation, Member
+from controlplane.tokens import public_id
+from grants.models import ApprovalRequest, Grant
+
+MAX_REASON_CHARS = 2000
+
+
+def retain_for_approval(message, uncovered: list[Member]) -> ApprovalRequest:
+    """The approval request retaining `message` (an unsaved Message the send
+    refused): the existing one for this sender and key, or a new one. The
+    key is what a one-message grant is bound to, so one is required."""
+    key = message.idempotency_key
+    if not key:
+        raise InvalidRequest("request_approval needs an Idempotency-Key: the approved grant covers that one key.")
+    lookup = {"sender": message.author, "idempotency_key": key}
+    request = ApprovalRequest.objects.filter(**lookup).first()
+    if request is None:
+        try:
+            with transaction.atomic():
+                request = ApprovalRequest.objects.create(
+                    **lookup, space=message.space, conversation=message.conversation,
+                    recipients=[m.pk for m in uncovered], body=message.body,
+                    reply_to=message.reply_to.public_id if message.reply_to_id else None,
+                    related_paths=message.related_paths, fingerprint=message.fingerprint)
+        except IntegrityError:  # a concurrent retry created it first
+            request = ApprovalRequest.objects.get(**lookup)
+    if request.fingerprint != message.fingerprint:
+        raise IdempotencyConflict()
+    return request
+
+
+def render_approval_request(request: ApprovalRequest) -> dict:
+    handles = dict(Member.objects.filter(pk__in=request.recipients).values_list("pk", "handle"))
+    return {
+        "id": request.public_id,
+        "status": request.status,
+        "space": request.space.slug,
+        "conversation": request.conversation.public_id,
+        "sender": f"@{request.sender.handle}",
+        "recipients": [f"@{handles[pk]}" for pk in request.recipients if pk in handles],
+        "idempotency_key": request.idempotency_key,
+        "body": request.body,
+        "reply_to": request.reply_to,
+        "related_paths": request.related_paths,
+        "fingerprint": request.fingerprint,
+        "created_at": rfc3339(request.created_at),
+        "decided_by": f"@{request.decided_by.handle}" if request.decided_by_id else None,
+        "decided_at": rfc3339(request.decided_at),
+        "reason": request.reason,
+        "message": request.message.public_id if request.message_id else None,
+    }
+
+
+def visible_approval_request(public_id_: str, viewer: Member) -> ApprovalRequest:
+    """The request, for its sender or an admin; anyone else gets 404."""
+    request = (ApprovalRequest.objects.select_related("space", "conversation", "sender", "decided_by", "message")
+               .filter(public_id=public_id_).first())
+    if request is None or not (viewer.is_admin or request.sender_id == viewer.pk):
+        raise NotFound()
+    return request
+
+
+def _lock_pending(request: ApprovalRequest, outcome: str) -> ApprovalRequest | None:
+    """Re-read `request` under its row lock. None when it is still pending;
+    the request itself when it already has `outcome` (a repeated decision);
+    CONFLICT when it was decided the other way."""
+    locked = ApprovalRequest.objects.select_for_update().get(pk=request.pk)
+    if locked.status == ApprovalRequest.Status.PENDING:
+        return None
+    if locked.status == outcome:
+        return locked
+    raise Conflict(f"The request was already {locked.status}.", details={"status": locked.status})
+
+
+def _notify_sender(request: ApprovalRequest) -> None:
+    from inbox.writes import insert_notice
+    payload = {"kind": "approval", "approvalRequest": request.public_id, "status": request.status,
+               "conversation": request.conversation.public_id, "idempotencyKey": request.idempotency_key,
+               "postId": request.message.public_id if request.message_id else None,
+               "decidedBy": f"@{request.decided_by.handle}", "reason": request.reason}
+    event = NewEvent("approval.decided", {"approval_request": request.public_id, "status": request.status,
+                                          "message": payload["postId"]},
+                     space_id=request.space_id, conversation_id=request.conversation_id,
+                     actor_id=request.decided_by_id,
+                     restricted=request.conversation.kind != Conversation.Kind.CHANNEL,
+                     addressees=(request.sender_id,))
+    insert_notice(request.sender, payload, event, conversation_id=request.conversation_id)
+
+
+def approve(request: ApprovalRequest, *, actor: Member) -> ApprovalRequest:
+    """Create a one-message grant for each retained recipient and send the
+    retained message exactly, as its sender, in one transaction. If the
+    send cannot go as approved (a recipient is no longer covered, the sender
+    lost the right to write), nothing changes and the error says why."""
+    from inbox.services import send_message
+    if not actor.is_admin:
+        raise NotFound()
+    with transaction.atomic():
+        if done := _lock_pending(request, ApprovalRequest.Status.APPROVED):
+            return done
+        request.refresh_from_db()
+        sender, conversation = request.sender, request.conversation
+        for recipient in Member.objects.filter(pk__in=request.recipients).order_by("pk"):
+            Grant.objects.create(public_id=public_id("grt"), space_id=request.space_id,
+                                 kind=Grant.Kind.ONE_MESSAGE, sender=sender, recipient=recipient,
+                                 idempotency_key=request.idempotency_key, created_by=actor)
+        try:
+            result = send_message(conversation, body=request.body, reply_to=request.reply_to,
+                                  related_paths=request.related_paths, idempotency_key=request.idempotency_key,
+                                  actor=sender)
+        except ApiError as exc:
+            # No grant for a recipient added since, a full mailbox, the
+            # sender no longer a member, the key used for another message…
+            raise Conflict(f"The retained message cannot be sent as approved: {exc.message}",
+                           details={"cause": exc.code, **exc.details}) from None
+        request.status, request.decided_by, request.decided_at = ApprovalRequest.Status.APPROVED, actor, now()
+        request.message = result.message
+        request.save(update_fields=["status", "decided_by", "decided_at", "message"])
+        _notify_sender(request)
+    return request
+
+
+def deny(request: ApprovalRequest, reason: str, *, actor: Member) -> ApprovalRequest:
+    """Record the denial, who made it and why; the message is never sent."""
+    if not actor.is_admin:
+        raise NotFound()
+    reason = (reason or "").strip()
+    if not reason or len(reason) > MAX_REASON_CHARS or "\x00" in reason:
+        raise InvalidRequest(f"A denial needs a reason of 1–{MAX_REASON_CHARS} characters.")
+    with transaction.atomic():
+        if done := _lock_pending(request, ApprovalRequest.Status.DENIED):
+            return done
+        request.refresh_from_db()
+        request.status, request.decided_by, request.decided_at = ApprovalRequest.Status.DENIED, actor, now()
+        request.reason = reason
+        request.save(update_fields=["status", "decided_by", "decided_at", "reason"])
+        _notify_sender(request)
+    return request

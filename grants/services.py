@@ -1,0 +1,133 @@
+"""Creating, reading and revoking grants."""
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+from django.db import IntegrityError, transaction
+
+from controlplane.clock import now, rfc3339
+from controlplane.errors import Forbidden, GrantConflict, InvalidRequest, NotFound
+from controlplane.idempotency import KEY_RE
+from controlplane.models import Member, Membership, Space
+from controlplane.selectors import active_membership
+from controlplane.services import member_for_handle, require_owner
+from grants import barrier
+from grants.models import Grant
+
+GRANT_ID_RE = re.compile(r"grt_[A-Za-z0-9_-]{1,64}")
+# Which parties each kind names; the others must be absent.
+PARTIES = {
+    Grant.Kind.PROJECT: (),
+    Grant.Kind.PAIR: ("sender", "recipient"),
+    Grant.Kind.ONE_MESSAGE: ("sender", "recipient", "idempotency_key"),
+}
+
+
+def _check_shape(kind: str, fields: dict) -> None:
+    wanted = PARTIES[kind]
+    missing = [name for name in wanted if fields.get(name) is None]
+    extra = [name for name in ("sender", "recipient", "idempotency_key")
+             if name not in wanted and fields.get(name) is not None]
+    if missing or extra:
+        named = ", ".join(wanted) or "no sender, recipient or idempotency_key"
+        raise InvalidRequest(f"A {kind} grant names {named}.", details={"missing": missing, "unexpected": extra})
+    key = fields.get("idempotency_key")
+    if key is not None and not KEY_RE.fullmatch(key):
+        raise InvalidRequest("idempotency_key must be 8–128 visible ASCII characters.")
+
+
+def _same(grant: Grant, space: Space, kind: str, sender: Member | None, recipient: Member | None,
+          key: str | None, expires_at: dt.datetime | None) -> bool:
+    return (grant.space_id == space.pk and grant.kind == kind and grant.sender_id == getattr(sender, "pk", None)
+            and grant.recipient_id == getattr(recipient, "pk", None) and grant.idempotency_key == key
+            and grant.expires_at == expires_at)
+
+
+def create_grant(space: Space, *, grant_id: str, kind: str, sender: str | None = None, recipient: str | None = None,
+                 idempotency_key: str | None = None, expires_at: dt.datetime | None = None,
+                 actor: Member) -> tuple[Grant, bool]:
+    """Create a grant under the client's id, or return the one the same
+    request created before (created=False). The id taken by a grant that
+    differs in any way is GRANT_CONFLICT. Space owners and admins only."""
+    if not GRANT_ID_RE.fullmatch(grant_id):
+        raise InvalidRequest("A grant id is grt_ followed by 1–64 of A-Z, a-z, 0-9, _ and -.",
+                             details={"id": grant_id})
+    if kind not in PARTIES:
+        raise InvalidRequest("kind must be project, pair or one_message.")
+    _check_shape(kind, {"sender": sender, "recipient": recipient, "idempotency_key": idempotency_key})
+    require_owner(space, actor)
+    sender_m = member_for_handle(sender) if sender is not None else None
+    recipient_m = member_for_handle(recipient) if recipient is not None else None
+    if sender_m is not None and sender_m == recipient_m:
+        raise InvalidRequest("sender and recipient must be different members.")
+
+    def existing() -> Grant | None:
+        grant = Grant.objects.filter(public_id=grant_id).first()
+        if grant is not None and not _same(grant, space, kind, sender_m, recipient_m, idempotency_key, expires_at):
+            raise GrantConflict(details={"id": grant_id})
+        return grant
+
+    if (grant := existing()) is not None:
+        return grant, False
+    if expires_at is not None and expires_at <= now():
+        raise InvalidRequest("expires_at must be in the future.", details={"expires_at": rfc3339(expires_at)})
+    try:
+        with transaction.atomic():
+            grant = Grant.objects.create(public_id=grant_id, space=space, kind=kind, sender=sender_m,
+                                         recipient=recipient_m, idempotency_key=idempotency_key,
+                                         expires_at=expires_at, created_by=actor)
+    except IntegrityError:  # the same id, created concurrently
+        if (grant := existing()) is None:
+            raise
+        return grant, False
+    return grant, True
+
+
+def _may_manage(grant: Grant, member: Member) -> bool:
+    if member.is_admin:
+        return True
+    membership = active_membership(grant.space, member)
+    return membership is not None and membership.role == Membership.Role.OWNER
+
+
+def visible_grant(grant_id: str, viewer: Member) -> Grant:
+    """The grant, for admins, the space's owners and the grant's own sender
+    and recipient; anyone else gets 404."""
+    grant = (Grant.objects.select_related("space", "sender", "recipient", "message", "created_by")
+             .filter(public_id=grant_id).first())
+    if grant is None or not (viewer.pk in (grant.sender_id, grant.recipient_id) or _may_manage(grant, viewer)):
+        raise NotFound()
+    return grant
+
+
+def revoke_grant(grant: Grant, *, actor: Member) -> Grant:
+    """Run the revocation barrier (owners and admins). Revoking a grant that
+    is already revoking finishes its barrier; a terminal grant is returned
+    as it is."""
+    if not _may_manage(grant, actor):
+        raise Forbidden("Only the space's owners and admins may revoke its grants.")
+    barrier.revoke(grant, actor=actor)
+    return visible_grant(grant.public_id, actor)
+
+
+def render_grant(grant: Grant) -> dict:
+    def handle(member):
+        return f"@{member.handle}" if member is not None else None
+
+    return {
+        "id": grant.public_id,
+        "space": grant.space.slug,
+        "kind": grant.kind,
+        "sender": handle(grant.sender),
+        "recipient": handle(grant.recipient),
+        "idempotency_key": grant.idempotency_key,
+        "expires_at": rfc3339(grant.expires_at),
+        "status": grant.status,
+        "generation": grant.generation,
+        "message": grant.message.public_id if grant.message_id else None,
+        "created_by": handle(grant.created_by),
+        "created_at": rfc3339(grant.created_at),
+        "barrier_started_at": rfc3339(grant.barrier_started_at),
+        "ended_at": rfc3339(grant.ended_at),
+    }

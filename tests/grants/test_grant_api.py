@@ -1,0 +1,116 @@
+"""POST /v0/spaces/{slug}/grants, GET /v0/grants/{id}, revoke (SPEC §5)."""
+import pytest
+
+from grants.models import Grant
+from tests.conftest import error_code
+
+GRANTS = "/v0/spaces/vault/grants"
+PAIR = {"id": "grt_bob-carol", "kind": "pair", "sender": "@bob", "recipient": "@carol"}
+
+
+def test_owner_creates_a_grant_and_the_same_request_returns_it(locked, as_alice):
+    # when
+    created = as_alice.post(GRANTS, PAIR)
+    again = as_alice.post(GRANTS, PAIR)
+    # then
+    assert created.status_code == 201 and again.status_code == 200
+    assert again.json() == created.json()
+    body = created.json()["grant"]
+    assert body | {"created_at": None} == {
+        "id": "grt_bob-carol", "space": "vault", "kind": "pair", "sender": "@bob", "recipient": "@carol",
+        "idempotency_key": None, "expires_at": None, "status": "active", "generation": 1, "message": None,
+        "created_by": "@alice", "created_at": None, "barrier_started_at": None, "ended_at": None}
+    assert Grant.objects.count() == 1
+
+
+@pytest.mark.parametrize("change", [
+    {"kind": "one_message", "idempotency_key": "key-00001"},
+    {"recipient": "@alice"},
+    {"sender": "@carol", "recipient": "@bob"},
+    {"expires_at": "2099-01-01T00:00:00Z"},
+])
+def test_reusing_an_id_for_a_different_grant_is_a_conflict(locked, as_alice, change):
+    # given
+    as_alice.post(GRANTS, PAIR)
+    # when
+    response = as_alice.post(GRANTS, {**PAIR, **change})
+    # then
+    assert response.status_code == 409 and error_code(response) == "GRANT_CONFLICT"
+    assert Grant.objects.get().recipient.handle == "carol" and Grant.objects.count() == 1
+
+
+def test_an_id_used_in_another_space_is_a_conflict(locked, space, as_alice):
+    as_alice.post(GRANTS, {"id": "grt_x", "kind": "project"})
+    response = as_alice.post("/v0/spaces/lab/grants", {"id": "grt_x", "kind": "project"})
+    assert response.status_code == 409 and error_code(response) == "GRANT_CONFLICT"
+
+
+def test_only_owners_and_admins_create_grants(locked, as_bob, as_root):
+    # when: bob, the governed sender, tries to authorize himself
+    refused = as_bob.post(GRANTS, PAIR)
+    by_admin = as_root.post(GRANTS, PAIR)
+    # then
+    assert refused.status_code == 403 and error_code(refused) == "FORBIDDEN"
+    assert by_admin.status_code == 201 and by_admin.json()["grant"]["created_by"] == "@root"
+
+
+@pytest.mark.parametrize("body", [
+    {"id": "grt_p", "kind": "project", "sender": "@bob"},
+    {"id": "grt_p", "kind": "pair", "sender": "@bob"},
+    {"id": "grt_p", "kind": "pair", "sender": "@bob", "recipient": "@carol", "idempotency_key": "key-00001"},
+    {"id": "grt_p", "kind": "one_message", "sender": "@bob", "recipient": "@carol"},
+    {"id": "grt_p", "kind": "one_message", "sender": "@bob", "recipient": "@carol", "idempotency_key": "short"},
+    {"id": "grt_p", "kind": "pair", "sender": "@bob", "recipient": "@bob"},
+    {"id": "grant-1", "kind": "project"},
+    {"id": "grt_" + "x" * 65, "kind": "project"},
+    {"id": "grt_p", "kind": "everything"},
+    {"id": "grt_p", "kind": "project", "expires_at": "2001-01-01T00:00:00Z"},
+    {"id": "grt_p", "kind": "project", "expires_at": "tomorrow"},
+    {"id": "grt_p", "kind": "project", "expires_at": 1700000000},
+    {"id": "grt_p", "kind": "project", "scope": "all"},
+    {"kind": "project"},
+])
+def test_malformed_grants_are_400_and_change_nothing(locked, as_alice, body):
+    response = as_alice.post(GRANTS, body)
+    assert response.status_code == 400 and error_code(response) == "INVALID_REQUEST"
+    assert not Grant.objects.exists()
+
+
+def test_an_unknown_member_is_404(locked, as_alice):
+    response = as_alice.post(GRANTS, {**PAIR, "recipient": "@nobody"})
+    assert response.status_code == 404 and not Grant.objects.exists()
+
+
+def test_a_grant_is_visible_to_its_parties_owners_and_admins_only(locked, as_alice, as_bob, as_carol, as_root,
+                                                                  make_member, api_for):
+    # given
+    as_alice.post(GRANTS, PAIR)
+    dave = make_member("dave")
+    # when / then
+    for caller in (as_alice, as_bob, as_carol, as_root):
+        assert caller.get("/v0/grants/grt_bob-carol").json()["grant"]["id"] == "grt_bob-carol"
+    hidden = api_for(dave).get("/v0/grants/grt_bob-carol")
+    assert hidden.status_code == 404 and error_code(hidden) == "NOT_FOUND"
+    assert as_bob.get(GRANTS).status_code == 403
+    assert [g["id"] for g in as_alice.get(GRANTS).json()["grants"]] == ["grt_bob-carol"]
+
+
+def test_only_owners_and_admins_revoke(locked, as_alice, as_bob):
+    # given
+    as_alice.post(GRANTS, PAIR)
+    # when
+    refused = as_bob.post("/v0/grants/grt_bob-carol/revoke")
+    revoked = as_alice.post("/v0/grants/grt_bob-carol/revoke")
+    again = as_alice.post("/v0/grants/grt_bob-carol/revoke")
+    # then: the barrier runs to its end; revoking again changes nothing
+    assert refused.status_code == 403 and error_code(refused) == "FORBIDDEN"
+    assert revoked.status_code == 200
+    grant = revoked.json()["grant"]
+    assert grant["status"] == "revoked" and grant["generation"] == 3
+    assert grant["barrier_started_at"] is not None and grant["ended_at"] is not None
+    assert again.json() == revoked.json()
+
+
+def test_unknown_grant_ids_are_404(as_alice):
+    assert as_alice.get("/v0/grants/grt_missing").status_code == 404
+    assert as_alice.get("/v0/grants/not-a-grant").status_code == 404
