@@ -190,6 +190,9 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "MemberKindEnum": "controlplane.models.Member.Kind",
         "ConversationKindEnum": ["channel", "direct", "group"],
+        "GrantKindEnum": "grants.models.Grant.Kind",
+        "GrantStatusEnum": "grants.models.Grant.Status",
+        "ApprovalStatusEnum": "grants.models.ApprovalRequest.Status",
     },
 }
 

@@ -44,7 +44,7 @@ def read_inbox(member: Member, *, bound: int | None = None, after: tuple[int, in
     # An item a revocation barrier withholds holds back its conversation's
     # later items until the barrier settles it (almost always: none).
     withheld_before = InboxItem.objects.filter(member=member, admission=InboxItem.Admission.WITHHELD,
-                                               conversation=OuterRef("conversation"),
+                                               state=InboxItem.State.PENDING, conversation=OuterRef("conversation"),
                                                position__lt=OuterRef("position"))
     # `position__gte` repeats what the OR implies so the index seeks to the
     # cursor instead of scanning every earlier item.

@@ -139,7 +139,7 @@ class InboxItem(models.Model):
             # Items a revocation barrier holds back; later items of the same
             # conversation wait behind them.
             models.Index(fields=["member", "conversation", "position"], name="inboxitem_withheld",
-                         condition=models.Q(admission="withheld")),
+                         condition=models.Q(admission="withheld", state="pending")),
             models.Index(fields=["grant"], name="inboxitem_grant_pending",
                          condition=models.Q(grant__isnull=False, state="pending")),
         ]

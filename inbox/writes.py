@@ -171,7 +171,8 @@ def _insert_in_one_statement(message: Message, recipients: list[Member], items: 
         "fingerprint": message.fingerprint, "created_at": message.created_at,
         "recipients": [r.pk for r in recipients], "kind": event.kind,
         "grants": [authority[r.pk].pk if r.pk in authority else None for r in recipients],
-        "generations": [authority[r.pk].generation if r.pk in authority else None for r in recipients], "restricted": event.restricted,
+        "generations": [authority[r.pk].generation if r.pk in authority else None for r in recipients],
+        "restricted": event.restricted,
         "data": json.dumps(event.data),
         "tokens": [item.token for item in items],
         "item_kind": items[0].kind if items else None,
@@ -210,6 +211,7 @@ def insert_notice(member: Member, payload: dict, event: NewEvent, *, conversatio
     Mailbox.objects.get_or_create(member=member)
     Mailbox.objects.filter(member=member).update(pending_bytes=F("pending_bytes") + size)
     item = InboxItem.objects.create(member=member, kind=payload["kind"], payload=payload, content_bytes=size,
-                                    conversation_id=conversation_id, position=row.position if position is None else position)
+                                    conversation_id=conversation_id,
+                                    position=row.position if position is None else position)
     group_send_on_commit(inbox_group(member), {"type": "inbox.available", "items": 1})
     return item

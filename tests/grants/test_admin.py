@@ -1,0 +1,105 @@
+"""An approver finds, reads and decides requests in the admin pages and on
+the staff approval queue, without the API."""
+import html
+import re
+
+import pytest
+from django.test import Client
+
+from grants.models import ApprovalRequest, Grant
+from inbox.models import Message
+from tests.grants.conftest import send_path
+
+BODY = "Ship <b>it</b> & tell @carol\nline two"
+
+
+@pytest.fixture
+def pending(bob_to_carol, as_bob):
+    response = as_bob.post(send_path(bob_to_carol), {"body": BODY, "request_approval": True},
+                           headers={"Idempotency-Key": "ship-00001"})
+    return ApprovalRequest.objects.get(public_id=response.json()["error"]["details"]["approval_request"]["id"])
+
+
+@pytest.fixture
+def approver(root):
+    """A browser session that signed in through the admin's login form."""
+    client = Client(enforce_csrf_checks=True)
+    page = client.get("/admin/login/")
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.content.decode()).group(1)
+    signed_in = client.post("/admin/login/?next=/admin/", {"username": "root", "password": "root-pass-123",
+                                                           "csrfmiddlewaretoken": token})
+    assert signed_in.status_code == 302 and signed_in["Location"] == "/admin/"
+    return client
+
+
+def csrf(client, page) -> str:
+    return re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.content.decode()).group(1)
+
+
+def test_an_approver_finds_reads_and_approves_in_the_admin(pending, approver, carol):
+    # when: the approver opens the pending queue
+    queue = approver.get("/admin/grants/approvalrequest/?status__exact=pending")
+    # then: the request is listed, with a link to its page
+    assert queue.status_code == 200
+    link = re.search(rf'href="(/admin/grants/approvalrequest/\d+/change/[^"]*)">{pending.public_id}<',
+                     queue.content.decode()).group(1)
+    # when: they open it
+    page = approver.get(html.unescape(link))
+    text = page.content.decode()
+    # then: the whole retained message is shown (escaped), and nothing is editable
+    assert html.escape(BODY) in text and "@bob" in text and "@carol" in text and "ship-00001" in text
+    assert pending.fingerprint in text
+    assert 'name="body"' not in text and "_save" not in text
+    # when: they approve it
+    approved = approver.post(f"/admin/grants/approvalrequest/{pending.pk}/approve/",
+                             {"csrfmiddlewaretoken": csrf(approver, page)})
+    # then: the message is sent exactly, under a one-message grant, and the decision recorded
+    assert approved.status_code == 302
+    pending.refresh_from_db()
+    assert pending.status == "approved" and pending.decided_by.handle == "root" and pending.decided_at
+    assert Message.objects.get().body == BODY and pending.message == Message.objects.get()
+    assert Grant.objects.get().message == pending.message
+    after = approver.get(approved["Location"]).content.decode()
+    assert "the message was sent" in after and "Approve and send" not in after
+
+
+def test_deny_from_the_list_asks_for_a_reason(pending, approver):
+    # given
+    listing = approver.get("/admin/grants/approvalrequest/")
+    token = csrf(approver, listing)
+    selection = {"action": "deny_selected", "_selected_action": [pending.pk], "csrfmiddlewaretoken": token}
+    # when: the action is chosen, a page asks why
+    asked = approver.post("/admin/grants/approvalrequest/", selection)
+    assert asked.status_code == 200 and "Reason" in asked.content.decode()
+    assert html.escape(BODY) in asked.content.decode()
+    # when: the reason is given
+    done = approver.post("/admin/grants/approvalrequest/", {**selection, "reason": "Not now."})
+    # then
+    assert done.status_code == 302
+    pending.refresh_from_db()
+    assert (pending.status, pending.reason, pending.decided_by.handle) == ("denied", "Not now.", "root")
+    assert not Message.objects.exists()
+
+
+def test_the_staff_queue_shows_and_decides_requests(pending, approver):
+    # when
+    page = approver.get("/staff/approvals/")
+    text = page.content.decode()
+    # then
+    assert page.status_code == 200 and pending.public_id in text and html.escape(BODY) in text
+    # when
+    approver.post(f"/staff/approvals/{pending.public_id}/approve", {"csrfmiddlewaretoken": csrf(approver, page)})
+    # then
+    pending.refresh_from_db()
+    assert pending.status == "approved" and Message.objects.get().body == BODY
+    assert "No request is waiting." in approver.get("/staff/approvals/").content.decode()
+
+
+def test_the_staff_queue_is_for_staff_only(pending, make_member):
+    make_member("walt", kind="human", password="walt-pass-123")
+    client = Client()
+    assert client.login(username="walt", password="walt-pass-123")
+    page = client.get("/staff/approvals/")
+    assert page.status_code == 302 and "/admin/login/" in page["Location"]
+    client.post(f"/staff/approvals/{pending.public_id}/approve")
+    assert ApprovalRequest.objects.get().status == "pending"

@@ -1,0 +1,146 @@
+"""Approval requests: the retained message, approve, deny (SPEC §5)."""
+import pytest
+
+from controlplane import services
+from grants.models import ApprovalRequest, Grant
+from inbox.models import InboxItem, Message
+from tests.conftest import error_code
+from tests.grants.conftest import send_path
+
+BODY = "Deploy?\n```\nrm -rf build/  # @carol\n```\n\u00e9\u263a\U0001F680 trailing space "
+KEY = {"Idempotency-Key": "deploy-0001"}
+
+
+@pytest.fixture
+def requested(bob_to_carol, as_bob):
+    """bob's send to carol without a grant, asking for approval."""
+    response = as_bob.post(send_path(bob_to_carol), {"body": BODY, "related_paths": ["src/app.py"],
+                                                     "request_approval": True}, headers=KEY)
+    assert response.status_code == 403 and error_code(response) == "GRANT_REQUIRED"
+    return response.json()["error"]["details"]["approval_request"]
+
+
+def inbox(api):
+    return [entry["item"] for entry in api.get("/v0/me/inbox").json()["items"]]
+
+
+def test_a_refused_send_can_ask_for_approval(requested, bob_to_carol):
+    # then: the exact message is retained, nothing is sent
+    assert requested | {"id": None, "created_at": None, "fingerprint": None} == {
+        "id": None, "status": "pending", "space": "vault", "conversation": bob_to_carol.public_id,
+        "sender": "@bob", "recipients": ["@carol"], "idempotency_key": "deploy-0001", "body": BODY,
+        "reply_to": None, "related_paths": ["src/app.py"], "fingerprint": None, "created_at": None,
+        "decided_by": None, "decided_at": None, "reason": None, "message": None}
+    assert requested["id"].startswith("apr_") and len(requested["fingerprint"]) == 64
+    assert not Message.objects.exists() and not InboxItem.objects.exists()
+
+
+def test_asking_again_returns_the_same_request_and_changed_content_conflicts(requested, bob_to_carol, as_bob):
+    # when
+    again = as_bob.post(send_path(bob_to_carol), {"body": BODY, "related_paths": ["src/app.py"],
+                                                  "request_approval": True}, headers=KEY)
+    changed = as_bob.post(send_path(bob_to_carol), {"body": "something else", "request_approval": True},
+                          headers=KEY)
+    # then
+    assert again.json()["error"]["details"]["approval_request"]["id"] == requested["id"]
+    assert changed.status_code == 409 and error_code(changed) == "IDEMPOTENCY_CONFLICT"
+    assert ApprovalRequest.objects.count() == 1
+
+
+def test_approval_needs_an_idempotency_key(bob_to_carol, as_bob):
+    response = as_bob.post(send_path(bob_to_carol), {"body": "hi", "request_approval": True})
+    assert response.status_code == 400 and "Idempotency-Key" in response.json()["error"]["message"]
+    assert not ApprovalRequest.objects.exists()
+
+
+def test_the_request_is_visible_to_its_sender_and_admins_only(requested, as_bob, as_carol, as_root):
+    path = f"/v0/approval-requests/{requested['id']}"
+    assert as_bob.get(path).json()["approval_request"] == requested
+    assert as_root.get(path).json()["approval_request"] == requested
+    assert as_carol.get(path).status_code == 404
+    assert as_carol.get("/v0/approval-requests").status_code == 403
+    queue = as_root.get("/v0/approval-requests", status="pending").json()
+    assert [r["id"] for r in queue["approval_requests"]] == [requested["id"]]
+    assert as_root.get("/v0/approval-requests", status="approved").json()["approval_requests"] == []
+    assert as_root.get("/v0/approval-requests", status="maybe").status_code == 400
+
+
+def test_approval_sends_the_retained_message_exactly(requested, as_root, as_bob, as_carol, root, bob, carol):
+    # when
+    approved = as_root.post(f"/v0/approval-requests/{requested['id']}/approve")
+    # then: decided by whom and when, and the message sent is byte for byte the approved one
+    outcome = approved.json()["approval_request"]
+    assert approved.status_code == 200
+    assert outcome["status"] == "approved" and outcome["decided_by"] == "@root" and outcome["decided_at"]
+    message = Message.objects.get(public_id=outcome["message"])
+    assert message.author == bob and message.idempotency_key == "deploy-0001"
+    assert message.body.encode() == BODY.encode() and message.related_paths == ["src/app.py"]
+    assert message.fingerprint == requested["fingerprint"]
+    body = as_carol.get(f"/v0/messages/{message.public_id}/body").json()["body"]
+    assert body == BODY
+    # under a one-message grant, now consumed
+    grant = Grant.objects.get(kind="one_message")
+    assert (grant.sender, grant.recipient, grant.idempotency_key, grant.created_by) == (bob, carol, "deploy-0001",
+                                                                                      root)
+    assert grant.message == message
+    # carol receives it; bob is told
+    assert [item["content"] for item in inbox(as_carol)] == [BODY]
+    assert inbox(as_bob) == [{"kind": "approval", "approvalRequest": requested["id"], "status": "approved",
+                              "conversation": requested["conversation"], "idempotencyKey": "deploy-0001",
+                              "postId": message.public_id, "decidedBy": "@root", "reason": None}]
+    assert as_bob.get(f"/v0/approval-requests/{requested['id']}").json()["approval_request"] == outcome
+
+
+def test_the_senders_retry_after_approval_returns_the_sent_message(requested, bob_to_carol, as_root, as_bob):
+    # given
+    sent = as_root.post(f"/v0/approval-requests/{requested['id']}/approve").json()["approval_request"]["message"]
+    # when
+    retry = as_bob.post(send_path(bob_to_carol), {"body": BODY, "related_paths": ["src/app.py"],
+                                                  "request_approval": True}, headers=KEY)
+    # then
+    assert retry.status_code == 200 and retry.json()["message"]["id"] == sent
+    assert Message.objects.count() == 1
+
+
+def test_approving_twice_is_the_same_decision(requested, as_root):
+    first = as_root.post(f"/v0/approval-requests/{requested['id']}/approve")
+    second = as_root.post(f"/v0/approval-requests/{requested['id']}/approve")
+    assert second.status_code == 200 and second.json() == first.json()
+    assert Message.objects.count() == 1 and Grant.objects.count() == 1
+
+
+def test_denial_records_who_and_why_and_tells_the_sender(requested, as_root, as_bob, as_carol):
+    # when
+    no_reason = as_root.post(f"/v0/approval-requests/{requested['id']}/deny", {"reason": ""})
+    denied = as_root.post(f"/v0/approval-requests/{requested['id']}/deny", {"reason": "Not during the freeze."})
+    then_approve = as_root.post(f"/v0/approval-requests/{requested['id']}/approve")
+    # then
+    assert no_reason.status_code == 400
+    outcome = denied.json()["approval_request"]
+    assert (outcome["status"], outcome["decided_by"], outcome["reason"]) == ("denied", "@root",
+                                                                             "Not during the freeze.")
+    assert then_approve.status_code == 409 and error_code(then_approve) == "CONFLICT"
+    assert not Message.objects.exists() and not Grant.objects.exists()
+    assert inbox(as_carol) == []
+    notice = inbox(as_bob)
+    assert [(n["kind"], n["status"], n["reason"], n["postId"]) for n in notice] == [
+        ("approval", "denied", "Not during the freeze.", None)]
+
+
+def test_only_admins_decide(requested, as_alice, as_bob):
+    # alice owns the space, but approvals are for admins
+    for caller in (as_alice, as_bob):
+        response = caller.post(f"/v0/approval-requests/{requested['id']}/approve")
+        assert response.status_code == 403 and error_code(response) == "FORBIDDEN"
+    assert ApprovalRequest.objects.get().status == "pending"
+
+
+def test_approval_that_cannot_send_as_approved_changes_nothing(requested, locked, as_root, alice, bob):
+    # given: the sender has since left the space
+    services.remove_member(locked, bob, actor=bob)
+    # when
+    response = as_root.post(f"/v0/approval-requests/{requested['id']}/approve")
+    # then
+    assert response.status_code == 409 and response.json()["error"]["details"]["cause"] == "FORBIDDEN"
+    assert ApprovalRequest.objects.get().status == "pending"
+    assert not Grant.objects.exists() and not Message.objects.exists()

@@ -1,0 +1,199 @@
+"""The revocation barrier and expiry (SPEC §5)."""
+import datetime as dt
+import signal
+import subprocess
+import sys
+
+import pytest
+from django_q.models import Schedule
+from django_q.scheduler import scheduler
+
+from controlplane.clock import freeze, now
+from controlplane.schedules import ensure_schedules
+from grants import barrier
+from grants.models import Grant
+from inbox import firewall
+from inbox.models import InboxItem, Mailbox, Recipient
+from tests.conftest import error_code
+from tests.grants.conftest import send_path
+from tests.servers import ROOT, manage, server_env
+
+
+def send(api, conversation, body, key=None):
+    response = api.post(send_path(conversation), {"body": body}, headers={"Idempotency-Key": key} if key else None)
+    assert response.status_code == 201, response.json()
+    return response.json()["message"]["id"]
+
+
+def inbox(api):
+    return api.get("/v0/me/inbox").json()["items"]
+
+
+def summary(api):
+    """carol's inbox as (kind, message id) pairs, in order."""
+    return [(e["item"]["kind"], e["item"]["postId"]) for e in inbox(api)]
+
+
+def test_finishing_keeps_what_was_handed_off_and_rejects_the_rest(bob_to_carol, grant, as_alice, as_bob, as_carol,
+                                                                  carol):
+    # given: two messages under a pair grant; carol has acknowledged the first
+    grant("grt_pair", "pair", sender="@bob", recipient="@carol")
+    handed_off, pending = send(as_bob, bob_to_carol, "one"), send(as_bob, bob_to_carol, "two")
+    first, second = inbox(as_carol)
+    as_carol.post("/v0/me/inbox/acknowledge", {"deliveryToken": first["deliveryToken"]})
+    # when
+    revoked = as_alice.post("/v0/grants/grt_pair/revoke").json()["grant"]
+    # then: the grant is terminal
+    assert revoked["status"] == "revoked"
+    # the acknowledged item stays delivered; the pending one is a tombstone
+    # whose place a `rejected` notice takes
+    assert summary(as_carol) == [("rejected", pending)]
+    notice = inbox(as_carol)[0]["item"]
+    assert notice["grant"] == "grt_pair" and "was revoked" in notice["reason"] and "content" not in notice
+    kept = as_carol.get(f"/v0/inbox-events/evt_{first['deliveryToken'][4:]}").json()
+    assert kept == {"item": first["item"]}
+    tombstone = as_carol.get(f"/v0/inbox-events/evt_{second['deliveryToken'][4:]}").json()
+    assert tombstone["state"] == "rejected" and "content" not in tombstone["item"]
+    assert tombstone["item"]["postId"] == pending and tombstone["reason"] == notice["reason"]
+    # terminal status stays visible to the participants, as audit
+    for caller in (as_bob, as_carol):
+        status = caller.get(f"/v0/messages/{pending}").json()["message"]["recipients"][0]
+        assert status["state"] == "rejected" and status["reason"] == notice["reason"]
+    assert as_carol.get(f"/v0/messages/{handed_off}").json()["message"]["recipients"][0]["state"] == "pending"
+    # revoked authority restores no body access, nor handling
+    for message_id in (handed_off, pending):
+        body = as_carol.get(f"/v0/messages/{message_id}/body")
+        assert body.status_code == 403 and error_code(body) == "AUTHORITY_REVOKED"
+    ack = as_carol.post(f"/v0/messages/{handed_off}/acknowledge")
+    assert ack.status_code == 403 and error_code(ack) == "AUTHORITY_REVOKED"
+    # the pending content left the mailbox count; the notice is all that is pending
+    assert Mailbox.objects.get(member=carol).pending_bytes == InboxItem.objects.get(kind="rejected").content_bytes
+    # and no new send is admitted under it
+    refused = as_bob.post(send_path(bob_to_carol), {"body": "three"})
+    assert refused.status_code == 403 and error_code(refused) == "GRANT_REQUIRED"
+
+
+def test_feeds_withhold_bodies_once_authority_is_revoked(locked, bob_to_carol, grant, as_alice, as_bob, as_carol):
+    # given
+    grant("grt_pair", "pair", sender="@bob", recipient="@carol")
+    message_id = send(as_bob, bob_to_carol, "secret plans")
+    before = as_carol.get("/v0/me/inbox/events").json()["events"]
+    # when
+    as_alice.post("/v0/grants/grt_pair/revoke")
+    # then: the event keeps its place and metadata, without the body
+    after = as_carol.get("/v0/me/inbox/events").json()["events"]
+    assert before[0]["data"]["message"]["body"] == "secret plans"
+    created = after[0]["data"]["message"]
+    assert (created["id"], created["body"], created["body_withheld"]) == (message_id, None, "AUTHORITY_REVOKED")
+    assert [e["kind"] for e in after] == ["message.created", "message.rejected"]
+    assert after[1]["data"] == {"message": message_id, "member": "@carol", "reason": after[1]["data"]["reason"]}
+    space_feed = as_bob.get("/v0/spaces/vault/events").json()["events"]
+    assert [e["data"]["message"]["body"] for e in space_feed if e["kind"] == "message.created"] == [None]
+    snapshot = as_carol.get("/v0/me/snapshot").json()
+    assert snapshot["unresolved"] == []  # rejected is terminal
+
+
+def test_later_still_authorized_messages_proceed_in_order(bob_to_carol, grant, as_bob, as_carol):
+    # given: the first message under a one-message grant, the next under a pair grant
+    once = grant("grt_once", "one_message", sender="@bob", recipient="@carol", idempotency_key="key-00001")
+    grant("grt_pair", "pair", sender="@bob", recipient="@carol")
+    first = send(as_bob, bob_to_carol, "first", key="key-00001")
+    second = send(as_bob, bob_to_carol, "second")
+    # when: the barrier starts on the first message's grant
+    barrier.start_barrier(once.pk, ending=Grant.Status.REVOKED, actor=None)
+    # then: the fenced item is withheld, and the conversation waits behind it
+    assert inbox(as_carol) == []
+    # when: it finishes
+    barrier.finish_barrier(once.pk)
+    third = send(as_bob, bob_to_carol, "third")
+    # then: the rejection takes the first message's place and the rest follow in order
+    assert summary(as_carol) == [("rejected", first), ("direct", second), ("direct", third)]
+
+
+def test_a_send_during_the_barrier_is_refused(bob_to_carol, grant, as_bob):
+    pair = grant("grt_pair", "pair", sender="@bob", recipient="@carol")
+    barrier.start_barrier(pair.pk, ending=Grant.Status.REVOKED, actor=None)
+    response = as_bob.post(send_path(bob_to_carol), {"body": "now?"})
+    assert response.status_code == 403 and error_code(response) == "GRANT_REQUIRED"
+    assert Grant.objects.get(pk=pair.pk).status == "revoking"
+
+
+def test_a_held_item_is_rejected_too_and_cannot_be_released(bob_to_carol, grant, as_alice, as_bob, as_carol,
+                                                             carol):
+    # given: carol's firewall holds bob's message
+    as_carol.put("/v0/me/inbox/firewall", {"rules": [{"action": "hold", "sender": "@bob"}]})
+    grant("grt_pair", "pair", sender="@bob", recipient="@carol")
+    message_id = send(as_bob, bob_to_carol, "held")
+    firewall.classify_pending(carol.pk)
+    item = InboxItem.objects.get(message__public_id=message_id)
+    token = item.token
+    assert item.admission == "held"
+    # when
+    as_alice.post("/v0/grants/grt_pair/revoke")
+    release = as_carol.post("/v0/me/inbox/held/release", {"deliveryToken": token})
+    # then
+    assert release.status_code == 403 and error_code(release) == "AUTHORITY_REVOKED"
+    assert as_carol.get("/v0/me/inbox/held").json()["items"] == []
+    assert summary(as_carol) == [("rejected", message_id)]
+
+
+def test_expiry_runs_the_same_barrier_from_the_schedule(bob_to_carol, grant, as_bob, as_carol):
+    # given: a grant that expires in a minute, with a message pending under it
+    grant("grt_brief", "pair", sender="@bob", recipient="@carol", expires_at=now() + dt.timedelta(minutes=1))
+    message_id = send(as_bob, bob_to_carol, "quick")
+    ensure_schedules()
+    assert Schedule.objects.get(name="expire-grants").func == "grants.tasks.expire_and_recover"
+    # when: the django-q2 scheduler runs after the expiry
+    with freeze(now() + dt.timedelta(minutes=2)):
+        scheduler()
+    # then
+    expired = Grant.objects.get(public_id="grt_brief")
+    assert expired.status == "expired" and expired.barrier_started_by is None
+    assert summary(as_carol) == [("rejected", message_id)]
+    assert "expired" in inbox(as_carol)[0]["item"]["reason"]
+
+
+def test_workers_recover_barriers_when_they_start(bob_to_carol, grant, as_bob, as_carol):
+    # given: a barrier started and never finished
+    pair = grant("grt_pair", "pair", sender="@bob", recipient="@carol")
+    message_id = send(as_bob, bob_to_carol, "limbo")
+    barrier.start_barrier(pair.pk, ending=Grant.Status.REVOKED, actor=None)
+    # when: a django-q2 worker process starts
+    from django_q.signals import post_spawn
+    post_spawn.send(sender="django_q", proc_name="Process-1")
+    # then
+    assert Grant.objects.get(pk=pair.pk).status == "revoked"
+    assert summary(as_carol) == [("rejected", message_id)]
+
+
+KILL_BETWEEN_STEPS = """
+import os, signal
+from grants import barrier
+from grants.models import Grant
+grant = Grant.objects.get(public_id="grt_pair")
+barrier.start_barrier(grant.pk, ending="revoked", actor=None)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_recover_finishes_a_barrier_whose_process_was_killed_between_its_steps(bob_to_carol, grant, as_bob,
+                                                                               as_carol, carol):
+    # given: a message pending under a pair grant
+    grant("grt_pair", "pair", sender="@bob", recipient="@carol")
+    message_id = send(as_bob, bob_to_carol, "in flight")
+    # when: a process starts the barrier and is killed before finishing it
+    killed = subprocess.run([sys.executable, "manage.py", "shell", "-c", KILL_BETWEEN_STEPS], cwd=ROOT,
+                            env=server_env(), capture_output=True, text=True, timeout=60)
+    # then: the fence is durable
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert Grant.objects.get(public_id="grt_pair").status == "revoking"
+    assert InboxItem.objects.get(member=carol).admission == "withheld"
+    assert inbox(as_carol) == []
+    # when: recovery runs (as it does before workers and servers start)
+    output = manage("recover")
+    # then
+    assert output.strip() == "Finished 1 interrupted barrier(s); expired 0 grant(s)."
+    assert Grant.objects.get(public_id="grt_pair").status == "revoked"
+    assert summary(as_carol) == [("rejected", message_id)]
+    assert Recipient.objects.get(member=carol).state == "rejected"
