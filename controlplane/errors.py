@@ -110,6 +110,14 @@ class InvalidBody(ApiError):
     status, code, message = 422, "INVALID_BODY", "The body is not valid text."
 
 
+class VerificationFailed(ApiError):
+    status, code, message = 422, "VERIFICATION_FAILED", "The receiver did not answer the challenge."
+
+
+class InvalidUrl(ApiError):
+    status, code, message = 422, "INVALID_URL", "The URL is not an acceptable webhook target."
+
+
 class MailboxFull(ApiError):
     status, code, message = 507, "MAILBOX_FULL", "A recipient's pending inbox is full."
 

@@ -31,6 +31,17 @@ class NewEvent:
     addressees: tuple[int, ...] = field(default_factory=tuple)
 
 
+# Called with [(position, event), …] in the appending transaction, after the
+# positions are taken: apps add work that must commit with the events (the
+# webhook outbox registers itself here).
+APPEND_HOOKS: list = []
+
+
+def run_append_hooks(entries: list[tuple[int, NewEvent]]) -> None:
+    for hook in APPEND_HOOKS:
+        hook(entries)
+
+
 _ALLOCATE_SQL = f"UPDATE {LogHead._meta.db_table} SET position = position + %s WHERE id = 1 RETURNING position"
 
 
@@ -73,6 +84,7 @@ def append_events(events: list[NewEvent], positions: list[int] | None = None) ->
     ]
     if addressees:
         EventAddressee.objects.bulk_create(addressees)
+    run_append_hooks(list(zip(positions, events)))
     # One message per commit, to every process; each fans it out locally
     # (long-polls now, live pages too), so a send costs one broker message.
     group_send_on_commit(LOG_GROUP, {"type": "log.advanced", "position": positions[-1],

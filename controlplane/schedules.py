@@ -10,6 +10,7 @@ SCHEDULES = [
     ("purge-idempotency-records", "controlplane.tasks.purge_idempotency_records", 60),
     ("classify-inbox-items", "inbox.tasks.classify_all", 1),
     ("expire-grants", "grants.tasks.expire_and_recover", 1),
+    ("deliver-webhooks", "webhooks.tasks.deliver", 1),
 ]
 
 

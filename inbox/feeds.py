@@ -64,10 +64,11 @@ def space_feed(space: Space, viewer: Member | None, after: int | None, limit: in
 
 
 def inbox_feed(viewer: Member, after: int | None, limit: int) -> FeedPage:
-    """Events addressed to `viewer` in spaces they can still read."""
+    """Events addressed to `viewer` in spaces they can still read, and those
+    of no space (notices about their own subscriptions)."""
     start = start_position(after)
-    positions = list(EventAddressee.objects.filter(member=viewer, event_id__gt=start,
-                                                   space__in=readable_spaces(viewer))
+    positions = list(EventAddressee.objects.filter(member=viewer, event_id__gt=start)
+                     .filter(Q(space__in=readable_spaces(viewer)) | Q(space__isnull=True))
                      .order_by("event_id").values_list("event_id", flat=True)[: limit + 1])
     has_more = len(positions) > limit
     positions = positions[:limit]

@@ -19,7 +19,7 @@ from django.db.models import F
 
 from controlplane.errors import MailboxFull
 from controlplane.live import LOG_GROUP, group_send_on_commit, kick_on_commit
-from controlplane.log import NewEvent, append_events, reserve_positions
+from controlplane.log import NewEvent, append_events, reserve_positions, run_append_hooks
 from controlplane.models import Event, EventAddressee, LogHead, Member
 from grants.models import Grant
 from inbox import events
@@ -148,14 +148,18 @@ SELECT (SELECT id FROM msg), (SELECT position FROM msg), ARRAY(SELECT member_id 
 """
 
 
-def _run_one_statement(params: dict, recipients: list[Member]) -> tuple[int, int, set[int]]:
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(_one_statement_sql(), params)
-        message_id, position, granted, firewalled = cursor.fetchone()
+def _run_one_statement(params: dict, recipients: list[Member], event: NewEvent) -> tuple[int, int, set[int]]:
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(_one_statement_sql(), params)
+            message_id, position, granted, firewalled = cursor.fetchone()
         if len(granted) < len(recipients):
             raise MailboxFull(details={"recipients": [f"@{r.handle}" for r in recipients if r.pk not in granted]})
         if message_id is None:
             raise _MissingLogHead()
+        # A statement of its own, under the log head lock the first one took:
+        # it sees every subscription activated before this position.
+        run_append_hooks([(position, event)])
     return message_id, position, set(firewalled)
 
 
@@ -184,10 +188,10 @@ def _insert_in_one_statement(message: Message, recipients: list[Member], items: 
     # A transaction, because a full mailbox is found mid-statement and the
     # other recipients' counters must roll back with it.
     try:
-        message_id, position, firewalled = _run_one_statement(params, recipients)
+        message_id, position, firewalled = _run_one_statement(params, recipients, event)
     except _MissingLogHead:
         LogHead.objects.get_or_create(id=1)
-        message_id, position, firewalled = _run_one_statement(params, recipients)
+        message_id, position, firewalled = _run_one_statement(params, recipients, event)
     message.id, message.position = message_id, position
     message._state.adding, message._state.db = False, connection.alias
     # Committed already (or deferred to the caller's commit by on_commit).

@@ -1,1 +1,170 @@
-"""Endpoints, subscriptions, deliveries and attempts (SPEC §8) live here."""
+"""Webhook endpoints, subscriptions, deliveries and attempts (SPEC §8)."""
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+from controlplane.clock import now
+from controlplane.models import Member, Space
+from controlplane.tokens import public_id
+
+
+def new_endpoint_id() -> str:
+    return public_id("whe")
+
+
+def new_subscription_id() -> str:
+    return public_id("whs")
+
+
+def new_delivery_id() -> str:
+    return public_id("whd")
+
+
+def new_key_id() -> str:
+    return public_id("whk")
+
+
+class SigningKey(models.Model):
+    """An Ed25519 key that signs wakes. One is active; retired keys stay
+    published while requests signed with them may still be verified."""
+
+    class Status(models.TextChoices):
+        ACTIVE = "active"
+        RETIRED = "retired"
+
+    key_id = models.CharField(max_length=40, unique=True, default=new_key_id, editable=False)
+    public_key = models.CharField(max_length=64)  # base64url of the raw 32 bytes
+    private_key = models.TextField(editable=False)  # encrypted (webhooks.crypto)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
+    created_at = models.DateTimeField(default=now)
+    retired_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["status"], condition=Q(status="active"),
+                                               name="one_active_signing_key")]
+
+    def __str__(self) -> str:
+        return self.key_id
+
+
+class Endpoint(models.Model):
+    """A receiver URL owned by a member, with an optional Standard Webhooks
+    secret (stored encrypted, never shown)."""
+
+    public_id = models.CharField(max_length=40, unique=True, default=new_endpoint_id, editable=False)
+    owner = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="+")
+    url = models.CharField(max_length=2048)
+    secret = models.TextField(null=True, blank=True, editable=False)  # encrypted
+    # A verification holds for this URL and secret: the keyed digest of both.
+    verified_digest = models.CharField(max_length=64, null=True, blank=True, editable=False)
+    verified_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=now)
+
+    def __str__(self) -> str:
+        return self.public_id
+
+
+class Subscription(models.Model):
+    class Kind(models.TextChoices):
+        SPACE = "space"
+        INBOX = "inbox"
+
+    class Status(models.TextChoices):
+        INACTIVE = "inactive"
+        ACTIVE = "active"
+        PAUSED = "paused"
+        SUSPENDED = "suspended"
+        DELETED = "deleted"
+
+    public_id = models.CharField(max_length=40, unique=True, default=new_subscription_id, editable=False)
+    owner = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="+")
+    endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="subscriptions")
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    space = models.ForeignKey(Space, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    subjects = models.JSONField(default=list)  # [{"type": "conversation", "id": "cnv_…"}]
+    conversation_ids = models.JSONField(null=True, blank=True)  # pks of the subjects; null: every event
+    exclude_self = models.BooleanField(default=False)
+    debounce_ms = models.PositiveIntegerField(default=1000)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.INACTIVE)
+    version = models.PositiveIntegerField(default=1)
+    activation_position = models.BigIntegerField(null=True, blank=True)
+    # Suspension: why, the last error class, and whether it is terminal (410/413).
+    suspended_reason = models.TextField(null=True, blank=True)
+    suspended_error = models.CharField(max_length=64, null=True, blank=True)
+    suspended_at = models.DateTimeField(null=True, blank=True)
+    terminal = models.BooleanField(default=False)
+    created_at = models.DateTimeField(default=now)
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["space"], name="subscription_space_active", condition=Q(status="active")),
+            models.Index(fields=["owner"], name="subscription_inbox_active",
+                         condition=Q(status="active", kind="inbox")),
+        ]
+
+    def __str__(self) -> str:
+        return self.public_id
+
+
+class Delivery(models.Model):
+    """One wake: a range of a subscription's feed, from `after` (the previous
+    wake's `through`) to `through`.
+
+    `open` while it still gathers events within the debounce window (its
+    `through` moves on); frozen at its first attempt, after which every retry
+    sends the same id and body; `pending` between attempts (`due_at` is the
+    next one); `sending` while a worker holds it (until `claimed_until`)."""
+
+    class State(models.TextChoices):
+        OPEN = "open"
+        PENDING = "pending"
+        SENDING = "sending"
+        DELIVERED = "delivered"
+        FAILED = "failed"  # the subscription was suspended
+        CANCELLED = "cancelled"  # deleted, paused past, or its owner lost access
+
+    UNFINISHED = (State.OPEN, State.PENDING, State.SENDING)
+
+    public_id = models.CharField(max_length=40, unique=True, default=new_delivery_id, editable=False)
+    subscription = models.ForeignKey(Subscription, on_delete=models.CASCADE, related_name="deliveries")
+    after_position = models.BigIntegerField()
+    through_position = models.BigIntegerField()
+    state = models.CharField(max_length=16, choices=State.choices, default=State.OPEN)
+    due_at = models.DateTimeField()
+    body = models.TextField(null=True, blank=True)  # the exact bytes (UTF-8), frozen at the first attempt
+    attempts = models.PositiveIntegerField(default=0)
+    first_attempt_at = models.DateTimeField(null=True, blank=True)
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    replay_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(default=now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["subscription"], condition=Q(state="open"),
+                                               name="one_open_delivery")]
+        indexes = [
+            models.Index(fields=["due_at"], name="delivery_due",
+                         condition=Q(state__in=["open", "pending", "sending"])),
+            models.Index(fields=["subscription", "id"], name="delivery_history"),
+        ]
+
+    def __str__(self) -> str:
+        return self.public_id
+
+
+class Attempt(models.Model):
+    """One HTTP attempt of a delivery: when, how long, and its outcome (a
+    status code or an error class). Never a URL, header or secret."""
+
+    delivery = models.ForeignKey(Delivery, on_delete=models.CASCADE, related_name="attempt_rows")
+    number = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    duration_ms = models.PositiveIntegerField()
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    error_class = models.CharField(max_length=64, null=True, blank=True)
+    key_id = models.CharField(max_length=40)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["delivery", "number"], name="attempt_number")]

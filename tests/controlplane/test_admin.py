@@ -17,7 +17,7 @@ def staff_client(make_member):
 
 
 def test_every_model_is_registered():
-    for app in ("controlplane", "inbox", "grants"):
+    for app in ("controlplane", "inbox", "grants", "webhooks"):
         for model in apps.get_app_config(app).get_models():
             assert admin.site.is_registered(model), model
 
@@ -27,7 +27,7 @@ def test_changelists_render_without_secrets(staff_client, general, alice):
     _, token = services.issue_credential(alice, actor=None)
     send_message(general, body="hello", actor=alice)
     # when / then
-    for app in ("controlplane", "inbox", "grants"):
+    for app in ("controlplane", "inbox", "grants", "webhooks"):
         for model in apps.get_app_config(app).get_models():
             url = f"/admin/{app}/{model._meta.model_name}/"
             response = staff_client.get(url)

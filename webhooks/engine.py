@@ -1,0 +1,278 @@
+"""The delivery engine: claim due wakes, send them concurrently, record
+every attempt.
+
+- **Claim** (one short transaction): due deliveries are locked with
+  `SKIP LOCKED`, so any number of workers never take the same one, and
+  moved to `sending` with a lease and the next attempt number. A delivery's
+  body is frozen at its first claim; every retry sends the same id and body.
+  Per subscription only the oldest unfinished wake is sent, so wakes arrive
+  in range order; per endpoint at most `PER_ENDPOINT` are in flight across
+  all workers, so a slow receiver cannot hold up anyone else's.
+- **Send** outside any transaction (webhooks.transport), many at once.
+- **Record** (one short transaction): the attempt row, then the outcome,
+  but only if the delivery is still this attempt's (a lease that expired
+  and was claimed again belongs to the newer attempt).
+
+A worker killed mid-request leaves a `sending` row whose lease runs out;
+the next claim takes it again. Nothing is lost; the receiver may see the
+same id twice, which delivery ids are for.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass
+
+from django.db import connections, transaction
+from django.db.models import Count, Exists, OuterRef, Q
+
+from controlplane.clock import now, rfc3339
+from controlplane.cursors import caller_id, pack_cursor
+from controlplane.log import NewEvent
+from controlplane.models import Member, Space
+from controlplane.selectors import can_read_space
+from webhooks import crypto
+from webhooks.models import Attempt, Delivery, Subscription
+from webhooks.transport import Outcome, Transport
+
+log = logging.getLogger(__name__)
+
+LEASE = dt.timedelta(seconds=60)  # longer than any request can take (transport.TOTAL_TIMEOUT)
+PER_ENDPOINT = 4
+MAX_IN_FLIGHT = 64
+FIRST_RETRY_SECONDS = 5.0
+MAX_RETRY_SECONDS = 600.0
+JITTER = 0.2
+SUSPEND_AFTER_ATTEMPTS = 100
+SUSPEND_AFTER = dt.timedelta(hours=1)
+TERMINAL_STATUSES = (410, 413)
+
+
+@dataclass(frozen=True)
+class Job:
+    delivery_id: int
+    public_id: str
+    number: int
+    url: str
+    sealed_secret: str | None
+    body: bytes
+
+
+def feed_cursor(subscription: Subscription, position: int) -> str:
+    """A cursor for the owner's feed this subscription follows (the space
+    feed, or the inbox feed), at `position`."""
+    stream = f"space:{subscription.space.public_id}" if subscription.kind == Subscription.Kind.SPACE else "inbox"
+    return pack_cursor((position,), caller=caller_id(subscription.owner), stream=stream)
+
+
+def wake_body(delivery: Delivery) -> str:
+    """The wake as the receiver gets it: cursors valid for the owner's feed."""
+    subscription = delivery.subscription
+    kind = ("spaces.events.available" if subscription.kind == Subscription.Kind.SPACE
+            else "spaces.inbox_events.available")
+
+    def cursor(position: int) -> str:
+        return feed_cursor(subscription, position)
+
+    body = {"type": kind, "id": delivery.public_id, "issuer": _issuer(),
+            "subscription": {"id": subscription.public_id, "version": subscription.version}}
+    if subscription.kind == Subscription.Kind.SPACE:
+        body["space"] = subscription.space.slug
+    body["event_range"] = {"after": cursor(delivery.after_position), "through": cursor(delivery.through_position)}
+    body["created_at"] = rfc3339(delivery.created_at)
+    return json.dumps(body, separators=(",", ":"))
+
+
+def _issuer() -> str:
+    from django.conf import settings
+
+    return settings.SWITCHBOARD_PUBLIC_URL
+
+
+def may_receive(subscription: Subscription) -> bool:
+    """Whether the owner may still be woken: an active member, and for space
+    subscriptions still able to read the space, which is not archived."""
+    owner: Member = subscription.owner
+    if not owner.is_active:
+        return False
+    if subscription.kind == Subscription.Kind.SPACE:
+        space: Space = subscription.space
+        return not space.archived and can_read_space(space, owner)
+    return True
+
+
+def claim_due(limit: int) -> list[Job]:
+    """Take up to `limit` due deliveries for this worker."""
+    if limit <= 0:
+        return []
+    at = now()
+    older_unfinished = Delivery.objects.filter(subscription_id=OuterRef("subscription_id"), id__lt=OuterRef("id"),
+                                               state__in=[Delivery.State.PENDING, Delivery.State.SENDING])
+    busy = (Delivery.objects.filter(state=Delivery.State.SENDING, claimed_until__gte=at)
+            .values("subscription__endpoint_id").annotate(n=Count("id")).filter(n__gte=PER_ENDPOINT)
+            .values("subscription__endpoint_id"))
+    jobs = []
+    with transaction.atomic():
+        due = list(Delivery.objects.select_for_update(skip_locked=True, of=("self",))
+                   .filter(Q(state__in=[Delivery.State.OPEN, Delivery.State.PENDING], due_at__lte=at)
+                           | Q(state=Delivery.State.SENDING, claimed_until__lt=at))
+                   .filter(subscription__status=Subscription.Status.ACTIVE)
+                   .exclude(Exists(older_unfinished))
+                   .exclude(subscription__endpoint_id__in=busy)
+                   .select_related("subscription__owner", "subscription__space", "subscription__endpoint")
+                   .order_by("due_at", "id")[:limit])
+        for delivery in due:
+            subscription = delivery.subscription
+            if not may_receive(subscription):
+                _finish(delivery, Delivery.State.CANCELLED)
+                continue
+            if delivery.body is None:
+                delivery.body = wake_body(delivery)
+                delivery.first_attempt_at = at
+            # Guarded, so the claim is atomic on SQLite too (no row locks there).
+            claimed = Delivery.objects.filter(pk=delivery.pk, state=delivery.state, attempts=delivery.attempts).update(
+                state=Delivery.State.SENDING, attempts=delivery.attempts + 1, claimed_until=at + LEASE,
+                body=delivery.body, first_attempt_at=delivery.first_attempt_at)
+            if claimed:
+                jobs.append(Job(delivery.pk, delivery.public_id, delivery.attempts + 1, subscription.endpoint.url,
+                                subscription.endpoint.secret, delivery.body.encode()))
+    return jobs
+
+
+def _finish(delivery: Delivery, state: str) -> None:
+    Delivery.objects.filter(pk=delivery.pk).update(state=state, finished_at=now(), claimed_until=None)
+
+
+def retry_delay(attempt: int, retry_after: float | None) -> float:
+    """About 5 s after the first failure, doubling, capped at 10 minutes,
+    ±20% jitter; a Retry-After is honoured up to the cap."""
+    base = min(FIRST_RETRY_SECONDS * 2 ** (attempt - 1), MAX_RETRY_SECONDS)
+    delay = base * random.uniform(1 - JITTER, 1 + JITTER)
+    if retry_after is not None:
+        delay = max(delay, retry_after)
+    return min(delay, MAX_RETRY_SECONDS)
+
+
+def record(job: Job, outcome: Outcome, *, key_id: str, started_at: dt.datetime) -> None:
+    """Store the attempt and apply its outcome to the delivery, if the
+    delivery is still this attempt's."""
+    with transaction.atomic():
+        Attempt.objects.create(delivery_id=job.delivery_id, number=job.number, started_at=started_at,
+                               duration_ms=outcome.duration_ms, status_code=outcome.status_code,
+                               error_class=outcome.error_class, key_id=key_id)
+        delivery = (Delivery.objects.select_for_update().select_related("subscription")
+                    .filter(pk=job.delivery_id).first())
+        if delivery is None or delivery.state != Delivery.State.SENDING or delivery.attempts != job.number:
+            return  # cancelled, or a newer attempt owns it
+        if outcome.ok:
+            _finish(delivery, Delivery.State.DELIVERED)
+        elif outcome.status_code in TERMINAL_STATUSES:
+            suspend(delivery.subscription, f"The receiver answered {outcome.status_code}: a terminal rejection.",
+                    f"http_{outcome.status_code}", terminal=True)
+            _finish(delivery, Delivery.State.FAILED)
+        elif (delivery.attempts >= SUSPEND_AFTER_ATTEMPTS
+              and now() - delivery.first_attempt_at >= SUSPEND_AFTER):
+            error = outcome.error_class or f"http_{outcome.status_code}"
+            suspend(delivery.subscription, f"{delivery.attempts} attempts over more than an hour failed.", error,
+                    terminal=False)
+            _finish(delivery, Delivery.State.FAILED)
+        else:
+            Delivery.objects.filter(pk=delivery.pk).update(
+                state=Delivery.State.PENDING, claimed_until=None,
+                due_at=now() + dt.timedelta(seconds=retry_delay(delivery.attempts, outcome.retry_after)))
+
+
+def suspend(subscription: Subscription, reason: str, error: str, *, terminal: bool) -> None:
+    """Suspend the subscription and tell its owner (an inbox item and an
+    event in their inbox feed). In the caller's transaction."""
+    from inbox.writes import insert_notice
+
+    locked = Subscription.objects.select_for_update().get(pk=subscription.pk)
+    if locked.status in (Subscription.Status.SUSPENDED, Subscription.Status.DELETED):
+        return
+    locked.status, locked.suspended_reason, locked.suspended_error = Subscription.Status.SUSPENDED, reason, error
+    locked.suspended_at, locked.terminal = now(), terminal
+    locked.save(update_fields=["status", "suspended_reason", "suspended_error", "suspended_at", "terminal"])
+    payload = {"kind": "subscription.suspended", "subscription": locked.public_id, "reason": reason,
+               "lastError": error, "terminal": terminal}
+    event = NewEvent("subscription.suspended", {"subscription": locked.public_id, "reason": reason,
+                                                "last_error": error, "terminal": terminal},
+                     space_id=locked.space_id, addressees=(locked.owner_id,))
+    insert_notice(locked.owner, payload, event)
+
+
+def next_due_in(horizon: float) -> float | None:
+    """Seconds until the next delivery falls due (0 if one is due), or None
+    if none does within `horizon` seconds."""
+    at = now()
+    candidates = [
+        Delivery.objects.filter(state__in=[Delivery.State.OPEN, Delivery.State.PENDING],
+                                subscription__status=Subscription.Status.ACTIVE)
+        .order_by("due_at").values_list("due_at", flat=True).first(),
+        Delivery.objects.filter(state=Delivery.State.SENDING).order_by("claimed_until")
+        .values_list("claimed_until", flat=True).first(),
+    ]
+    waits = [max(0.0, (c - at).total_seconds()) for c in candidates if c is not None]
+    soonest = min(waits, default=None)
+    return soonest if soonest is not None and soonest <= horizon else None
+
+
+# --- the pump ---------------------------------------------------------------------
+
+POLL_SECONDS = 0.25
+
+
+async def _db(fn, *args, **kwargs):
+    """Run ORM work in a worker thread (the event loop keeps sending)."""
+    def call():
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            connections.close_all()
+
+    return await asyncio.to_thread(call)
+
+
+async def _send(transport: Transport, signer: crypto.Signer, job: Job) -> None:
+    started_at = now()
+    secret = crypto.open_secret(job.sealed_secret)
+    headers = signer.headers(job.public_id, job.body, secret=secret, timestamp=int(time.time()))
+    outcome = await transport.post(job.url, job.body, headers)
+    await _db(record, job, outcome, key_id=signer.key_id, started_at=started_at)
+
+
+async def pump(*, seconds: float, wait: bool, resolver=None) -> int:
+    """Send due wakes for up to `seconds`; returns how many were attempted.
+
+    With `wait`, keep going while anything falls due within the run (the
+    debounce windows and retry times it finds); otherwise stop as soon as
+    nothing is due right now."""
+    deadline = time.monotonic() + seconds
+    signer = crypto.Signer(await _db(crypto.active_signing_key))
+    in_flight: set[asyncio.Task] = set()
+    sent = 0
+    async with Transport(resolver=resolver, limit=MAX_IN_FLIGHT) as transport:
+        while True:
+            remaining = deadline - time.monotonic()
+            jobs = await _db(claim_due, MAX_IN_FLIGHT - len(in_flight)) if remaining > 0 else []
+            for job in jobs:
+                in_flight.add(asyncio.create_task(_send(transport, signer, job)))
+            sent += len(jobs)
+            if jobs:
+                continue
+            soonest = await _db(next_due_in, max(0.0, remaining)) if wait and remaining > 0 else None
+            if soonest is None and not in_flight:
+                break
+            timeout = POLL_SECONDS if soonest is None else min(max(soonest, 0.01), POLL_SECONDS)
+            if in_flight:
+                done, in_flight = await asyncio.wait(in_flight, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task.exception():
+                        log.error("a webhook attempt failed to record", exc_info=task.exception())
+            else:
+                await asyncio.sleep(timeout)
+    return sent

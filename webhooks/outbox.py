@@ -1,0 +1,105 @@
+"""The outbox: wakes are written in the same transaction as the events that
+cause them.
+
+After an event is appended (and its position taken under the log head lock),
+every active subscription it qualifies for gets its open delivery's
+`through` moved up to it, or a new open delivery chained to the previous
+one's `through` and due after the subscription's debounce window. Both
+happen in the event's own transaction, so a committed event always has its
+wake, and a rolled-back one never does. The kick that follows the commit is
+only a nudge; the once-a-minute sweep is the guarantee.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterable
+
+from django.db import connection
+from django.db.models import Max, Value
+from django.db.models.functions import Greatest
+
+from controlplane.clock import now
+from controlplane.live import kick_on_commit
+from controlplane.log import NewEvent
+from controlplane.models import Participant
+from webhooks.models import Delivery, Subscription
+
+_SUBSCRIPTIONS = connection.ops.quote_name(Subscription._meta.db_table)
+
+
+def _active_subscriptions(space_ids: set[int], members: set[int]) -> list[tuple]:
+    """(id, kind, owner, space, conversation ids, exclude_self, debounce) of the
+    active subscriptions these spaces or addressees might wake: one plain
+    statement, run for every append, that almost always finds nothing."""
+    clauses, params = [], []
+    if space_ids:
+        clauses.append(f"(kind = 'space' AND space_id IN ({', '.join(['%s'] * len(space_ids))}))")
+        params += sorted(space_ids)
+    if members:
+        clauses.append(f"(kind = 'inbox' AND owner_id IN ({', '.join(['%s'] * len(members))}))")
+        params += sorted(members)
+    if not clauses:
+        return []
+    sql = (f"SELECT id, kind, owner_id, space_id, conversation_ids, exclude_self, debounce_ms FROM {_SUBSCRIPTIONS} "
+           f"WHERE status = 'active' AND ({' OR '.join(clauses)}) ORDER BY id")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+def _qualifies(row: tuple, event: NewEvent, participants: dict[int, set[int]]) -> bool:
+    _, kind, owner, space_id, conversation_ids, exclude_self, _ = row
+    if kind == Subscription.Kind.INBOX:
+        return owner in event.addressees
+    if event.space_id != space_id or (exclude_self and event.actor_id == owner):
+        return False
+    if conversation_ids is not None and event.conversation_id not in conversation_ids:
+        return False
+    # Direct and group events only for subscribers who take part in them.
+    return not event.restricted or owner in participants.get(event.conversation_id, ())
+
+
+def enqueue_wakes(entries: Iterable[tuple[int, NewEvent]]) -> None:
+    """Record the wakes `entries` (position, event) cause. Call it in the
+    events' transaction, after their positions are taken."""
+    entries = list(entries)
+    rows = _active_subscriptions({e.space_id for _, e in entries if e.space_id},
+                                 {m for _, e in entries for m in e.addressees})
+    if not rows:
+        return
+    rows = [(*row[:4], json.loads(row[4]) if isinstance(row[4], str) else row[4], *row[5:]) for row in rows]
+    restricted = {e.conversation_id for _, e in entries if e.restricted and e.conversation_id}
+    participants: dict[int, set[int]] = {}
+    if restricted and any(row[1] == Subscription.Kind.SPACE for row in rows):
+        for conversation_id, member_id in Participant.objects.filter(
+                conversation_id__in=restricted).values_list("conversation_id", "member_id"):
+            participants.setdefault(conversation_id, set()).add(member_id)
+    for row in rows:
+        positions = [position for position, event in entries if _qualifies(row, event, participants)]
+        if positions:
+            extend_or_open(row[0], max(positions), debounce_ms=row[6])
+
+
+def last_through(subscription_id: int) -> int:
+    """Where the subscription's next wake starts: the previous wake's
+    `through`, or the activation position for the first."""
+    last = Delivery.objects.filter(subscription_id=subscription_id).aggregate(last=Max("through_position"))["last"]
+    if last is not None:
+        return last
+    return Subscription.objects.filter(pk=subscription_id).values_list("activation_position", flat=True).get()
+
+
+def extend_or_open(subscription_id: int, position: int, *, debounce_ms: int) -> None:
+    """Move the open delivery's `through` to `position`, or open a new one
+    chained to the last `through`. A delivery a worker has frozen meanwhile
+    is no longer open, so the event goes to a new wake."""
+    if Delivery.objects.filter(subscription_id=subscription_id, state=Delivery.State.OPEN).update(
+            through_position=Greatest("through_position", Value(position))):
+        return
+    after = last_through(subscription_id)
+    if position <= after:
+        return
+    Delivery.objects.create(subscription_id=subscription_id, after_position=after, through_position=position,
+                            due_at=now() + dt.timedelta(milliseconds=debounce_ms))
+    kick_on_commit("webhooks.tasks.deliver")

@@ -1,0 +1,329 @@
+"""Endpoints, subscriptions, history and replay (SPEC §8)."""
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import secrets
+import time
+
+from django.db import transaction
+from django.db.models import Q
+
+from controlplane.clock import now, rfc3339
+from controlplane.errors import Conflict, InvalidRequest, LimitExceeded, NotFound, VerificationFailed
+from controlplane.live import kick_on_commit
+from controlplane.models import Conversation, LogHead, Member, Space
+from controlplane.selectors import active_membership
+from controlplane.tokens import public_id
+from webhooks import crypto
+from webhooks.engine import LEASE, feed_cursor
+from webhooks.models import Delivery, Endpoint, SigningKey, Subscription
+from webhooks.outbox import extend_or_open, last_through
+from webhooks.transport import Transport, validate_url
+
+MAX_ENDPOINTS = 20
+MAX_PER_SPACE = 20
+MAX_INBOX = 20
+MAX_SUBSCRIPTIONS = 100
+MAX_SUBJECTS = 20
+MAX_DEBOUNCE_MS = 60_000
+VERIFICATION_TTL = dt.timedelta(minutes=10)
+RETIRED_KEY_GRACE = dt.timedelta(hours=1)
+
+
+# --- endpoints --------------------------------------------------------------------
+
+def create_endpoint(owner: Member, url: str, secret: str | None) -> Endpoint:
+    validate_url(url)
+    if secret is not None:
+        crypto.parse_secret(secret)
+    with transaction.atomic():
+        # Lock the owner's row so concurrent creations count each other.
+        Member.objects.select_for_update().filter(pk=owner.pk).first()
+        if Endpoint.objects.filter(owner=owner).count() >= MAX_ENDPOINTS:
+            raise LimitExceeded(f"At most {MAX_ENDPOINTS} webhook endpoints per owner.")
+        return Endpoint.objects.create(owner=owner, url=url, secret=crypto.seal_secret(secret))
+
+
+def owned_endpoint(endpoint_id: str, owner: Member) -> Endpoint:
+    endpoint = Endpoint.objects.filter(public_id=endpoint_id, owner=owner).first()
+    if endpoint is None:
+        raise NotFound("No such webhook endpoint.")
+    return endpoint
+
+
+def is_verified(endpoint: Endpoint) -> bool:
+    secret = crypto.open_secret(endpoint.secret)
+    return endpoint.verified_at is not None and endpoint.verified_digest == crypto.target_digest(endpoint.url, secret)
+
+
+def delete_endpoint(endpoint: Endpoint) -> None:
+    """Delete the endpoint and its subscriptions; unsent wakes go with them."""
+    endpoint.delete()
+
+
+def verify_endpoint(endpoint: Endpoint, *, resolver=None) -> dt.datetime:
+    """Send the signed challenge, unless this owner verified the same URL and
+    secret in the last 10 minutes. 422 VERIFICATION_FAILED with a reason."""
+    secret = crypto.open_secret(endpoint.secret)
+    digest = crypto.target_digest(endpoint.url, secret)
+    cached = (Endpoint.objects.filter(owner_id=endpoint.owner_id, verified_digest=digest,
+                                      verified_at__gte=now() - VERIFICATION_TTL)
+              .order_by("-verified_at").values_list("verified_at", flat=True).first())
+    if cached is None:
+        challenge = secrets.token_urlsafe(32)
+        message_id = public_id("whc")
+        body = json.dumps({"type": "spaces.webhook.challenge", "id": message_id, "challenge": challenge,
+                           "created_at": rfc3339(now())}, separators=(",", ":")).encode()
+        signer = crypto.Signer(crypto.active_signing_key())
+        headers = signer.headers(message_id, body, secret=secret, timestamp=int(time.time()))
+        outcome = asyncio.run(_post_once(endpoint.url, body, headers, resolver))
+        _check_answer(outcome, challenge)
+        cached = now()
+    Endpoint.objects.filter(pk=endpoint.pk).update(verified_at=cached, verified_digest=digest)
+    endpoint.verified_at, endpoint.verified_digest = cached, digest
+    return cached
+
+
+async def _post_once(url, body, headers, resolver):
+    async with Transport(resolver=resolver, limit=1) as transport:
+        return await transport.post(url, body, headers)
+
+
+def _check_answer(outcome, challenge: str) -> None:
+    if outcome.status_code is None:
+        raise VerificationFailed(details={"reason": outcome.error_class})
+    if not outcome.ok:
+        raise VerificationFailed(details={"reason": f"http_{outcome.status_code}"})
+    try:
+        answer = json.loads(outcome.body)
+    except ValueError:
+        raise VerificationFailed(details={"reason": "not_json"}) from None
+    if not isinstance(answer, dict) or answer.get("challenge") != challenge:
+        raise VerificationFailed(details={"reason": "challenge_mismatch"})
+
+
+def render_endpoint(endpoint: Endpoint) -> dict:
+    return {"id": endpoint.public_id, "url": endpoint.url, "has_secret": endpoint.secret is not None,
+            "verified": is_verified(endpoint), "verified_at": rfc3339(endpoint.verified_at),
+            "created_at": rfc3339(endpoint.created_at)}
+
+
+# --- subscriptions ----------------------------------------------------------------
+
+def _check_debounce(debounce_ms: int) -> None:
+    if not 0 <= debounce_ms <= MAX_DEBOUNCE_MS:
+        raise InvalidRequest(f"debounce_ms must be 0–{MAX_DEBOUNCE_MS}.")
+
+
+def may_act_in(space: Space, member: Member) -> bool:
+    """Open spaces: anyone; request and private spaces: admitted members."""
+    if space.visibility == Space.Visibility.OPEN:
+        return True
+    membership = active_membership(space, member)
+    return membership is not None
+
+
+def _conversation_subjects(space: Space, subjects: list[dict], owner: Member) -> list[int] | None:
+    if not subjects:
+        return None
+    if len(subjects) > MAX_SUBJECTS:
+        raise InvalidRequest(f"At most {MAX_SUBJECTS} subjects.")
+    ids = []
+    for subject in subjects:
+        if subject.get("type") != "conversation":
+            raise InvalidRequest("This server supports conversation subjects only.", details={"subject": subject})
+        conversation = Conversation.objects.filter(space=space, public_id=subject.get("id")).first()
+        restricted = conversation is not None and conversation.kind != Conversation.Kind.CHANNEL
+        if conversation is None or (restricted and not conversation.participants.filter(member=owner).exists()):
+            raise NotFound("No such conversation in this space.", details={"subject": subject})
+        ids.append(conversation.pk)
+    return ids
+
+
+def _check_limits(owner: Member, *, space: Space | None) -> None:
+    live = Subscription.objects.filter(owner=owner).exclude(status=Subscription.Status.DELETED)
+    if live.count() >= MAX_SUBSCRIPTIONS:
+        raise LimitExceeded(f"At most {MAX_SUBSCRIPTIONS} subscriptions per owner.")
+    if space is not None and live.filter(space=space).count() >= MAX_PER_SPACE:
+        raise LimitExceeded(f"At most {MAX_PER_SPACE} subscriptions per space and owner.")
+    if space is None and live.filter(kind=Subscription.Kind.INBOX).count() >= MAX_INBOX:
+        raise LimitExceeded(f"At most {MAX_INBOX} inbox subscriptions per owner.")
+
+
+def create_subscription(owner: Member, endpoint_id: str, *, space: Space | None = None, subjects=None,
+                        exclude_self: bool = False, debounce_ms: int = 1000) -> Subscription:
+    """A space subscription (`space` given) or an inbox one; created inactive."""
+    _check_debounce(debounce_ms)
+    endpoint = owned_endpoint(endpoint_id, owner)
+    conversation_ids = None
+    if space is not None:
+        if not may_act_in(space, owner):
+            raise NotFound()
+        conversation_ids = _conversation_subjects(space, subjects or [], owner)
+    with transaction.atomic():
+        Member.objects.select_for_update().filter(pk=owner.pk).first()
+        _check_limits(owner, space=space)
+        return Subscription.objects.create(
+            owner=owner, endpoint=endpoint, space=space,
+            kind=Subscription.Kind.SPACE if space is not None else Subscription.Kind.INBOX,
+            subjects=subjects or [], conversation_ids=conversation_ids, exclude_self=exclude_self,
+            debounce_ms=debounce_ms)
+
+
+def owned_subscription(subscription_id: str, owner: Member, *, space: Space | None = None,
+                       kind: str | None = None) -> Subscription:
+    found = Subscription.objects.select_related("endpoint", "space", "owner").filter(
+        public_id=subscription_id, owner=owner).exclude(status=Subscription.Status.DELETED)
+    if kind is not None:
+        found = found.filter(kind=kind)
+    if space is not None:
+        found = found.filter(space=space)
+    subscription = found.first()
+    if subscription is None:
+        raise NotFound("No such subscription.")
+    return subscription
+
+
+def _head_position_locked() -> int:
+    """The log head, read under its row lock: no append is between taking a
+    position and committing while we hold it, so every event at or below it
+    is committed and every later one will see what we commit."""
+    head = LogHead.objects.select_for_update().filter(id=1).first()
+    return head.position if head else 0
+
+
+def activate(subscription: Subscription) -> int:
+    """Activate: only events committed after this qualify. Returns the
+    activation position (the activation cursor's)."""
+    if not is_verified(subscription.endpoint):
+        raise Conflict("Verify the endpoint first (POST /v0/webhook-endpoints/{id}/verify).")
+    if subscription.kind == Subscription.Kind.SPACE and not may_act_in(subscription.space, subscription.owner):
+        raise NotFound()
+    with transaction.atomic():
+        locked = Subscription.objects.select_for_update().get(pk=subscription.pk)
+        if locked.status == Subscription.Status.SUSPENDED and locked.terminal:
+            raise Conflict("The receiver rejected this subscription for good; create a new one.")
+        if locked.activation_position is None:
+            locked.activation_position = _head_position_locked()
+            locked.status = Subscription.Status.ACTIVE
+            locked.version += 1
+            locked.save(update_fields=["activation_position", "status", "version"])
+    subscription.refresh_from_db()
+    return subscription.activation_position
+
+
+def update_subscription(subscription: Subscription, *, status: str | None, debounce_ms: int | None) -> Subscription:
+    """Pause, resume (with a catch-up wake for what was missed) or change the
+    debounce window."""
+    if debounce_ms is not None:
+        _check_debounce(debounce_ms)
+    with transaction.atomic():
+        locked = Subscription.objects.select_for_update().get(pk=subscription.pk)
+        changed = []
+        if debounce_ms is not None and debounce_ms != locked.debounce_ms:
+            locked.debounce_ms = debounce_ms
+            changed.append("debounce_ms")
+        if status is not None and status != locked.status:
+            if locked.activation_position is None:
+                raise Conflict("Activate the subscription first.")
+            if locked.terminal:
+                raise Conflict("The receiver rejected this subscription for good; create a new one.")
+            locked.status = status
+            changed.append("status")
+            if status == Subscription.Status.ACTIVE:
+                locked.suspended_reason = locked.suspended_error = locked.suspended_at = None
+                changed += ["suspended_reason", "suspended_error", "suspended_at"]
+        if changed:
+            locked.version += 1
+            locked.save(update_fields=[*changed, "version"])
+            if "status" in changed and locked.status == Subscription.Status.ACTIVE:
+                # Resume: one catch-up wake for everything since the last one.
+                head = _head_position_locked()
+                if head > last_through(locked.pk):
+                    extend_or_open(locked.pk, head, debounce_ms=0)
+    subscription.refresh_from_db()
+    return subscription
+
+
+def delete_subscription(subscription: Subscription) -> None:
+    """Delete; unsent wakes are cancelled (a request in flight may finish)."""
+    with transaction.atomic():
+        Subscription.objects.filter(pk=subscription.pk).update(status=Subscription.Status.DELETED,
+                                                               deleted_at=now())
+        Delivery.objects.filter(subscription=subscription, state__in=Delivery.UNFINISHED).update(
+            state=Delivery.State.CANCELLED, finished_at=now())
+
+
+def render_subscription(subscription: Subscription) -> dict:
+    data = {"id": subscription.public_id, "endpoint_id": subscription.endpoint.public_id,
+            "owner": f"@{subscription.owner.handle}"}
+    if subscription.kind == Subscription.Kind.SPACE:
+        data |= {"scope": "space", "space": subscription.space.slug, "subjects": subscription.subjects,
+                 "exclude_self": subscription.exclude_self}
+    else:
+        data |= {"scope": "inbox_events"}
+    suspended = None
+    if subscription.status == Subscription.Status.SUSPENDED:
+        suspended = {"reason": subscription.suspended_reason, "last_error": subscription.suspended_error,
+                     "at": rfc3339(subscription.suspended_at), "terminal": subscription.terminal}
+    return data | {"debounce_ms": subscription.debounce_ms, "status": subscription.status,
+                   "version": subscription.version, "suspended": suspended,
+                   "created_at": rfc3339(subscription.created_at)}
+
+
+def activation_cursor(subscription: Subscription) -> str:
+    return feed_cursor(subscription, subscription.activation_position)
+
+
+# --- history and replay -------------------------------------------------------------
+
+def deliveries_of(subscription: Subscription):
+    return Delivery.objects.filter(subscription=subscription).exclude(state=Delivery.State.OPEN)
+
+
+def render_delivery(delivery: Delivery) -> dict:
+    attempts = [{"number": a.number, "at": rfc3339(a.started_at), "duration_ms": a.duration_ms,
+                 "status_code": a.status_code, "error_class": a.error_class}
+                for a in sorted(delivery.attempt_rows.all(), key=lambda a: a.number)]
+    return {"id": delivery.public_id, "state": delivery.state, "attempts": attempts,
+            "replay_of": delivery.replay_of.public_id if delivery.replay_of_id else None,
+            "created_at": rfc3339(delivery.created_at), "finished_at": rfc3339(delivery.finished_at),
+            "next_attempt_at": rfc3339(delivery.due_at) if delivery.state == Delivery.State.PENDING else None}
+
+
+def replay(delivery_id: str, owner: Member) -> Delivery:
+    """Send the same range again, as a new wake (a new id: the receiver has
+    seen the old one). Its own subscription's rules apply."""
+    original = (Delivery.objects.select_related("subscription").filter(
+        public_id=delivery_id, subscription__owner=owner).exclude(state=Delivery.State.OPEN).first())
+    if original is None or original.subscription.status == Subscription.Status.DELETED:
+        raise NotFound("No such delivery.")
+    with transaction.atomic():
+        copy = Delivery.objects.create(subscription=original.subscription, after_position=original.after_position,
+                                       through_position=original.through_position, state=Delivery.State.PENDING,
+                                       due_at=now(), replay_of=original)
+        kick_on_commit("webhooks.tasks.deliver")
+    return copy
+
+
+# --- signing keys -------------------------------------------------------------------
+
+def published_keys() -> list[SigningKey]:
+    """The active key, and each retired key while a request signed with it
+    may still be verified: for an hour after retirement, and as long as a
+    delivery claimed before its retirement is still in flight. (Retries are
+    signed afresh with the active key.)"""
+    crypto.active_signing_key()
+    oldest_claim = (Delivery.objects.filter(state=Delivery.State.SENDING, claimed_until__isnull=False)
+                    .order_by("claimed_until").values_list("claimed_until", flat=True).first())
+    still_needed = Q(retired_at__gte=now() - RETIRED_KEY_GRACE)
+    if oldest_claim is not None:
+        still_needed |= Q(retired_at__gte=oldest_claim - LEASE)
+    keys = SigningKey.objects.filter(Q(status=SigningKey.Status.ACTIVE) | still_needed)
+    return sorted(keys, key=lambda k: (k.status != SigningKey.Status.ACTIVE, k.created_at))
+
+
+def render_key(key: SigningKey) -> dict:
+    return {"key_id": key.key_id, "algorithm": "ed25519", "public_key": key.public_key, "status": key.status}

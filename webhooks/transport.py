@@ -1,0 +1,242 @@
+"""The outbound HTTP transport for wakes and challenges (SPEC §8).
+
+- The host is resolved on every connection (no DNS cache), and every
+  address it resolves to is checked: loopback, private, link-local, CGNAT,
+  multicast, reserved, unspecified and cloud-metadata addresses are refused,
+  for IPv4 and IPv6, including IPv4 embedded in IPv6 (mapped, compatible,
+  6to4, Teredo, NAT64). One bad address refuses the whole name, so a
+  resolver cannot slip one past by ordering.
+- The connection goes to the checked address, while TLS keeps the
+  hostname for SNI and certificate verification (aiohttp connects to the
+  resolved `host` with `server_hostname` set to the URL's host).
+- Redirects are never followed; connect and read timeouts and the response
+  size are bounded.
+- `WEBHOOK_ALLOW_PRIVATE_NETWORKS` (development and tests only) admits
+  loopback addresses and plain `http://`; nothing else.
+
+Callers hold no database transaction or lock while a request is in flight.
+"""
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+import ssl
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.resolver import ThreadedResolver
+from django.conf import settings
+
+from controlplane.errors import InvalidUrl
+
+CONNECT_TIMEOUT = 5.0
+READ_TIMEOUT = 10.0
+TOTAL_TIMEOUT = 15.0
+MAX_RESPONSE_BYTES = 64 * 1024
+MAX_URL_CHARS = 2048
+CGNAT = ipaddress.ip_network("100.64.0.0/10")
+NAT64 = ipaddress.ip_network("64:ff9b::/96")
+METADATA = {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254"),
+            ipaddress.ip_address("100.100.100.200")}
+
+
+class ForbiddenDestination(OSError):
+    """A name resolved to (or a URL names) an address wakes may not reach."""
+
+
+def _embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    if address.ipv4_mapped:
+        return address.ipv4_mapped
+    if address.sixtofour:
+        return address.sixtofour
+    if address.teredo:
+        return address.teredo[1]
+    if address in NAT64 or (int(address) >> 32 == 0 and int(address) > 1):  # NAT64, IPv4-compatible ::a.b.c.d
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
+def forbidden_reason(address: ipaddress.IPv4Address | ipaddress.IPv6Address, *, allow_loopback: bool) -> str | None:
+    """Why `address` may not be reached, or None when it may."""
+    if address.version == 6:
+        embedded = _embedded_ipv4(address)
+        if embedded is not None:
+            return forbidden_reason(embedded, allow_loopback=allow_loopback)
+    if address.is_loopback:
+        return None if allow_loopback else "loopback"
+    for reason, hit in (
+        ("metadata", address in METADATA),
+        ("unspecified", address.is_unspecified),
+        ("link-local", address.is_link_local),
+        ("multicast", address.is_multicast),
+        ("cgnat", address.version == 4 and address in CGNAT),
+        ("private", address.is_private),
+        ("reserved", address.is_reserved),
+        ("not-global", not address.is_global),
+    ):
+        if hit:
+            return reason
+    return None
+
+
+def check_address(host: str) -> None:
+    """Raise ForbiddenDestination unless `host` (an IP literal) may be reached."""
+    address = ipaddress.ip_address(host.split("%", 1)[0])
+    reason = forbidden_reason(address, allow_loopback=settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS)
+    if reason:
+        raise ForbiddenDestination(f"{reason} address")
+
+
+def _ip_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    return True
+
+
+def validate_url(url: str) -> str:
+    """422 INVALID_URL unless `url` is an acceptable target: HTTPS (plain
+    HTTP only with WEBHOOK_ALLOW_PRIVATE_NETWORKS), a host, no credentials,
+    no fragment, and no forbidden IP literal. Names are checked when used."""
+    if not isinstance(url, str) or len(url) > MAX_URL_CHARS or any(c.isspace() or ord(c) < 0x21 for c in url):
+        raise InvalidUrl(f"A webhook URL is at most {MAX_URL_CHARS} printable characters.")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise InvalidUrl("The URL cannot be parsed.") from None
+    schemes = ("https", "http") if settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS else ("https",)
+    if parts.scheme not in schemes:
+        raise InvalidUrl("Webhook URLs must use https.", details={"scheme": parts.scheme})
+    if not parts.hostname:
+        raise InvalidUrl("The URL has no host.")
+    if parts.username is not None or parts.password is not None:
+        raise InvalidUrl("Credentials do not belong in a webhook URL; use a whsec_ secret.")
+    if parts.fragment:
+        raise InvalidUrl("The URL must not have a fragment.")
+    if port == 0:
+        raise InvalidUrl("The URL's port must be 1–65535.")
+    if _ip_literal(parts.hostname):
+        try:
+            check_address(parts.hostname)
+        except ForbiddenDestination as exc:
+            raise InvalidUrl(f"The URL names a {exc}.") from None
+    return url
+
+
+class GuardedResolver(AbstractResolver):
+    """Resolves through `inner` (the system resolver unless one is injected)
+    and refuses names with any forbidden address."""
+
+    def __init__(self, inner: AbstractResolver | None = None):
+        self.inner = inner or ThreadedResolver()
+
+    async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET) -> list[ResolveResult]:
+        results = await self.inner.resolve(host, port, family)
+        if not results:
+            raise ForbiddenDestination("the name resolved to nothing")
+        for result in results:
+            check_address(result["host"])
+        return results
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+def ssl_context() -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    if settings.WEBHOOK_CA_BUNDLE:
+        context.load_verify_locations(cafile=settings.WEBHOOK_CA_BUNDLE)
+    return context
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status_code: int | None
+    error_class: str | None
+    duration_ms: int
+    retry_after: float | None = None
+    body: bytes = b""
+
+    @property
+    def ok(self) -> bool:
+        return self.status_code is not None and 200 <= self.status_code < 300
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        from email.utils import parsedate_to_datetime
+
+        try:
+            return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+        except (TypeError, ValueError):
+            return None
+
+
+def error_class(exc: BaseException) -> str:
+    """A short, secret-free name for what went wrong."""
+    seen, current = set(), exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ForbiddenDestination):
+            return "forbidden_destination"
+        current = getattr(current, "os_error", None) or current.__cause__ or current.__context__
+    if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
+        return "timeout"
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError | aiohttp.ClientSSLError):
+        return "tls_error"
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return "dns_error"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return "connect_error"
+    if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError):
+        return "connection_closed"
+    if isinstance(exc, InvalidUrl):
+        return "invalid_url"
+    return "request_error"
+
+
+class Transport:
+    """One aiohttp session for many concurrent requests. Use as an async
+    context manager; `resolver` is injectable (tests map names to any address)."""
+
+    def __init__(self, *, resolver: AbstractResolver | None = None, limit: int = 100):
+        self._resolver = GuardedResolver(resolver)
+        self._limit = limit
+        self.session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> "Transport":
+        connector = aiohttp.TCPConnector(resolver=self._resolver, use_dns_cache=False, ssl=ssl_context(),
+                                         limit=self._limit, limit_per_host=0)
+        timeout = aiohttp.ClientTimeout(total=TOTAL_TIMEOUT, connect=CONNECT_TIMEOUT, sock_read=READ_TIMEOUT)
+        self.session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
+                                             skip_auto_headers=("User-Agent",),
+                                             headers={"User-Agent": "Switchboard-Webhooks/1"})
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.session.close()
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> Outcome:
+        started = time.monotonic()
+
+        def elapsed() -> int:
+            return int((time.monotonic() - started) * 1000)
+
+        try:
+            validate_url(url)
+            async with self.session.post(url, data=body, headers=headers, allow_redirects=False) as response:
+                content = await response.content.read(MAX_RESPONSE_BYTES)
+                return Outcome(response.status, None, elapsed(), _retry_after(response.headers.get("Retry-After")),
+                               content)
+        except Exception as exc:  # noqa: BLE001 - every failure is an outcome, classified without secrets
+            return Outcome(None, error_class(exc), elapsed())
