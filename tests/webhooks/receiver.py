@@ -1,0 +1,138 @@
+"""A real HTTPS receiver on 127.0.0.1 for webhook tests, with a throwaway
+certificate authority (the server processes trust it via WEBHOOK_CA_BUNDLE)."""
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import json
+import ssl
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+
+def make_ca_and_certificate(directory: Path) -> tuple[Path, Path, Path]:
+    """(CA bundle, server certificate chain, server key) for `localhost` and 127.0.0.1."""
+    now = dt.datetime.now(dt.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Switchboard test CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(days=1))
+          .not_valid_after(now + dt.timedelta(days=30))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(days=1)).not_valid_after(now + dt.timedelta(days=30))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([x509.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    paths = directory / "ca.pem", directory / "server.pem", directory / "server.key"
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return paths
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict
+    body: bytes
+    at: float
+
+    def json(self) -> dict:
+        return json.loads(self.body)
+
+
+@dataclass
+class Receiver:
+    """Records every POST. `respond(received)` decides the answer: by
+    default a challenge is echoed and a wake gets 202."""
+
+    port: int
+    requests: list[Received] = field(default_factory=list)
+    respond: object = None
+    arrived: threading.Condition = field(default_factory=threading.Condition)
+
+    def url(self, path: str = "/hook", host: str = "localhost") -> str:
+        return f"https://{host}:{self.port}{path}"
+
+    def answer(self, received: Received) -> tuple[int, dict, bytes]:
+        if self.respond is not None:
+            return self.respond(received)
+        body = received.json()
+        if body.get("type") == "spaces.webhook.challenge":
+            return 200, {"Content-Type": "application/json"}, json.dumps({"challenge": body["challenge"]}).encode()
+        return 202, {"Content-Type": "application/json"}, b"{}"
+
+    def wakes(self) -> list[Received]:
+        return [r for r in self.requests if r.json().get("type") != "spaces.webhook.challenge"]
+
+    def wait_for(self, predicate, timeout: float = 30.0) -> list[Received]:
+        deadline = time.monotonic() + timeout
+        with self.arrived:
+            while not predicate(self.requests):
+                remaining = deadline - time.monotonic()
+                assert remaining > 0, f"timed out; received {len(self.requests)} request(s)"
+                self.arrived.wait(remaining)
+            return list(self.requests)
+
+
+def serve_receiver(directory: Path):
+    """Start a receiver; returns (receiver, CA bundle path, stop())."""
+    ca, chain, key = make_ca_and_certificate(directory)
+    receiver = Receiver(port=0)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):  # noqa: N802 - the stdlib's name
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            received = Received(self.path, dict(self.headers.items()), body, time.time())
+            status, headers, payload = receiver.answer(received)
+            with receiver.arrived:
+                receiver.requests.append(received)
+                receiver.arrived.notify_all()
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(chain, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    receiver.port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+
+    def stop():
+        server.shutdown()
+        server.server_close()
+
+    return receiver, ca, stop

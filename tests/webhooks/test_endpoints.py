@@ -1,0 +1,152 @@
+"""Webhook endpoints and their verification challenge (SPEC §8)."""
+import base64
+import datetime as dt
+import logging
+
+import nacl.signing
+import pytest
+from standardwebhooks.webhooks import Webhook
+
+from controlplane.clock import freeze, now
+from tests.conftest import error_code
+from webhooks.models import Endpoint
+
+SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
+
+
+def unpadded_b64url(value: str) -> bytes:
+    return base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+
+
+def create(api, url, **extra):
+    return api.post("/v0/webhook-endpoints", {"url": url, **extra})
+
+
+def test_create_read_list_delete(receiver, as_alice, as_bob):
+    # when
+    created = create(as_alice, receiver.url(), secret=SECRET)
+    endpoint = created.json()["endpoint"]
+    # then: the secret is never returned
+    assert created.status_code == 201
+    assert endpoint | {"id": None, "created_at": None} == {
+        "id": None, "url": receiver.url(), "has_secret": True, "verified": False, "verified_at": None,
+        "created_at": None}
+    assert SECRET not in created.content.decode()
+    assert as_alice.get(f"/v0/webhook-endpoints/{endpoint['id']}").json()["endpoint"] == endpoint
+    assert [e["id"] for e in as_alice.get("/v0/webhook-endpoints").json()["endpoints"]] == [endpoint["id"]]
+    # ownership: others see nothing
+    assert as_bob.get(f"/v0/webhook-endpoints/{endpoint['id']}").status_code == 404
+    assert as_bob.delete(f"/v0/webhook-endpoints/{endpoint['id']}").status_code == 404
+    assert as_alice.delete(f"/v0/webhook-endpoints/{endpoint['id']}").status_code == 204
+    assert not Endpoint.objects.exists()
+
+
+def test_the_secret_is_stored_encrypted(receiver, as_alice):
+    create(as_alice, receiver.url(), secret=SECRET)
+    stored = Endpoint.objects.get().secret
+    assert SECRET not in stored and SECRET.removeprefix("whsec_") not in stored
+
+
+@pytest.mark.parametrize("url", [
+    "http://receiver.example/hook",          # plain http
+    "https://user:pass@receiver.example/",   # credentials in the URL
+    "https://10.0.0.7/hook",                  # private literal
+    "https://[::ffff:192.168.0.1]/hook",     # mapped private literal
+    "https://169.254.169.254/latest/",      # cloud metadata
+    "https://127.0.0.1:8443/hook",            # loopback, without the development flag
+    "ftp://receiver.example/",
+    "https:///nohost",
+    "https://receiver.example/a b",
+])
+def test_unacceptable_urls_are_422(as_alice, url, settings):
+    settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS = False
+    response = create(as_alice, url)
+    assert response.status_code == 422 and error_code(response) == "INVALID_URL"
+    assert not Endpoint.objects.exists()
+
+
+@pytest.mark.parametrize("secret", ["whsec_short", "whsec_" + base64.b64encode(b"x" * 100).decode(), "s3cret",
+                                    "whsec_!!!!"])
+def test_malformed_secrets_are_400(as_alice, secret):
+    response = create(as_alice, "https://receiver.example/hook", secret=secret)
+    assert response.status_code == 400 and not Endpoint.objects.exists()
+
+
+def test_at_most_20_endpoints_per_owner(as_alice):
+    for n in range(20):
+        assert create(as_alice, f"https://receiver.example/{n}").status_code == 201
+    over = create(as_alice, "https://receiver.example/21")
+    assert over.status_code == 409 and error_code(over) == "LIMIT_EXCEEDED"
+
+
+def test_verification_sends_a_signed_challenge(receiver, as_alice, anon):
+    # given
+    endpoint = create(as_alice, receiver.url(), secret=SECRET).json()["endpoint"]
+    # when
+    verified = as_alice.post(f"/v0/webhook-endpoints/{endpoint['id']}/verify")
+    # then
+    assert verified.status_code == 200 and set(verified.json()) == {"verified_at"}
+    (challenge,) = receiver.requests
+    body = challenge.json()
+    assert set(body) == {"type", "id", "challenge", "created_at"} and body["type"] == "spaces.webhook.challenge"
+    # the Ed25519 signature verifies with PyNaCl against the published key
+    keys = {k["key_id"]: k for k in anon.get("/v0/webhook-signing-keys").json()["keys"]}
+    key = keys[challenge.headers["Webhook-Key-Id"]]
+    assert key["algorithm"] == "ed25519" and key["status"] == "active"
+    public = nacl.signing.VerifyKey(unpadded_b64url(key["public_key"]))
+    (signature,) = [s[3:] for s in challenge.headers["Webhook-Signature"].split() if s.startswith("v1=")]
+    signed = f"{key['key_id']}.{challenge.headers['Webhook-Timestamp']}.".encode() + challenge.body
+    public.verify(signed, unpadded_b64url(signature))
+    # and the Standard Webhooks signature with the standardwebhooks package
+    assert Webhook(SECRET).verify(challenge.body, challenge.headers) == body
+    assert challenge.headers["Webhook-Id"] == body["id"]
+    assert as_alice.get(f"/v0/webhook-endpoints/{endpoint['id']}").json()["endpoint"]["verified"] is True
+
+
+@pytest.mark.parametrize("answer, reason", [
+    ((200, {}, b'{"challenge": "wrong"}'), "challenge_mismatch"),
+    ((200, {}, b"not json"), "not_json"),
+    ((500, {}, b"{}"), "http_500"),
+    ((302, {"Location": "https://localhost/elsewhere"}, b""), "http_302"),
+])
+def test_a_wrong_answer_fails_verification(receiver, as_alice, answer, reason):
+    endpoint = create(as_alice, receiver.url()).json()["endpoint"]
+    receiver.respond = lambda received: answer
+    response = as_alice.post(f"/v0/webhook-endpoints/{endpoint['id']}/verify")
+    assert response.status_code == 422 and error_code(response) == "VERIFICATION_FAILED"
+    assert response.json()["error"]["details"] == {"reason": reason}
+    assert len(receiver.requests) == 1  # a redirect is not followed
+    assert Endpoint.objects.get().verified_at is None
+
+
+def test_an_unreachable_receiver_fails_verification(receiver, as_alice):
+    endpoint = create(as_alice, "https://localhost:9/hook").json()["endpoint"]
+    response = as_alice.post(f"/v0/webhook-endpoints/{endpoint['id']}/verify")
+    assert response.status_code == 422 and response.json()["error"]["details"]["reason"] == "connect_error"
+
+
+def test_verification_is_cached_10_minutes_per_owner_url_and_secret(receiver, as_alice, as_bob):
+    # given
+    first = create(as_alice, receiver.url(), secret=SECRET).json()["endpoint"]
+    as_alice.post(f"/v0/webhook-endpoints/{first['id']}/verify")
+    same = create(as_alice, receiver.url(), secret=SECRET).json()["endpoint"]
+    other_secret = create(as_alice, receiver.url()).json()["endpoint"]
+    bobs = create(as_bob, receiver.url(), secret=SECRET).json()["endpoint"]
+    # when
+    as_alice.post(f"/v0/webhook-endpoints/{same['id']}/verify")
+    cached = len(receiver.requests)
+    as_alice.post(f"/v0/webhook-endpoints/{other_secret['id']}/verify")
+    as_bob.post(f"/v0/webhook-endpoints/{bobs['id']}/verify")
+    with freeze(now() + dt.timedelta(minutes=11)):
+        as_alice.post(f"/v0/webhook-endpoints/{same['id']}/verify")
+    # then: only the same owner, URL and secret within 10 minutes skip the challenge
+    assert cached == 1
+    assert len(receiver.requests) == 4
+
+
+def test_secrets_never_reach_the_logs(receiver, as_alice, caplog):
+    caplog.set_level(logging.DEBUG)
+    endpoint = create(as_alice, receiver.url(), secret=SECRET).json()["endpoint"]
+    receiver.respond = lambda received: (500, {}, b"{}")
+    as_alice.post(f"/v0/webhook-endpoints/{endpoint['id']}/verify")
+    assert SECRET not in caplog.text and SECRET.removeprefix("whsec_") not in caplog.text
