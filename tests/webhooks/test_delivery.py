@@ -1,0 +1,254 @@
+"""The delivery engine against a real HTTPS receiver: signatures, the feed
+range, retries, suspension, debounce, pause and resume (SPEC §8)."""
+import asyncio
+import base64
+import datetime as dt
+import json
+
+import nacl.signing
+import pytest
+from standardwebhooks.webhooks import Webhook
+
+from controlplane import services
+from controlplane.clock import freeze, now
+from inbox.services import send_message
+from tests.conftest import Api
+from webhooks import engine
+from webhooks.crypto import rotate_signing_key
+from webhooks.models import Attempt, Delivery, Subscription
+from webhooks.receiver import WakeVerifier, fetch_signing_keys
+
+pytestmark = pytest.mark.django_db(transaction=True)
+SECRET = "whsec_" + base64.b64encode(b"s" * 32).decode()
+
+
+@pytest.fixture(autouse=True)
+def no_kicks(monkeypatch):
+    """The tests run the engine themselves (kicks would run it synchronously)."""
+    monkeypatch.setattr("webhooks.outbox.kick_on_commit", lambda *args: None)
+    monkeypatch.setattr("webhooks.services.kick_on_commit", lambda *args: None)
+
+
+def pump(wait=False, seconds=10.0):
+    return asyncio.run(engine.pump(seconds=seconds, wait=wait))
+
+
+@pytest.fixture
+def world(receiver, api_for, make_member):
+    """alice subscribed to the open space `lab` (debounce 0) through a
+    verified endpoint with a secret; bob sends."""
+    alice, bob = make_member("alice"), make_member("bob")
+    space = services.create_space(slug="lab", name="Lab", visibility="open", send_policy="open", actor=alice)
+    services.join_space(space, actor=bob)
+    general = services.create_channel(space, "general", actor=alice)
+    as_alice = api_for(alice)
+    endpoint = as_alice.post("/v0/webhook-endpoints", {"url": receiver.url(), "secret": SECRET}).json()["endpoint"]
+    as_alice.post(f"/v0/webhook-endpoints/{endpoint['id']}/verify")
+    subscription = as_alice.post("/v0/spaces/lab/webhook-subscriptions",
+                                 {"endpoint_id": endpoint["id"], "debounce_ms": 0}).json()["subscription"]
+    as_alice.post(f"/v0/spaces/lab/webhook-subscriptions/{subscription['id']}/activate")
+    receiver.requests.clear()
+    return {"alice": alice, "bob": bob, "as_alice": as_alice, "general": general, "subscription": subscription,
+            "path": f"/v0/spaces/lab/webhook-subscriptions/{subscription['id']}"}
+
+
+def keys_of(anon: Api):
+    return {k["key_id"]: base64.urlsafe_b64decode(k["public_key"] + "=")
+            for k in anon.get("/v0/webhook-signing-keys").json()["keys"]}
+
+
+def test_a_wake_is_signed_and_names_a_feed_range_with_the_message(world, receiver, anon):
+    # given
+    message = send_message(world["general"], body="build is green", actor=world["bob"]).message
+    # when
+    assert pump() == 1
+    # then: one wake, signed with the published Ed25519 key (checked with PyNaCl)...
+    (wake,) = receiver.wakes()
+    body = wake.json()
+    key_id, timestamp = wake.headers["Webhook-Key-Id"], wake.headers["Webhook-Timestamp"]
+    ed25519 = next(s[3:] for s in wake.headers["Webhook-Signature"].split() if s.startswith("v1="))
+    nacl.signing.VerifyKey(keys_of(anon)[key_id]).verify(
+        f"{key_id}.{timestamp}.".encode() + wake.body, base64.urlsafe_b64decode(ed25519 + "=="))
+    # ...and the Standard Webhooks way, with the endpoint's secret
+    assert Webhook(SECRET).verify(wake.body, wake.headers) == body
+    # the envelope
+    assert body["type"] == "spaces.events.available" and body["space"] == "lab"
+    assert body["id"] == wake.headers["Webhook-Id"] and body["id"].startswith("whd_")
+    assert body["subscription"] == {"id": world["subscription"]["id"], "version": 2}
+    assert body["issuer"] == "http://127.0.0.1:8000" and set(body["event_range"]) == {"after", "through"}
+    # the receiver reads the owner's feed from `after` and finds the message
+    events = world["as_alice"].get("/v0/spaces/lab/events", cursor=body["event_range"]["after"]).json()["events"]
+    assert [e["data"]["message"]["id"] for e in events if e["kind"] == "message.created"] == [message.public_id]
+    assert events[-1]["position"] == message.position
+    # and the package's own helper accepts it
+    helper = WakeVerifier(lambda: fetch_signing_keys("http://testserver", opener=lambda url: anon.get(
+        url.removeprefix("http://testserver")).content), issuer="http://127.0.0.1:8000", secret=SECRET)
+    assert helper.verify(wake.headers, wake.body) == body
+    assert helper.first_time(body["id"]) and not helper.first_time(body["id"])
+
+
+def test_retries_keep_the_id_and_body_with_a_fresh_signature(world, receiver):
+    # given: the receiver fails twice (the second time asking for 30 s)
+    answers = iter([(500, {}, b""), (503, {"Retry-After": "30"}, b""), (202, {}, b"{}")])
+    receiver.respond = lambda received: next(answers)
+    send_message(world["general"], body="retry me", actor=world["bob"])
+    # when
+    pump()
+    first_retry = Delivery.objects.get().due_at - now()
+    with freeze(now() + dt.timedelta(seconds=7)):
+        pump()
+        second_retry = Delivery.objects.get().due_at - now()
+    with freeze(now() + dt.timedelta(seconds=40)):
+        pump()
+    # then
+    first, second, third = receiver.wakes()
+    assert first.body == second.body == third.body
+    assert len({r.headers["Webhook-Id"] for r in (first, second, third)}) == 1
+    assert 4 <= first_retry.total_seconds() <= 6  # about 5 s, ±20%
+    assert 29.5 <= second_retry.total_seconds() <= 30.5  # Retry-After honoured
+    delivery = Delivery.objects.get()
+    assert delivery.state == "delivered" and delivery.attempts == 3
+    assert list(Attempt.objects.order_by("number").values_list("status_code", flat=True)) == [500, 503, 202]
+
+
+def test_backoff_doubles_and_is_capped():
+    delays = [engine.retry_delay(n, None) for n in (1, 2, 3, 10, 30)]
+    assert 4 <= delays[0] <= 6 and 8 <= delays[1] <= 12 and 16 <= delays[2] <= 24
+    assert delays[3] <= 600 and delays[4] <= 600
+    assert engine.retry_delay(1, 10_000) == 600
+
+
+def test_a_redirect_is_a_failure_and_is_not_followed(world, receiver):
+    receiver.respond = lambda received: (302, {"Location": receiver.url("/elsewhere")}, b"")
+    send_message(world["general"], body="hop", actor=world["bob"])
+    pump()
+    assert [r.path for r in receiver.requests] == ["/hook"]
+    assert Delivery.objects.get().state == "pending" and Attempt.objects.get().status_code == 302
+
+
+@pytest.mark.parametrize("status", [410, 413])
+def test_410_and_413_suspend_for_good_and_tell_the_owner(world, receiver, status):
+    # given
+    receiver.respond = lambda received: (status, {}, b"")
+    send_message(world["general"], body="gone?", actor=world["bob"])
+    # when
+    pump()
+    # then
+    subscription = world["as_alice"].get(world["path"]).json()["subscription"]
+    assert subscription["status"] == "suspended"
+    assert subscription["suspended"]["terminal"] is True and subscription["suspended"]["last_error"] == f"http_{status}"
+    (notice,) = world["as_alice"].get("/v0/me/inbox").json()["items"]
+    assert notice["item"]["kind"] == "subscription.suspended"
+    assert notice["item"]["subscription"] == world["subscription"]["id"]
+    feed = world["as_alice"].get("/v0/me/inbox/events").json()["events"]
+    assert [e["kind"] for e in feed] == ["subscription.suspended"]
+    # resume cannot clear it, and nothing more is sent
+    assert world["as_alice"].patch(world["path"], {"status": "active"}).status_code == 409
+    send_message(world["general"], body="more", actor=world["bob"])
+    pump()
+    assert len(receiver.wakes()) == 1
+
+
+def test_suspension_after_100_attempts_spanning_an_hour(world, receiver):
+    receiver.respond = lambda received: (500, {}, b"")
+    send_message(world["general"], body="down", actor=world["bob"])
+    pump()
+    # 99 attempts over two hours so far
+    Delivery.objects.update(attempts=99, first_attempt_at=now() - dt.timedelta(hours=2), due_at=now())
+    Attempt.objects.update(number=99)
+    pump()
+    subscription = Subscription.objects.get()
+    assert subscription.status == "suspended" and not subscription.terminal
+    assert subscription.suspended_error == "http_500"
+    # an owner can resume a non-terminal suspension
+    assert world["as_alice"].patch(world["path"], {"status": "active"}).status_code == 200
+
+
+def test_many_attempts_within_the_hour_do_not_suspend(world, receiver):
+    receiver.respond = lambda received: (500, {}, b"")
+    send_message(world["general"], body="down", actor=world["bob"])
+    pump()
+    Delivery.objects.update(attempts=150, first_attempt_at=now() - dt.timedelta(minutes=30), due_at=now())
+    pump()
+    assert Subscription.objects.get().status == "active"
+
+
+def test_debounce_coalesces_a_burst_into_one_wake(world, receiver):
+    world["as_alice"].patch(world["path"], {"debounce_ms": 400})
+    for n in range(5):
+        send_message(world["general"], body=f"burst {n}", actor=world["bob"])
+    assert pump() == 0  # inside the window, nothing is due
+    pump(wait=True, seconds=3)
+    (wake,) = receiver.wakes()
+    events = world["as_alice"].get("/v0/spaces/lab/events",
+                                   cursor=wake.json()["event_range"]["after"]).json()["events"]
+    assert [e["data"]["message"]["body"] for e in events] == [f"burst {n}" for n in range(5)]
+
+
+def test_pause_and_resume_produce_a_catch_up_wake(world, receiver):
+    world["as_alice"].patch(world["path"], {"status": "paused"})
+    send_message(world["general"], body="while paused", actor=world["bob"])
+    assert pump() == 0 and receiver.wakes() == []
+    world["as_alice"].patch(world["path"], {"status": "active"})
+    pump()
+    (wake,) = receiver.wakes()
+    events = world["as_alice"].get("/v0/spaces/lab/events",
+                                   cursor=wake.json()["event_range"]["after"]).json()["events"]
+    assert [e["data"]["message"]["body"] for e in events] == ["while paused"]
+
+
+def test_wakes_of_a_subscription_are_chained_and_sent_in_order(world, receiver):
+    receiver.respond = lambda received: (500, {}, b"")
+    send_message(world["general"], body="1", actor=world["bob"])
+    pump()
+    send_message(world["general"], body="2", actor=world["bob"])
+    with freeze(now() + dt.timedelta(seconds=7)):
+        receiver.respond = None
+        pump()
+        pump()
+    first, second = (r.json() for r in receiver.wakes()[-2:])
+    assert first["event_range"]["through"] == second["event_range"]["after"]
+    assert [d.state for d in Delivery.objects.order_by("id")] == ["delivered", "delivered"]
+
+
+def test_removal_from_a_private_space_stops_sends_at_once(receiver, api_for, make_member):
+    alice, bob = make_member("alice"), make_member("bob")
+    space = services.create_space(slug="den", name="Den", visibility="private", send_policy="open", actor=alice)
+    services.add_member(space, bob, actor=alice)
+    general = services.create_channel(space, "general", actor=alice)
+    as_bob = api_for(bob)
+    endpoint = as_bob.post("/v0/webhook-endpoints", {"url": receiver.url()}).json()["endpoint"]["id"]
+    as_bob.post(f"/v0/webhook-endpoints/{endpoint}/verify")
+    subscription = as_bob.post("/v0/spaces/den/webhook-subscriptions",
+                               {"endpoint_id": endpoint, "debounce_ms": 0}).json()["subscription"]
+    as_bob.post(f"/v0/spaces/den/webhook-subscriptions/{subscription['id']}/activate")
+    send_message(general, body="for members", actor=alice)
+    services.remove_member(space, bob, actor=alice)
+    pump()
+    assert receiver.wakes() == []
+    assert Delivery.objects.get().state == "cancelled"
+
+
+def test_a_rotated_key_stays_published_and_signs_no_more(world, receiver, anon):
+    before = set(keys_of(anon))
+    new = rotate_signing_key()
+    listing = {k["key_id"]: k["status"] for k in anon.get("/v0/webhook-signing-keys").json()["keys"]}
+    assert listing == {**{k: "retired" for k in before}, new.key_id: "active"}
+    send_message(world["general"], body="after rotation", actor=world["bob"])
+    pump()
+    assert receiver.wakes()[0].headers["Webhook-Key-Id"] == new.key_id
+    with freeze(now() + dt.timedelta(hours=2)):
+        assert set(keys_of(anon)) == {new.key_id}
+
+
+def test_history_shows_attempts_without_secrets(world, receiver):
+    receiver.respond = lambda received: (500, {}, b"")
+    send_message(world["general"], body="x", actor=world["bob"])
+    pump()
+    history = world["as_alice"].get(f"/v0/webhook-subscriptions/{world['subscription']['id']}/deliveries")
+    (delivery,) = history.json()["deliveries"]
+    (attempt,) = delivery["attempts"]
+    assert delivery["state"] == "pending" and attempt["status_code"] == 500 and attempt["error_class"] is None
+    assert set(attempt) == {"number", "at", "duration_ms", "status_code", "error_class"}
+    text = json.dumps(history.json())
+    assert SECRET not in text and receiver.url() not in text
