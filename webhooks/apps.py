@@ -1,4 +1,17 @@
+import logging
+
 from django.apps import AppConfig
+
+
+def _resume_on_spawn(sender, proc_name, **kwargs):
+    """A worker that starts picks up wakes a stopped one left (due, or
+    claimed by a worker that died) without waiting for the minute sweep."""
+    from django_q.tasks import async_task
+
+    try:
+        async_task("webhooks.tasks.deliver")
+    except Exception:  # the minute sweep covers it
+        logging.getLogger(__name__).warning("could not queue webhook delivery at worker start", exc_info=True)
 
 
 class WebhooksConfig(AppConfig):
@@ -6,6 +19,9 @@ class WebhooksConfig(AppConfig):
     verbose_name = "Webhooks"
 
     def ready(self):
+        from django_q.signals import post_spawn
+
+        post_spawn.connect(_resume_on_spawn, dispatch_uid="webhooks.resume_on_spawn")
         from controlplane.log import APPEND_HOOKS
         from webhooks.outbox import enqueue_wakes
 

@@ -27,6 +27,7 @@ import random
 import time
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import connections, transaction
 from django.db.models import Count, Exists, OuterRef, Q
 
@@ -41,7 +42,6 @@ from webhooks.transport import Outcome, Transport
 
 log = logging.getLogger(__name__)
 
-LEASE = dt.timedelta(seconds=60)  # longer than any request can take (transport.TOTAL_TIMEOUT)
 PER_ENDPOINT = 4
 MAX_IN_FLIGHT = 64
 FIRST_RETRY_SECONDS = 5.0
@@ -88,8 +88,6 @@ def wake_body(delivery: Delivery) -> str:
 
 
 def _issuer() -> str:
-    from django.conf import settings
-
     return settings.SWITCHBOARD_PUBLIC_URL
 
 
@@ -103,6 +101,11 @@ def may_receive(subscription: Subscription) -> bool:
         space: Space = subscription.space
         return not space.archived and can_read_space(space, owner)
     return True
+
+
+def lease() -> dt.timedelta:
+    """How long a claim lasts: longer than any request (WEBHOOK_LEASE_SECONDS)."""
+    return dt.timedelta(seconds=settings.WEBHOOK_LEASE_SECONDS)
 
 
 def claim_due(limit: int) -> list[Job]:
@@ -135,7 +138,7 @@ def claim_due(limit: int) -> list[Job]:
                 delivery.first_attempt_at = at
             # Guarded, so the claim is atomic on SQLite too (no row locks there).
             claimed = Delivery.objects.filter(pk=delivery.pk, state=delivery.state, attempts=delivery.attempts).update(
-                state=Delivery.State.SENDING, attempts=delivery.attempts + 1, claimed_until=at + LEASE,
+                state=Delivery.State.SENDING, attempts=delivery.attempts + 1, claimed_until=at + lease(),
                 body=delivery.body, first_attempt_at=delivery.first_attempt_at)
             if claimed:
                 jobs.append(Job(delivery.pk, delivery.public_id, delivery.attempts + 1, subscription.endpoint.url,

@@ -17,7 +17,7 @@ from controlplane.models import Conversation, LogHead, Member, Space
 from controlplane.selectors import active_membership
 from controlplane.tokens import public_id
 from webhooks import crypto
-from webhooks.engine import LEASE, feed_cursor
+from webhooks.engine import feed_cursor, lease
 from webhooks.models import Delivery, Endpoint, SigningKey, Subscription
 from webhooks.outbox import extend_or_open, last_through
 from webhooks.transport import Transport, validate_url
@@ -320,7 +320,7 @@ def published_keys() -> list[SigningKey]:
                     .order_by("claimed_until").values_list("claimed_until", flat=True).first())
     still_needed = Q(retired_at__gte=now() - RETIRED_KEY_GRACE)
     if oldest_claim is not None:
-        still_needed |= Q(retired_at__gte=oldest_claim - LEASE)
+        still_needed |= Q(retired_at__gte=oldest_claim - lease())
     keys = SigningKey.objects.filter(Q(status=SigningKey.Status.ACTIVE) | still_needed)
     return sorted(keys, key=lambda k: (k.status != SigningKey.Status.ACTIVE, k.created_at))
 

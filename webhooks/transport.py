@@ -235,7 +235,11 @@ class Transport:
         try:
             validate_url(url)
             async with self.session.post(url, data=body, headers=headers, allow_redirects=False) as response:
-                content = await response.content.read(MAX_RESPONSE_BYTES)
+                content = b""
+                async for chunk in response.content.iter_chunked(16 * 1024):
+                    content += chunk[:MAX_RESPONSE_BYTES - len(content)]
+                    if len(content) >= MAX_RESPONSE_BYTES:
+                        break  # the rest is never read; the connection is dropped
                 return Outcome(response.status, None, elapsed(), _retry_after(response.headers.get("Retry-After")),
                                content)
         except Exception as exc:  # noqa: BLE001 - every failure is an outcome, classified without secrets

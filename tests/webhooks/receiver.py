@@ -108,10 +108,10 @@ def serve_receiver(directory: Path):
         def do_POST(self):  # noqa: N802 - the stdlib's name
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
             received = Received(self.path, dict(self.headers.items()), body, time.time())
-            status, headers, payload = receiver.answer(received)
             with receiver.arrived:
                 receiver.requests.append(received)
                 receiver.arrived.notify_all()
+            status, headers, payload = receiver.answer(received)
             self.send_response(status)
             for name, value in headers.items():
                 self.send_header(name, value)
@@ -122,7 +122,10 @@ def serve_receiver(directory: Path):
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    class Server(ThreadingHTTPServer):
+        request_queue_size = 512  # many concurrent connections from several workers
+
+    server = Server(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(chain, key)

@@ -1,0 +1,87 @@
+"""Webhooks end to end: real `serve` processes (Daphne and a django-q2
+cluster) deliver to a real HTTPS receiver on 127.0.0.1."""
+import os
+import signal
+import threading
+
+import httpx
+import pytest
+
+from tests.servers import manage, serving
+from webhooks.receiver import WakeVerifier, fetch_signing_keys
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def member(handle: str) -> dict:
+    manage("createmember", handle)
+    return {"Authorization": f"Bearer {manage('issuecredential', handle).strip()}"}
+
+
+def setup_inbox_subscription(base, receiver, alice, bob):
+    """alice: a verified endpoint and an active inbox subscription (debounce 0);
+    bob and alice share a direct conversation in `lab`."""
+    httpx.post(f"{base}/v0/spaces", json={"slug": "lab", "name": "Lab"}, headers=alice)
+    httpx.post(f"{base}/v0/spaces/lab/join", headers=bob)
+    direct = httpx.post(f"{base}/v0/spaces/lab/direct", json={"member": "@alice"}, headers=bob).json()
+    endpoint = httpx.post(f"{base}/v0/webhook-endpoints", json={"url": receiver.url()}, headers=alice).json()
+    endpoint_id = endpoint["endpoint"]["id"]
+    verified = httpx.post(f"{base}/v0/webhook-endpoints/{endpoint_id}/verify", headers=alice, timeout=30)
+    assert verified.status_code == 200, verified.text
+    subscription = httpx.post(f"{base}/v0/me/inbox-subscriptions", json={"endpoint_id": endpoint_id,
+                                                                        "debounce_ms": 0}, headers=alice).json()
+    activated = httpx.post(f"{base}/v0/me/inbox-subscriptions/{subscription['subscription']['id']}/activate",
+                           headers=alice)
+    assert activated.status_code == 200, activated.text
+    return direct["conversation"]["id"]
+
+
+def receiver_env(receiver_ca) -> dict:
+    return {"WEBHOOK_CA_BUNDLE": str(receiver_ca), "WEBHOOK_ALLOW_PRIVATE_NETWORKS": "1"}
+
+
+def test_a_send_wakes_the_receiver_which_reads_the_feed(receiver, https_receiver):
+    alice, bob = member("alice"), member("bob")
+    with serving(**receiver_env(https_receiver[1])) as (base, _):
+        direct = setup_inbox_subscription(base, receiver, alice, bob)
+        receiver.requests.clear()
+        # when
+        sent = httpx.post(f"{base}/v0/spaces/lab/conversations/{direct}/messages", json={"body": "wake up"},
+                          headers=bob).json()["message"]
+        (wake,) = receiver.wait_for(lambda requests: len(requests) >= 1, timeout=30)
+        # then: the wake verifies against the published keys
+        verifier = WakeVerifier(lambda: fetch_signing_keys(base), issuer="http://127.0.0.1:8000")
+        body = verifier.verify(wake.headers, wake.body)
+        assert body["type"] == "spaces.inbox_events.available"
+        # and the feed from its range holds the message
+        events = httpx.get(f"{base}/v0/me/inbox/events", params={"cursor": body["event_range"]["after"]},
+                           headers=alice).json()["events"]
+        assert [e["data"]["message"]["id"] for e in events] == [sent["id"]]
+
+
+def test_a_worker_killed_mid_delivery_loses_nothing(receiver, https_receiver):
+    alice, bob = member("alice"), member("bob")
+    env = {**receiver_env(https_receiver[1]), "WEBHOOK_LEASE_SECONDS": "3"}
+    release = threading.Event()
+    with serving(**env) as (base, process):
+        direct = setup_inbox_subscription(base, receiver, alice, bob)
+        receiver.requests.clear()
+        # the receiver holds the first wake until the worker is dead
+        receiver.respond = lambda received: (release.wait(30), (202, {}, b"{}"))[1]
+        httpx.post(f"{base}/v0/spaces/lab/conversations/{direct}/messages", json={"body": "in flight"},
+                   headers=bob)
+        (first,) = receiver.wait_for(lambda requests: len(requests) >= 1, timeout=30)
+        # when: every process of that node is killed mid-request
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    release.set()
+    receiver.respond = None
+    with serving(**env) as (base, _):
+        # then: a restarted worker sends the same wake again (same id)
+        requests = receiver.wait_for(lambda requests: len(requests) >= 2, timeout=60)
+        assert requests[1].headers["Webhook-Id"] == first.headers["Webhook-Id"]
+        assert requests[1].body == first.body
+        history = httpx.get(f"{base}/v0/me/inbox-subscriptions", headers=alice).json()["subscriptions"]
+        deliveries = httpx.get(f"{base}/v0/webhook-subscriptions/{history[0]['id']}/deliveries",
+                               headers=alice).json()["deliveries"]
+        assert [d["state"] for d in deliveries] == ["delivered"]

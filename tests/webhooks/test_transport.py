@@ -1,0 +1,134 @@
+"""Transport safety: forbidden destinations are refused before any
+connection is attempted. Names are mapped to forbidden addresses by an
+injected resolver; no traffic leaves loopback."""
+import asyncio
+import ipaddress
+import socket
+
+import pytest
+from aiohttp.abc import AbstractResolver
+
+from webhooks.transport import Transport, forbidden_reason, validate_url
+
+FORBIDDEN = [
+    "127.0.0.1", "127.8.9.10", "10.1.2.3", "172.16.0.1", "192.168.1.1", "100.64.0.1", "100.127.255.254",
+    "169.254.169.254", "169.254.1.1", "0.0.0.0", "0.1.2.3", "224.0.0.1", "239.255.255.250", "240.0.0.1",
+    "255.255.255.255", "192.0.2.1", "198.18.0.1", "::1", "::", "fe80::1", "fc00::1", "fd00:ec2::254",
+    "ff02::1", "::ffff:10.0.0.1", "::ffff:127.0.0.1", "::ffff:169.254.169.254", "64:ff9b::a00:1",
+    "2002:a00:1::1", "2002:7f00:1::1", "::a00:1", "2001:db8::1", "100.100.100.200",
+]
+
+
+class MappedResolver(AbstractResolver):
+    """Resolves every name to the given addresses."""
+
+    def __init__(self, *addresses):
+        self.addresses = addresses
+        self.asked = []
+
+    async def resolve(self, host, port=0, family=socket.AF_INET):
+        self.asked.append(host)
+        return [{"hostname": host, "host": a, "port": port,
+                 "family": socket.AF_INET6 if ":" in a else socket.AF_INET, "proto": 0, "flags": 0}
+                for a in self.addresses]
+
+    async def close(self):
+        pass
+
+
+@pytest.fixture
+def no_connections(monkeypatch):
+    """Fails the test if anything tries to open a connection."""
+    attempts = []
+
+    async def refuse(self, *args, **kwargs):
+        attempts.append(args)
+        raise AssertionError("a connection was attempted")
+
+    monkeypatch.setattr(asyncio.BaseEventLoop, "create_connection", refuse)
+    monkeypatch.setattr(asyncio.BaseEventLoop, "sock_connect", refuse)
+    return attempts
+
+
+def post(url, resolver):
+    async def go():
+        async with Transport(resolver=resolver) as transport:
+            return await transport.post(url, b"{}", {"Content-Type": "application/json"})
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("address", FORBIDDEN)
+def test_names_resolving_to_forbidden_addresses_are_refused_before_connecting(address, no_connections, settings):
+    settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS = False
+    resolver = MappedResolver(address)
+    outcome = post("https://receiver.example/hook", resolver)
+    assert outcome.error_class == "forbidden_destination" and outcome.status_code is None
+    assert resolver.asked == ["receiver.example"] and no_connections == []
+
+
+def test_one_forbidden_address_among_public_ones_refuses_the_name(no_connections, settings):
+    settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS = False
+    outcome = post("https://receiver.example/hook", MappedResolver("203.0.113.10", "8.8.8.8", "10.0.0.1"))
+    assert outcome.error_class == "forbidden_destination" and no_connections == []
+
+
+@pytest.mark.parametrize("address", ["10.0.0.1", "169.254.169.254", "::ffff:192.168.0.1", "100.64.0.1"])
+def test_the_development_flag_admits_loopback_only(address, no_connections, settings):
+    settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS = True
+    outcome = post("https://receiver.example/hook", MappedResolver(address))
+    assert outcome.error_class == "forbidden_destination" and no_connections == []
+
+
+@pytest.mark.parametrize("url, error", [
+    ("https://10.0.0.1/x", "forbidden_destination"), ("https://[::1]/x", "forbidden_destination"),
+    ("https://169.254.169.254/x", "forbidden_destination"), ("https://[::ffff:7f00:1]/x", "forbidden_destination"),
+    ("http://8.8.8.8/x", "invalid_url"),
+])
+def test_ip_literals_and_schemes_are_checked_before_connecting(url, error, no_connections, settings):
+    settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS = False
+    resolver = MappedResolver("8.8.8.8")
+    outcome = post(url, resolver)
+    assert outcome.error_class == error and no_connections == [] and resolver.asked == []
+
+
+def test_every_name_is_resolved_again_on_each_connection(receiver):
+    # a name that first resolves to the loopback receiver, then to a private address
+    class Rebinding(MappedResolver):
+        async def resolve(self, host, port=0, family=socket.AF_INET):
+            self.addresses = ("127.0.0.1",) if not self.asked else ("10.0.0.1",)
+            return await super().resolve(host, port, family)
+
+    resolver = Rebinding()
+    receiver.respond = lambda received: (202, {"Connection": "close"}, b"{}")  # no connection to reuse
+
+    async def twice():
+        async with Transport(resolver=resolver) as transport:
+            return await transport.post(receiver.url(), b"{}", {}), await transport.post(receiver.url(), b"{}", {})
+
+    first, second = asyncio.run(twice())
+    assert first.status_code == 202 and second.error_class == "forbidden_destination"
+    assert resolver.asked == ["localhost", "localhost"]
+
+
+def test_tls_checks_the_hostname_not_the_address(receiver):
+    # the receiver's certificate names localhost and 127.0.0.1; reached as
+    # another name mapped to 127.0.0.1, verification must fail
+    outcome = post(receiver.url(host="receiver.example"), MappedResolver("127.0.0.1"))
+    assert outcome.status_code is None and outcome.error_class == "tls_error"
+    assert post(receiver.url(), MappedResolver("127.0.0.1")).status_code == 202
+
+
+def test_responses_are_read_up_to_a_bound(receiver):
+    receiver.respond = lambda received: (200, {}, b"x" * 1_000_000)
+    outcome = post(receiver.url(), MappedResolver("127.0.0.1"))
+    assert outcome.status_code == 200 and len(outcome.body) == 64 * 1024
+
+
+def test_global_addresses_are_allowed():
+    for address in ("8.8.8.8", "203.0.114.1", "2606:4700:4700::1111"):
+        assert forbidden_reason(ipaddress.ip_address(address), allow_loopback=False) is None
+
+
+def test_validate_url_accepts_https_names(settings):
+    settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS = False
+    assert validate_url("https://hooks.example.com:8443/a?b=c") == "https://hooks.example.com:8443/a?b=c"
