@@ -40,7 +40,7 @@ if str(ROOT) not in sys.path:
 import psycopg  # noqa: E402
 import redis  # noqa: E402
 
-from bench import feeds, fixture, inbox, load  # noqa: E402
+from bench import feeds, fixture, inbox, load, webhooks  # noqa: E402
 from bench.servers import PY, SETUPS, Server  # noqa: E402
 
 DB_NAME = "switchboard_bench"
@@ -52,7 +52,7 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 LOG_GROUP_KEY = "switchboard:group:switchboard.log"
 # A fixed root key for the run: cursors built here must verify in the servers.
 ADMIN_KEY = "bench-only-server-admin-key-0123456789abcdefghijklmnopqrstuvwxyz"
-PHASES = ("baseline", "feeds", "inbox", "sends")
+PHASES = ("baseline", "feeds", "inbox", "sends", "webhooks")
 TARGET_SENDS_PER_S = 500
 TARGET_RSS_MIB = 155
 TARGET_FEED_RATIO = 1.3
@@ -78,6 +78,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-redis", action="store_true", help="run the servers without REDIS_URL")
     p.add_argument("--redis-url", default=DEFAULT_REDIS_URL,
                    help=f"REDIS_URL for the servers (default {DEFAULT_REDIS_URL})")
+    p.add_argument("--webhook-workers", type=int, default=2,
+                   help="delivery worker processes for the wakes/s figure (default 2)")
+    p.add_argument("--webhook-sends", type=int, default=100,
+                   help="sends, one at a time, for the send-to-receipt latency (default 100)")
     p.add_argument("--keep", action="store_true", help=f"keep the {DB_NAME} database afterwards")
     args = p.parse_args(argv)
     args.phases = [ph for ph in PHASES if not args.only or ph in args.only]
@@ -305,6 +309,9 @@ def markdown(report: dict) -> str:
     if "inbox" in res:
         lines += inbox_markdown(res["inbox"], cfg, base16)
 
+    if "webhooks" in res:
+        lines += webhooks_markdown(res["webhooks"], cfg)
+
     problems = []
     servers = [(f"sends, {name}", r) for name, r in res.get("sends", {}).items()]
     for phase in ("feeds", "inbox"):
@@ -330,6 +337,24 @@ def markdown(report: dict) -> str:
         lines += ["### Problems seen (server stderr and failed requests)", "", *problems, ""]
     lines.append(f"Results: {report['results_file']}")
     return "\n".join(lines)
+
+
+def webhooks_markdown(r: dict, cfg: dict) -> list[str]:
+    if "error" in r:
+        return [f"### Webhooks: failed: {r['error']}", ""]
+    raw, wakes, lat = r["raw"], r["wakes"], r["latency"]
+    rounds = ", ".join(f"{x['wakes']} in {x['seconds']} s" for x in wakes["rounds"])
+    return [f"### Webhook wakes to a local HTTPS receiver ({wakes['subscriptions']:,} active subscriptions, "
+            f"{wakes['endpoints']} endpoints, {wakes['workers']} worker processes)", "",
+            "| figure | value | baseline: raw signed POSTs/s, one process, 64 in flight | ratio |",
+            "| --- | ---: | ---: | ---: |",
+            f"| wakes/s (claim, sign, POST, record) | {fmt(wakes['wakes_per_s'])} | {fmt(raw['posts_per_s'])} "
+            f"| {fmt(r['ratio_wakes_to_raw'], 2)} |", "",
+            f"Rounds: {rounds}; attempts recorded {wakes['attempts']:,}, delivered {wakes['delivered']:,}. "
+            f"Raw POSTs: {raw['errors']} errors, p50 {fmt(raw['p50_ms'], 1)} ms.", "",
+            f"Send-to-receipt latency at debounce 0 (`serve`: Daphne and the django-q2 cluster; {lat['sends']} sends, "
+            f"one at a time): p50 {fmt(lat['p50_ms'], 1)} ms, p99 {fmt(lat['p99_ms'], 1)} ms "
+            f"({lat['covered']} of {lat['sends']} covered by {lat['wakes']} wakes).", ""]
 
 
 def inbox_markdown(r: dict, cfg: dict, base16: float | None) -> list[str]:
@@ -389,7 +414,8 @@ def main(argv=None) -> int:
                          "clients": args.clients, "phases": args.phases, "setups": args.setups,
                          "feed_server": args.feed_server, "feed_events": args.feed_events,
                          "feed_requests": args.feed_requests, "inbox_items": args.inbox_items,
-                         "ack_seconds": args.ack_seconds,
+                         "ack_seconds": args.ack_seconds, "webhook_workers": args.webhook_workers,
+                         "webhook_sends": args.webhook_sends,
                          "redis": None if args.no_redis else args.redis_url,
                          "idempotency_keys": not args.no_idempotency_key, "database": DB_NAME,
                          "argv": sys.argv[1:]},
@@ -411,6 +437,9 @@ def main(argv=None) -> int:
                     results[phase] = run_feeds(args, env, fx, out_dir)
                 elif phase == "inbox":
                     results[phase] = run_inbox(args, env, out_dir, results.get("baseline"))
+                elif phase == "webhooks":
+                    results[phase] = webhooks.run(env, out_dir, seconds=args.seconds, workers=args.webhook_workers,
+                                                  latency_sends=args.webhook_sends)
                 else:
                     results[phase] = run_sends(args, env, fx, out_dir, stamp)
             except Exception as exc:

@@ -3,15 +3,16 @@
 Under `open`, membership is the authority. Under `explicit_only`, discovery
 creates no authority: every recipient needs an active grant of the space
 (project, pair, or one-message for exactly this sender, recipient and key).
-The grants used are locked until the send commits: project and pair grants
-in share mode (concurrent sends go on together), one-message grants
-exclusively (one message consumes them). A revocation takes the same rows
-exclusively, so a send racing it is admitted before its fence or sees the
-grant no longer active, never half.
+The grants used are locked until the send commits, exclusively: sends
+under one grant queue for it in turn, and so does a revocation, which takes
+the same row. (Share locks would let sends go on together, but on
+PostgreSQL a steady stream of share lockers can starve the revocation
+waiting for the row; the suite's race test showed it.) A send racing a
+revocation is therefore admitted before its fence or sees the grant no
+longer active, never half.
 """
 from __future__ import annotations
 
-from django.db import connection
 from django.db.models import F, Q
 
 from controlplane.clock import now
@@ -29,16 +30,6 @@ def _usable() -> Q:
     return Q(status=Grant.Status.ACTIVE) & (Q(expires_at__isnull=True) | Q(expires_at__gt=now()))
 
 
-def _locked(queryset, *, share: bool) -> list[Grant]:
-    """Rows of `queryset`, locked until the transaction ends (in id order, so
-    concurrent lockers never deadlock). SQLite writers are serialized anyway."""
-    queryset = queryset.order_by("id")
-    if connection.vendor != "postgresql":
-        return list(queryset)
-    if not share:
-        return list(queryset.select_for_update())
-    sql, params = queryset.query.sql_with_params()
-    return list(Grant.objects.raw(f"{sql} FOR SHARE", params))
 
 
 def authorize_send(space: Space, author: Member, recipients: list[Member], *,
@@ -54,11 +45,13 @@ def authorize_send(space: Space, author: Member, recipients: list[Member], *,
         return {}
     pks = [r.pk for r in recipients]
     in_space = Grant.objects.filter(_usable(), space=space)
-    candidates = _locked(in_space.filter(Q(kind=Grant.Kind.PROJECT)
-                                         | Q(kind=Grant.Kind.PAIR, sender=author, recipient_id__in=pks)), share=True)
+    covering = Q(kind=Grant.Kind.PROJECT) | Q(kind=Grant.Kind.PAIR, sender=author, recipient_id__in=pks)
     if idempotency_key:
-        candidates += _locked(in_space.filter(kind=Grant.Kind.ONE_MESSAGE, sender=author, recipient_id__in=pks,
-                                              idempotency_key=idempotency_key, message__isnull=True), share=False)
+        covering |= Q(kind=Grant.Kind.ONE_MESSAGE, sender=author, recipient_id__in=pks,
+                      idempotency_key=idempotency_key, message__isnull=True)
+    # Locked in id order, so concurrent senders never deadlock. (SQLite
+    # serializes writers anyway; it has no row locks.)
+    candidates = list(in_space.filter(covering).order_by("id").select_for_update())
     chosen: dict[int, Grant] = {}
     for grant in sorted(candidates, key=lambda g: (_PREFERENCE[g.kind], g.pk)):
         covered = pks if grant.kind == Grant.Kind.PROJECT else [grant.recipient_id]

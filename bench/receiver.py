@@ -1,0 +1,48 @@
+"""A fast HTTPS receiver for the webhook benchmark (its own process):
+answers every POST with 202 and records the delivery id, the wake's
+`through` cursor and the receipt time; `GET /stats` returns them.
+
+    python -m bench.receiver CERT KEY PORT
+"""
+from __future__ import annotations
+
+import json
+import ssl
+import sys
+import time
+
+from aiohttp import web
+
+
+def main(cert: str, key: str, port: int) -> None:
+    received: list[tuple[str, str | None, float]] = []
+
+    async def hook(request: web.Request) -> web.Response:
+        body = await request.read()
+        at = time.time()
+        try:
+            through = json.loads(body).get("event_range", {}).get("through")
+        except ValueError:
+            through = None
+        received.append((request.headers.get("Webhook-Id", ""), through, at))
+        return web.Response(status=202, text="{}", content_type="application/json")
+
+    async def stats(request: web.Request) -> web.Response:
+        return web.json_response({"received": received})
+
+    async def reset(request: web.Request) -> web.Response:
+        received.clear()
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/hook/{n}", hook)
+    app.router.add_post("/hook", hook)
+    app.router.add_get("/stats", stats)
+    app.router.add_post("/reset", reset)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    web.run_app(app, host="127.0.0.1", port=port, ssl_context=context, print=None, access_log=None, backlog=1024)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))

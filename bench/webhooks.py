@@ -1,0 +1,231 @@
+"""Webhook delivery: wakes/s, raw signed POSTs/s, send-to-receipt latency.
+
+All against one local HTTPS receiver (bench/receiver.py, its own process,
+a throwaway CA trusted through WEBHOOK_CA_BUNDLE), in the same run:
+
+1. raw: this process signs (Ed25519, the engine's Signer) and POSTs wakes
+   as fast as it can through the engine's own transport, with the engine's
+   concurrency (64 in flight), for `seconds`: the ceiling for one process.
+2. wakes: 1,000 active subscriptions over 20 endpoints, one due wake each,
+   sent by `workers` worker processes running the delivery engine (claim
+   with SKIP LOCKED, freeze, sign, POST, record), three rounds; wakes/s is
+   wakes over the time from the go signal to the last receipt.
+3. latency: `manage.py serve` (Daphne and the django-q2 cluster, Redis
+   broker) and one inbox subscription with debounce 0; `latency_sends`
+   direct messages one at a time, 100 ms apart; latency is from just before
+   the send request to the receipt of the first wake whose range covers it.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.load import latency_summary
+from bench.servers import PY, ROOT, free_port
+
+SUBSCRIPTIONS = 1_000
+ENDPOINTS = 20
+ROUNDS = 3
+GO_FILE_ENV = "BENCH_WEBHOOK_GO"
+WORKER_SCRIPT = """
+import asyncio, os, time
+from webhooks import engine
+from webhooks.models import Delivery
+go = os.environ["BENCH_WEBHOOK_GO"]
+for _ in range({rounds}):
+    while not os.path.exists(go + ".{{}}".format(_)):
+        time.sleep(0.005)
+    while Delivery.objects.filter(state__in=["pending", "sending"]).exists():
+        asyncio.run(engine.pump(seconds=60, wait=False))
+        time.sleep(0.01)
+"""
+
+
+def _stats(base: str, ca: str) -> list:
+    return httpx.get(f"{base}/stats", verify=ca, timeout=30).json()["received"]
+
+
+def _reset(base: str, ca: str) -> None:
+    httpx.post(f"{base}/reset", verify=ca, timeout=30)
+
+
+async def _raw(url: str, seconds: float) -> dict:
+    from webhooks import crypto
+    from webhooks.transport import Transport
+
+    signer = crypto.Signer(await asyncio.to_thread(crypto.active_signing_key))
+    body = b'{"type":"spaces.events.available","id":"whd_bench","event_range":{"after":"a","through":"b"}}'
+    sent, errors, latencies = 0, 0, []
+    deadline = time.monotonic() + seconds
+    async with Transport(limit=64) as transport:
+        async def client():
+            nonlocal sent, errors
+            while time.monotonic() < deadline:
+                started = time.monotonic()
+                headers = signer.headers("whd_bench", body, secret=None, timestamp=int(time.time()))
+                outcome = await transport.post(url, body, headers)
+                latencies.append(time.monotonic() - started)
+                sent += 1
+                errors += not outcome.ok
+        started = time.monotonic()
+        await asyncio.gather(*(client() for _ in range(64)))
+        elapsed = time.monotonic() - started
+    return {"posts_per_s": round(sent / elapsed, 1), "errors": errors, **latency_summary(latencies)}
+
+
+def _prepare_subscriptions(url_base: str) -> tuple:
+    from controlplane import services
+    from webhooks.models import Endpoint, Subscription
+
+    owner = services.create_member(f"hooks{int(time.time())}", actor=None)
+    endpoints = Endpoint.objects.bulk_create(Endpoint(owner=owner, url=f"{url_base}/hook/{n}")
+                                             for n in range(ENDPOINTS))
+    subscriptions = Subscription.objects.bulk_create(
+        Subscription(owner=owner, endpoint=endpoints[n % ENDPOINTS], kind="inbox", status="active",
+                     activation_position=0, debounce_ms=0) for n in range(SUBSCRIPTIONS))
+    return owner, subscriptions
+
+
+def _due_wakes(subscriptions, round_: int) -> None:
+    from controlplane.clock import now
+    from webhooks.models import Delivery
+
+    Delivery.objects.bulk_create(Delivery(subscription=s, after_position=round_, through_position=round_ + 1,
+                                          state="pending", due_at=now()) for s in subscriptions)
+
+
+def _wakes(env: dict, url_base: str, stats_base: str, ca: str, workers: int, out_dir: Path) -> dict:
+    owner, subscriptions = _prepare_subscriptions(url_base)
+    go = Path(tempfile.mkdtemp()) / "go"
+    worker_env = {**env, GO_FILE_ENV: str(go)}
+    procs = [subprocess.Popen([PY, "manage.py", "shell", "-c", WORKER_SCRIPT.format(rounds=ROUNDS)], cwd=ROOT,
+                              env=worker_env, stdout=subprocess.DEVNULL,
+                              stderr=open(out_dir / f"webhook-worker-{i}.stderr", "w")) for i in range(workers)]
+    rounds = []
+    try:
+        time.sleep(3)  # let the workers boot
+        for r in range(ROUNDS):
+            _reset(stats_base, ca)
+            _due_wakes(subscriptions, r)
+            started = time.time()
+            (go.parent / f"go.{r}").touch()
+            deadline = time.monotonic() + 120
+            while True:
+                received = _stats(stats_base, ca)
+                if len(received) >= SUBSCRIPTIONS or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            last = max((at for _, _, at in received), default=started)
+            rounds.append({"wakes": len(received), "unique": len({i for i, _, _ in received}),
+                           "seconds": round(last - started, 3),
+                           "wakes_per_s": round(len(received) / max(last - started, 1e-6), 1)})
+    finally:
+        for proc in procs:
+            proc.wait(60) if proc.poll() is None else None
+    from webhooks.models import Attempt, Delivery
+    return {"workers": workers, "subscriptions": SUBSCRIPTIONS, "endpoints": ENDPOINTS, "rounds": rounds,
+            "wakes_per_s": round(sum(r["wakes"] for r in rounds) / sum(r["seconds"] for r in rounds), 1),
+            "attempts": Attempt.objects.filter(delivery__subscription__owner=owner).count(),
+            "delivered": Delivery.objects.filter(subscription__owner=owner, state="delivered").count()}
+
+
+def _latency(env: dict, url: str, stats_base: str, ca: str, sends: int, out_dir: Path) -> dict:
+    from controlplane.cursors import caller_id, unpack_cursor
+    from controlplane.models import Member
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    stamp = int(time.time())
+    tokens = {}
+    for handle in (f"lat{stamp}a", f"lat{stamp}b"):
+        subprocess.run([PY, "manage.py", "createmember", handle], cwd=ROOT, env=env, check=True, capture_output=True)
+        tokens[handle] = subprocess.run([PY, "manage.py", "issuecredential", handle], cwd=ROOT, env=env, check=True,
+                                        capture_output=True, text=True).stdout.strip()
+    alice, bob = ({"Authorization": f"Bearer {tokens[h]}"} for h in tokens)
+    serve = subprocess.Popen([PY, "manage.py", "serve", "--bind", f"127.0.0.1:{port}"], cwd=ROOT, env=env,
+                             stdout=subprocess.DEVNULL, stderr=open(out_dir / "webhook-serve.stderr", "w"),
+                             start_new_session=True)
+    try:
+        with httpx.Client(base_url=base, timeout=30) as http:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if http.get("/healthz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline, "serve did not start"
+                time.sleep(0.1)
+            slug = f"lat{stamp}"
+            http.post("/v0/spaces", json={"slug": slug, "name": "Latency"}, headers=alice)
+            http.post(f"/v0/spaces/{slug}/join", headers=bob)
+            direct = http.post(f"/v0/spaces/{slug}/direct", json={"member": f"@lat{stamp}a"},
+                               headers=bob).json()["conversation"]["id"]
+            endpoint = http.post("/v0/webhook-endpoints", json={"url": url}, headers=alice).json()["endpoint"]["id"]
+            assert http.post(f"/v0/webhook-endpoints/{endpoint}/verify", headers=alice).status_code == 200
+            sub = http.post("/v0/me/inbox-subscriptions", json={"endpoint_id": endpoint, "debounce_ms": 0},
+                            headers=alice).json()["subscription"]["id"]
+            http.post(f"/v0/me/inbox-subscriptions/{sub}/activate", headers=alice)
+            _reset(stats_base, ca)
+            sent = []
+            for n in range(sends):
+                started = time.time()
+                message = http.post(f"/v0/spaces/{slug}/conversations/{direct}/messages",
+                                    json={"body": f"latency {n}"}, headers=bob).json()["message"]
+                sent.append((message["position"], started))
+                time.sleep(0.1)
+            time.sleep(3)
+            received = _stats(stats_base, ca)
+    finally:
+        os.killpg(serve.pid, 2)
+        serve.wait(30)
+    owner = Member.objects.get(handle=f"lat{stamp}a")
+    receipts = sorted((unpack_cursor(through, count=1, caller=caller_id(owner), stream="inbox")[0], at)
+                      for _, through, at in received if through)
+    latencies = []
+    for position, started in sent:
+        covering = [at for through, at in receipts if through >= position]
+        if covering:
+            latencies.append(min(covering) - started)
+    return {"sends": sends, "wakes": len(received), "covered": len(latencies), **latency_summary(latencies)}
+
+
+def run(env: dict, out_dir: Path, *, seconds: float, workers: int, latency_sends: int) -> dict:
+    from tests.webhooks.receiver import make_ca_and_certificate
+
+    tls = Path(tempfile.mkdtemp())
+    ca, cert, key = (str(p) for p in make_ca_and_certificate(tls))
+    env = {**env, "WEBHOOK_CA_BUNDLE": ca, "WEBHOOK_ALLOW_PRIVATE_NETWORKS": "1"}
+    os.environ.update({"WEBHOOK_CA_BUNDLE": ca, "WEBHOOK_ALLOW_PRIVATE_NETWORKS": "1"})
+    from django.conf import settings
+    settings.WEBHOOK_CA_BUNDLE, settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS = ca, True
+    port = free_port()
+    receiver = subprocess.Popen([PY, "-m", "bench.receiver", cert, key, str(port)], cwd=ROOT,
+                                stderr=open(out_dir / "webhook-receiver.stderr", "w"))
+    url_base, stats_base = f"https://localhost:{port}", f"https://localhost:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                _stats(stats_base, ca)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "the receiver did not start"
+                time.sleep(0.1)
+        result = {"raw": asyncio.run(_raw(f"{url_base}/hook", seconds))}
+        _reset(stats_base, ca)
+        result["wakes"] = _wakes(env, url_base, stats_base, ca, workers, out_dir)
+        result["latency"] = _latency(env, f"{url_base}/hook", stats_base, ca, latency_sends, out_dir)
+        result["ratio_wakes_to_raw"] = round(result["wakes"]["wakes_per_s"] / result["raw"]["posts_per_s"], 2)
+        return result
+    finally:
+        receiver.terminate()
+        receiver.wait(10)
+        sys.stderr.flush()
