@@ -1,5 +1,5 @@
 """A fast HTTPS receiver for the webhook benchmark (its own process):
-answers every POST with 202 and records the delivery id, the wake's
+answers the verification challenge, every wake with 202, and records the delivery id, the wake's
 `through` cursor and the receipt time; `GET /stats` returns them.
 
     python -m bench.receiver CERT KEY PORT
@@ -21,9 +21,12 @@ def main(cert: str, key: str, port: int) -> None:
         body = await request.read()
         at = time.time()
         try:
-            through = json.loads(body).get("event_range", {}).get("through")
+            wake = json.loads(body)
         except ValueError:
-            through = None
+            wake = {}
+        if wake.get("type") == "spaces.webhook.challenge":
+            return web.json_response({"challenge": wake["challenge"]})
+        through = wake.get("event_range", {}).get("through")
         received.append((request.headers.get("Webhook-Id", ""), through, at))
         return web.Response(status=202, text="{}", content_type="application/json")
 

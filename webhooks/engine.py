@@ -20,6 +20,7 @@ same id twice, which delivery ids are for.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import datetime as dt
 import json
 import logging
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import connections, transaction
-from django.db.models import Count, Exists, OuterRef, Q
+from django.db.models import Count, Exists, F, OuterRef, Q
 
 from controlplane.clock import now, rfc3339
 from controlplane.cursors import caller_id, pack_cursor
@@ -120,29 +121,37 @@ def claim_due(limit: int) -> list[Job]:
             .values("subscription__endpoint_id"))
     jobs = []
     with transaction.atomic():
-        due = list(Delivery.objects.select_for_update(skip_locked=True, of=("self",))
-                   .filter(Q(state__in=[Delivery.State.OPEN, Delivery.State.PENDING], due_at__lte=at)
-                           | Q(state=Delivery.State.SENDING, claimed_until__lt=at))
-                   .filter(subscription__status=Subscription.Status.ACTIVE)
-                   .exclude(Exists(older_unfinished))
-                   .exclude(subscription__endpoint_id__in=busy)
-                   .select_related("subscription__owner", "subscription__space", "subscription__endpoint")
-                   .order_by("due_at", "id")[:limit])
+        # Two index-backed reads (due wakes; claims whose lease ran out) rather
+        # than one OR, which would scan the whole delivery history.
+        due = []
+        for ready in (Q(state__in=[Delivery.State.OPEN, Delivery.State.PENDING], due_at__lte=at),
+                      Q(state=Delivery.State.SENDING, claimed_until__lt=at)):
+            due += list(Delivery.objects.select_for_update(skip_locked=True, of=("self",))
+                        .filter(ready, subscription__status=Subscription.Status.ACTIVE)
+                        .exclude(Exists(older_unfinished))
+                        .exclude(subscription__endpoint_id__in=busy)
+                        .select_related("subscription__owner", "subscription__space", "subscription__endpoint")
+                        .order_by("due_at", "id")[:limit - len(due)])
+            if len(due) >= limit:
+                break
+        # The rows are locked (PostgreSQL) or the database is (SQLite's
+        # BEGIN IMMEDIATE), so what was read is what gets claimed.
+        cancelled = [d.pk for d in due if not may_receive(d.subscription)]
+        if cancelled:
+            Delivery.objects.filter(pk__in=cancelled).update(state=Delivery.State.CANCELLED, finished_at=at,
+                                                              claimed_until=None)
+        due = [d for d in due if d.pk not in cancelled]
+        frozen = [d for d in due if d.body is None]
+        for delivery in frozen:
+            delivery.body, delivery.first_attempt_at = wake_body(delivery), at
+        if frozen:
+            Delivery.objects.bulk_update(frozen, ["body", "first_attempt_at"])
+        Delivery.objects.filter(pk__in=[d.pk for d in due]).update(
+            state=Delivery.State.SENDING, attempts=F("attempts") + 1, claimed_until=at + lease())
         for delivery in due:
-            subscription = delivery.subscription
-            if not may_receive(subscription):
-                _finish(delivery, Delivery.State.CANCELLED)
-                continue
-            if delivery.body is None:
-                delivery.body = wake_body(delivery)
-                delivery.first_attempt_at = at
-            # Guarded, so the claim is atomic on SQLite too (no row locks there).
-            claimed = Delivery.objects.filter(pk=delivery.pk, state=delivery.state, attempts=delivery.attempts).update(
-                state=Delivery.State.SENDING, attempts=delivery.attempts + 1, claimed_until=at + lease(),
-                body=delivery.body, first_attempt_at=delivery.first_attempt_at)
-            if claimed:
-                jobs.append(Job(delivery.pk, delivery.public_id, delivery.attempts + 1, subscription.endpoint.url,
-                                subscription.endpoint.secret, delivery.body.encode()))
+            endpoint = delivery.subscription.endpoint
+            jobs.append(Job(delivery.pk, delivery.public_id, delivery.attempts + 1, endpoint.url, endpoint.secret,
+                            delivery.body.encode()))
     return jobs
 
 
@@ -160,33 +169,55 @@ def retry_delay(attempt: int, retry_after: float | None) -> float:
     return min(delay, MAX_RETRY_SECONDS)
 
 
-def record(job: Job, outcome: Outcome, *, key_id: str, started_at: dt.datetime) -> None:
-    """Store the attempt and apply its outcome to the delivery, if the
-    delivery is still this attempt's."""
+@dataclass(frozen=True)
+class Result:
+    job: Job
+    outcome: Outcome
+    key_id: str
+    started_at: dt.datetime
+
+
+def record(results: list[Result]) -> None:
+    """Store the attempts and apply their outcomes, in one transaction. An
+    outcome only changes a delivery that is still its attempt's: one whose
+    lease ran out and was claimed again belongs to the newer attempt."""
+    if not results:
+        return
     with transaction.atomic():
-        Attempt.objects.create(delivery_id=job.delivery_id, number=job.number, started_at=started_at,
-                               duration_ms=outcome.duration_ms, status_code=outcome.status_code,
-                               error_class=outcome.error_class, key_id=key_id)
-        delivery = (Delivery.objects.select_for_update().select_related("subscription")
-                    .filter(pk=job.delivery_id).first())
-        if delivery is None or delivery.state != Delivery.State.SENDING or delivery.attempts != job.number:
-            return  # cancelled, or a newer attempt owns it
-        if outcome.ok:
-            _finish(delivery, Delivery.State.DELIVERED)
-        elif outcome.status_code in TERMINAL_STATUSES:
-            suspend(delivery.subscription, f"The receiver answered {outcome.status_code}: a terminal rejection.",
-                    f"http_{outcome.status_code}", terminal=True)
-            _finish(delivery, Delivery.State.FAILED)
-        elif (delivery.attempts >= SUSPEND_AFTER_ATTEMPTS
-              and now() - delivery.first_attempt_at >= SUSPEND_AFTER):
-            error = outcome.error_class or f"http_{outcome.status_code}"
-            suspend(delivery.subscription, f"{delivery.attempts} attempts over more than an hour failed.", error,
-                    terminal=False)
-            _finish(delivery, Delivery.State.FAILED)
-        else:
-            Delivery.objects.filter(pk=delivery.pk).update(
-                state=Delivery.State.PENDING, claimed_until=None,
-                due_at=now() + dt.timedelta(seconds=retry_delay(delivery.attempts, outcome.retry_after)))
+        Attempt.objects.bulk_create(
+            Attempt(delivery_id=r.job.delivery_id, number=r.job.number, started_at=r.started_at,
+                    duration_ms=r.outcome.duration_ms, status_code=r.outcome.status_code,
+                    error_class=r.outcome.error_class, key_id=r.key_id) for r in results)
+        current = {d.pk: d for d in Delivery.objects.select_for_update().select_related("subscription")
+                   .filter(pk__in=[r.job.delivery_id for r in results], state=Delivery.State.SENDING)}
+        delivered = []
+        for r in results:
+            delivery = current.get(r.job.delivery_id)
+            if delivery is None or delivery.attempts != r.job.number:
+                continue  # cancelled, or a newer attempt owns it
+            if r.outcome.ok:
+                delivered.append(delivery.pk)
+            else:
+                _failed(delivery, r.outcome)
+        if delivered:
+            Delivery.objects.filter(pk__in=delivered).update(state=Delivery.State.DELIVERED, finished_at=now(),
+                                                             claimed_until=None)
+
+
+def _failed(delivery: Delivery, outcome: Outcome) -> None:
+    if outcome.status_code in TERMINAL_STATUSES:
+        suspend(delivery.subscription, f"The receiver answered {outcome.status_code}: a terminal rejection.",
+                f"http_{outcome.status_code}", terminal=True)
+        _finish(delivery, Delivery.State.FAILED)
+    elif delivery.attempts >= SUSPEND_AFTER_ATTEMPTS and now() - delivery.first_attempt_at >= SUSPEND_AFTER:
+        error = outcome.error_class or f"http_{outcome.status_code}"
+        suspend(delivery.subscription, f"{delivery.attempts} attempts over more than an hour failed.", error,
+                terminal=False)
+        _finish(delivery, Delivery.State.FAILED)
+    else:
+        Delivery.objects.filter(pk=delivery.pk).update(
+            state=Delivery.State.PENDING, claimed_until=None,
+            due_at=now() + dt.timedelta(seconds=retry_delay(delivery.attempts, outcome.retry_after)))
 
 
 def suspend(subscription: Subscription, reason: str, error: str, *, terminal: bool) -> None:
@@ -226,56 +257,75 @@ def next_due_in(horizon: float) -> float | None:
 
 # --- the pump ---------------------------------------------------------------------
 
-POLL_SECONDS = 0.25
+POLL_SECONDS = 0.05
+RECORD_WINDOW = 0.01
 
 
-async def _db(fn, *args, **kwargs):
-    """Run ORM work in a worker thread (the event loop keeps sending)."""
-    def call():
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            connections.close_all()
+class _Database:
+    """ORM work off the event loop, on one thread that keeps its connection
+    for the whole run (the loop goes on sending meanwhile)."""
 
-    return await asyncio.to_thread(call)
+    def __init__(self):
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="webhooks-db")
+
+    async def __call__(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def close(self):
+        await self(connections.close_all)
+        self._executor.shutdown()
 
 
-async def _send(transport: Transport, signer: crypto.Signer, job: Job) -> None:
+async def _send(transport: Transport, signer: crypto.Signer, job: Job) -> Result:
     started_at = now()
     secret = crypto.open_secret(job.sealed_secret)
     headers = signer.headers(job.public_id, job.body, secret=secret, timestamp=int(time.time()))
-    outcome = await transport.post(job.url, job.body, headers)
-    await _db(record, job, outcome, key_id=signer.key_id, started_at=started_at)
+    return Result(job, await transport.post(job.url, job.body, headers), signer.key_id, started_at)
 
 
 async def pump(*, seconds: float, wait: bool, resolver=None) -> int:
     """Send due wakes for up to `seconds`; returns how many were attempted.
 
-    With `wait`, keep going while anything falls due within the run (the
-    debounce windows and retry times it finds); otherwise stop as soon as
-    nothing is due right now."""
+    With `wait` (the timer), stay for the whole run, sending each wake as it
+    falls due (debounce windows, retry times, new wakes); otherwise stop as
+    soon as nothing is due right now. Finished attempts are recorded in
+    batches."""
     deadline = time.monotonic() + seconds
-    signer = crypto.Signer(await _db(crypto.active_signing_key))
+    db = _Database()
     in_flight: set[asyncio.Task] = set()
     sent = 0
-    async with Transport(resolver=resolver, limit=MAX_IN_FLIGHT) as transport:
-        while True:
-            remaining = deadline - time.monotonic()
-            jobs = await _db(claim_due, MAX_IN_FLIGHT - len(in_flight)) if remaining > 0 else []
-            for job in jobs:
-                in_flight.add(asyncio.create_task(_send(transport, signer, job)))
-            sent += len(jobs)
-            if jobs:
-                continue
-            soonest = await _db(next_due_in, max(0.0, remaining)) if wait and remaining > 0 else None
-            if soonest is None and not in_flight:
-                break
-            timeout = POLL_SECONDS if soonest is None else min(max(soonest, 0.01), POLL_SECONDS)
-            if in_flight:
-                done, in_flight = await asyncio.wait(in_flight, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    if task.exception():
-                        log.error("a webhook attempt failed to record", exc_info=task.exception())
-            else:
-                await asyncio.sleep(timeout)
+    try:
+        signer = crypto.Signer(await db(crypto.active_signing_key))
+        async with Transport(resolver=resolver, limit=MAX_IN_FLIGHT) as transport:
+            while True:
+                remaining = deadline - time.monotonic()
+                capacity = MAX_IN_FLIGHT - len(in_flight)
+                jobs = await db(claim_due, capacity) if remaining > 0 and capacity > 0 else []
+                in_flight |= {asyncio.create_task(_send(transport, signer, job)) for job in jobs}
+                sent += len(jobs)
+                if jobs:
+                    timeout = 0.002  # record what finished, then claim more
+                elif in_flight:
+                    timeout = POLL_SECONDS  # until the first request finishes
+                elif wait and remaining > 0:
+                    # The timer stays for its run, looking for new and newly
+                    # due wakes (due but held by another worker: soon again).
+                    soonest = await db(next_due_in, remaining)
+                    timeout = POLL_SECONDS if soonest is None else min(max(soonest, 0.01), POLL_SECONDS)
+                else:
+                    break
+                if in_flight:
+                    done, in_flight = await asyncio.wait(in_flight, timeout=timeout,
+                                                         return_when=asyncio.FIRST_COMPLETED)
+                    if done and in_flight:  # what else finishes within a few ms shares the transaction
+                        more, in_flight = await asyncio.wait(in_flight, timeout=RECORD_WINDOW)
+                        done |= more
+                    await db(record, [task.result() for task in done])
+                else:
+                    await asyncio.sleep(timeout)
+    finally:
+        if in_flight:  # cancelled mid-run: the leases bring these back
+            for task in in_flight:
+                task.cancel()
+        await db.close()
     return sent

@@ -145,8 +145,10 @@ class Delivery(models.Model):
         constraints = [models.UniqueConstraint(fields=["subscription"], condition=Q(state="open"),
                                                name="one_open_delivery")]
         indexes = [
-            models.Index(fields=["due_at"], name="delivery_due",
-                         condition=Q(state__in=["open", "pending", "sending"])),
+            models.Index(fields=["due_at"], name="delivery_due", condition=Q(state__in=["open", "pending"])),
+            models.Index(fields=["claimed_until"], name="delivery_claimed", condition=Q(state="sending")),
+            models.Index(fields=["subscription", "id"], name="delivery_unfinished",
+                         condition=Q(state__in=["pending", "sending"])),
             models.Index(fields=["subscription", "id"], name="delivery_history"),
         ]
 

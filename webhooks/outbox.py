@@ -16,7 +16,7 @@ import json
 from collections.abc import Iterable
 
 from django.db import connection
-from django.db.models import Max, Value
+from django.db.models import Value
 from django.db.models.functions import Greatest
 
 from controlplane.clock import now
@@ -84,7 +84,11 @@ def enqueue_wakes(entries: Iterable[tuple[int, NewEvent]]) -> None:
 def last_through(subscription_id: int) -> int:
     """Where the subscription's next wake starts: the previous wake's
     `through`, or the activation position for the first."""
-    last = Delivery.objects.filter(subscription_id=subscription_id).aggregate(last=Max("through_position"))["last"]
+    # Wakes are chained in id order (replays repeat an old range), so the
+    # newest one ends where the next begins: one index probe, however long
+    # the history.
+    last = (Delivery.objects.filter(subscription_id=subscription_id, replay_of__isnull=True).order_by("-id")
+            .values_list("through_position", flat=True).first())
     if last is not None:
         return last
     return Subscription.objects.filter(pk=subscription_id).values_list("activation_position", flat=True).get()

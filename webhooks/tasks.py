@@ -8,7 +8,10 @@ from django.core.cache import cache
 from webhooks import engine
 
 TIMER_KEY = "webhooks:timer"
-RUN_SECONDS = 45  # under django-q2's task timeout (60 s)
+# Short runs: a stopping cluster waits for its tasks, and a lease left by a
+# killed worker expires soon. The timer hands over to a fresh run while
+# anything falls due within a minute.
+RUN_SECONDS = 10
 
 
 def deliver() -> int:
@@ -16,7 +19,7 @@ def deliver() -> int:
     it stays for the run, sending each wake as its debounce window or retry
     time comes; the others send what is due now and return. Kicked after each
     new wake commits, and swept once a minute."""
-    timer = cache.add(TIMER_KEY, 1, timeout=RUN_SECONDS + 15)
+    timer = cache.add(TIMER_KEY, 1, timeout=RUN_SECONDS + 5)
     try:
         sent = asyncio.run(engine.pump(seconds=RUN_SECONDS, wait=timer))
     finally:

@@ -19,6 +19,7 @@ Callers hold no database transaction or lock while a request is in flight.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import socket
 import ssl
@@ -149,9 +150,16 @@ class GuardedResolver(AbstractResolver):
 
 
 def ssl_context() -> ssl.SSLContext:
+    """System CAs plus WEBHOOK_CA_BUNDLE; built once per process and bundle
+    (loading the system store takes tens of milliseconds)."""
+    return _ssl_context(settings.WEBHOOK_CA_BUNDLE)
+
+
+@functools.lru_cache(maxsize=4)
+def _ssl_context(ca_bundle: str | None) -> ssl.SSLContext:
     context = ssl.create_default_context()
-    if settings.WEBHOOK_CA_BUNDLE:
-        context.load_verify_locations(cafile=settings.WEBHOOK_CA_BUNDLE)
+    if ca_bundle:
+        context.load_verify_locations(cafile=ca_bundle)
     return context
 
 

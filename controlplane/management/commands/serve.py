@@ -17,6 +17,25 @@ from controlplane.schedules import ensure_schedules
 STOP_GRACE_SECONDS = 10
 
 
+def descendants(pid: int) -> list[int]:
+    """Every living process below `pid` (Linux /proc)."""
+    parents: dict[int, list[int]] = {}
+    for stat in os.listdir("/proc"):
+        if stat.isdigit():
+            try:
+                with open(f"/proc/{stat}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(stat))
+    found, queue = [], [pid]
+    while queue:
+        for child in parents.get(queue.pop(), []):
+            found.append(child)
+            queue.append(child)
+    return found
+
+
 def split_bind(bind: str) -> tuple[str, int]:
     host, sep, port = bind.rpartition(":")
     if not sep or not port.isdigit():
@@ -70,6 +89,9 @@ class Command(BaseCommand):
         return False
 
     def _stop(self, children) -> None:
+        # Everything below us, the cluster's workers included: a child killed
+        # after the grace period must not leave its own children running.
+        below = descendants(os.getpid())
         for child in children:
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
@@ -78,5 +100,11 @@ class Command(BaseCommand):
             try:
                 child.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+                pass
+        for pid in below:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for child in children:
+            child.wait()
