@@ -9,8 +9,7 @@ from django.db import IntegrityError, transaction
 from controlplane.clock import now, rfc3339
 from controlplane.errors import Forbidden, GrantConflict, InvalidRequest, NotFound
 from controlplane.idempotency import KEY_RE
-from controlplane.models import Member, Membership, Space
-from controlplane.selectors import active_membership
+from controlplane.models import Member, Space
 from controlplane.services import member_for_handle, require_owner
 from grants import barrier
 from grants.models import Grant
@@ -85,10 +84,11 @@ def create_grant(space: Space, *, grant_id: str, kind: str, sender: str | None =
 
 
 def _may_manage(grant: Grant, member: Member) -> bool:
-    if member.is_admin:
-        return True
-    membership = active_membership(grant.space, member)
-    return membership is not None and membership.role == Membership.Role.OWNER
+    try:
+        require_owner(grant.space, member)
+    except Forbidden:
+        return False
+    return True
 
 
 def visible_grant(grant_id: str, viewer: Member) -> Grant:

@@ -14,7 +14,7 @@ from controlplane.clock import now, rfc3339
 from controlplane.errors import Conflict, InvalidRequest, LimitExceeded, NotFound, VerificationFailed
 from controlplane.live import kick_on_commit
 from controlplane.models import Conversation, LogHead, Member, Space
-from controlplane.selectors import active_membership
+from controlplane.selectors import can_read_space
 from controlplane.tokens import public_id
 from webhooks import crypto
 from webhooks.engine import feed_cursor, lease
@@ -117,14 +117,6 @@ def _check_debounce(debounce_ms: int) -> None:
         raise InvalidRequest(f"debounce_ms must be 0–{MAX_DEBOUNCE_MS}.")
 
 
-def may_act_in(space: Space, member: Member) -> bool:
-    """Open spaces: anyone; request and private spaces: admitted members."""
-    if space.visibility == Space.Visibility.OPEN:
-        return True
-    membership = active_membership(space, member)
-    return membership is not None
-
-
 def _conversation_subjects(space: Space, subjects: list[dict], owner: Member) -> list[int] | None:
     if not subjects:
         return None
@@ -159,7 +151,7 @@ def create_subscription(owner: Member, endpoint_id: str, *, space: Space | None 
     endpoint = owned_endpoint(endpoint_id, owner)
     conversation_ids = None
     if space is not None:
-        if not may_act_in(space, owner):
+        if not can_read_space(space, owner):
             raise NotFound()
         conversation_ids = _conversation_subjects(space, subjects or [], owner)
     with transaction.atomic():
@@ -199,7 +191,7 @@ def activate(subscription: Subscription) -> int:
     activation position (the activation cursor's)."""
     if not is_verified(subscription.endpoint):
         raise Conflict("Verify the endpoint first (POST /v0/webhook-endpoints/{id}/verify).")
-    if subscription.kind == Subscription.Kind.SPACE and not may_act_in(subscription.space, subscription.owner):
+    if subscription.kind == Subscription.Kind.SPACE and not can_read_space(subscription.space, subscription.owner):
         raise NotFound()
     with transaction.atomic():
         locked = Subscription.objects.select_for_update().get(pk=subscription.pk)

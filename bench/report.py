@@ -1,0 +1,190 @@
+"""The Markdown report of a benchmark run (results.json → tables)."""
+from __future__ import annotations
+
+# channels_redis keeps a group as a sorted set of channel names; stale names
+# left by earlier processes make every group_send on commit fan out to them.
+LOG_GROUP_KEY = "switchboard:group:switchboard.log"
+TARGET_SENDS_PER_S = 500
+TARGET_RSS_MIB = 155
+TARGET_FEED_RATIO = 1.3
+
+
+def fmt(value, digits: int = 1) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def verdict(ok: bool | None) -> str:
+    return "–" if ok is None else ("yes" if ok else "**no**")
+
+
+def markdown(report: dict) -> str:
+    m, res, cfg = report["machine"], report["results"], report["config"]
+    lines = [f"## Switchboard benchmark {report['stamp']}", "",
+             f"{m['nproc']} cores · {m['mem_total']} · {m['cpu_model']} · {m['postgresql'].split(' on ')[0]} · "
+             f"Python {m['python']} · Django {m['django']} · commit {m['git_commit']} · "
+             f"redis {cfg['redis'] or 'off'} · {cfg['clients']} clients · load average at start "
+             f"{m['loadavg_at_start'][0]:.2f}, at end {m['loadavg_at_end'][0]:.2f}", ""]
+
+    base16 = None
+    if "baseline" in res:
+        b = res["baseline"]
+        lines += ["### Baseline: one-row INSERT transactions into the same PostgreSQL database", "",
+                  "| client | clients | tx/s | p50 ms | p99 ms |", "| --- | ---: | ---: | ---: | ---: |"]
+        if "error" in b:
+            lines.append(f"| error | | {b['error']} | | |")
+        for row in b.get("psycopg", []):
+            lines.append(f"| psycopg 3, autocommit off | {row['clients']} | {fmt(row['tx_per_s'])} | "
+                         f"{fmt(row['p50_ms'], 2)} | {fmt(row['p99_ms'], 2)} |")
+            if row["clients"] == cfg["clients"]:
+                base16 = row["tx_per_s"]
+        pgb = b.get("pgbench")
+        if pgb:
+            lines.append(f"| pgbench (C, autocommit INSERT) | {pgb['clients']} | "
+                         f"{fmt(pgb.get('tx_per_s')) if 'tx_per_s' in pgb else pgb.get('error', '?')[:80]} | – | – |")
+        lines.append("")
+
+    if "sends" in res:
+        lines += [f"### Sends through the HTTP API ({cfg['clients']} aiohttp clients, {fmt(cfg['seconds'])} s "
+                  f"measured after {fmt(cfg['warmup'])} s warm-up, PostgreSQL)", "",
+                  "| server | sends/s | vs insert tx/s | p50 ms | p99 ms | errors | peak RSS per process, MiB "
+                  "| CPU cores server / client | tracebacks | ≥ 500/s | ≤ 155 MiB |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | --- |"]
+        for name, r in res["sends"].items():
+            if "error" in r:
+                lines.append(f"| {name} | failed: {r['error'][:120]} | | | | | | | | | |")
+                continue
+            rss = [p["peak_rss_mib"] for p in r["processes"]]
+            rss_text = " / ".join(f"{p['role'][0]}:{p['peak_rss_mib']:.0f}" for p in r["processes"])
+            share = f"{100 * r['sends_per_s'] / base16:.1f}%" if base16 else "–"
+            lines.append(f"| {name} | {fmt(r['sends_per_s'])} | {share} | {fmt(r['p50_ms'], 1)} | "
+                         f"{fmt(r['p99_ms'], 1)} | {r['errors']} | {rss_text} | "
+                         f"{r['server_cpu_cores']:.2f} / {r['client_cpu_cores']:.2f} | {r['server_log']['tracebacks']} | "
+                         f"{verdict(r['sends_per_s'] >= TARGET_SENDS_PER_S)} | "
+                         f"{verdict(max(rss, default=0) <= TARGET_RSS_MIB)} |")
+        groups = [r["log_group_channels"]["before"] for r in res["sends"].values() if "log_group_channels" in r]
+        groups = [g for g in groups if g is not None]
+        if groups:
+            lines += ["", f"Channels in the Redis log group (`{LOG_GROUP_KEY}`) before each setup: "
+                      + ", ".join(map(str, groups)) + " (each one gets a copy of every send's nudge)."]
+        lines += ["", "RSS: m = main process (the only one for Daphne), w = worker, h = helper (multiprocessing resource tracker); "
+                  "peak of VmRSS sampled every 0.1 s. CPU cores: CPU time used during warm-up + measurement / wall time "
+                  "(server: all its processes; client: this process).", ""]
+
+    if "feeds" in res:
+        f = res["feeds"]
+        if "error" in f:
+            lines += [f"### Feed pages: failed: {f['error']}", ""]
+        else:
+            s1k, s1m = f["stages"]["1k"], f["stages"]["1M"]
+            lines += [f"### Feed pages (limit {f['page']}, {cfg['feed_requests']} sequential requests each, "
+                      f"cursor in the middle, {f['server']})", "",
+                      f"Log: {fmt(s1k['events_in_log'])} events (1k stage) vs {fmt(s1m['events_in_log'])} (1M stage).",
+                      "",
+                      "| feed | 1k p50 ms | 1k p99 ms | 1M p50 ms | 1M p99 ms | ratio p50 | ratio p99 | errors "
+                      "| ≤ 1.3 |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+            rows = (("space feed, 1k-event space (`feed-small`)", "small", "small", "space_small"),
+                    ("space feed, ~1M-event space (`feed-big`) vs 1k space", "small", "big", "space_big"),
+                    ("inbox feed (`/v0/me/inbox/events`)", "inbox", "inbox", "inbox"))
+            for label, k1, k2, key in rows:
+                a, b = s1k[k1], s1m[k2]
+                ratio = f["ratios"][f"{key}_p50_ms"]
+                errors = a["errors"] + b["errors"] + a["short_pages"] + b["short_pages"]
+                lines.append(f"| {label} | {fmt(a['p50_ms'], 2)} | {fmt(a['p99_ms'], 2)} | {fmt(b['p50_ms'], 2)} | "
+                             f"{fmt(b['p99_ms'], 2)} | {fmt(ratio, 2)} | {fmt(f['ratios'][f'{key}_p99_ms'], 2)} | "
+                             f"{errors} | {verdict(None if ratio is None else ratio <= TARGET_FEED_RATIO)} |")
+            lines.append("")
+
+    if "inbox" in res:
+        lines += inbox_markdown(res["inbox"], cfg, base16)
+
+    if "webhooks" in res:
+        lines += webhooks_markdown(res["webhooks"], cfg)
+
+    problems = []
+    servers = [(f"sends, {name}", r) for name, r in res.get("sends", {}).items()]
+    for phase in ("feeds", "inbox"):
+        if "server_log" in res.get(phase, {}):
+            servers.append((f"{phase}, {res[phase]['server']}", res[phase]))
+    for label, r in servers:
+        log = r.get("server_log", {})
+        if r.get("errors"):
+            problems.append(f"- {label}: {r['errors']} failed sends {r.get('statuses', {})}")
+        for line, count in list(log.get("exceptions", {}).items())[:4]:
+            problems.append(f"- {label}: traceback ending `{line[:160]}` ×{count} ({log['stderr']})")
+        for line, count in sorted(log.get("log_lines", {}).items(), key=lambda kv: -kv[1])[:4]:
+            problems.append(f"- {label}: log line `{line[:160]}` ×{count}")
+    ack = res.get("inbox", {}).get("ack", {})
+    if ack.get("errors"):
+        problems.append(f"- inbox: {ack['errors']} failed acknowledgements {ack.get('statuses', {})}")
+    if ack and not ack["check"]["ok"]:
+        problems.append(f"- inbox: after the acknowledgements {ack['check']} (200s: {ack['acks_total']})")
+    for phase in ("baseline", "feeds", "inbox"):
+        if "error" in res.get(phase, {}):
+            problems.append(f"- {phase} failed: {res[phase]['error']}")
+    if problems:
+        lines += ["### Problems seen (server stderr and failed requests)", "", *problems, ""]
+    lines.append(f"Results: {report['results_file']}")
+    return "\n".join(lines)
+
+
+def webhooks_markdown(r: dict, cfg: dict) -> list[str]:
+    if "error" in r:
+        return [f"### Webhooks: failed: {r['error']}", ""]
+    raw, wakes, lat = r["raw"], r["wakes"], r["latency"]
+    rounds = ", ".join(f"{x['wakes']} in {x['seconds']} s" for x in wakes["rounds"])
+    return [f"### Webhook wakes to a local HTTPS receiver ({wakes['subscriptions']:,} active subscriptions, "
+            f"{wakes['endpoints']} endpoints, {wakes['workers']} worker processes)", "",
+            "| figure | value | baseline: raw signed POSTs/s, one process, 64 in flight | ratio |",
+            "| --- | ---: | ---: | ---: |",
+            f"| wakes/s (claim, sign, POST, record) | {fmt(wakes['wakes_per_s'])} | {fmt(raw['posts_per_s'])} "
+            f"| {fmt(r['ratio_wakes_to_raw'], 2)} |", "",
+            f"Rounds: {rounds}; attempts recorded {wakes['attempts']:,}, delivered {wakes['delivered']:,}. "
+            f"Raw POSTs: {raw['errors']} errors, p50 {fmt(raw['p50_ms'], 1)} ms.", "",
+            f"Send-to-receipt latency at debounce 0 (`serve`: Daphne and the django-q2 cluster; {lat['sends']} sends, "
+            f"one at a time): p50 {fmt(lat['p50_ms'], 1)} ms, p99 {fmt(lat['p99_ms'], 1)} ms "
+            f"({lat['covered']} of {lat['sends']} covered by {lat['wakes']} wakes).", ""]
+
+
+def inbox_markdown(r: dict, cfg: dict, base16: float | None) -> list[str]:
+    if "error" in r:
+        return [f"### Inbox: failed: {r['error']}", ""]
+    st, ratios = r["stages"], r["ratios"]
+    lines = [f"### Inbox pages (`GET /v0/me/inbox`, at most {r['page_items']} items, {cfg['feed_requests']} "
+             f"sequential requests each, {r['server']})", "",
+             "Pending items of the member read: " + " / ".join(fmt(s["items"]) for s in st.values())
+             + f" (items table: {fmt(st['1M']['items_in_table'])} rows, {fmt(st['1M']['table_mib'])} MiB at the "
+             f"last stage; that stage loaded in {fmt(st['1M']['load_seconds'])} s).", "",
+             "| request | 10 p50 / p99 ms | 10k p50 / p99 ms | 1M p50 / p99 ms | ratio 10k / 10 p50 "
+             "| ratio 1M / 10 p50 / p99 | ratio 1M / 10k p50 | errors | ≤ 1.3 |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    rows = (("first page (no cursor)", "first"), ("next page (`nextCursor` of the first)", "next"),
+            ("middle page (cursor at the middle item)", "middle"), ("event lookup (`/v0/inbox-events/evt_…`)", "event"))
+    for label, page in rows:
+        cells = [st[s].get(page) for s in ("10", "10k", "1M")]
+        errors = sum(c["errors"] + c.get("wrong_pages", 0) for c in cells if c)
+        ratio = ratios[f"{page}_1M/10_p50_ms"]
+        lines.append(f"| {label} | " + " | ".join(f"{fmt(c['p50_ms'], 2)} / {fmt(c['p99_ms'], 2)}" if c else "–"
+                                                 for c in cells)
+                     + f" | {fmt(ratios[f'{page}_10k/10_p50_ms'], 2)} | {fmt(ratio, 2)} / "
+                     f"{fmt(ratios[f'{page}_1M/10_p99_ms'], 2)} | {fmt(ratios[f'{page}_1M/10k_p50_ms'], 2)} | "
+                     f"{errors} | {verdict(None if ratio is None else ratio <= TARGET_FEED_RATIO)} |")
+    a = r["ack"]
+    if base16 is None and "insert_baseline" in r:
+        base16 = r["insert_baseline"]["tx_per_s"]
+    share = f"{100 * a['acks_per_s'] / base16:.1f}%" if base16 else "–"
+    lines += ["", "Ratios are against the 10-item first page (event lookups: the 10-item lookup), which holds 10 "
+              "items where the others hold 50; 1M / 10k compares the same page.", "",
+              f"### Acknowledgements (`POST /v0/me/inbox/acknowledge`, {a['clients']} aiohttp clients, one member "
+              f"and distinct tokens each, {fmt(a['seconds'])} s after {fmt(a['warmup_seconds'])} s warm-up, "
+              f"{r['server']})", "",
+              "| acks/s | vs insert tx/s | insert tx/s | p50 ms | p99 ms | errors | rows and mailboxes agree |",
+              "| ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+              f"| {fmt(a['acks_per_s'])} | {share} | {fmt(base16)} | {fmt(a['p50_ms'], 1)} | {fmt(a['p99_ms'], 1)} "
+              f"| {a['errors']} | {verdict(a['check']['ok'])} |", ""]
+    return lines
+
+
