@@ -6,4 +6,7 @@ class ControlPlaneConfig(AppConfig):
     verbose_name = "Switchboard core"
 
     def ready(self):
+        from controlplane import converters
         from controlplane.api import schema  # noqa: F401  (registers OpenAPI extensions)
+
+        converters.register()  # before any URLconf (HTTP or WebSocket) is built

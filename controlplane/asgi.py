@@ -8,13 +8,17 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_application = get_asgi_application()
 
-from channels.routing import ProtocolTypeRouter  # noqa: E402
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from controlplane.live import publisher  # noqa: E402
+from web.routing import websocket_urlpatterns  # noqa: E402
+from web.sockets import SameOriginOnly  # noqa: E402
 
 router = ProtocolTypeRouter({
     "http": ASGIStaticFilesHandler(django_application),
+    "websocket": SameOriginOnly(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
 })
 
 

@@ -101,19 +101,39 @@ def group_send_on_commit(group: str, message: dict) -> None:
     transaction.on_commit(lambda: publisher.send(group, message), robust=True)
 
 
+class Interest:
+    """What one live page waits for: new events in some conversations, or in
+    some spaces (a membership change there may end its access). `event` is
+    set when one may have arrived; the page re-reads from the database."""
+
+    def __init__(self, conversations: set[int], spaces: set[int]) -> None:
+        self.conversations = conversations
+        self.spaces = spaces
+        self.event = asyncio.Event()
+
+    def matches(self, message: dict) -> bool:
+        if "conversations" not in message:
+            return True  # a nudge that does not say what changed wakes everyone
+        return bool(self.conversations.intersection(message["conversations"])
+                    or self.spaces.intersection(message.get("spaces", ())))
+
+
 class LogWatcher:
-    """One per process: listens on the log group and wakes local waiters."""
+    """One per process: listens on the log group and wakes local waiters:
+    long-polls (any advance) and live pages (advances they asked for)."""
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._advanced: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
+        self._interests: set[Interest] = set()
 
     def _ensure_started(self) -> None:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             self._loop = loop
             self._advanced = asyncio.Event()
+            self._interests = set()
             self._task = loop.create_task(self._listen())
 
     def mark(self) -> asyncio.Event:
@@ -128,9 +148,22 @@ class LogWatcher:
         except (asyncio.TimeoutError, TimeoutError):
             pass
 
-    def _wake(self) -> None:
+    def watch(self, *, conversations: set[int], spaces: set[int]) -> Interest:
+        """Register a live page's interest; `unwatch` it when the page goes."""
+        self._ensure_started()
+        interest = Interest(conversations, spaces)
+        self._interests.add(interest)
+        return interest
+
+    def unwatch(self, interest: Interest) -> None:
+        self._interests.discard(interest)
+
+    def _wake(self, message: dict) -> None:
         advanced, self._advanced = self._advanced, asyncio.Event()
         advanced.set()
+        for interest in self._interests:
+            if interest.matches(message):
+                interest.event.set()
 
     async def _listen(self) -> None:
         layer = get_channel_layer()
@@ -144,8 +177,7 @@ class LogWatcher:
                 joined = time.monotonic()
                 while True:
                     try:
-                        await asyncio.wait_for(layer.receive(channel), GROUP_READD_SECONDS)
-                        self._wake()
+                        self._wake(await asyncio.wait_for(layer.receive(channel), GROUP_READD_SECONDS))
                     except (asyncio.TimeoutError, TimeoutError):
                         pass
                     # Group memberships expire (a day by default) however busy

@@ -88,7 +88,8 @@ def append_events(events: list[NewEvent], positions: list[int] | None = None) ->
     # One message per commit, to every process; each fans it out locally
     # (long-polls now, live pages too), so a send costs one broker message.
     group_send_on_commit(LOG_GROUP, {"type": "log.advanced", "position": positions[-1],
-                                     "conversations": sorted({e.conversation_id for e in events if e.conversation_id})})
+                                     "conversations": sorted({e.conversation_id for e in events if e.conversation_id}),
+                                     "spaces": sorted({e.space_id for e in events if e.space_id})})
     return rows
 
 

@@ -59,10 +59,12 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "channels",
     "django_q",
+    "django_htmx",
     "controlplane",
     "inbox",
     "grants",
     "webhooks",
+    "web",
 ]
 
 # Short and async-capable: every sync layer costs a thread hop under ASGI.
@@ -89,6 +91,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "web.context.member",
             ],
         },
     },
@@ -166,7 +169,9 @@ else:
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/app/login/"
+LOGIN_REDIRECT_URL = "/app/"
+LOGOUT_REDIRECT_URL = "/app/login/"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -1,12 +1,10 @@
 from django.contrib import admin
 from django.http import JsonResponse
 from django.urls import include, path, re_path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from controlplane import converters
 from controlplane.errors import not_found
-
-converters.register()
 
 
 def healthz(request):
@@ -16,6 +14,8 @@ def healthz(request):
 urlpatterns = [
     path("healthz", healthz),
     path("admin/", admin.site.urls),
+    path("", RedirectView.as_view(url="/app/", permanent=False)),
+    path("app/", include("web.urls")),
     path("staff/", include("grants.urls")),
     path("v0/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("v0/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),

@@ -12,10 +12,12 @@ from django.db.models import Exists, F, OuterRef, Q
 
 from controlplane.clock import now
 from controlplane.errors import InvalidEventId, UnknownDelivery, UnknownEvent
+from controlplane.live import group_send_on_commit
 from controlplane.log import log_head
 from controlplane.models import Member
 from controlplane.tokens import b64url
 from inbox.models import InboxItem, Mailbox
+from inbox.writes import inbox_group
 
 PAGE_ITEMS = 50
 PAGE_BYTES = 2 * 1024 * 1024
@@ -77,6 +79,7 @@ def acknowledge_delivery(member: Member, token: str) -> None:
             item.state, item.acknowledged_at = InboxItem.State.ACKNOWLEDGED, now()
             item.save(update_fields=["state", "acknowledged_at"])
             Mailbox.objects.filter(member=member).update(pending_bytes=F("pending_bytes") - item.content_bytes)
+            group_send_on_commit(inbox_group(member), {"type": "inbox.acknowledged"})
 
 
 def token_for_event_id(event_id: str) -> str:

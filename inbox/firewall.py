@@ -18,9 +18,11 @@ from django.db.models import F
 
 from controlplane.clock import now
 from controlplane.errors import AuthorityRevoked, InvalidRequest, UnknownDelivery
+from controlplane.live import group_send_on_commit
 from controlplane.models import Conversation, Member
 from grants.models import Grant
 from inbox.models import FirewallRule, InboxItem, Mailbox
+from inbox.writes import inbox_group
 
 MAX_RULES = 50
 MAX_PATTERN = 200
@@ -73,6 +75,7 @@ def classify_next(member_id: int) -> bool:
             Mailbox.objects.filter(pk=box.pk).update(pending_bytes=F("pending_bytes") - item.content_bytes)
         else:
             item.admission = InboxItem.Admission.ADMITTED
+            group_send_on_commit(inbox_group(item.member), {"type": "inbox.available", "items": 1})
         item.save(update_fields=["admission", "guidance", "settled_at"])
         return True
 
@@ -108,6 +111,7 @@ def release_item(member: Member, token: str, *, actor: Member) -> InboxItem:
         item.admission, item.settled_at = InboxItem.Admission.ADMITTED, now()
         item.save(update_fields=["admission", "settled_at"])
         Mailbox.objects.filter(member=member).update(pending_bytes=F("pending_bytes") + item.content_bytes)
+        group_send_on_commit(inbox_group(member), {"type": "inbox.available", "items": 1})
         return item
 
 

@@ -9,6 +9,7 @@ from rest_framework.test import APIClient
 
 from controlplane import services
 from controlplane.models import Member
+from tests.webhooks.receiver import serve_receiver
 
 ON_POSTGRES = settings.IS_POSTGRES
 
@@ -133,3 +134,23 @@ def space(alice, bob, carol):
 @pytest.fixture
 def general(space, alice):
     return services.create_channel(space, "general", actor=alice)
+
+
+@pytest.fixture(scope="session")
+def https_receiver(tmp_path_factory):
+    receiver, ca, stop = serve_receiver(tmp_path_factory.mktemp("tls"))
+    yield receiver, ca
+    stop()
+
+
+@pytest.fixture
+def receiver(https_receiver, settings):
+    """The HTTPS receiver on 127.0.0.1, trusted through WEBHOOK_CA_BUNDLE;
+    loopback targets allowed (tests only)."""
+    receiver, ca = https_receiver
+    settings.WEBHOOK_CA_BUNDLE = str(ca)
+    settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS = True
+    receiver.requests.clear()
+    receiver.respond = None
+    yield receiver
+    receiver.respond = None

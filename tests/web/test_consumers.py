@@ -1,0 +1,196 @@
+"""Live sockets, through the real ASGI router (session auth, origin check,
+URL routing) and the configured channel layer: in-memory on SQLite, Redis
+on the PostgreSQL + Redis run."""
+import asyncio
+
+import pytest
+import pytest_asyncio
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.test import Client
+
+from controlplane import services
+from controlplane.live import LOG_GROUP, log_watcher
+from controlplane.models import Member
+from controlplane.asgi import router
+from inbox.delivery import acknowledge_delivery
+from inbox.models import InboxItem
+from inbox.services import send_message
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+
+@pytest.fixture(autouse=True)
+def nudges_only(settings):
+    """No periodic re-reads during these tests: every frame must come from a
+    nudge (or the connect-time read)."""
+    settings.FEED_RECHECK_SECONDS = 30
+
+
+def session_cookie(member: Member) -> str:
+    client = Client()
+    client.force_login(member.user)
+    return client.cookies["sessionid"].value
+
+
+OPEN: list[WebsocketCommunicator] = []
+
+
+@pytest_asyncio.fixture(autouse=True)
+async def sockets_finish():
+    """Every socket's application instance ends with its test, a refused or
+    server-closed one too."""
+    yield
+    while OPEN:
+        await OPEN.pop().disconnect()
+
+
+async def open_socket(path, member=None, origin=None):
+    headers = [(b"host", b"testserver")]
+    if member is not None:
+        headers.append((b"cookie", f"sessionid={await database_sync_to_async(session_cookie)(member)}".encode()))
+    if origin is not None:
+        headers.append((b"origin", origin.encode()))
+    socket = WebsocketCommunicator(router, path, headers=headers)
+    OPEN.append(socket)
+    connected, _ = await socket.connect(timeout=5)
+    return socket, connected
+
+
+async def watching(member, conversation, after=0):
+    await log_watcher_listening()  # first, so its probes wake no socket
+    socket, connected = await open_socket(f"/ws/conversations/{conversation.public_id}/?after={after}", member)
+    assert connected
+    return socket
+
+
+async def log_watcher_listening():
+    """Wait until this process's log watcher has joined the log group."""
+    layer = get_channel_layer()
+    for _ in range(100):
+        mark = log_watcher.mark()
+        await layer.group_send(LOG_GROUP, {"type": "log.advanced"})
+        await log_watcher.wait(mark, 0.05)
+        if mark.is_set():
+            return
+    raise AssertionError("the log watcher never joined the log group")
+
+
+async def frames_until_live(socket) -> list[dict]:
+    frames = []
+    while (frame := await socket.receive_json_from(timeout=5))["type"] != "live":
+        frames.append(frame)
+    return frames
+
+
+send = database_sync_to_async(send_message)
+
+
+async def test_signed_out_and_outsiders_are_refused_at_connect(room, human):
+    _, channel = room
+    cid = await database_sync_to_async(human)("cid")
+    path = f"/ws/conversations/{channel.public_id}/"
+    assert (await open_socket(path))[1] is False
+    assert (await open_socket(path, cid))[1] is False
+    assert (await open_socket("/ws/conversations/cnv_aaaaaaaaaaaaaaaa/", cid))[1] is False
+
+
+async def test_a_malformed_position_is_refused(room, ben):
+    _, channel = room
+    assert (await open_socket(f"/ws/conversations/{channel.public_id}/?after=-1", ben))[1] is False
+
+
+async def test_sockets_opened_by_another_sites_page_are_refused(room, ben):
+    _, channel = room
+    path = f"/ws/conversations/{channel.public_id}/"
+    assert (await open_socket(path, ben, origin="https://evil.example"))[1] is False
+    socket, connected = await open_socket(path, ben, origin="http://testserver")
+    assert connected
+    await socket.disconnect()
+
+
+async def test_messages_sent_anywhere_arrive_once_and_in_order(room, ann, ben):
+    _, channel = room
+    socket = await watching(ben, channel)
+    assert await frames_until_live(socket) == []
+    # when
+    sent = [(await send(channel, body=f"hello {i}", actor=ann)).message for i in range(3)]
+    # then
+    frames = [await socket.receive_json_from(timeout=5) for _ in sent]
+    assert [f["id"] for f in frames] == [m.public_id for m in sent]
+    assert [f["position"] for f in frames] == sorted(m.position for m in sent)
+    assert "hello 2" in frames[2]["html"]
+    assert await socket.receive_nothing(0.3)
+    await socket.disconnect()
+
+
+async def test_a_reconnect_backfills_exactly_what_was_missed(room, ann, ben):
+    _, channel = room
+    first = (await send(channel, body="before", actor=ann)).message
+    socket = await watching(ben, channel)
+    assert [f["id"] for f in await frames_until_live(socket)] == [first.public_id]
+    await socket.disconnect()
+    # when: two messages while the socket is down, then a reconnect from the last frame
+    missed = [(await send(channel, body=f"missed {i}", actor=ann)).message for i in range(2)]
+    socket = await watching(ben, channel, after=first.position)
+    # then
+    assert [f["id"] for f in await frames_until_live(socket)] == [m.public_id for m in missed]
+    later = (await send(channel, body="after", actor=ann)).message
+    assert (await socket.receive_json_from(timeout=5))["id"] == later.public_id
+    assert await socket.receive_nothing(0.3)
+    await socket.disconnect()
+
+
+async def test_removal_from_the_space_closes_the_socket_at_once(room, ann, ben):
+    space, channel = room
+    socket = await watching(ben, channel)
+    await frames_until_live(socket)
+    # when
+    await database_sync_to_async(services.remove_member)(space, ben, actor=ann)
+    # then
+    assert await socket.receive_json_from(timeout=5) == {"type": "access.lost"}
+    assert (await socket.receive_output(timeout=5)) == {"type": "websocket.close", "code": 4403}
+    await send(channel, body="not for ben any more", actor=ann)
+    assert await socket.receive_nothing(0.3)
+
+
+async def test_access_is_checked_again_before_every_frame(room, ann, ben):
+    _, channel = room
+    socket = await watching(ben, channel)
+    await frames_until_live(socket)
+    # when: ben is suspended (no event of the conversation), then a message arrives
+    await database_sync_to_async(Member.objects.filter(pk=ben.pk).update)(status=Member.Status.SUSPENDED)
+    await send(channel, body="secret", actor=ann)
+    # then
+    assert await socket.receive_json_from(timeout=5) == {"type": "access.lost"}
+    assert (await socket.receive_output(timeout=5))["code"] == 4403
+
+
+async def test_the_inbox_socket_counts_pending_items_live(room, ann, ben):
+    space, _ = room
+    direct, _ = await database_sync_to_async(services.get_or_create_direct)(space, ben, actor=ann)
+    socket, connected = await open_socket("/ws/inbox/", ben)
+    assert connected
+    assert await socket.receive_json_from(timeout=5) == {"type": "inbox", "pending": 0}
+    # when / then
+    await send(direct, body="for ben", actor=ann)
+    assert await socket.receive_json_from(timeout=5) == {"type": "inbox", "pending": 1}
+    token = await database_sync_to_async(lambda: InboxItem.objects.get(member=ben).token)()
+    await database_sync_to_async(acknowledge_delivery)(ben, token)
+    assert await socket.receive_json_from(timeout=5) == {"type": "inbox", "pending": 0}
+    await socket.disconnect()
+    assert (await open_socket("/ws/inbox/"))[1] is False
+
+
+async def test_many_sockets_on_one_conversation_each_get_every_message(room, ann, ben):
+    _, channel = room
+    sockets = [await watching(ben, channel) for _ in range(5)]
+    for socket in sockets:
+        await frames_until_live(socket)
+    sent = (await send(channel, body="to all", actor=ann)).message
+    received = await asyncio.gather(*(s.receive_json_from(timeout=5) for s in sockets))
+    assert {f["id"] for f in received} == {sent.public_id}
+    for socket in sockets:
+        await socket.disconnect()
+

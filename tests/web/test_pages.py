@@ -1,0 +1,190 @@
+"""The web app's pages: sign-in, access exactly as the API, the composer."""
+import json
+
+import pytest
+from django.test import Client
+
+from controlplane import services
+from controlplane.models import Member
+from inbox.models import Message
+from inbox.services import send_message
+from tests.web.conftest import PASSWORD
+
+pytestmark = pytest.mark.django_db
+
+
+def post_json(client, url, data):
+    return client.post(url, json.dumps(data), content_type="application/json", HTTP_ACCEPT="application/json")
+
+
+def page_url(space, conversation):
+    return f"/app/spaces/{space.slug}/{conversation.public_id}/"
+
+
+# --- sign-in -------------------------------------------------------------------------
+
+def test_pages_send_signed_out_visitors_to_sign_in():
+    response = Client().get("/app/inbox/")
+    assert response.status_code == 302 and response["Location"] == "/app/login/?next=/app/inbox/"
+
+
+def test_a_human_member_signs_in_with_handle_and_password(ann):
+    client = Client()
+    response = client.post("/app/login/", {"username": "ann", "password": PASSWORD})
+    assert response.status_code == 302 and response["Location"] == "/app/"
+    assert "Conversations" in client.get("/app/").content.decode()
+
+
+@pytest.mark.parametrize("password", ["wrong", PASSWORD])
+def test_a_suspended_member_or_a_wrong_password_cannot_sign_in(ann, password):
+    if password == PASSWORD:
+        Member.objects.filter(pk=ann.pk).update(status=Member.Status.SUSPENDED)
+    client = Client()
+    response = client.post("/app/login/", {"username": "ann", "password": password})
+    assert response.status_code == 200 and 'role="alert"' in response.content.decode()
+    assert client.get("/app/").status_code == 302
+
+
+def test_a_session_of_a_member_suspended_later_no_longer_opens_pages(ann, browser_of):
+    client = browser_of(ann)
+    Member.objects.filter(pk=ann.pk).update(status=Member.Status.SUSPENDED)
+    assert client.get("/app/").status_code == 302
+    response = client.get("/app/", HTTP_ACCEPT="application/json")
+    assert response.status_code == 401 and response.json()["error"]["code"] == "UNAUTHENTICATED"
+
+
+# --- spaces and conversations ----------------------------------------------------------
+
+def test_home_lists_only_what_the_member_can_read(ann, ben, human, room, browser_of):
+    space, channel = room
+    cid = human("cid")
+    direct, _ = services.get_or_create_direct(space, ben, actor=ann)
+    services.create_space(slug="secret", name="Secret", visibility="private", send_policy="open", actor=cid)
+    # when
+    page = browser_of(ben).get("/app/").content.decode()
+    outsider = browser_of(cid).get("/app/").content.decode()
+    # then
+    assert page_url(space, channel) in page and page_url(space, direct) in page and "@ann" in page
+    assert "secret" not in page
+    assert page_url(space, channel) not in outsider and "secret" in outsider
+
+
+def test_a_conversation_the_member_cannot_read_is_a_404_page(ann, human, room, browser_of):
+    space, channel = room
+    response = browser_of(human("cid")).get(page_url(space, channel))
+    assert response.status_code == 404 and "NOT_FOUND" in response.content.decode()
+
+
+def test_direct_conversations_are_for_their_two_members_only(ann, ben, human, room, browser_of):
+    space, _ = room
+    cid = human("cid")
+    services.add_member(space, cid, actor=ann)
+    direct, _ = services.get_or_create_direct(space, ben, actor=ann)
+    assert browser_of(ben).get(page_url(space, direct)).status_code == 200
+    assert browser_of(cid).get(page_url(space, direct)).status_code == 404
+
+
+def test_history_pages_upward_without_overlap(ann, ben, room, browser_of, settings):
+    space, channel = room
+    sent = [send_message(channel, body=f"message {i}", actor=ann).message for i in range(120)]
+    client = browser_of(ben)
+    # when: the page shows the newest 50, then the pager walks up
+    page = client.get(page_url(space, channel)).content.decode()
+    older = client.get(f"{page_url(space, channel)}history?before={sent[70].position}",
+                       HTTP_ACCEPT="application/json").json()
+    oldest = client.get(f"{page_url(space, channel)}history?before={older['rows'][0]['position']}",
+                        HTTP_ACCEPT="application/json").json()
+    # then
+    assert "message 119" in page and "message 70" in page and "message 69" not in page
+    assert [r["id"] for r in older["rows"]] == [m.public_id for m in sent[20:70]] and older["more"]
+    assert [r["id"] for r in oldest["rows"]] == [m.public_id for m in sent[:20]] and not oldest["more"]
+    assert f'data-after="{sent[-1].position}"' in page
+
+
+def test_a_bad_history_position_is_a_clear_400(ann, room, browser_of):
+    space, channel = room
+    response = browser_of(ann).get(f"{page_url(space, channel)}history?before=abc", HTTP_ACCEPT="application/json")
+    assert response.status_code == 400 and response.json()["error"]["code"] == "INVALID_REQUEST"
+
+
+def test_message_bodies_are_escaped(ann, ben, room, browser_of):
+    space, channel = room
+    send_message(channel, body="<script>alert(1)</script>", actor=ann)
+    page = browser_of(ben).get(page_url(space, channel)).content.decode()
+    assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+
+# --- the composer ----------------------------------------------------------------------------
+
+def test_the_composer_sends_the_exact_body_once_per_key(ann, room, browser_of):
+    space, channel = room
+    client = browser_of(ann)
+    body = "line one\nline two  \n\n— ünïcode"
+    # when
+    first = post_json(client, f"{page_url(space, channel)}send", {"body": body, "idempotency_key": "web-key-000001"})
+    again = post_json(client, f"{page_url(space, channel)}send", {"body": body, "idempotency_key": "web-key-000001"})
+    # then
+    assert first.status_code == 201 and again.status_code == 200
+    assert first.json()["message"]["id"] == again.json()["message"]["id"]
+    assert Message.objects.get().body == body
+    assert f'id="m-{first.json()["message"]["position"]}"' in first.json()["message"]["html"]
+
+
+def test_the_form_without_scripts_sends_line_breaks_as_typed(ann, room, browser_of):
+    space, channel = room
+    response = browser_of(ann).post(f"{page_url(space, channel)}send", {"body": "a\r\nb", "idempotency_key": "web-nojs-1"})
+    assert response.status_code == 302 and Message.objects.get().body == "a\nb"
+
+
+@pytest.mark.parametrize("data, code", [
+    ({"body": "   "}, "INVALID_REQUEST"),
+    ({"body": "x" * 8193}, "BODY_TOO_LARGE"),
+    ({"body": "a\u0000b"}, "INVALID_BODY"),
+    ({"body": "hi", "idempotency_key": "short"}, "INVALID_IDEMPOTENCY_KEY"),
+    ({"text": "hi"}, "INVALID_REQUEST"),
+])
+def test_bad_sends_are_clear_errors_and_change_nothing(ann, room, browser_of, data, code):
+    space, channel = room
+    response = post_json(browser_of(ann), f"{page_url(space, channel)}send", data)
+    assert 400 <= response.status_code < 500 and response.json()["error"]["code"] == code
+    assert not Message.objects.exists()
+
+
+def test_observers_and_outsiders_cannot_send(ann, human, room, browser_of):
+    space, channel = room
+    watcher = human("watcher")
+    services.add_member(space, watcher, role="observer", actor=ann)
+    observer = post_json(browser_of(watcher), f"{page_url(space, channel)}send", {"body": "hi"})
+    outsider = post_json(browser_of(human("cid")), f"{page_url(space, channel)}send", {"body": "hi"})
+    assert observer.status_code == 403 and observer.json()["error"]["code"] == "FORBIDDEN"
+    assert outsider.status_code == 404
+    assert not Message.objects.exists()
+
+
+def test_without_a_grant_the_composer_offers_and_files_an_approval_request(ann, ben, browser_of):
+    from grants.models import ApprovalRequest
+
+    space = services.create_space(slug="guarded", name="Guarded", visibility="private", send_policy="explicit_only",
+                                  actor=ann)
+    services.add_member(space, ben, actor=ann)
+    direct, _ = services.get_or_create_direct(space, ann, actor=ben)
+    url = f"{page_url(space, direct)}send"
+    client = browser_of(ben)
+    # when
+    refused = post_json(client, url, {"body": "may I?", "idempotency_key": "web-approval-1"})
+    requested = post_json(client, url, {"body": "may I?", "idempotency_key": "web-approval-1",
+                                        "request_approval": True})
+    # then
+    assert refused.status_code == 403 and refused.json()["error"]["details"]["recipients"] == ["@ann"]
+    assert requested.json()["error"]["details"]["approval_request"]["body"] == "may I?"
+    assert ApprovalRequest.objects.get().body == "may I?" and not Message.objects.exists()
+    # and without scripts the page says what happened and offers the button
+    page = client.post(url, {"body": "may I?", "idempotency_key": "web-approval-2"}).content.decode()
+    assert "GRANT_REQUIRED" in page and 'name="request_approval"' in page and "may I?" in page
+
+
+def test_joining_an_open_space_from_home(ann, ben, browser_of):
+    space = services.create_space(slug="plaza", name="Plaza", visibility="open", send_policy="open", actor=ann)
+    response = browser_of(ben).post(f"/app/spaces/{space.slug}/join")
+    assert response.status_code == 302
+    assert space.memberships.filter(member=ben, status="active").exists()

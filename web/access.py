@@ -1,0 +1,76 @@
+"""Who is signed in, and what they may read: the same checks as the API.
+
+Pages and sockets both start here. A signed-in Django user counts only
+through an active member; anything else is treated as signed out.
+"""
+from __future__ import annotations
+
+import functools
+
+from django.contrib.auth.views import redirect_to_login
+from django.http import JsonResponse
+from django.shortcuts import render
+
+from controlplane.errors import ApiError, NotFound, Unauthenticated
+from controlplane.models import Conversation, Member
+from controlplane.selectors import can_read_space, readable_conversations
+
+
+def member_of(user) -> Member | None:
+    """The active member behind a Django user, or None."""
+    if user is None or not user.is_authenticated:
+        return None
+    member = getattr(user, "member", None)
+    return member if member is not None and member.is_active else None
+
+
+def readable_conversation(member: Member | None, public_id: str) -> Conversation | None:
+    """The conversation, with its space, if `member` may read it now: a
+    channel of a space they can read, or a direct or group conversation
+    they take part in (selectors.readable_conversations, as the API)."""
+    if member is None or not member.is_active:
+        return None
+    conversation = Conversation.objects.select_related("space").filter(public_id=public_id).first()
+    if conversation is None or not can_read_space(conversation.space, member):
+        return None
+    if not readable_conversations(conversation.space, member).filter(pk=conversation.pk).exists():
+        return None
+    return conversation
+
+
+def get_readable_conversation(member: Member, public_id: str) -> Conversation:
+    conversation = readable_conversation(member, public_id)
+    if conversation is None:
+        raise NotFound("No such conversation, or you cannot read it.")
+    return conversation
+
+
+def wants_json(request) -> bool:
+    return "application/json" in request.headers.get("Accept", "")
+
+
+def error_response(request, error: ApiError):
+    """An error as the page's caller wants it: the contract's JSON shape for
+    scripts, a page for browsers, a fragment for htmx."""
+    if wants_json(request):
+        return JsonResponse(error.body(), status=error.status)
+    template = "web/_error.html" if request.headers.get("HX-Request") else "web/error.html"
+    return render(request, template, {"error": error}, status=error.status)
+
+
+def member_page(view):
+    """A page for signed-in members: others go to the sign-in page (scripts
+    get 401). The view receives the member; an ApiError it raises becomes a
+    clear error with the same status the API would give."""
+    @functools.wraps(view)
+    def wrapper(request, *args, **kwargs):
+        member = member_of(request.user)
+        if member is None:
+            if wants_json(request) or request.headers.get("HX-Request"):
+                return error_response(request, Unauthenticated("Sign in again."))
+            return redirect_to_login(request.get_full_path())
+        try:
+            return view(request, member, *args, **kwargs)
+        except ApiError as error:
+            return error_response(request, error)
+    return wrapper

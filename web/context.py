@@ -1,0 +1,13 @@
+from django.utils.functional import SimpleLazyObject
+
+from web.access import member_of
+
+
+def member(request):
+    """`member`: the signed-in active member or None; `inbox_pending`: their
+    pending inbox items, counted only if a template shows it."""
+    from web.consumers import pending_count
+
+    current = member_of(getattr(request, "user", None))
+    return {"member": current,
+            "inbox_pending": SimpleLazyObject(lambda: pending_count(current) if current else 0)}

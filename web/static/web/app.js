@@ -1,0 +1,215 @@
+// Switchboard web app: live conversations, drafts that survive, the inbox count.
+// Plain JavaScript and the browser's WebSocket; htmx does the rest.
+(() => {
+  "use strict";
+
+  const csrfToken = () => document.querySelector('meta[name="csrf-token"]').content;
+
+  // A socket that reconnects with backoff (0.5 s doubling to 10 s). A 4403
+  // close after the socket opened means access is gone: no reconnecting.
+  function liveSocket(path, { params, onFrame, onState }) {
+    let delay = 500;
+    let stopped = false;
+    let socket = null;
+    const open = () => {
+      const url = new URL(path, location.href);
+      url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
+      for (const [name, value] of Object.entries(params())) url.searchParams.set(name, value);
+      let opened = false;
+      socket = new WebSocket(url);
+      socket.onopen = () => { opened = true; delay = 500; };
+      socket.onmessage = (event) => onFrame(JSON.parse(event.data));
+      socket.onclose = (event) => {
+        if (stopped) return;
+        if (opened && event.code === 4403) { stopped = true; onState("lost"); return; }
+        onState("reconnecting");
+        setTimeout(open, delay);
+        delay = Math.min(delay * 2, 10000);
+      };
+    };
+    open();
+    return { drop: () => socket.close(), get socket() { return socket; } };
+  }
+
+  const live = (window.switchboard = {});
+
+  // --- the inbox count in the header, on every page --------------------------
+  const badge = document.getElementById("inbox-count");
+  if (badge) {
+    live.inbox = liveSocket("/ws/inbox/", {
+      params: () => ({}),
+      onFrame(frame) {
+        if (frame.type !== "inbox") return;
+        const current = document.getElementById("inbox-count");
+        current.textContent = frame.pending;
+        current.setAttribute("aria-label", `${frame.pending} pending`);
+        document.body.dispatchEvent(new CustomEvent("inbox-changed"));
+      },
+      onState() {},
+    });
+  }
+
+  // --- a conversation -----------------------------------------------------------
+  const page = document.getElementById("conversation");
+  if (!page) return;
+  const id = page.dataset.conversation;
+  const log = document.getElementById("log");
+  const list = document.getElementById("messages");
+  const marker = document.getElementById("new-marker");
+  const status = document.getElementById("live-status");
+  const nearBottom = () => log.scrollHeight - log.scrollTop - log.clientHeight < 48;
+  log.scrollTop = log.scrollHeight;
+
+  const setStatus = (text, cls) => { status.textContent = text; status.className = `live-status ${cls}`; };
+
+  // Insert a rendered message in position order; false if it is already shown.
+  function insert(row) {
+    if (document.getElementById(`m-${row.position}`)) return false;
+    const template = document.createElement("template");
+    template.innerHTML = row.html.trim();
+    let before = list.lastElementChild;
+    while (before && Number(before.dataset.position) > row.position) before = before.previousElementSibling;
+    list.insertBefore(template.content.firstElementChild, before ? before.nextSibling : list.firstChild);
+    document.getElementById("empty")?.remove();
+    return true;
+  }
+
+  // New messages: a reader at the bottom follows them; a reader scrolled up
+  // stays where they are and gets the marker instead.
+  function receive(rows, own) {
+    const follow = own || nearBottom();
+    let added = false;
+    for (const row of rows) added = insert(row) || added;
+    if (!added) return;
+    if (follow) log.scrollTop = log.scrollHeight;
+    else marker.hidden = false;
+  }
+  marker.addEventListener("click", () => { log.scrollTop = log.scrollHeight; marker.hidden = true; log.focus(); });
+  log.addEventListener("scroll", () => { if (nearBottom()) marker.hidden = true; });
+
+  // The stream continues after the newest message this page has from it, so a
+  // reconnect backfills exactly what was missed (the composer's own answers
+  // are shown at once but do not move this position).
+  if (page.dataset.after !== "") {
+    let streamPosition = Number(page.dataset.after);
+    live.conversation = liveSocket(`/ws/conversations/${id}/`, {
+      params: () => ({ after: streamPosition }),
+      onFrame(frame) {
+        if (frame.type === "message") {
+          receive([frame], false);
+          streamPosition = frame.position;
+        } else if (frame.type === "live") {
+          setStatus("Live", "live");
+        }
+      },
+      onState(state) {
+        if (state === "lost") {
+          setStatus("You no longer have access to this conversation.", "down");
+          document.querySelectorAll("#composer textarea, #composer button").forEach((el) => { el.disabled = true; });
+        } else {
+          setStatus("Reconnecting…", "down");
+        }
+      },
+    });
+  }
+
+  // Older history, paged upward, keeping the reader's place.
+  const older = document.getElementById("older");
+  older?.addEventListener("click", async (event) => {
+    event.preventDefault();
+    const first = list.firstElementChild;
+    const response = await fetch(`${page.dataset.history}?before=${first.dataset.position}`,
+                                 { headers: { Accept: "application/json" } });
+    if (!response.ok) return;
+    const data = await response.json();
+    const height = log.scrollHeight;
+    const top = log.scrollTop;
+    data.rows.forEach(insert);
+    log.scrollTop = top + (log.scrollHeight - height);
+    if (!data.more) older.remove();
+  });
+
+  // --- the composer: drafts kept per conversation until sent ----------------------
+  const form = document.getElementById("composer");
+  if (!form) return;
+  const body = form.elements.body;
+  const key = form.elements.idempotency_key;
+  const errorBox = document.getElementById("composer-error");
+  const draftName = `switchboard:draft:${id}`;
+  const newKey = () => {
+    const bytes = crypto.getRandomValues(new Uint8Array(18));
+    return "web-" + btoa(String.fromCharCode(...bytes)).replace(/\+/g, "-").replace(/\//g, "_");
+  };
+  // The key belongs to the text it was first sent with: a retry of the same
+  // text is the same send; edited text is a new one.
+  let attempted = null;
+  const saveDraft = () => {
+    if (body.value) localStorage.setItem(draftName, JSON.stringify({ body: body.value, key: key.value, attempted }));
+    else localStorage.removeItem(draftName);
+  };
+  const saved = JSON.parse(localStorage.getItem(draftName) || "null");
+  if (saved && !body.value) {
+    body.value = saved.body;
+    key.value = saved.key;
+    attempted = saved.attempted ?? null;
+  }
+  body.addEventListener("input", () => {
+    if (attempted !== null && body.value !== attempted) { key.value = newKey(); attempted = null; }
+    saveDraft();
+  });
+
+  const show = (html) => { errorBox.innerHTML = html; };
+  const text = (value) => { const p = document.createElement("span"); p.textContent = value; return p.innerHTML; };
+
+  async function send(requestApproval) {
+    const value = body.value;
+    if (!value.trim()) return;
+    attempted = value;
+    saveDraft();
+    let response;
+    try {
+      response = await fetch(form.action, {
+        method: "POST",
+        headers: { "Content-Type": "application/json", Accept: "application/json", "X-CSRFToken": csrfToken() },
+        body: JSON.stringify({ body: value, idempotency_key: key.value, request_approval: requestApproval }),
+      });
+    } catch {
+      show('<p class="error">Could not reach the server. Your draft is kept; send again when you are back online.</p>');
+      return;
+    }
+    const data = await response.json().catch(() => null);
+    const error = data && data.error;
+    const sentOrRetained = response.ok || (error && error.code === "GRANT_REQUIRED" && error.details.approval_request);
+    if (sentOrRetained) {
+      if (body.value === value) body.value = "";
+      key.value = newKey();
+      attempted = null;
+      saveDraft();
+    }
+    if (response.ok) {
+      show("");
+      receive([data.message], true);
+    } else if (sentOrRetained) {
+      show(`<p class="notice">Sent to an admin for approval (${text(error.details.approval_request.id)}). ` +
+           "It appears here once approved.</p>");
+    } else if (error && error.code === "GRANT_REQUIRED") {
+      const who = (error.details.recipients || []).join(", ");
+      show(`<p class="error"><strong>${text(error.message)}</strong> No grant covers ${text(who)}.</p>` +
+           '<button type="button" id="request-approval">Request approval</button>');
+      document.getElementById("request-approval").addEventListener("click", () => send(true));
+    } else if (error && error.code === "UNAUTHENTICATED") {
+      show('<p class="error">Your session ended. <a href="/app/login/">Sign in again</a>; your draft is kept.</p>');
+    } else {
+      show(`<p class="error"><strong>${text(error ? error.message : `The server answered ${response.status}.`)}</strong>` +
+           `${error ? ` <span class="code">(${text(error.code)})</span>` : ""}</p>`);
+    }
+  }
+
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    send(event.submitter?.name === "request_approval");
+  });
+  body.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) { event.preventDefault(); send(false); }
+  });
+})();

@@ -1,0 +1,27 @@
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from web.forms import MemberLoginForm
+from web.views import conversations, inbox, subscriptions
+
+urlpatterns = [
+    path("login/", auth_views.LoginView.as_view(template_name="web/login.html", authentication_form=MemberLoginForm,
+                                                redirect_authenticated_user=True), name="web-login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="web-logout"),
+    path("", conversations.home, name="web-home"),
+    path("spaces/<space:slug>/join", conversations.join, name="web-join"),
+    path("spaces/<space:slug>/<pid:conversation_id>/", conversations.conversation_page, name="web-conversation"),
+    path("spaces/<space:slug>/<pid:conversation_id>/history", conversations.history, name="web-history"),
+    path("spaces/<space:slug>/<pid:conversation_id>/send", conversations.send, name="web-send"),
+    path("inbox/", inbox.inbox_page, name="web-inbox"),
+    path("inbox/acknowledge", inbox.acknowledge, name="web-acknowledge"),
+    path("subscriptions/", subscriptions.subscriptions_page, name="web-subscriptions"),
+    path("subscriptions/receivers", subscriptions.create_endpoint, name="web-endpoint-create"),
+    path("subscriptions/receivers/<pid:endpoint_id>/verify", subscriptions.endpoint_action, {"action": "verify"},
+         name="web-endpoint-verify"),
+    path("subscriptions/receivers/<pid:endpoint_id>/delete", subscriptions.endpoint_action, {"action": "delete"},
+         name="web-endpoint-delete"),
+    path("subscriptions/new", subscriptions.create_subscription, name="web-subscription-create"),
+    path("subscriptions/<pid:subscription_id>/<str:action>", subscriptions.subscription_action,
+         name="web-subscription-action"),
+]

@@ -1,0 +1,150 @@
+"""Spaces, conversations, history and the composer."""
+from __future__ import annotations
+
+import json
+
+from django.contrib import messages as flash
+from django.http import JsonResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from controlplane import services as spaces
+from controlplane.errors import ApiError, GrantRequired, InvalidIdempotencyKey, InvalidRequest, NotFound
+from controlplane.idempotency import KEY_RE
+from controlplane.models import Conversation, Membership
+from controlplane.selectors import (
+    active_membership,
+    get_conversation_to_write,
+    get_space_for,
+    readable_conversations,
+    readable_spaces,
+)
+from inbox import services
+from web import messages
+from web.access import get_readable_conversation, member_page, wants_json
+
+
+def conversation_label(conversation: Conversation, viewer=None) -> str:
+    if conversation.kind == Conversation.Kind.CHANNEL:
+        return f"#{conversation.name}"
+    others = [f"@{p.member.handle}" for p in conversation.participants.all() if viewer is None or p.member_id != viewer.pk]
+    return ", ".join(others) or "just you"
+
+
+@member_page
+def home(request, member):
+    roles = dict(Membership.objects.filter(member=member, status=Membership.Status.ACTIVE)
+                 .values_list("space_id", "role"))
+    spaces_ = []
+    for space in readable_spaces(member).order_by("slug"):
+        conversations = (readable_conversations(space, member).prefetch_related("participants__member")
+                         .order_by("kind", "name", "created_at"))
+        spaces_.append({"space": space, "role": roles.get(space.pk),
+                        "conversations": [(c, conversation_label(c, member)) for c in conversations]})
+    return render(request, "web/home.html", {"spaces": spaces_})
+
+
+@member_page
+@require_POST
+def join(request, member, slug):
+    change = spaces.join_space(get_space_for(slug, member), actor=member)
+    flash.success(request, f"You joined {slug}." if change.membership.status == Membership.Status.ACTIVE
+                  else f"You asked to join {slug}; an owner will admit you.")
+    return redirect("web-home")
+
+
+def _page_context(member, conversation, before: int | None) -> dict:
+    rows, more = messages.before(conversation, before)
+    membership = active_membership(conversation.space, member)
+    return {
+        "conversation": conversation, "space": conversation.space,
+        "label": conversation_label(conversation, member),
+        "rows": messages.render_rows(conversation, rows), "more": more,
+        "oldest": rows[0].position if rows else None,
+        # The live stream starts after the newest message shown; a page of
+        # older history (?before=) shows no live stream.
+        "after": (rows[-1].position if rows else 0) if before is None else None,
+        "can_send": membership is not None and membership.role != Membership.Role.OBSERVER,
+        "joinable": membership is None,
+    }
+
+
+def _before_param(request) -> int | None:
+    value = request.GET.get("before")
+    if value is None:
+        return None
+    if not value.isdigit() or len(value) > 18:
+        raise InvalidRequest("before must be a message position.", details={"before": value})
+    return int(value)
+
+
+@member_page
+def conversation_page(request, member, slug, conversation_id):
+    conversation = get_readable_conversation(member, conversation_id)
+    if conversation.space.slug != slug:
+        raise NotFound("No such conversation, or you cannot read it.")
+    context = _page_context(member, conversation, _before_param(request))
+    return render(request, "web/conversation.html", {**context, "draft": "", "idempotency_key": new_key()})
+
+
+@member_page
+def history(request, member, slug, conversation_id):
+    """Older messages for the upward pager: {rows, more}."""
+    conversation = get_readable_conversation(member, conversation_id)
+    rows, more = messages.before(conversation, _before_param(request))
+    return JsonResponse({"rows": messages.render_rows(conversation, rows), "more": more})
+
+
+def new_key() -> str:
+    import secrets
+
+    return f"web-{secrets.token_urlsafe(18)}"
+
+
+def _send_input(request) -> tuple[str, str | None, bool]:
+    if request.content_type == "application/json":
+        try:
+            data = json.loads(request.body)
+        except ValueError:
+            raise InvalidRequest("The request body is not JSON.") from None
+        if not isinstance(data, dict) or not isinstance(data.get("body"), str):
+            raise InvalidRequest("body is required.")
+        body, key, approval = data["body"], data.get("idempotency_key"), data.get("request_approval") is True
+    else:
+        # Browsers submit a textarea's line breaks as CRLF; the member typed LF.
+        body = request.POST.get("body", "").replace("\r\n", "\n")
+        key, approval = request.POST.get("idempotency_key"), request.POST.get("request_approval") == "1"
+    if key is not None and (not isinstance(key, str) or not KEY_RE.fullmatch(key)):
+        raise InvalidIdempotencyKey()
+    if not body.strip():
+        raise InvalidRequest("Write a message first.", details={"body": "empty"})
+    return body, key or None, approval
+
+
+@member_page
+@require_POST
+def send(request, member, slug, conversation_id):
+    """The composer. Scripts (the page's own) get JSON: the rendered
+    message, or the error in the API's shape (GRANT_REQUIRED carries the
+    approval request when one was asked for). Without scripts the page is
+    rendered again with the error and the draft."""
+    body = ""
+    try:
+        body, key, approval = _send_input(request)
+        target = get_conversation_to_write(slug, conversation_id, member)
+        result = services.send_message(target, body=body, idempotency_key=key, request_approval=approval,
+                                       actor=member)
+    except ApiError as error:
+        if wants_json(request):
+            raise
+        conversation = get_readable_conversation(member, conversation_id)
+        context = _page_context(member, conversation, None)
+        return render(request, "web/conversation.html",
+                      {**context, "error": error, "draft": body, "idempotency_key": request.POST.get(
+                          "idempotency_key") or new_key(),
+                       "approval_requested": isinstance(error, GrantRequired) and approval},
+                      status=error.status)
+    if wants_json(request):
+        row = messages.render_rows(target, [result.message])[0]
+        return JsonResponse({"message": row}, status=201 if result.created else 200)
+    return redirect("web-conversation", slug=slug, conversation_id=conversation_id)

@@ -1,0 +1,136 @@
+"""Receivers (webhook endpoints) and subscriptions for the signed-in member.
+
+Every action goes through webhooks.services, as the API does, and answers
+with the page again and a message saying what happened. Secrets are taken
+once and never shown: the page says only whether an endpoint has one."""
+from __future__ import annotations
+
+from django.contrib import messages as flash
+from django.db.models import Prefetch
+from django.shortcuts import redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_POST
+
+from controlplane.errors import InvalidRequest, NotFound
+from controlplane.selectors import get_readable_space, readable_spaces
+from web.access import member_page, readable_conversation
+from web.views.conversations import conversation_label
+from webhooks import services
+from webhooks.models import Attempt, Delivery, Endpoint, Subscription
+
+RECENT_DELIVERIES = 5
+
+
+def _subscription_rows(member) -> list[dict]:
+    rows = []
+    for subscription in (Subscription.objects.filter(owner=member).exclude(status=Subscription.Status.DELETED)
+                         .select_related("endpoint", "space").order_by("created_at")):
+        deliveries = (services.deliveries_of(subscription).order_by("-created_at")
+                      .prefetch_related(Prefetch("attempt_rows", queryset=Attempt.objects.order_by("number"))))
+        rows.append({"subscription": subscription, "target": _target_label(subscription, member),
+                     "deliveries": list(deliveries[:RECENT_DELIVERIES])})
+    return rows
+
+
+def _target_label(subscription: Subscription, member) -> str:
+    if subscription.kind == Subscription.Kind.INBOX:
+        return "Your inbox"
+    if subscription.conversation_ids:
+        names = [s.get("id") for s in subscription.subjects]
+        conversations = [readable_conversation(member, name) for name in names]
+        labels = [conversation_label(c, member) for c in conversations if c is not None]
+        return f"{', '.join(labels) or 'conversations'} in {subscription.space.slug}"
+    return f"All messages in {subscription.space.slug}"
+
+
+@member_page
+def subscriptions_page(request, member):
+    endpoints = list(Endpoint.objects.filter(owner=member).order_by("created_at"))
+    conversation = None
+    if "conversation" in request.GET:
+        conversation = readable_conversation(member, request.GET["conversation"])
+    return render(request, "web/subscriptions.html", {
+        "endpoints": [(e, services.is_verified(e)) for e in endpoints],
+        "subscriptions": _subscription_rows(member),
+        "spaces": list(readable_spaces(member).order_by("slug")),
+        "conversation": conversation,
+        "conversation_label": conversation_label(conversation, member) if conversation else "",
+        "delivery_states": Delivery.State,
+    })
+
+
+def _back(request):
+    """Back to the page the form was on (this site's pages only)."""
+    target = request.POST.get("next", "")
+    if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
+        target = "web-subscriptions"
+    return redirect(target)
+
+
+@member_page
+@require_POST
+def create_endpoint(request, member):
+    secret = request.POST.get("secret", "").strip() or None
+    endpoint = services.create_endpoint(member, request.POST.get("url", "").strip(), secret)
+    flash.success(request, f"Receiver {endpoint.url} saved. Verify it next.")
+    return _back(request)
+
+
+@member_page
+@require_POST
+def endpoint_action(request, member, endpoint_id, action):
+    endpoint = services.owned_endpoint(endpoint_id, member)
+    if action == "verify":
+        services.verify_endpoint(endpoint)
+        flash.success(request, f"{endpoint.url} answered the signed challenge: verified.")
+    else:
+        services.delete_endpoint(endpoint)
+        flash.success(request, f"Receiver {endpoint.url} and its subscriptions were deleted.")
+    return _back(request)
+
+
+def _target(member, value: str) -> dict:
+    """`inbox`, `space:SLUG` or `conversation:CNV` as create_subscription's arguments."""
+    kind, _, ref = value.partition(":")
+    if kind == "inbox" and not ref:
+        return {}
+    if kind == "space":
+        return {"space": get_readable_space(ref, member)}
+    if kind == "conversation":
+        conversation = readable_conversation(member, ref)
+        if conversation is not None:
+            return {"space": conversation.space, "subjects": [{"type": "conversation", "id": ref}]}
+    raise InvalidRequest("Choose what to subscribe to.", details={"target": value})
+
+
+@member_page
+@require_POST
+def create_subscription(request, member):
+    subscription = services.create_subscription(member, request.POST.get("endpoint", ""),
+                                                **_target(member, request.POST.get("target", "")))
+    if request.POST.get("activate") == "1":
+        services.activate(subscription)
+        flash.success(request, f"Subscribed and active: {_target_label(subscription, member)}.")
+    else:
+        flash.success(request, f"Subscription created (inactive): {_target_label(subscription, member)}.")
+    return _back(request)
+
+
+@member_page
+@require_POST
+def subscription_action(request, member, subscription_id, action):
+    if action not in {"activate", "pause", "resume", "delete"}:
+        raise NotFound()
+    subscription = services.owned_subscription(subscription_id, member)
+    if action == "activate":
+        services.activate(subscription)
+    elif action == "pause":
+        services.update_subscription(subscription, status=Subscription.Status.PAUSED, debounce_ms=None)
+    elif action == "resume":
+        services.update_subscription(subscription, status=Subscription.Status.ACTIVE, debounce_ms=None)
+    else:
+        services.delete_subscription(subscription)
+        flash.success(request, "Subscription deleted; unsent wakes were cancelled.")
+        return _back(request)
+    flash.success(request, f"Subscription {subscription.public_id} is {subscription.status}.")
+    return _back(request)
