@@ -35,6 +35,7 @@ def test_database_url() -> str:
 def server_env(**extra) -> dict:
     env = {**os.environ, "DATABASE_URL": test_database_url(), "DEBUG": "1",
            "SERVER_ADMIN_KEY": settings.SERVER_ADMIN_KEY, "RATE_LIMIT_PER_MINUTE": "0"}
+    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)  # set for browser tests' own process only
     env.update({k: str(v) for k, v in extra.items()})
     return env
 

@@ -21,9 +21,13 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
-def browser():
+def browser(monkeypatch):
+    """Chromium. Playwright's sync API keeps an event loop on this thread, so
+    the test's own (synchronous) database calls are allowed explicitly; the
+    servers under test never get this variable."""
     from playwright.sync_api import sync_playwright
 
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
         try:

@@ -11,7 +11,7 @@ from django.shortcuts import redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from controlplane.errors import InvalidRequest, NotFound
+from controlplane.errors import Conflict, InvalidRequest, NotFound
 from controlplane.selectors import get_readable_space, readable_spaces
 from web.access import member_page, readable_conversation
 from web.views.conversations import conversation_label
@@ -106,9 +106,13 @@ def _target(member, value: str) -> dict:
 @member_page
 @require_POST
 def create_subscription(request, member):
-    subscription = services.create_subscription(member, request.POST.get("endpoint", ""),
+    activate = request.POST.get("activate") == "1"
+    endpoint = services.owned_endpoint(request.POST.get("endpoint", ""), member)
+    if activate and not services.is_verified(endpoint):
+        raise Conflict("Verify the receiver first: it must answer the signed challenge before it is woken.")
+    subscription = services.create_subscription(member, endpoint.public_id,
                                                 **_target(member, request.POST.get("target", "")))
-    if request.POST.get("activate") == "1":
+    if activate:
         services.activate(subscription)
         flash.success(request, f"Subscribed and active: {_target_label(subscription, member)}.")
     else:

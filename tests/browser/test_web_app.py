@@ -1,0 +1,187 @@
+"""The web app in Chromium against real server processes: live messages
+between two members, drafts, a scrolled-up reader, receivers and
+subscriptions, approvals. Screenshots land in docs/screenshots/."""
+import httpx
+import pytest
+
+from controlplane import services
+from inbox.services import send_message
+from tests.browser.web import human, open_conversation, shoot, sign_in
+from tests.servers import serving
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def room():
+    ann, ben = human("ann"), human("ben")
+    space = services.create_space(slug="room", name="Room", visibility="private", send_policy="open", actor=ann)
+    services.add_member(space, ben, actor=ann)
+    general = services.create_channel(space, "general", actor=ann)
+    for i in range(60):  # more than a page, so history pages upward
+        send_message(general, body=f"earlier message {i}\nwith a second line", actor=ann if i % 2 else ben)
+    return ann, ben, space, general
+
+
+def messages_in(page) -> list[str]:
+    return page.locator("#messages .msg .body").all_inner_texts()
+
+
+def send_from(page, text: str) -> None:
+    page.locator("#body").fill(text)
+    page.locator("#body").press("Enter")
+
+
+def test_two_members_talk_live_without_losing_drafts_or_their_place(room, browser):
+    ann, ben, space, general = room
+    _, token = services.issue_credential(ann, actor=None)
+    with serving("--no-worker") as (base, _):
+        login = browser.new_page()
+        login.goto(f"{base}/app/login/")
+        shoot(login, "login")
+        ann_page, ben_page = sign_in(browser, base, "ann"), sign_in(browser, base, "ben")
+        shoot(ben_page, "home")
+        open_conversation(ann_page, base, space, general)
+        open_conversation(ben_page, base, space, general)
+
+        # two members exchange messages live, by keyboard
+        send_from(ann_page, "hello ben")
+        ben_page.get_by_text("hello ben").wait_for()
+        send_from(ben_page, "hi ann,\nall good")
+        ann_page.get_by_text("all good").wait_for()
+        assert messages_in(ann_page)[-2:] == messages_in(ben_page)[-2:] == ["hello ben", "hi ann,\nall good"]
+
+        # an unsent draft survives incoming messages and a reload
+        ben_page.locator("#body").fill("a half-written thought")
+        send_from(ann_page, "are you there?")
+        ben_page.get_by_text("are you there?").wait_for()
+        assert ben_page.locator("#body").input_value() == "a half-written thought"
+        assert ben_page.evaluate("document.activeElement.id") == "body"
+        ben_page.reload()
+        ben_page.locator("#live-status.live").wait_for()
+        assert ben_page.locator("#body").input_value() == "a half-written thought"
+
+        # a reader scrolled up stays put and gets the marker
+        ben_page.evaluate("document.getElementById('log').scrollTop = 0")
+        httpx.post(f"{base}/v0/spaces/room/conversations/{general.public_id}/messages",
+                   json={"body": "sent through the API"}, headers={"Authorization": f"Bearer {token}"}
+                   ).raise_for_status()
+        ben_page.locator("#messages").get_by_text("sent through the API").wait_for(state="attached")
+        assert ben_page.evaluate("document.getElementById('log').scrollTop") == 0
+        assert ben_page.locator("#new-marker").is_visible()
+        ben_page.locator("#new-marker").click()
+        assert ben_page.locator("#new-marker").is_hidden()
+        assert ben_page.evaluate("(l => l.scrollHeight - l.scrollTop - l.clientHeight)(document.getElementById('log'))") < 48
+
+        # older history pages in above, keeping the reader's place
+        assert "earlier message 0\nwith a second line" not in messages_in(ben_page)
+        ben_page.evaluate("document.getElementById('log').scrollTop = 0")
+        ben_page.locator("#older").click()
+        ben_page.get_by_text("earlier message 0").wait_for()
+        assert ben_page.evaluate("document.getElementById('log').scrollTop") > 0
+        assert len(messages_in(ben_page)) == 60 + 4 and ben_page.locator("#older").count() == 0
+
+        # a dropped socket reconnects and backfills what it missed, once
+        ben_page.evaluate("window.switchboard.conversation.drop()")
+        send_from(ann_page, "while the socket was down")
+        ben_page.get_by_text("while the socket was down").wait_for()
+        ben_page.locator("#live-status.live").wait_for()
+        assert messages_in(ben_page).count("while the socket was down") == 1
+        assert messages_in(ann_page)[-3:] == messages_in(ben_page)[-3:]
+        shoot(ben_page, "conversation")
+
+
+@pytest.mark.postgres
+def test_members_on_two_server_processes_talk_live(room, browser):
+    """PostgreSQL + Redis: each member's page is served by a different
+    process; only the Redis channel layer can carry the news between them
+    (the periodic re-read is turned off)."""
+    ann, ben, space, general = room
+    with serving("--no-worker", FEED_RECHECK_SECONDS=600) as (node_a, _), \
+            serving("--no-worker", FEED_RECHECK_SECONDS=600) as (node_b, _):
+        ann_page, ben_page = sign_in(browser, node_a, "ann"), sign_in(browser, node_b, "ben")
+        open_conversation(ann_page, node_a, space, general)
+        open_conversation(ben_page, node_b, space, general)
+        send_from(ann_page, "from node a")
+        ben_page.get_by_text("from node a").wait_for()
+        send_from(ben_page, "from node b")
+        ann_page.get_by_text("from node b").wait_for()
+        assert messages_in(ann_page)[-2:] == messages_in(ben_page)[-2:] == ["from node a", "from node b"]
+
+
+def test_removal_stops_the_live_page(room, browser):
+    ann, ben, space, general = room
+    with serving("--no-worker") as (base, _):
+        ben_page = sign_in(browser, base, "ben")
+        open_conversation(ben_page, base, space, general)
+        services.remove_member(space, ben, actor=ann)
+        ben_page.get_by_text("You no longer have access to this conversation.").wait_for()
+        assert ben_page.locator("#body").is_disabled()
+
+
+def test_a_member_sets_up_a_receiver_and_sees_the_delivery_attempt(room, receiver, browser):
+    ann, ben, space, general = room
+    with serving(WEBHOOK_CA_BUNDLE=receiver_ca(receiver), WEBHOOK_ALLOW_PRIVATE_NETWORKS="1") as (base, _):
+        page = sign_in(browser, base, "ben")
+        open_conversation(page, base, space, general)
+        page.get_by_role("link", name="Webhooks").click()
+        page.get_by_label("Receiver URL").fill(receiver.url())
+        page.get_by_label("Signing secret").fill("whsec_" + "QUJD" * 11)
+        page.get_by_role("button", name="Save receiver").click()
+        page.get_by_text("not verified").first.wait_for()
+        page.get_by_role("button", name="Verify").click()
+        page.locator(".pill.ok", has_text="verified").wait_for()
+        assert "#general" in page.get_by_label("What wakes it").locator("option:checked").inner_text()
+        page.get_by_role("button", name="Subscribe").click()
+        page.locator(".subscription .status-active").wait_for()
+        # when a message arrives in the conversation (through the API: the server wakes its workers)
+        _, token = services.issue_credential(ann, actor=None)
+        httpx.post(f"{base}/v0/spaces/room/conversations/{general.public_id}/messages",
+                   json={"body": "wake the receiver"}, headers={"Authorization": f"Bearer {token}"}
+                   ).raise_for_status()
+        # then the page (which refreshes itself) shows the attempt
+        page.locator(".attempt", has_text="HTTP 202").wait_for(timeout=30_000)
+        assert len(receiver.wakes()) == 1
+        assert "QUJD" not in page.content()
+        shoot(page, "subscriptions", full_page=True)
+
+
+def receiver_ca(receiver) -> str:
+    from django.conf import settings
+
+    return settings.WEBHOOK_CA_BUNDLE
+
+
+def test_an_admin_approves_and_the_sender_sees_the_message(browser):
+    ann, ben = human("ann"), human("ben")
+    human("root", is_admin=True)
+    space = services.create_space(slug="guarded", name="Guarded", visibility="private", send_policy="explicit_only",
+                                  actor=ann)
+    services.add_member(space, ben, actor=ann)
+    direct, _ = services.get_or_create_direct(space, ann, actor=ben)
+    with serving("--no-worker") as (base, _):
+        ben_page = sign_in(browser, base, "ben")
+        open_conversation(ben_page, base, space, direct)
+        send_from(ben_page, "may I deploy on Friday?")
+        ben_page.get_by_text("No grant covers @ann.").wait_for()
+        ben_page.get_by_role("button", name="Request approval").click()
+        ben_page.get_by_text("Sent to an admin for approval").wait_for()
+        assert ben_page.locator("#body").input_value() == ""
+
+        admin = sign_in(browser, base, "root")
+        admin.goto(f"{base}/staff/approvals/")
+        admin.locator("pre.body", has_text="may I deploy on Friday?").wait_for()
+        shoot(admin, "approvals")
+        admin.get_by_role("button", name="Approve and send").click()
+        admin.get_by_text("the message was sent").wait_for()
+
+        ben_page.locator("#messages").get_by_text("may I deploy on Friday?").wait_for()
+
+        ann_page = sign_in(browser, base, "ann")
+        ann_page.locator("#inbox-count", has_text="1").wait_for()
+        ann_page.goto(f"{base}/app/inbox/")
+        ann_page.get_by_text("may I deploy on Friday?").wait_for()
+        shoot(ann_page, "inbox")
+        ann_page.get_by_role("button", name="Acknowledge").click()
+        ann_page.get_by_text("Nothing pending.").wait_for()
+        ann_page.locator("#inbox-count", has_text="0").wait_for()

@@ -1,0 +1,128 @@
+"""The inbox page, and receivers and subscriptions managed from the web app
+against the real HTTPS test receiver."""
+import asyncio
+import base64
+
+import pytest
+
+from controlplane import services
+from inbox.models import InboxItem
+from inbox.services import send_message
+from webhooks import engine
+from webhooks.models import Endpoint, Subscription
+
+SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
+
+
+@pytest.fixture
+def direct(room, ann, ben):
+    space, _ = room
+    conversation, _ = services.get_or_create_direct(space, ben, actor=ann)
+    return conversation
+
+
+# --- inbox ---------------------------------------------------------------------------------
+
+@pytest.mark.django_db
+def test_the_inbox_lists_pending_items_and_acknowledges_them(ann, ben, direct, browser_of):
+    send_message(direct, body="please look at this", actor=ann)
+    client = browser_of(ben)
+    item = InboxItem.objects.get(member=ben)
+    page = client.get("/app/inbox/").content.decode()
+    assert "please look at this" in page and "@ann" in page and item.token in page
+    # when
+    response = client.post("/app/inbox/acknowledge", {"token": item.token}, HTTP_HX_REQUEST="true")
+    # then
+    assert response.status_code == 200 and 'hx-swap-oob="true"' in response.content.decode()
+    assert ">0</span>" in response.content.decode()
+    item.refresh_from_db()
+    assert item.state == InboxItem.State.ACKNOWLEDGED
+    assert "please look at this" not in client.get("/app/inbox/").content.decode()
+
+
+@pytest.mark.django_db
+def test_acknowledging_someone_elses_item_is_a_404_and_changes_nothing(ann, ben, direct, browser_of):
+    send_message(direct, body="for ben", actor=ann)
+    item = InboxItem.objects.get(member=ben)
+    response = browser_of(ann).post("/app/inbox/acknowledge", {"token": item.token}, HTTP_HX_REQUEST="true")
+    assert response.status_code == 404 and "UNKNOWN_DELIVERY" in response.content.decode()
+    item.refresh_from_db()
+    assert item.state == InboxItem.State.PENDING
+
+
+# --- receivers and subscriptions ------------------------------------------------------------------
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("url", ["http://example.com/hook", "https://10.0.0.1/hook", "not a url"])
+def test_a_receiver_url_that_cannot_be_used_is_a_clear_error(ann, browser_of, url):
+    response = browser_of(ann).post("/app/subscriptions/receivers", {"url": url})
+    assert 400 <= response.status_code < 500 and 'role="alert"' in response.content.decode()
+    assert not Endpoint.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_member_saves_verifies_subscribes_and_sees_the_attempt(ann, ben, room, receiver, browser_of, monkeypatch):
+    monkeypatch.setattr("webhooks.outbox.kick_on_commit", lambda *args: None)  # the test runs the engine
+    space, channel = room
+    client = browser_of(ben)
+    # when: save with a secret, verify, subscribe to the conversation and activate
+    client.post("/app/subscriptions/receivers", {"url": receiver.url(), "secret": SECRET})
+    endpoint = Endpoint.objects.get(owner=ben)
+    unverified = client.get("/app/subscriptions/").content.decode()
+    client.post(f"/app/subscriptions/receivers/{endpoint.public_id}/verify")
+    offered = client.get(f"/app/subscriptions/?conversation={channel.public_id}").content.decode()
+    client.post("/app/subscriptions/new", {"endpoint": endpoint.public_id, "target": f"conversation:{channel.public_id}",
+                                           "activate": "1"})
+    subscription = Subscription.objects.get(owner=ben)
+    Subscription.objects.filter(pk=subscription.pk).update(debounce_ms=0)
+    send_message(channel, body="wake up", actor=ann)
+    asyncio.run(engine.pump(seconds=10, wait=True))
+    page = client.get("/app/subscriptions/").content.decode()
+    # then
+    assert "not verified" in unverified and "not verified" not in page
+    assert f'value="conversation:{channel.public_id}" selected' in offered
+    assert subscription.status == Subscription.Status.ACTIVE and subscription.subjects == [
+        {"type": "conversation", "id": channel.public_id}]
+    assert len(receiver.wakes()) == 1 and "HTTP 202" in page and "#general in room" in page
+    assert SECRET not in unverified + offered + page and SECRET[6:] not in page
+
+
+@pytest.mark.django_db
+def test_subscriptions_pause_resume_and_delete(ann, ben, room, receiver, browser_of):
+    client = browser_of(ben)
+    client.post("/app/subscriptions/receivers", {"url": receiver.url()})
+    endpoint = Endpoint.objects.get(owner=ben)
+    client.post(f"/app/subscriptions/receivers/{endpoint.public_id}/verify")
+    client.post("/app/subscriptions/new", {"endpoint": endpoint.public_id, "target": "inbox", "activate": "1"})
+    subscription = Subscription.objects.get(owner=ben)
+    url = f"/app/subscriptions/{subscription.public_id}"
+    states = []
+    for action in ("pause", "resume", "delete"):
+        assert client.post(f"{url}/{action}").status_code == 302
+        subscription.refresh_from_db()
+        states.append(subscription.status)
+    assert states == ["paused", "active", "deleted"]
+    assert client.post(f"{url}/explode").status_code == 404
+
+
+@pytest.mark.django_db
+def test_activation_needs_a_verified_receiver(ann, ben, room, receiver, browser_of):
+    client = browser_of(ben)
+    client.post("/app/subscriptions/receivers", {"url": receiver.url()})
+    endpoint = Endpoint.objects.get(owner=ben)
+    response = client.post("/app/subscriptions/new", {"endpoint": endpoint.public_id, "target": "space:room",
+                                                      "activate": "1"})
+    assert response.status_code == 409 and "Verify the receiver first" in response.content.decode()
+    assert not Subscription.objects.exists()
+
+
+@pytest.mark.django_db
+def test_others_subscriptions_and_unreadable_targets_are_404(ann, ben, human, room, receiver, browser_of):
+    cid = human("cid")
+    client = browser_of(cid)
+    client.post("/app/subscriptions/receivers", {"url": receiver.url()})
+    endpoint = Endpoint.objects.get(owner=cid)
+    response = client.post("/app/subscriptions/new", {"endpoint": endpoint.public_id, "target": "space:room"})
+    assert response.status_code == 404
+    response = browser_of(ben).post(f"/app/subscriptions/receivers/{endpoint.public_id}/delete")
+    assert response.status_code == 404 and Endpoint.objects.filter(pk=endpoint.pk).exists()
