@@ -186,6 +186,10 @@ def permission_denied(request, exception=None):
 
 
 def not_found(request, exception=None):
+    if request.path.startswith("/app/") and "text/html" in request.headers.get("Accept", ""):
+        from web.access import error_response  # the web app answers its own pages in HTML
+
+        return error_response(request, NotFound("There is no such page."))
     return _json("NOT_FOUND", "Not found.", 404)
 
 

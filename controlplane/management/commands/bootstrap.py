@@ -21,6 +21,7 @@ class Command(BaseCommand):
         self.stdout.write(
             "\nFirst admin created (this password is shown only now):\n"
             f"  user:     {handle}\n  password: {password}\n"
-            f"  sign in:  {settings.SWITCHBOARD_PUBLIC_URL}/admin/\n"
+            f"  web app:  {settings.SWITCHBOARD_PUBLIC_URL}/app/\n"
+            f"  admin:    {settings.SWITCHBOARD_PUBLIC_URL}/admin/\n"
             f"  API token: DEBUG=1 .venv/bin/python manage.py issuecredential {handle}\n"
         )
