@@ -66,6 +66,12 @@ def read_inbox(member: Member, *, bound: int | None = None, after: tuple[int, in
     return InboxPage(page, (bound, page[-1].position, page[-1].id) if more else None)
 
 
+def pending_count(member: Member) -> int:
+    """How many items `member` has pending (admitted and unacknowledged)."""
+    return InboxItem.objects.filter(member=member, admission=InboxItem.Admission.ADMITTED,
+                                    state=InboxItem.State.PENDING).count()
+
+
 def acknowledge_delivery(member: Member, token: str) -> None:
     """Acknowledge the item bound to `token`. Idempotent; the row stays as a
     tombstone keeping the token's binding. Unknown or foreign tokens are

@@ -13,18 +13,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
 from controlplane.live import log_watcher
-from inbox.models import InboxItem
+from controlplane.models import Member
+from inbox.delivery import pending_count
 from inbox.writes import inbox_group
 from web import messages
 from web.access import member_of, readable_conversation
 
+logger = logging.getLogger("switchboard.web")
+
 ACCESS_LOST = 4403  # an application close code: do not reconnect
+SERVER_ERROR = 1011  # the page reconnects and resumes from its last frame
 
 
 def _after_param(scope) -> int | None:
@@ -56,8 +61,6 @@ class ConversationConsumer(AsyncJsonWebsocketConsumer):
 
     def _read(self) -> list[dict] | None:
         """Access, checked again, then the next frames; None when access is gone."""
-        from controlplane.models import Member
-
         member = Member.objects.filter(pk=self.member_pk).first()
         conversation = readable_conversation(member, self.conversation_id)
         if conversation is None:
@@ -65,6 +68,13 @@ class ConversationConsumer(AsyncJsonWebsocketConsumer):
         return messages.render_rows(conversation, messages.after(conversation, self.position))
 
     async def _pump(self):
+        try:
+            await self._stream()
+        except Exception:
+            logger.exception("live stream of %s failed", self.conversation_id)
+            await self.close(code=SERVER_ERROR)
+
+    async def _stream(self):
         caught_up = False
         while True:
             self.interest.event.clear()  # before reading: a commit during the read wakes the next pass
@@ -84,7 +94,7 @@ class ConversationConsumer(AsyncJsonWebsocketConsumer):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.interest.event.wait(), settings.FEED_RECHECK_SECONDS)
 
-    async def receive_json(self, content, **kwargs):
+    async def receive(self, text_data=None, bytes_data=None, **kwargs):
         pass  # the stream is one-way; the composer posts over HTTP
 
     async def disconnect(self, code):
@@ -112,8 +122,6 @@ class InboxConsumer(AsyncJsonWebsocketConsumer):
         await self._send_count()
 
     def _count(self) -> int | None:
-        from controlplane.models import Member
-
         member = Member.objects.filter(pk=self.member_pk).first()
         if member is None or not member.is_active:
             return None
@@ -136,8 +144,3 @@ class InboxConsumer(AsyncJsonWebsocketConsumer):
         if self.group is not None:
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
-
-def pending_count(member) -> int:
-    """Items read_inbox would list (admitted and pending)."""
-    return InboxItem.objects.filter(member=member, admission=InboxItem.Admission.ADMITTED,
-                                    state=InboxItem.State.PENDING).count()

@@ -6,7 +6,7 @@ from web.access import member_of
 def member(request):
     """`member`: the signed-in active member or None; `inbox_pending`: their
     pending inbox items, counted only if a template shows it."""
-    from web.consumers import pending_count
+    from inbox.delivery import pending_count
 
     current = member_of(getattr(request, "user", None))
     return {"member": current,

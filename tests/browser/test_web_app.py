@@ -71,7 +71,8 @@ def test_two_members_talk_live_without_losing_drafts_or_their_place(room, browse
         assert ben_page.locator("#new-marker").is_visible()
         ben_page.locator("#new-marker").click()
         assert ben_page.locator("#new-marker").is_hidden()
-        assert ben_page.evaluate("(l => l.scrollHeight - l.scrollTop - l.clientHeight)(document.getElementById('log'))") < 48
+        distance = "(l => l.scrollHeight - l.scrollTop - l.clientHeight)(document.getElementById('log'))"
+        assert ben_page.evaluate(distance) < 48
 
         # older history pages in above, keeping the reader's place
         assert "earlier message 0\nwith a second line" not in messages_in(ben_page)

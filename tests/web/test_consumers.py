@@ -11,9 +11,9 @@ from channels.testing import WebsocketCommunicator
 from django.test import Client
 
 from controlplane import services
+from controlplane.asgi import router
 from controlplane.live import LOG_GROUP, log_watcher
 from controlplane.models import Member
-from controlplane.asgi import router
 from inbox.delivery import acknowledge_delivery
 from inbox.models import InboxItem
 from inbox.services import send_message

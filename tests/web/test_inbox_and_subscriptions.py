@@ -71,8 +71,8 @@ def test_a_member_saves_verifies_subscribes_and_sees_the_attempt(ann, ben, room,
     unverified = client.get("/app/subscriptions/").content.decode()
     client.post(f"/app/subscriptions/receivers/{endpoint.public_id}/verify")
     offered = client.get(f"/app/subscriptions/?conversation={channel.public_id}").content.decode()
-    client.post("/app/subscriptions/new", {"endpoint": endpoint.public_id, "target": f"conversation:{channel.public_id}",
-                                           "activate": "1"})
+    client.post("/app/subscriptions/new", {"endpoint": endpoint.public_id, "activate": "1",
+                                           "target": f"conversation:{channel.public_id}"})
     subscription = Subscription.objects.get(owner=ben)
     Subscription.objects.filter(pk=subscription.pk).update(debounce_ms=0)
     send_message(channel, body="wake up", actor=ann)

@@ -132,7 +132,8 @@ def test_the_composer_sends_the_exact_body_once_per_key(ann, room, browser_of):
 
 def test_the_form_without_scripts_sends_line_breaks_as_typed(ann, room, browser_of):
     space, channel = room
-    response = browser_of(ann).post(f"{page_url(space, channel)}send", {"body": "a\r\nb", "idempotency_key": "web-nojs-1"})
+    response = browser_of(ann).post(f"{page_url(space, channel)}send",
+                                    {"body": "a\r\nb", "idempotency_key": "web-nojs-1"})
     assert response.status_code == 302 and Message.objects.get().body == "a\nb"
 
 

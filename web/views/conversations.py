@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 
 from django.contrib import messages as flash
 from django.http import JsonResponse
@@ -24,10 +25,11 @@ from web import messages
 from web.access import get_readable_conversation, member_page, wants_json
 
 
-def conversation_label(conversation: Conversation, viewer=None) -> str:
+def conversation_label(conversation: Conversation, viewer) -> str:
+    """`#name` for a channel; the other members' handles otherwise."""
     if conversation.kind == Conversation.Kind.CHANNEL:
         return f"#{conversation.name}"
-    others = [f"@{p.member.handle}" for p in conversation.participants.all() if viewer is None or p.member_id != viewer.pk]
+    others = [f"@{p.member.handle}" for p in conversation.participants.all() if p.member_id != viewer.pk]
     return ", ".join(others) or "just you"
 
 
@@ -78,11 +80,16 @@ def _before_param(request) -> int | None:
     return int(value)
 
 
-@member_page
-def conversation_page(request, member, slug, conversation_id):
+def _conversation(member, slug: str, conversation_id: str) -> Conversation:
     conversation = get_readable_conversation(member, conversation_id)
     if conversation.space.slug != slug:
         raise NotFound("No such conversation, or you cannot read it.")
+    return conversation
+
+
+@member_page
+def conversation_page(request, member, slug, conversation_id):
+    conversation = _conversation(member, slug, conversation_id)
     context = _page_context(member, conversation, _before_param(request))
     return render(request, "web/conversation.html", {**context, "draft": "", "idempotency_key": new_key()})
 
@@ -90,14 +97,12 @@ def conversation_page(request, member, slug, conversation_id):
 @member_page
 def history(request, member, slug, conversation_id):
     """Older messages for the upward pager: {rows, more}."""
-    conversation = get_readable_conversation(member, conversation_id)
+    conversation = _conversation(member, slug, conversation_id)
     rows, more = messages.before(conversation, _before_param(request))
     return JsonResponse({"rows": messages.render_rows(conversation, rows), "more": more})
 
 
 def new_key() -> str:
-    import secrets
-
     return f"web-{secrets.token_urlsafe(18)}"
 
 
@@ -137,8 +142,7 @@ def send(request, member, slug, conversation_id):
     except ApiError as error:
         if wants_json(request):
             raise
-        conversation = get_readable_conversation(member, conversation_id)
-        context = _page_context(member, conversation, None)
+        context = _page_context(member, _conversation(member, slug, conversation_id), None)
         return render(request, "web/conversation.html",
                       {**context, "error": error, "draft": body, "idempotency_key": request.POST.get(
                           "idempotency_key") or new_key(),

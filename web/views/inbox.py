@@ -7,10 +7,9 @@ from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.views.decorators.http import require_POST
 
-from inbox.delivery import acknowledge_delivery, read_inbox
+from inbox.delivery import acknowledge_delivery, pending_count, read_inbox
 from inbox.models import InboxItem
 from web.access import member_page
-from web.consumers import pending_count
 
 
 def _items(member) -> list[dict]:
