@@ -45,8 +45,8 @@ class ConversationConsumer(AsyncJsonWebsocketConsumer):
         self.conversation_id = self.scope["url_route"]["kwargs"]["conversation"]
         self.position = _after_param(self.scope)
         self.interest = self.pump_task = None
-        found = await database_sync_to_async(self._authorize)()
-        if found is None or self.position is None:
+        found = None if self.position is None else await database_sync_to_async(self._authorize)()
+        if found is None:
             await self.close(code=ACCESS_LOST)  # before accepting: the handshake is refused
             return
         self.member_pk, conversation = found
