@@ -7,6 +7,7 @@ LOG_GROUP_KEY = "switchboard:group:switchboard.log"
 TARGET_SENDS_PER_S = 500
 TARGET_RSS_MIB = 155
 TARGET_FEED_RATIO = 1.3
+TARGET_FRAME_P50_MS, TARGET_FRAME_P99_MS = 17, 37
 
 
 def fmt(value, digits: int = 1) -> str:
@@ -104,6 +105,9 @@ def markdown(report: dict) -> str:
     if "webhooks" in res:
         lines += webhooks_markdown(res["webhooks"], cfg)
 
+    if "live" in res:
+        lines += live_markdown(res["live"])
+
     problems = []
     servers = [(f"sends, {name}", r) for name, r in res.get("sends", {}).items()]
     for phase in ("feeds", "inbox"):
@@ -122,7 +126,17 @@ def markdown(report: dict) -> str:
         problems.append(f"- inbox: {ack['errors']} failed acknowledgements {ack.get('statuses', {})}")
     if ack and not ack["check"]["ok"]:
         problems.append(f"- inbox: after the acknowledgements {ack['check']} (200s: {ack['acks_total']})")
-    for phase in ("baseline", "feeds", "inbox"):
+    for name, r in res.get("live", {}).get("setups", {}).items():
+        if "error" in r:
+            problems.append(f"- live, {name} failed: {r['error']}")
+        elif r.get("errors") or r.get("timeouts"):
+            problems.append(f"- live, {name}: {r['missing']} missing, {r['duplicates']} duplicate, "
+                            f"{r['unknown_frames']} unknown frames, {r['timeouts']} sends not seen by every client, "
+                            f"{len(r['early_closes'])} sockets closed early {r['early_closes'][:3]}")
+        for log in r.get("server_logs", []):
+            for line, count in list(log.get("exceptions", {}).items())[:4]:
+                problems.append(f"- live, {name}: traceback ending `{line[:160]}` ×{count} ({log['stderr']})")
+    for phase in ("baseline", "feeds", "inbox", "live"):
         if "error" in res.get(phase, {}):
             problems.append(f"- {phase} failed: {res[phase]['error']}")
     if problems:
@@ -188,3 +202,43 @@ def inbox_markdown(r: dict, cfg: dict, base16: float | None) -> list[str]:
     return lines
 
 
+LIVE_SETUPS = {"1proc": "1 process (`serve --no-worker`)", "2proc": "2 processes, clients split, sends to the first",
+               "1proc-1client": "1 process, 1 client (no fan-out)"}
+
+
+def live_markdown(r: dict) -> list[str]:
+    if "error" in r:
+        return [f"### Live pages: failed: {r['error']}", ""]
+    layer = r["layer_round_trip"]
+    lines = [f"### Live pages: send → WebSocket frame ({r['clients']} clients on one conversation, {r['sends']} "
+             f"sends one at a time, {r['gap_ms']} ms after the previous send's last frame)", "",
+             "| setup | frame p50 / p99 / max ms | first / last client p50 ms | last client p99 ms "
+             "| send response p50 / p99 ms | ratio p50 / p99 to send | ratio p50 / p99 to layer "
+             "| frames (missing, dup.) | Daphne peak RSS MiB | CPU cores | ≤ 17 / 37 ms |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- |"]
+    for name, s in r["setups"].items():
+        label = LIVE_SETUPS.get(name, name)
+        if "error" in s:
+            lines.append(f"| {label} | failed: {s['error'][:120]} | | | | | | | | | |")
+            continue
+        f, first, last, post, ratios = s["frame"], s["first_client"], s["last_client"], s["send_response"], s["ratios"]
+        ok = (f["p50_ms"] is not None and f["p50_ms"] <= TARGET_FRAME_P50_MS and f["p99_ms"] <= TARGET_FRAME_P99_MS
+              and not s["errors"] and not s["timeouts"])
+        cells = [f"{fmt(f['p50_ms'])} / {fmt(f['p99_ms'])} / {fmt(f['max_ms'])}",
+                 f"{fmt(first['p50_ms'])} / {fmt(last['p50_ms'])}", fmt(last["p99_ms"]),
+                 f"{fmt(post['p50_ms'])} / {fmt(post['p99_ms'])}",
+                 f"{fmt(ratios.get('p50_to_send'))} / {fmt(ratios.get('p99_to_send'))}",
+                 f"{fmt(ratios.get('p50_to_layer'))} / {fmt(ratios.get('p99_to_layer'))}",
+                 f"{s['frames']:,} of {s['expected_frames']:,} ({s['missing']}, {s['duplicates']})",
+                 fmt(s["daphne_peak_rss_mib"], 0), f"{s['server_cpu_cores']:.2f}", verdict(ok)]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    split = r["setups"].get("2proc", {}).get("frame_by_server")
+    if split:
+        where = {"same": "sending process", "other": "other process (through Redis)"}
+        lines += ["", "Two processes, by where the client's socket is: " + "; ".join(
+            f"{where[k]} p50 {fmt(v['p50_ms'])} / p99 {fmt(v['p99_ms'])} ms" for k, v in split.items()) + "."]
+    lines += ["", f"Baseline, raw channel-layer round trip ({layer['layer']}: group_send to a group, receive on its "
+              f"channel in another task of the bench process, {layer['count']} rounds): p50 "
+              f"{fmt(layer['p50_ms'], 2)} ms, p99 {fmt(layer['p99_ms'], 2)} ms. Send response: t0 → HTTP response "
+              "of the same sends.", ""]
+    return lines

@@ -13,6 +13,9 @@ One run, every figure beside its baseline from the same run:
    server process, through the HTTP API with --clients concurrent aiohttp
    clients, for Daphne (1 process), uvicorn (2 workers) and gunicorn (2 and
    4 sync workers).
+5. live: send → WebSocket frame latency (p50/p99) with --live-clients sockets
+   on one conversation, beside the send's own round trip and a raw
+   channel-layer round trip (bench/live.py).
 
 It creates the database `switchboard_bench` from scratch (dropped at the end
 unless --keep), migrates it, starts every server as a subprocess on a free
@@ -40,7 +43,7 @@ if str(ROOT) not in sys.path:
 import psycopg  # noqa: E402
 import redis  # noqa: E402
 
-from bench import feeds, fixture, inbox, load, webhooks  # noqa: E402
+from bench import feeds, fixture, inbox, live, load, webhooks  # noqa: E402
 from bench.report import LOG_GROUP_KEY, markdown  # noqa: E402
 from bench.servers import PY, SETUPS, Server  # noqa: E402
 
@@ -50,7 +53,7 @@ DSN = f"{PG}/{DB_NAME}"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 # A fixed root key for the run: cursors built here must verify in the servers.
 ADMIN_KEY = "bench-only-server-admin-key-0123456789abcdefghijklmnopqrstuvwxyz"
-PHASES = ("baseline", "feeds", "inbox", "sends", "webhooks")
+PHASES = ("baseline", "feeds", "inbox", "sends", "webhooks", "live")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -77,11 +80,19 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="delivery worker processes for the wakes/s figure (default 2)")
     p.add_argument("--webhook-sends", type=int, default=100,
                    help="sends, one at a time, for the send-to-receipt latency (default 100)")
+    p.add_argument("--live-clients", type=int, default=50,
+                   help="WebSocket clients on one conversation for the live phase (default 50)")
+    p.add_argument("--live-sends", type=int, default=200,
+                   help="sends, one at a time, for the send-to-frame latency (default 200)")
+    p.add_argument("--live-gap", type=float, default=0.02,
+                   help="seconds between one send's last frame and the next send (default 0.02)")
     p.add_argument("--keep", action="store_true", help=f"keep the {DB_NAME} database afterwards")
     args = p.parse_args(argv)
     args.phases = [ph for ph in PHASES if not args.only or ph in args.only]
     if args.clients < 1 or args.seconds <= 0 or args.ack_seconds <= 0 or not 0 < args.feed_requests <= 4000:
         p.error("--clients, --seconds and --ack-seconds must be positive; --feed-requests 1..4000")
+    if args.live_clients < 1 or args.live_sends < 1 or args.live_gap < 0:
+        p.error("--live-clients and --live-sends must be positive, --live-gap not negative")
     if not 10_000 <= args.inbox_items <= 10_000_000:
         p.error("--inbox-items 10,000..10,000,000")
     return args
@@ -229,7 +240,8 @@ def main(argv=None) -> int:
                          "feed_server": args.feed_server, "feed_events": args.feed_events,
                          "feed_requests": args.feed_requests, "inbox_items": args.inbox_items,
                          "ack_seconds": args.ack_seconds, "webhook_workers": args.webhook_workers,
-                         "webhook_sends": args.webhook_sends,
+                         "webhook_sends": args.webhook_sends, "live_clients": args.live_clients,
+                         "live_sends": args.live_sends, "live_gap": args.live_gap,
                          "redis": None if args.no_redis else args.redis_url,
                          "idempotency_keys": not args.no_idempotency_key, "database": DB_NAME,
                          "argv": sys.argv[1:]},
@@ -254,6 +266,9 @@ def main(argv=None) -> int:
                 elif phase == "webhooks":
                     results[phase] = webhooks.run(env, out_dir, seconds=args.seconds, workers=args.webhook_workers,
                                                   latency_sends=args.webhook_sends)
+                elif phase == "live":
+                    results[phase] = live.run(env, out_dir, clients=args.live_clients, sends=args.live_sends,
+                                              gap=args.live_gap)
                 else:
                     results[phase] = run_sends(args, env, fx, out_dir, stamp)
             except Exception as exc:
