@@ -12,8 +12,7 @@ from django.http import JsonResponse
 from django.shortcuts import render
 
 from controlplane.errors import ApiError, NotFound, Unauthenticated
-from controlplane.models import Conversation, Member
-from controlplane.selectors import can_read_space, readable_conversations
+from controlplane.models import Conversation, Member, Membership, Space
 
 
 def member_of(user) -> Member | None:
@@ -24,16 +23,27 @@ def member_of(user) -> Member | None:
     return member if member is not None and member.is_active else None
 
 
+def readers_of(conversation: Conversation, members: set[int]) -> set[int]:
+    """Which of `members` (pks) may read `conversation` now, in one query:
+    active members, with an active membership unless the space is open, and
+    taking part unless it is a channel. The API's rules
+    (selectors.can_read_space and readable_conversations), for many members
+    at once."""
+    found = Member.objects.filter(pk__in=members, status=Member.Status.ACTIVE)
+    if conversation.space.visibility != Space.Visibility.OPEN:
+        found = found.filter(memberships__space_id=conversation.space_id,
+                             memberships__status=Membership.Status.ACTIVE)
+    if conversation.kind != Conversation.Kind.CHANNEL:
+        found = found.filter(participations__conversation=conversation)
+    return set(found.values_list("pk", flat=True))
+
+
 def readable_conversation(member: Member | None, public_id: str) -> Conversation | None:
-    """The conversation, with its space, if `member` may read it now: a
-    channel of a space they can read, or a direct or group conversation
-    they take part in (selectors.readable_conversations, as the API)."""
+    """The conversation, with its space, if `member` may read it now."""
     if member is None or not member.is_active:
         return None
     conversation = Conversation.objects.select_related("space").filter(public_id=public_id).first()
-    if conversation is None or not can_read_space(conversation.space, member):
-        return None
-    if not readable_conversations(conversation.space, member).filter(pk=conversation.pk).exists():
+    if conversation is None or member.pk not in readers_of(conversation, {member.pk}):
         return None
     return conversation
 

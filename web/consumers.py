@@ -2,31 +2,27 @@
 
 A conversation socket streams the conversation's messages after the
 position the page last saw: the page's newest message on connect, its last
-received frame on reconnect. Each pass re-reads from the database, after
-checking access again, so frames are never duplicated or skipped, and a
-member who loses access gets a 4403 close at the next event (a removal is
-itself an event of the space). The log watcher nudges a pass when this
-process hears of a commit in the conversation or its space; a pass also
-runs every FEED_RECHECK_SECONDS in case a nudge was lost.
+received frame on reconnect. The sockets of one conversation share a
+stream (web.streams): each pass checks every socket's access again and
+re-reads from the database after the positions they have seen, so frames
+are never duplicated or skipped, and a member who loses access gets a 4403
+close at the next pass (a removal is itself an event of the space, and
+wakes it). The log watcher starts a pass when this process hears of a
+commit in the conversation or its space; a pass also runs every
+FEED_RECHECK_SECONDS in case a nudge was lost.
 """
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
+import json
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
-from django.conf import settings
+from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 
-from controlplane.live import log_watcher
 from controlplane.models import Member
 from inbox.delivery import pending_count
 from inbox.writes import inbox_group
-from web import messages
 from web.access import member_of, readable_conversation
-
-logger = logging.getLogger("switchboard.web")
+from web.streams import streams
 
 ACCESS_LOST = 4403  # an application close code: do not reconnect
 SERVER_ERROR = 1011  # the page reconnects and resumes from its last frame
@@ -40,70 +36,48 @@ def _after_param(scope) -> int | None:
     return 0
 
 
-class ConversationConsumer(AsyncJsonWebsocketConsumer):
+class ConversationConsumer(AsyncWebsocketConsumer):
     async def connect(self):
         self.conversation_id = self.scope["url_route"]["kwargs"]["conversation"]
         self.position = _after_param(self.scope)
-        self.interest = self.pump_task = None
+        self.stream = None
+        self.caught_up = False
         found = None if self.position is None else await database_sync_to_async(self._authorize)()
         if found is None:
             await self.close(code=ACCESS_LOST)  # before accepting: the handshake is refused
             return
         self.member_pk, conversation = found
-        self.interest = log_watcher.watch(conversations={conversation.pk}, spaces={conversation.space_id})
         await self.accept()
-        self.pump_task = asyncio.create_task(self._pump())
+        self.stream = streams.join(self, conversation)
 
     def _authorize(self):
         member = member_of(self.scope.get("user"))
         conversation = readable_conversation(member, self.conversation_id)
         return None if conversation is None else (member.pk, conversation)
 
-    def _read(self) -> list[dict] | None:
-        """Access, checked again, then the next frames; None when access is gone."""
-        member = Member.objects.filter(pk=self.member_pk).first()
-        conversation = readable_conversation(member, self.conversation_id)
-        if conversation is None:
-            return None
-        return messages.render_rows(conversation, messages.after(conversation, self.position))
+    # --- called by the conversation's stream (web.streams) ---
 
-    async def _pump(self):
-        try:
-            await self._stream()
-        except Exception:
-            logger.exception("live stream of %s failed", self.conversation_id)
-            await self.close(code=SERVER_ERROR)
+    async def deliver(self, frames: list[tuple[int, str]], caught_up: bool) -> None:
+        for position, text in frames:
+            await self.send(text_data=text)
+            self.position = position
+        if caught_up and not self.caught_up:
+            self.caught_up = True
+            await self.send(text_data=json.dumps({"type": "live", "position": self.position}))
 
-    async def _stream(self):
-        caught_up = False
-        while True:
-            self.interest.event.clear()  # before reading: a commit during the read wakes the next pass
-            rows = await database_sync_to_async(self._read)()
-            if rows is None:
-                await self.send_json({"type": "access.lost"})
-                await self.close(code=ACCESS_LOST)
-                return
-            for row in rows:
-                await self.send_json({"type": "message", **row})
-                self.position = row["position"]
-            if len(rows) == messages.LIVE_BATCH:
-                continue
-            if not caught_up:
-                caught_up = True
-                await self.send_json({"type": "live", "position": self.position})
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.interest.event.wait(), settings.FEED_RECHECK_SECONDS)
+    async def lose_access(self) -> None:
+        await self.send(text_data=json.dumps({"type": "access.lost"}))
+        await self.close(code=ACCESS_LOST)
+
+    async def fail(self) -> None:
+        await self.close(code=SERVER_ERROR)
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs):
         pass  # the stream is one-way; the composer posts over HTTP
 
     async def disconnect(self, code):
-        if self.pump_task is not None:
-            self.pump_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self.pump_task
-        if self.interest is not None:
-            log_watcher.unwatch(self.interest)
+        if self.stream is not None:
+            self.stream.leave(self)
 
 
 class InboxConsumer(AsyncJsonWebsocketConsumer):

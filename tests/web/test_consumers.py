@@ -194,3 +194,21 @@ async def test_many_sockets_on_one_conversation_each_get_every_message(room, ann
     for socket in sockets:
         await socket.disconnect()
 
+
+
+async def test_sockets_sharing_a_stream_keep_their_own_positions_and_access(room, ann, ben, human):
+    space, channel = room
+    cid = await database_sync_to_async(human)("cid")
+    await database_sync_to_async(services.add_member)(space, cid, actor=ann)
+    first = (await send(channel, body="first", actor=ann)).message
+    from_start = await watching(ben, channel)
+    from_first = await watching(cid, channel, after=first.position)
+    assert [f["id"] for f in await frames_until_live(from_start)] == [first.public_id]
+    assert await frames_until_live(from_first) == []
+    # when: cid is removed, then another message
+    await database_sync_to_async(services.remove_member)(space, cid, actor=ann)
+    assert await from_first.receive_json_from(timeout=5) == {"type": "access.lost"}
+    second = (await send(channel, body="second", actor=ann)).message
+    # then: ben's socket carries on alone
+    assert (await from_start.receive_json_from(timeout=5))["id"] == second.public_id
+    assert await from_start.receive_nothing(0.3)

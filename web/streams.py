@@ -1,0 +1,121 @@
+"""One live stream per conversation per process, shared by its sockets.
+
+However many pages have a conversation open on this process, a commit in it
+costs one pass: one query for which of their members may still read it,
+one read of the messages after the lowest position any of them has seen,
+rendered once. Each socket then gets the frames after its own position, or
+a 4403 close if its member lost access. Passes run on the process's single
+database thread, so work per socket there would add up in series.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from dataclasses import dataclass
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+
+from controlplane.live import log_watcher
+from controlplane.models import Conversation
+from web import messages
+from web.access import readers_of
+
+logger = logging.getLogger("switchboard.web")
+
+
+@dataclass
+class Pass:
+    readers: set[int]
+    frames: list[tuple[int, str]]  # (position, the frame's JSON text), in position order
+    full: bool  # a whole batch: more may follow at once
+
+
+def read_pass(conversation_id: int, members: set[int], after: int) -> Pass:
+    conversation = Conversation.objects.select_related("space").get(pk=conversation_id)
+    readers = readers_of(conversation, members)
+    rows = messages.after(conversation, after) if readers else []
+    frames = [(row["position"], json.dumps({"type": "message", **row}))
+              for row in messages.render_rows(conversation, rows)]
+    return Pass(readers, frames, len(rows) == messages.LIVE_BATCH)
+
+
+class ConversationStream:
+    """The sockets (consumers) of one conversation on this event loop. A
+    socket needs `member_pk`, `position`, `deliver(frames, caught_up)` and
+    `lose_access()`."""
+
+    def __init__(self, conversation: Conversation, on_empty) -> None:
+        self.conversation_id = conversation.pk
+        self.sockets: set = set()
+        self.interest = log_watcher.watch(conversations={conversation.pk}, spaces={conversation.space_id})
+        self._on_empty = on_empty
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def join(self, socket) -> None:
+        self.sockets.add(socket)
+        self.interest.event.set()  # a pass for its backfill
+
+    def leave(self, socket) -> None:
+        self.sockets.discard(socket)
+
+    async def _run(self) -> None:
+        try:
+            while self.sockets:
+                self.interest.event.clear()  # before reading: a commit during the pass wakes the next one
+                sockets = list(self.sockets)
+                result = await database_sync_to_async(read_pass)(
+                    self.conversation_id, {s.member_pk for s in sockets}, min(s.position for s in sockets))
+                for socket in sockets:
+                    await self._deliver(socket, result)
+                if result.full:
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.interest.event.wait(), settings.FEED_RECHECK_SECONDS)
+        except Exception:
+            logger.exception("live stream of conversation %s failed", self.conversation_id)
+            for socket in list(self.sockets):
+                await socket.fail()
+        finally:
+            log_watcher.unwatch(self.interest)
+            self._on_empty(self)
+
+    async def _deliver(self, socket, result: Pass) -> None:
+        if socket not in self.sockets:
+            return  # it left during the pass
+        if socket.member_pk not in result.readers:
+            self.leave(socket)
+            await socket.lose_access()
+            return
+        frames = [(position, text) for position, text in result.frames if position > socket.position]
+        try:
+            await socket.deliver(frames, caught_up=not result.full)
+        except Exception:
+            logger.warning("could not send to a live socket; dropping it", exc_info=True)
+            self.leave(socket)
+
+
+class Streams:
+    """This process's streams, by conversation. Streams belong to the event
+    loop that made them (one per server process; tests make new loops)."""
+
+    def __init__(self) -> None:
+        self._streams: dict[tuple[asyncio.AbstractEventLoop, int], ConversationStream] = {}
+
+    def join(self, socket, conversation: Conversation) -> ConversationStream:
+        key = (asyncio.get_running_loop(), conversation.pk)
+        stream = self._streams.get(key)
+        if stream is None or not stream.sockets:
+            stream = self._streams[key] = ConversationStream(
+                conversation, on_empty=lambda s, key=key: self._forget(key, s))
+        stream.join(socket)
+        return stream
+
+    def _forget(self, key, stream: ConversationStream) -> None:
+        if self._streams.get(key) is stream:
+            del self._streams[key]
+
+
+streams = Streams()
