@@ -44,8 +44,8 @@ def read_pass(conversation_id: int, members: set[int], after: int) -> Pass:
 
 class ConversationStream:
     """The sockets (consumers) of one conversation on this event loop. A
-    socket needs `member_pk`, `position`, `deliver(frames, caught_up)` and
-    `lose_access()`."""
+    socket has `member_pk` and `position` (the last one it was sent), and
+    answers `deliver(frames, caught_up)`, `lose_access()` and `fail()`."""
 
     def __init__(self, conversation: Conversation, on_empty) -> None:
         self.conversation_id = conversation.pk
