@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 
 from controlplane.models import Member
 from inbox.delivery import pending_count
 from inbox.writes import inbox_group
 from web.access import member_of, readable_conversation
+from web.db import db_call
 from web.streams import streams
 
 ACCESS_LOST = 4403  # an application close code: do not reconnect
@@ -42,7 +42,7 @@ class ConversationConsumer(AsyncWebsocketConsumer):
         self.position = _after_param(self.scope)
         self.stream = None
         self.caught_up = False
-        found = None if self.position is None else await database_sync_to_async(self._authorize)()
+        found = None if self.position is None else await db_call(self._authorize)()
         if found is None:
             await self.close(code=ACCESS_LOST)  # before accepting: the handshake is refused
             return
@@ -86,7 +86,7 @@ class InboxConsumer(AsyncJsonWebsocketConsumer):
 
     async def connect(self):
         self.group = None
-        member = await database_sync_to_async(lambda: member_of(self.scope.get("user")))()
+        member = await db_call(lambda: member_of(self.scope.get("user")))()
         if member is None:
             await self.close(code=ACCESS_LOST)
             return
@@ -102,7 +102,7 @@ class InboxConsumer(AsyncJsonWebsocketConsumer):
         return pending_count(member)
 
     async def _send_count(self):
-        count = await database_sync_to_async(self._count)()
+        count = await db_call(self._count)()
         if count is None:
             await self.close(code=ACCESS_LOST)
             return

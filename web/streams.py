@@ -15,13 +15,13 @@ import json
 import logging
 from dataclasses import dataclass
 
-from channels.db import database_sync_to_async
 from django.conf import settings
 
 from controlplane.live import log_watcher
 from controlplane.models import Conversation
 from web import messages
 from web.access import readers_of
+from web.db import db_call
 
 logger = logging.getLogger("switchboard.web")
 
@@ -60,13 +60,15 @@ class ConversationStream:
 
     def leave(self, socket) -> None:
         self.sockets.discard(socket)
+        if not self.sockets:
+            self.interest.event.set()  # end the stream now, not at the next commit
 
     async def _run(self) -> None:
         try:
             while self.sockets:
                 self.interest.event.clear()  # before reading: a commit during the pass wakes the next one
                 sockets = list(self.sockets)
-                result = await database_sync_to_async(read_pass)(
+                result = await db_call(read_pass)(
                     self.conversation_id, {s.member_pk for s in sockets}, min(s.position for s in sockets))
                 for socket in sockets:
                     await self._deliver(socket, result)
@@ -112,6 +114,9 @@ class Streams:
                 conversation, on_empty=lambda s, key=key: self._forget(key, s))
         stream.join(socket)
         return stream
+
+    def __len__(self) -> int:
+        return len(self._streams)
 
     def _forget(self, key, stream: ConversationStream) -> None:
         if self._streams.get(key) is stream:

@@ -17,6 +17,7 @@ from controlplane.models import Member
 from inbox.delivery import acknowledge_delivery
 from inbox.models import InboxItem
 from inbox.services import send_message
+from web.streams import streams
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -44,6 +45,11 @@ async def sockets_finish():
     yield
     while OPEN:
         await OPEN.pop().disconnect()
+    for _ in range(500):  # and their streams end, so no read is left running
+        if not len(streams):
+            break
+        await asyncio.sleep(0.01)
+    assert not len(streams)
 
 
 async def open_socket(path, member=None, origin=None):
@@ -212,3 +218,4 @@ async def test_sockets_sharing_a_stream_keep_their_own_positions_and_access(room
     # then: ben's socket carries on alone
     assert (await from_start.receive_json_from(timeout=5))["id"] == second.public_id
     assert await from_start.receive_nothing(0.3)
+
