@@ -16,7 +16,7 @@ from controlplane.selectors import get_readable_space, readable_spaces
 from web.access import member_page, readable_conversation
 from web.views.conversations import conversation_label
 from webhooks import services
-from webhooks.models import Attempt, Delivery, Endpoint, Subscription
+from webhooks.models import Attempt, Endpoint, Subscription
 
 RECENT_DELIVERIES = 5
 
@@ -55,7 +55,6 @@ def subscriptions_page(request, member):
         "spaces": list(readable_spaces(member).order_by("slug")),
         "conversation": conversation,
         "conversation_label": conversation_label(conversation, member) if conversation else "",
-        "delivery_states": Delivery.State,
     })
 
 
