@@ -198,4 +198,9 @@ def server_error(request):
 
 
 def csrf_failure(request, reason=""):
+    if request.path.startswith(("/app/", "/staff/")) and "text/html" in request.headers.get("Accept", ""):
+        from web.access import error_response
+
+        return error_response(request, Forbidden("The form expired or came from another site. Reload the page "
+                                                 "and try again."))
     return _json("FORBIDDEN", "CSRF verification failed.", 403)

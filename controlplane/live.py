@@ -102,9 +102,9 @@ def group_send_on_commit(group: str, message: dict) -> None:
 
 
 class Interest:
-    """What one live page waits for: new events in some conversations, or in
-    some spaces (a membership change there may end its access). `event` is
-    set when one may have arrived; the page re-reads from the database."""
+    """What a live page waits for: new events in some conversations, or a
+    change of who may read some spaces (membership events). `event` is set
+    when one may have arrived; the page re-reads from the database."""
 
     def __init__(self, conversations: set[int], spaces: set[int]) -> None:
         self.conversations = conversations
@@ -115,7 +115,7 @@ class Interest:
         if "conversations" not in message:
             return True  # a nudge that does not say what changed wakes everyone
         return bool(self.conversations.intersection(message["conversations"])
-                    or self.spaces.intersection(message.get("spaces", ())))
+                    or self.spaces.intersection(message.get("access_spaces", ())))
 
 
 class LogWatcher:

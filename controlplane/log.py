@@ -89,7 +89,9 @@ def append_events(events: list[NewEvent], positions: list[int] | None = None) ->
     # (long-polls now, live pages too), so a send costs one broker message.
     group_send_on_commit(LOG_GROUP, {"type": "log.advanced", "position": positions[-1],
                                      "conversations": sorted({e.conversation_id for e in events if e.conversation_id}),
-                                     "spaces": sorted({e.space_id for e in events if e.space_id})})
+                                     # spaces where who may read changed (live pages re-check)
+                                     "access_spaces": sorted({e.space_id for e in events
+                                                              if e.space_id and e.kind.startswith("member.")})})
     return rows
 
 

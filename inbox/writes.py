@@ -196,8 +196,7 @@ def _insert_in_one_statement(message: Message, recipients: list[Member], items: 
     message._state.adding, message._state.db = False, connection.alias
     # Committed already (or deferred to the caller's commit by on_commit).
     group_send_on_commit(LOG_GROUP, {"type": "log.advanced", "position": message.position,
-                                     "conversations": [message.conversation_id],
-                                     "spaces": [message.space_id]})
+                                     "conversations": [message.conversation_id]})
     _after_commit(message, recipients, firewalled)
     return message
 

@@ -11,7 +11,7 @@ from django.contrib.auth.views import redirect_to_login
 from django.http import JsonResponse
 from django.shortcuts import render
 
-from controlplane.errors import ApiError, NotFound, Unauthenticated
+from controlplane.errors import ApiError, Forbidden, NotFound, Unauthenticated
 from controlplane.models import Conversation, Member, Membership, Space
 
 
@@ -61,11 +61,15 @@ def wants_json(request) -> bool:
 
 def error_response(request, error: ApiError):
     """An error as the page's caller wants it: the contract's JSON shape for
-    scripts, a page for browsers, a fragment for htmx."""
+    scripts, a page for browsers, and for htmx a fragment shown in the page's
+    error area (never swapped into the element the request would replace)."""
     if wants_json(request):
         return JsonResponse(error.body(), status=error.status)
-    template = "web/_error.html" if request.headers.get("HX-Request") else "web/error.html"
-    return render(request, template, {"error": error}, status=error.status)
+    if request.headers.get("HX-Request"):
+        response = render(request, "web/_error.html", {"error": error}, status=error.status)
+        response["HX-Retarget"], response["HX-Reswap"] = "#htmx-error", "innerHTML"
+        return response
+    return render(request, "web/error.html", {"error": error}, status=error.status)
 
 
 def member_page(view):
@@ -78,6 +82,11 @@ def member_page(view):
         if member is None:
             if wants_json(request) or request.headers.get("HX-Request"):
                 return error_response(request, Unauthenticated("Sign in again."))
+            if request.user.is_authenticated:
+                # Signed in, but not as an active member (suspended, or a user
+                # without a member): the sign-in page would send them back here.
+                return error_response(request, Forbidden(
+                    "This account is not an active member of Switchboard. Sign out, then sign in as a member."))
             return redirect_to_login(request.get_full_path())
         try:
             return view(request, member, *args, **kwargs)

@@ -2,14 +2,14 @@
 
 A conversation socket streams the conversation's messages after the
 position the page last saw: the page's newest message on connect, its last
-received frame on reconnect. The sockets of one conversation share a
-stream (web.streams): each pass checks every socket's access again and
-re-reads from the database after the positions they have seen, so frames
-are never duplicated or skipped, and a member who loses access gets a 4403
-close at the next pass (a removal is itself an event of the space, and
-wakes it). The log watcher starts a pass when this process hears of a
-commit in the conversation or its space; a pass also runs every
-FEED_RECHECK_SECONDS in case a nudge was lost.
+received frame on reconnect. It first catches up with reads of its own,
+then shares the conversation's stream (web.streams): each pass checks every
+socket's access again and re-reads from the database after the positions
+they have seen, so frames are never duplicated or skipped, and a member who
+loses access gets a 4403 close at the next pass (a removal is an event of
+the space, and wakes it). The log watcher starts a pass when this process
+hears of a commit in the conversation or of a membership change in its
+space; a pass also runs every FEED_RECHECK_SECONDS in case a nudge was lost.
 """
 from __future__ import annotations
 
@@ -22,17 +22,21 @@ from inbox.delivery import pending_count
 from inbox.writes import inbox_group
 from web.access import member_of, readable_conversation
 from web.db import db_call
-from web.streams import streams
+from web.streams import read_pass, streams
 
-ACCESS_LOST = 4403  # an application close code: do not reconnect
+# Application close codes. After any of them the page does not reconnect.
+SIGNED_OUT = 4401  # no active member behind the session
+ACCESS_LOST = 4403  # the member may not (or no longer) read the conversation
+RESYNC = 4409  # too far behind to replay: the page reloads instead
 SERVER_ERROR = 1011  # the page reconnects and resumes from its last frame
+BACKFILL_BATCHES = 5  # at most this many batches are replayed on connect
 
 
 def _after_param(scope) -> int | None:
     for pair in scope.get("query_string", b"").decode("latin-1").split("&"):
         name, _, value = pair.partition("=")
         if name == "after":
-            return int(value) if value.isdigit() and len(value) < 19 else None
+            return int(value) if value.isascii() and value.isdigit() and len(value) < 19 else None
     return 0
 
 
@@ -42,18 +46,42 @@ class ConversationConsumer(AsyncWebsocketConsumer):
         self.position = _after_param(self.scope)
         self.stream = None
         self.caught_up = False
-        found = None if self.position is None else await db_call(self._authorize)()
-        if found is None:
-            await self.close(code=ACCESS_LOST)  # before accepting: the handshake is refused
+        if self.position is None:
+            await self.close()  # a malformed request: the handshake is refused
             return
-        self.member_pk, conversation = found
+        member, conversation = await db_call(self._authorize)()
+        # Accepted before saying no, so the page sees why (a refused
+        # handshake looks like a network failure) and stops reconnecting.
         await self.accept()
-        self.stream = streams.join(self, conversation)
+        if member is None:
+            await self.close(code=SIGNED_OUT)
+            return
+        if conversation is None:
+            await self.lose_access()
+            return
+        self.member_pk = member.pk
+        if await self._catch_up(conversation):
+            # Caught up alone, it shares the conversation's stream from now on.
+            self.stream = streams.join(self, conversation)
 
     def _authorize(self):
         member = member_of(self.scope.get("user"))
-        conversation = readable_conversation(member, self.conversation_id)
-        return None if conversation is None else (member.pk, conversation)
+        return member, readable_conversation(member, self.conversation_id)
+
+    async def _catch_up(self, conversation) -> bool:
+        """Replay what the page missed with reads of its own, so a page far
+        behind never holds back the stream the others share."""
+        for _ in range(BACKFILL_BATCHES):
+            result = await db_call(read_pass)(conversation.pk, {self.member_pk}, self.position)
+            if self.member_pk not in result.readers:
+                await self.lose_access()
+                return False
+            await self.deliver(result.frames, caught_up=False)
+            if not result.full:
+                return True
+        await self.send(text_data=json.dumps({"type": "resync"}))
+        await self.close(code=RESYNC)
+        return False
 
     # --- called by the conversation's stream (web.streams) ---
 
@@ -87,12 +115,12 @@ class InboxConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self):
         self.group = None
         member = await db_call(lambda: member_of(self.scope.get("user")))()
+        await self.accept()
         if member is None:
-            await self.close(code=ACCESS_LOST)
+            await self.close(code=SIGNED_OUT)
             return
         self.member_pk, self.group = member.pk, inbox_group(member)
         await self.channel_layer.group_add(self.group, self.channel_name)
-        await self.accept()
         await self._send_count()
 
     def _count(self) -> int | None:
@@ -104,7 +132,7 @@ class InboxConsumer(AsyncJsonWebsocketConsumer):
     async def _send_count(self):
         count = await db_call(self._count)()
         if count is None:
-            await self.close(code=ACCESS_LOST)
+            await self.close(code=SIGNED_OUT)
             return
         await self.send_json({"type": "inbox", "pending": count})
 

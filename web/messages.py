@@ -27,11 +27,11 @@ def before(conversation: Conversation, position: int | None, limit: int = HISTOR
     return rows[:limit][::-1], len(rows) > limit
 
 
-def after(conversation: Conversation, position: int, limit: int = LIVE_BATCH) -> list[Message]:
+def after(conversation: Conversation, position: int, limit: int | None = None) -> list[Message]:
     """Messages after `position`, oldest first. Positions are assigned in
     commit order, so a reader that has seen `position` never misses a later
     commit below it: reading on from the last one seen leaves no gap."""
-    return list(_messages(conversation).filter(position__gt=position).order_by("position")[:limit])
+    return list(_messages(conversation).filter(position__gt=position).order_by("position")[:limit or LIVE_BATCH])
 
 
 def render_rows(conversation: Conversation, messages: list[Message]) -> list[dict]:

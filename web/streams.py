@@ -115,8 +115,10 @@ class Streams:
         stream.join(socket)
         return stream
 
-    def __len__(self) -> int:
-        return len(self._streams)
+    def running(self) -> int:
+        """How many streams this event loop has."""
+        loop = asyncio.get_running_loop()
+        return sum(1 for stream_loop, _ in self._streams if stream_loop is loop)
 
     def _forget(self, key, stream: ConversationStream) -> None:
         if self._streams.get(key) is stream:

@@ -2,6 +2,7 @@
 URL routing) and the configured channel layer: in-memory on SQLite, Redis
 on the PostgreSQL + Redis run."""
 import asyncio
+import json
 
 import pytest
 import pytest_asyncio
@@ -46,10 +47,10 @@ async def sockets_finish():
     while OPEN:
         await OPEN.pop().disconnect()
     for _ in range(500):  # and their streams end, so no read is left running
-        if not len(streams):
+        if not streams.running():
             break
         await asyncio.sleep(0.01)
-    assert not len(streams)
+    assert not streams.running()
 
 
 async def open_socket(path, member=None, origin=None):
@@ -93,18 +94,41 @@ async def frames_until_live(socket) -> list[dict]:
 send = database_sync_to_async(send_message)
 
 
-async def test_signed_out_and_outsiders_are_refused_at_connect(room, human):
+async def refusal(socket) -> list:
+    """What a socket refused after the handshake says before it closes."""
+    said = []
+    while (output := await socket.receive_output(timeout=5))["type"] == "websocket.send":
+        said.append(json.loads(output["text"]))
+    return [*said, output.get("code")]
+
+
+async def test_signed_out_and_outsiders_are_told_why_and_closed_at_connect(room, human):
     _, channel = room
     cid = await database_sync_to_async(human)("cid")
     path = f"/ws/conversations/{channel.public_id}/"
-    assert (await open_socket(path))[1] is False
-    assert (await open_socket(path, cid))[1] is False
-    assert (await open_socket("/ws/conversations/cnv_aaaaaaaaaaaaaaaa/", cid))[1] is False
+    anonymous, _ = await open_socket(path)
+    outsider, _ = await open_socket(path, cid)
+    unknown, _ = await open_socket("/ws/conversations/cnv_aaaaaaaaaaaaaaaa/", cid)
+    assert await refusal(anonymous) == [4401]
+    assert await refusal(outsider) == [{"type": "access.lost"}, 4403]
+    assert await refusal(unknown) == [{"type": "access.lost"}, 4403]
 
 
 async def test_a_malformed_position_is_refused(room, ben):
     _, channel = room
-    assert (await open_socket(f"/ws/conversations/{channel.public_id}/?after=-1", ben))[1] is False
+    for after in ("-1", "%C2%B2", "x"):
+        assert (await open_socket(f"/ws/conversations/{channel.public_id}/?after={after}", ben))[1] is False
+
+
+async def test_a_page_too_far_behind_is_told_to_reload(room, ann, ben, settings, monkeypatch):
+    _, channel = room
+    monkeypatch.setattr("web.consumers.BACKFILL_BATCHES", 2)
+    monkeypatch.setattr("web.messages.LIVE_BATCH", 3)
+    for i in range(7):
+        await send(channel, body=f"old {i}", actor=ann)
+    socket = await watching(ben, channel)
+    said = await refusal(socket)
+    assert [f["type"] for f in said[:-1]] == ["message"] * 6 + ["resync"] and said[-1] == 4409
 
 
 async def test_sockets_opened_by_another_sites_page_are_refused(room, ben):
@@ -186,7 +210,7 @@ async def test_the_inbox_socket_counts_pending_items_live(room, ann, ben):
     await database_sync_to_async(acknowledge_delivery)(ben, token)
     assert await socket.receive_json_from(timeout=5) == {"type": "inbox", "pending": 0}
     await socket.disconnect()
-    assert (await open_socket("/ws/inbox/"))[1] is False
+    assert await refusal((await open_socket("/ws/inbox/"))[0]) == [4401]
 
 
 async def test_many_sockets_on_one_conversation_each_get_every_message(room, ann, ben):
@@ -219,3 +243,13 @@ async def test_sockets_sharing_a_stream_keep_their_own_positions_and_access(room
     assert (await from_start.receive_json_from(timeout=5))["id"] == second.public_id
     assert await from_start.receive_nothing(0.3)
 
+
+
+async def test_only_membership_events_wake_a_spaces_other_conversations():
+    from controlplane.live import Interest
+
+    interest = Interest(conversations={1}, spaces={7})
+    assert interest.matches({"conversations": [1], "access_spaces": []})
+    assert interest.matches({"conversations": [], "access_spaces": [7]})  # e.g. member.removed
+    assert not interest.matches({"conversations": [2], "access_spaces": []})  # a message elsewhere in space 7
+    assert interest.matches({"type": "log.advanced"})  # a nudge that names nothing wakes everyone

@@ -46,6 +46,8 @@ def test_acknowledging_someone_elses_item_is_a_404_and_changes_nothing(ann, ben,
     item = InboxItem.objects.get(member=ben)
     response = browser_of(ann).post("/app/inbox/acknowledge", {"token": item.token}, HTTP_HX_REQUEST="true")
     assert response.status_code == 404 and "UNKNOWN_DELIVERY" in response.content.decode()
+    # shown in the page's error area, not swapped over (deleting) the item
+    assert response["HX-Retarget"] == "#htmx-error" and response["HX-Reswap"] == "innerHTML"
     item.refresh_from_db()
     assert item.state == InboxItem.State.PENDING
 

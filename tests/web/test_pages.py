@@ -48,7 +48,10 @@ def test_a_suspended_member_or_a_wrong_password_cannot_sign_in(ann, password):
 def test_a_session_of_a_member_suspended_later_no_longer_opens_pages(ann, browser_of):
     client = browser_of(ann)
     Member.objects.filter(pk=ann.pk).update(status=Member.Status.SUSPENDED)
-    assert client.get("/app/").status_code == 302
+    # a page says why and offers to sign out (the sign-in page would send the session straight back)
+    page = client.get("/app/", follow=True)
+    assert page.status_code == 403 and "not an active member" in page.content.decode()
+    assert 'action="/app/logout/"' in page.content.decode()
     response = client.get("/app/", HTTP_ACCEPT="application/json")
     assert response.status_code == 401 and response.json()["error"]["code"] == "UNAUTHENTICATED"
 
@@ -182,6 +185,18 @@ def test_without_a_grant_the_composer_offers_and_files_an_approval_request(ann, 
     # and without scripts the page says what happened and offers the button
     page = client.post(url, {"body": "may I?", "idempotency_key": "web-approval-2"}).content.decode()
     assert "GRANT_REQUIRED" in page and 'name="request_approval"' in page and "may I?" in page
+    kept = client.post(url, {"body": "may I?", "idempotency_key": "web-approval-2", "request_approval": "1"})
+    assert "Sent to an admin for approval" in kept.content.decode()
+    assert ">may I?</textarea>" not in kept.content.decode() and "web-approval-2" not in kept.content.decode()
+
+
+def test_an_expired_form_is_a_clear_page(ann, room):
+    space, channel = room
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(ann.user)
+    response = client.post(f"{page_url(space, channel)}send", {"body": "hi"}, HTTP_ACCEPT="text/html")
+    assert response.status_code == 403 and "Reload the page" in response.content.decode()
+    assert not Message.objects.exists()
 
 
 def test_joining_an_open_space_from_home(ann, ben, browser_of):

@@ -75,7 +75,7 @@ def _before_param(request) -> int | None:
     value = request.GET.get("before")
     if value is None:
         return None
-    if not value.isdigit() or len(value) > 18:
+    if not (value.isascii() and value.isdigit()) or len(value) > 18:
         raise InvalidRequest("before must be a message position.", details={"before": value})
     return int(value)
 
@@ -143,10 +143,12 @@ def send(request, member, slug, conversation_id):
         if wants_json(request):
             raise
         context = _page_context(member, _conversation(member, slug, conversation_id), None)
+        retained = isinstance(error, GrantRequired) and "approval_request" in error.details
+        # A message kept for approval is done with: a fresh draft and key.
         return render(request, "web/conversation.html",
-                      {**context, "error": error, "draft": body, "idempotency_key": request.POST.get(
-                          "idempotency_key") or new_key(),
-                       "approval_requested": isinstance(error, GrantRequired) and approval},
+                      {**context, "error": error, "approval_requested": retained,
+                       "draft": "" if retained else body,
+                       "idempotency_key": new_key() if retained else request.POST.get("idempotency_key") or new_key()},
                       status=error.status)
     if wants_json(request):
         row = messages.render_rows(target, [result.message])[0]

@@ -9,6 +9,7 @@ from django.contrib import messages as flash
 from django.db.models import Prefetch
 from django.shortcuts import redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_POST
 
 from controlplane.errors import Conflict, InvalidRequest, NotFound
@@ -66,6 +67,7 @@ def _back(request):
     return redirect(target)
 
 
+@sensitive_post_parameters("secret")
 @member_page
 @require_POST
 def create_endpoint(request, member):

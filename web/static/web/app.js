@@ -5,8 +5,9 @@
 
   const csrfToken = () => document.querySelector('meta[name="csrf-token"]').content;
 
-  // A socket that reconnects with backoff (0.5 s doubling to 10 s). A 4403
-  // close after the socket opened means access is gone: no reconnecting.
+  // A socket that reconnects with backoff (0.5 s doubling to 10 s). A close
+  // with an application code (4401 signed out, 4403 no access, 4409 too far
+  // behind) is final: no reconnecting.
   function liveSocket(path, { params, onFrame, onState }) {
     let delay = 500;
     let stopped = false;
@@ -21,7 +22,7 @@
       socket.onmessage = (event) => onFrame(JSON.parse(event.data));
       socket.onclose = (event) => {
         if (stopped) return;
-        if (opened && event.code === 4403) { stopped = true; onState("lost"); return; }
+        if (opened && event.code >= 4400 && event.code < 4500) { stopped = true; onState(event.code); return; }
         onState("reconnecting");
         setTimeout(open, delay);
         delay = Math.min(delay * 2, 10000);
@@ -103,8 +104,11 @@
         }
       },
       onState(state) {
-        if (state === "lost") {
-          setStatus("You no longer have access to this conversation.", "down");
+        if (state === 4409) {
+          location.reload(); // too far behind to replay: the page itself is the catch-up (the draft is kept)
+        } else if (state === 4401 || state === 4403) {
+          setStatus(state === 4401 ? "Signed out: sign in again to see new messages."
+                                   : "You no longer have access to this conversation.", "down");
           document.querySelectorAll("#composer textarea, #composer button").forEach((el) => { el.disabled = true; });
         } else {
           setStatus("Reconnecting…", "down");
