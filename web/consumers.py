@@ -22,6 +22,7 @@ from inbox.delivery import pending_count
 from inbox.writes import inbox_group
 from web.access import member_of, readable_conversation
 from web.db import db_call
+from web.sockets import session_group
 from web.streams import read_pass, streams
 
 # Application close codes. After any of them the page does not reconnect.
@@ -32,6 +33,26 @@ SERVER_ERROR = 1011  # the page reconnects and resumes from its last frame
 BACKFILL_BATCHES = 5  # at most this many batches are replayed on connect
 
 
+class SessionSocket:
+    """A socket that ends with its session: signing out closes it (4401)."""
+
+    session_group_name = None
+
+    async def follow_session(self) -> None:
+        session = self.scope.get("session")
+        key = getattr(session, "session_key", None)
+        if key:
+            self.session_group_name = session_group(key)
+            await self.channel_layer.group_add(self.session_group_name, self.channel_name)
+
+    async def session_ended(self, event) -> None:
+        await self.close(code=SIGNED_OUT)
+
+    async def unfollow_session(self) -> None:
+        if self.session_group_name is not None:
+            await self.channel_layer.group_discard(self.session_group_name, self.channel_name)
+
+
 def _after_param(scope) -> int | None:
     for pair in scope.get("query_string", b"").decode("latin-1").split("&"):
         name, _, value = pair.partition("=")
@@ -40,7 +61,7 @@ def _after_param(scope) -> int | None:
     return 0
 
 
-class ConversationConsumer(AsyncWebsocketConsumer):
+class ConversationConsumer(SessionSocket, AsyncWebsocketConsumer):
     async def connect(self):
         self.conversation_id = self.scope["url_route"]["kwargs"]["conversation"]
         self.position = _after_param(self.scope)
@@ -60,6 +81,7 @@ class ConversationConsumer(AsyncWebsocketConsumer):
             await self.lose_access()
             return
         self.member_pk = member.pk
+        await self.follow_session()
         if await self._catch_up(conversation):
             # Caught up alone, it shares the conversation's stream from now on.
             self.stream = streams.join(self, conversation)
@@ -106,9 +128,10 @@ class ConversationConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code):
         if self.stream is not None:
             self.stream.leave(self)
+        await self.unfollow_session()
 
 
-class InboxConsumer(AsyncJsonWebsocketConsumer):
+class InboxConsumer(SessionSocket, AsyncJsonWebsocketConsumer):
     """The signed-in member's pending-item count, sent on connect and again
     whenever their inbox changes (an item admitted or acknowledged)."""
 
@@ -121,6 +144,7 @@ class InboxConsumer(AsyncJsonWebsocketConsumer):
             return
         self.member_pk, self.group = member.pk, inbox_group(member)
         await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.follow_session()
         await self._send_count()
 
     def _count(self) -> int | None:
@@ -145,4 +169,5 @@ class InboxConsumer(AsyncJsonWebsocketConsumer):
     async def disconnect(self, code):
         if self.group is not None:
             await self.channel_layer.group_discard(self.group, self.channel_name)
+        await self.unfollow_session()
 

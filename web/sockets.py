@@ -1,6 +1,7 @@
-"""WebSocket handshake guard."""
+"""WebSocket guards: the handshake's origin, and the session behind a socket."""
 from __future__ import annotations
 
+import hashlib
 from urllib.parse import urlsplit
 
 from channels.security.websocket import WebsocketDenier
@@ -25,3 +26,18 @@ class SameOriginOnly:
                 "latin-1"):
             return await WebsocketDenier()(scope, receive, send)
         return await self.application(scope, receive, send)
+
+
+def session_group(session_key: str) -> str:
+    """The Channels group of one session's sockets. Named by a digest: a
+    session key is a credential and stays out of the channel layer."""
+    return "web.session." + hashlib.sha256(session_key.encode()).hexdigest()[:40]
+
+
+def end_live_sockets(sender, request, user, **kwargs) -> None:
+    """On sign-out, close that session's sockets (every process, with Redis)."""
+    from controlplane.live import group_send_on_commit
+
+    key = getattr(getattr(request, "session", None), "session_key", None)
+    if key:
+        group_send_on_commit(session_group(key), {"type": "session.ended"})

@@ -6,7 +6,6 @@ import json
 
 import pytest
 import pytest_asyncio
-from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.test import Client
@@ -18,6 +17,7 @@ from controlplane.models import Member
 from inbox.delivery import acknowledge_delivery
 from inbox.models import InboxItem
 from inbox.services import send_message
+from web.db import db_call
 from web.streams import streams
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -53,10 +53,12 @@ async def sockets_finish():
     assert not streams.running()
 
 
-async def open_socket(path, member=None, origin=None):
+async def open_socket(path, member=None, origin=None, cookie=None):
     headers = [(b"host", b"testserver")]
     if member is not None:
-        headers.append((b"cookie", f"sessionid={await database_sync_to_async(session_cookie)(member)}".encode()))
+        cookie = await db_call(session_cookie)(member)
+    if cookie is not None:
+        headers.append((b"cookie", f"sessionid={cookie}".encode()))
     if origin is not None:
         headers.append((b"origin", origin.encode()))
     socket = WebsocketCommunicator(router, path, headers=headers)
@@ -91,7 +93,7 @@ async def frames_until_live(socket) -> list[dict]:
     return frames
 
 
-send = database_sync_to_async(send_message)
+send = db_call(send_message)
 
 
 async def refusal(socket) -> list:
@@ -104,7 +106,7 @@ async def refusal(socket) -> list:
 
 async def test_signed_out_and_outsiders_are_told_why_and_closed_at_connect(room, human):
     _, channel = room
-    cid = await database_sync_to_async(human)("cid")
+    cid = await db_call(human)("cid")
     path = f"/ws/conversations/{channel.public_id}/"
     anonymous, _ = await open_socket(path)
     outsider, _ = await open_socket(path, cid)
@@ -177,7 +179,7 @@ async def test_removal_from_the_space_closes_the_socket_at_once(room, ann, ben):
     socket = await watching(ben, channel)
     await frames_until_live(socket)
     # when
-    await database_sync_to_async(services.remove_member)(space, ben, actor=ann)
+    await db_call(services.remove_member)(space, ben, actor=ann)
     # then
     assert await socket.receive_json_from(timeout=5) == {"type": "access.lost"}
     assert (await socket.receive_output(timeout=5)) == {"type": "websocket.close", "code": 4403}
@@ -190,7 +192,7 @@ async def test_access_is_checked_again_before_every_frame(room, ann, ben):
     socket = await watching(ben, channel)
     await frames_until_live(socket)
     # when: ben is suspended (no event of the conversation), then a message arrives
-    await database_sync_to_async(Member.objects.filter(pk=ben.pk).update)(status=Member.Status.SUSPENDED)
+    await db_call(Member.objects.filter(pk=ben.pk).update)(status=Member.Status.SUSPENDED)
     await send(channel, body="secret", actor=ann)
     # then
     assert await socket.receive_json_from(timeout=5) == {"type": "access.lost"}
@@ -199,15 +201,15 @@ async def test_access_is_checked_again_before_every_frame(room, ann, ben):
 
 async def test_the_inbox_socket_counts_pending_items_live(room, ann, ben):
     space, _ = room
-    direct, _ = await database_sync_to_async(services.get_or_create_direct)(space, ben, actor=ann)
+    direct, _ = await db_call(services.get_or_create_direct)(space, ben, actor=ann)
     socket, connected = await open_socket("/ws/inbox/", ben)
     assert connected
     assert await socket.receive_json_from(timeout=5) == {"type": "inbox", "pending": 0}
     # when / then
     await send(direct, body="for ben", actor=ann)
     assert await socket.receive_json_from(timeout=5) == {"type": "inbox", "pending": 1}
-    token = await database_sync_to_async(lambda: InboxItem.objects.get(member=ben).token)()
-    await database_sync_to_async(acknowledge_delivery)(ben, token)
+    token = await db_call(lambda: InboxItem.objects.get(member=ben).token)()
+    await db_call(acknowledge_delivery)(ben, token)
     assert await socket.receive_json_from(timeout=5) == {"type": "inbox", "pending": 0}
     await socket.disconnect()
     assert await refusal((await open_socket("/ws/inbox/"))[0]) == [4401]
@@ -228,15 +230,15 @@ async def test_many_sockets_on_one_conversation_each_get_every_message(room, ann
 
 async def test_sockets_sharing_a_stream_keep_their_own_positions_and_access(room, ann, ben, human):
     space, channel = room
-    cid = await database_sync_to_async(human)("cid")
-    await database_sync_to_async(services.add_member)(space, cid, actor=ann)
+    cid = await db_call(human)("cid")
+    await db_call(services.add_member)(space, cid, actor=ann)
     first = (await send(channel, body="first", actor=ann)).message
     from_start = await watching(ben, channel)
     from_first = await watching(cid, channel, after=first.position)
     assert [f["id"] for f in await frames_until_live(from_start)] == [first.public_id]
     assert await frames_until_live(from_first) == []
     # when: cid is removed, then another message
-    await database_sync_to_async(services.remove_member)(space, cid, actor=ann)
+    await db_call(services.remove_member)(space, cid, actor=ann)
     assert await from_first.receive_json_from(timeout=5) == {"type": "access.lost"}
     second = (await send(channel, body="second", actor=ann)).message
     # then: ben's socket carries on alone
@@ -253,3 +255,20 @@ async def test_only_membership_events_wake_a_spaces_other_conversations():
     assert interest.matches({"conversations": [], "access_spaces": [7]})  # e.g. member.removed
     assert not interest.matches({"conversations": [2], "access_spaces": []})  # a message elsewhere in space 7
     assert interest.matches({"type": "log.advanced"})  # a nudge that names nothing wakes everyone
+
+
+async def test_signing_out_closes_the_sessions_sockets(room, ben):
+    _, channel = room
+    await log_watcher_listening()
+    client = Client()
+    await db_call(client.force_login)(ben.user)
+    cookie = client.cookies["sessionid"].value
+    conversation, _ = await open_socket(f"/ws/conversations/{channel.public_id}/", cookie=cookie)
+    inbox, _ = await open_socket("/ws/inbox/", cookie=cookie)
+    await frames_until_live(conversation)
+    assert (await inbox.receive_json_from(timeout=5))["type"] == "inbox"
+    # when
+    await db_call(client.logout)()
+    # then
+    assert await refusal(conversation) == [4401]
+    assert await refusal(inbox) == [4401]
