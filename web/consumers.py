@@ -123,7 +123,7 @@ class ConversationConsumer(SessionSocket, AsyncWebsocketConsumer):
         await self.close(code=SERVER_ERROR)
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs):
-        pass  # the stream is one-way; the composer posts over HTTP
+        """Ignored: the stream is one-way; the composer posts over HTTP."""
 
     async def disconnect(self, code):
         if self.stream is not None:

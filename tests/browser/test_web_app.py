@@ -33,6 +33,15 @@ def send_from(page, text: str) -> None:
     page.locator("#body").press("Enter")
 
 
+def exchange(first, second, message: str, reply: str) -> None:
+    """`first` sends, `second` sees it live and replies, `first` sees that."""
+    send_from(first, message)
+    second.locator("#messages .body", has_text=message.splitlines()[-1]).wait_for()
+    send_from(second, reply)
+    first.locator("#messages .body", has_text=reply.splitlines()[-1]).wait_for()
+    assert messages_in(first)[-2:] == messages_in(second)[-2:] == [message, reply]
+
+
 def test_two_members_talk_live_without_losing_drafts_or_their_place(room, browser):
     ann, ben, space, general = room
     _, token = services.issue_credential(ann, actor=None)
@@ -46,11 +55,7 @@ def test_two_members_talk_live_without_losing_drafts_or_their_place(room, browse
         open_conversation(ben_page, base, space, general)
 
         # two members exchange messages live, by keyboard
-        send_from(ann_page, "hello ben")
-        ben_page.get_by_text("hello ben").wait_for()
-        send_from(ben_page, "hi ann,\nall good")
-        ann_page.get_by_text("all good").wait_for()
-        assert messages_in(ann_page)[-2:] == messages_in(ben_page)[-2:] == ["hello ben", "hi ann,\nall good"]
+        exchange(ann_page, ben_page, "hello ben", "hi ann,\nall good")
 
         # an unsent draft survives incoming messages and a reload
         ben_page.locator("#body").fill("a half-written thought")
@@ -104,11 +109,7 @@ def test_members_on_two_server_processes_talk_live(room, browser):
         ann_page, ben_page = sign_in(browser, node_a, "ann"), sign_in(browser, node_b, "ben")
         open_conversation(ann_page, node_a, space, general)
         open_conversation(ben_page, node_b, space, general)
-        send_from(ann_page, "from node a")
-        ben_page.get_by_text("from node a").wait_for()
-        send_from(ben_page, "from node b")
-        ann_page.get_by_text("from node b").wait_for()
-        assert messages_in(ann_page)[-2:] == messages_in(ben_page)[-2:] == ["from node a", "from node b"]
+        exchange(ann_page, ben_page, "from node a", "from node b")
 
 
 def test_removal_stops_the_live_page(room, browser):
