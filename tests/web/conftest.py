@@ -15,9 +15,9 @@ def fast_passwords(settings):
 
 
 @pytest.fixture
-def human(db):
+def human(make_member):
     def make(handle: str, **kwargs) -> Member:
-        return services.create_member(handle, kind=Member.Kind.HUMAN, password=PASSWORD, actor=None, **kwargs)
+        return make_member(handle, kind=Member.Kind.HUMAN, password=PASSWORD, **kwargs)
     return make
 
 
