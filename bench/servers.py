@@ -18,6 +18,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from controlplane.processes import descendants
+
 ROOT = Path(__file__).resolve().parent.parent
 PY = str(ROOT / ".venv" / "bin" / "python")
 START_TIMEOUT = 60.0
@@ -82,25 +84,8 @@ def _cmdline(pid: int) -> str:
 
 
 def process_tree(root: int) -> list[int]:
-    """`root` and all its descendants (by scanning /proc for parent ids)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # The command name may contain spaces and parentheses: split after the last ')'.
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    tree, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        tree.append(pid)
-        todo.extend(children.get(pid, []))
-    return tree
+    """`root` and all its descendants."""
+    return [root, *descendants(root)]
 
 
 @dataclass

@@ -47,14 +47,22 @@ def manage(*args, input: str | None = None, **env) -> str:
     return result.stdout
 
 
-@contextlib.contextmanager
-def serving(*args, **env):
-    """`manage.py serve` until the block ends; yields its base URL."""
+def start_serving(*args, **env) -> subprocess.Popen:
+    """`manage.py serve` on a free port, in a session of its own (so that the
+    tests can find everything it started); `.base_url` is its address."""
     port = free_port()
     process = subprocess.Popen([sys.executable, "manage.py", "serve", "--bind", f"127.0.0.1:{port}", *args],
                                cwd=ROOT, env=server_env(**env), stdout=subprocess.PIPE, text=True,
                                start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
+    process.base_url = f"http://127.0.0.1:{port}"
+    return process
+
+
+@contextlib.contextmanager
+def serving(*args, **env):
+    """`manage.py serve` until the block ends; yields its base URL."""
+    process = start_serving(*args, **env)
+    base = process.base_url
     try:
         deadline = time.monotonic() + 30
         while True:

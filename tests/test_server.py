@@ -1,6 +1,7 @@
 """End to end through real `serve` processes: HTTP on loopback, the real
 database, the real channel layer (Redis when REDIS_URL is set)."""
 import concurrent.futures
+import os
 import signal
 import time
 from pathlib import Path
@@ -8,21 +9,23 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.servers import manage, serving
+from controlplane.processes import descendants, in_session
+from tests.servers import manage, serving, start_serving
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def children_of(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
+def group_leaders_below(process) -> list[int]:
+    return [pid for pid in descendants(process.pid) if os.getpgid(pid) == pid]
+
+
+def left_behind(process) -> list[int]:
+    """What is still running of `serve`'s session (the test starts it in a
+    session of its own), however deep or re-parented: within a few seconds."""
+    deadline = time.monotonic() + 10
+    while (alive := in_session(process.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive
 
 
 def member_with_token(handle: str) -> dict:
@@ -37,15 +40,39 @@ def test_serve_answers_and_stops_cleanly_on_ctrl_c():
     # given
     with serving() as (base, process):
         assert httpx.get(f"{base}/healthz").json() == {"status": "ok"}
-        children = children_of(process.pid)
-        assert len(children) == 2  # the ASGI server and the django-q2 cluster
+        # the ASGI server and the django-q2 cluster, each leading its own process group
+        assert len(group_leaders_below(process)) == 2
         # when
         process.send_signal(signal.SIGINT)
         # then
-        assert process.wait(20) == 0
+        assert process.wait(30) == 0
         assert "http://127.0.0.1:" in process.stdout.read()
-    assert not [pid for pid in children if Path(f"/proc/{pid}").exists()
-                and "zombie" not in Path(f"/proc/{pid}/status").read_text()]
+    assert left_behind(process) == []
+
+
+@pytest.mark.parametrize("delay", [0.2, 0.8, 1.5, 2.5])
+def test_ctrl_c_at_any_moment_of_start_up_leaves_nothing_running(delay):
+    # given: serve interrupted while its children are still starting (the
+    # cluster may be importing Django, forking its sentinel or its workers)
+    process = start_serving()
+    time.sleep(delay)
+    # when
+    process.send_signal(signal.SIGINT)
+    # then: it exits, and the output pipe closes because nobody holds it
+    assert process.wait(30) in (0, -signal.SIGINT)
+    process.stdout.read()
+    assert left_behind(process) == []
+
+
+def test_a_killed_serve_takes_its_children_down():
+    # given
+    with serving() as (base, process):
+        assert len(group_leaders_below(process)) == 2
+        # when: serve itself dies without a chance to stop anything
+        process.kill()
+        process.wait()
+        # then: its children are told (SIGTERM) and stop theirs in turn
+        assert left_behind(process) == []
 
 
 def test_long_poll_on_one_node_wakes_for_a_send_on_another(settings):

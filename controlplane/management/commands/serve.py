@@ -1,6 +1,8 @@
 """Run the ASGI server and the django-q2 cluster together until interrupted."""
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -12,28 +14,16 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane.schedules import ensure_schedules
+from controlplane.processes import StopRequest, in_group, kill_all
+
 
 STOP_GRACE_SECONDS = 10
+PR_SET_PDEATHSIG = 1
 
 
-def descendants(pid: int) -> list[int]:
-    """Every living process below `pid` (Linux /proc)."""
-    parents: dict[int, list[int]] = {}
-    for stat in os.listdir("/proc"):
-        if stat.isdigit():
-            try:
-                with open(f"/proc/{stat}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            parents.setdefault(ppid, []).append(int(stat))
-    found, queue = [], [pid]
-    while queue:
-        for child in parents.get(queue.pop(), []):
-            found.append(child)
-            queue.append(child)
-    return found
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when `serve` dies, even by SIGKILL."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def split_bind(bind: str) -> tuple[str, int]:
@@ -52,34 +42,36 @@ class Command(BaseCommand):
 
     def handle(self, *args, bind, no_worker, **options):
         host, port = split_bind(bind)
-        ensure_schedules()
         call_command("recover")  # persisted barriers finish before anything is served
-        manage = [sys.executable, os.path.join(settings.BASE_DIR, "manage.py")]
-        children = [subprocess.Popen([sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "-v", "0",
-                                      "controlplane.asgi:application"])]
+        # Listen first: a signal between two spawns must not leave a child
+        # behind. Each child leads its own process group, so Ctrl-C reaches
+        # only this process, which stops them in order, and what a child
+        # spawned (the cluster's sentinel and workers) can be found and
+        # killed even after the child is gone.
+        stop = StopRequest()
+        commands = [[sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "-v", "0",
+                     "controlplane.asgi:application"]]
         if not no_worker:
-            children.append(subprocess.Popen([*manage, "qcluster"]))
-        stopping = False
-
-        def stop(signum, frame):
-            nonlocal stopping
-            stopping = True
-
-        signal.signal(signal.SIGINT, stop)
-        signal.signal(signal.SIGTERM, stop)
-        url_host = f"[{host}]" if ":" in host else host
-        if self._wait_ready(f"http://{url_host}:{port}/healthz", children, lambda: stopping):
-            self.stdout.write(f"Switchboard is serving at http://{url_host}:{port}/  (Ctrl-C stops)", )
-            self.stdout.flush()
-        while not stopping and all(child.poll() is None for child in children):
-            time.sleep(0.2)
-        self._stop(children)
+            commands.append([sys.executable, os.path.join(settings.BASE_DIR, "manage.py"), "worker"])
+        children = []
+        try:
+            for command in commands:
+                if not stop.requested:
+                    children.append(subprocess.Popen(command, process_group=0, preexec_fn=_die_with_parent))
+            url_host = f"[{host}]" if ":" in host else host
+            if self._wait_ready(f"http://{url_host}:{port}/healthz", children, stop):
+                self.stdout.write(f"Switchboard is serving at http://{url_host}:{port}/  (Ctrl-C stops)")
+                self.stdout.flush()
+            while not stop.requested and all(child.poll() is None for child in children):
+                time.sleep(0.2)
+        finally:
+            self._stop(children)
         failed = [c.returncode for c in children if c.returncode not in (0, -signal.SIGTERM, -signal.SIGINT)]
-        if failed and not stopping:
+        if failed and not stop.requested:
             raise CommandError(f"a server process exited with status {failed[0]}")
 
-    def _wait_ready(self, url: str, children, stopping) -> bool:
-        while not stopping() and all(child.poll() is None for child in children):
+    def _wait_ready(self, url: str, children, stop: StopRequest) -> bool:
+        while not stop.requested and all(child.poll() is None for child in children):
             try:
                 with urllib.request.urlopen(url, timeout=1) as response:
                     if response.status == 200:
@@ -89,22 +81,13 @@ class Command(BaseCommand):
         return False
 
     def _stop(self, children) -> None:
-        # Everything below us, the cluster's workers included: a child killed
-        # after the grace period must not leave its own children running.
-        below = descendants(os.getpid())
         for child in children:
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_SECONDS
         for child in children:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for pid in below:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         for child in children:
+            kill_all(lambda: in_group(child.pid))
             child.wait()

@@ -1,0 +1,41 @@
+"""The django-q2 worker cluster, stoppable at any moment.
+
+`manage.py qcluster` installs its stop handler before its sentinel exists,
+and a SIGTERM in that window is lost (the handler finds nothing to stop and
+the sentinel starts anyway). Here a stop signal only records the request,
+and the cluster is stopped as soon as it can be, however early it came.
+A worker in the middle of a task gets STOP_GRACE_SECONDS to finish it, then
+is killed: every task is safe to kill (webhook sends hold a lease and are
+sent again, firewall and barrier steps are transactions).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from django.core.management.base import BaseCommand
+from django_q.cluster import Cluster
+
+from controlplane.processes import StopRequest, descendants, kill_all
+from controlplane.schedules import ensure_schedules
+
+STOP_GRACE_SECONDS = 5
+
+
+class Command(BaseCommand):
+    help = "Run the django-q2 worker cluster (and create the schedules) until stopped."
+
+    def handle(self, *args, **options):
+        stop = StopRequest()
+        ensure_schedules()
+        cluster = Cluster()
+        stop.listen()  # Cluster() put its own handlers in place
+        if stop.requested:
+            return
+        cluster.start()
+        while not stop.requested and cluster.sentinel.is_alive():
+            time.sleep(0.1)
+        cluster.stop_event.set()
+        cluster.sentinel.join(STOP_GRACE_SECONDS)
+        kill_all(lambda: descendants(os.getpid()))
+        cluster.sentinel.join()
