@@ -8,7 +8,12 @@ def main():
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
     from django.core.management import execute_from_command_line
 
-    execute_from_command_line(sys.argv)
+    from controlplane.keys import MissingAdminKey
+
+    try:
+        execute_from_command_line(sys.argv)
+    except MissingAdminKey as error:
+        sys.exit(f"manage.py: {error}")
 
 
 if __name__ == "__main__":

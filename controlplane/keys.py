@@ -16,10 +16,18 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 MIN_ROOT_KEY_CHARS = 32
+DEVELOPMENT_KEY_FILE = "server_admin_key"
 
 
 class MissingAdminKey(RuntimeError):
     pass
+
+
+def development_checkout(var_dir: Path) -> bool:
+    """A checkout that `make run` set up: no key configured, and the
+    development key it generated kept in var/. `DEBUG` defaults to on there,
+    so `manage.py` works in a new shell as it does under `make`."""
+    return not os.environ.get("SERVER_ADMIN_KEY") and (var_dir / DEVELOPMENT_KEY_FILE).is_file()
 
 
 def load_root_key(*, debug: bool, var_dir: Path) -> str:
@@ -30,8 +38,10 @@ def load_root_key(*, debug: bool, var_dir: Path) -> str:
             raise MissingAdminKey(f"SERVER_ADMIN_KEY must be at least {MIN_ROOT_KEY_CHARS} characters")
         return key
     if not debug:
-        raise MissingAdminKey("SERVER_ADMIN_KEY is required when DEBUG is off (in development, DEBUG=1 keeps a generated key in var/)")
-    path = var_dir / "server_admin_key"
+        raise MissingAdminKey(
+            f"SERVER_ADMIN_KEY is not set: in production set it to a secret of {MIN_ROOT_KEY_CHARS}+ characters"
+            " (docs/configuration.md); for development run `make run` once, or set DEBUG=1")
+    path = var_dir / DEVELOPMENT_KEY_FILE
     if not path.exists():
         var_dir.mkdir(parents=True, exist_ok=True)
         # O_EXCL: two processes starting at once agree on one key.

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from controlplane.keys import derive_key, load_root_key
+from controlplane.keys import derive_key, development_checkout, load_root_key
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("SWITCHBOARD_VAR_DIR", BASE_DIR / "var"))
@@ -24,7 +24,7 @@ def env_int(name: str, default: int) -> int:
     return int(value) if value else default
 
 
-DEBUG = env_bool("DEBUG", False)
+DEBUG = env_bool("DEBUG", development_checkout(VAR_DIR))
 SERVER_ADMIN_KEY = load_root_key(debug=DEBUG, var_dir=VAR_DIR)
 SECRET_KEY = derive_key(SERVER_ADMIN_KEY, "django-secret-key", 48).hex()
 

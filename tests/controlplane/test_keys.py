@@ -1,10 +1,14 @@
 """The root key: generated once in development, required in production,
 and never used directly (HKDF per purpose)."""
+import os
 import stat
+import subprocess
+import sys
 
 import pytest
 
 from controlplane.keys import MissingAdminKey, derive_key, load_root_key
+from tests.servers import ROOT
 
 
 def test_production_requires_the_key(tmp_path, monkeypatch):
@@ -36,3 +40,42 @@ def test_purposes_get_independent_keys():
     assert derive_key(root, "cursor") != derive_key("s" * 40, "cursor")
     assert derive_key(root, "cursor") == derive_key(root, "cursor")
     assert len(derive_key(root, "cursor")) == 32
+
+
+def run_manage(*args: str, var_dir, **env) -> subprocess.CompletedProcess:
+    """`manage.py` as a user runs it in a new shell: none of the suite's
+    settings, a SQLite database in `var_dir`."""
+    clean = {k: v for k, v in os.environ.items()
+             if k not in {"DEBUG", "SERVER_ADMIN_KEY", "DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE"}}
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**clean, "SWITCHBOARD_VAR_DIR": str(var_dir), **env})
+
+
+def test_a_checkout_set_up_for_development_needs_nothing_exported(tmp_path):
+    # given: what `make run` leaves (DEBUG=1 generated the key in var/)
+    assert run_manage("migrate", "-v", "0", var_dir=tmp_path, DEBUG="1").returncode == 0
+    # when: a new shell, nothing exported
+    created = run_manage("createmember", "rae", var_dir=tmp_path)
+    token = run_manage("issuecredential", "rae", var_dir=tmp_path)
+    # then
+    assert created.returncode == 0 and created.stdout.startswith("mem_"), created.stderr
+    assert token.returncode == 0 and token.stdout.startswith("sbt_"), token.stderr
+
+
+def test_a_missing_key_in_production_is_one_clear_line(tmp_path):
+    # when: no key configured and no development key kept
+    result = run_manage("issuecredential", "admin", var_dir=tmp_path)
+    # then
+    assert result.returncode == 1
+    assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
+    assert "SERVER_ADMIN_KEY is not set" in result.stderr
+    assert not (tmp_path / "server_admin_key").exists()
+
+
+def test_debug_off_said_out_loud_still_requires_the_key(tmp_path):
+    # given: a development key kept, but the operator says production
+    (tmp_path / "server_admin_key").write_text("d" * 64)
+    # when
+    result = run_manage("issuecredential", "admin", var_dir=tmp_path, DEBUG="0")
+    # then
+    assert result.returncode == 1 and "SERVER_ADMIN_KEY is not set" in result.stderr
