@@ -1,12 +1,16 @@
 # Switchboard: `make run` starts everything on SQLite; `make test` runs the suite.
-PYTHON ?= python3
+# Switchboard runs on Python 3.11: python3.11 when it is on the PATH, else python3 (checked below).
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || echo python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+VAR := $(or $(SWITCHBOARD_VAR_DIR),var)
 
-.PHONY: run test test-postgres bench migrate schema clean
+.PHONY: run test test-postgres bench migrate schema receiver reset clean
 
 $(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) and \
+		f"Switchboard needs Python 3.11, and $(PYTHON) is {sys.version.split()[0]}: run make again with PYTHON=/path/to/python3.11")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet '.[dev]'
@@ -36,5 +40,18 @@ bench: $(STAMP)
 schema: $(STAMP)
 	DEBUG=1 $(PY) manage.py spectacular --validate --file var/openapi.yaml
 
+# The example HTTPS receiver on 127.0.0.1:8443 with a throwaway certificate
+# (docs/webhooks.md); it prints the settings to restart `make run` with.
+receiver: $(STAMP)
+	$(PY) -m webhooks.example_receiver $(RECEIVER_ARGS)
+
+# A fresh database (stop `make run` first); keeps .venv, the development key
+# and the receiver's certificate. On PostgreSQL (DATABASE_URL) it empties every table.
+reset: $(STAMP)
+	@if [ -n "$$DATABASE_URL" ]; then $(PY) manage.py flush --noinput; \
+	else rm -f $(VAR)/switchboard.sqlite3 $(VAR)/switchboard.sqlite3-wal $(VAR)/switchboard.sqlite3-shm; fi
+	@echo "Fresh database: the next \`make run\` creates the first admin again."
+
+# Everything `make run` and `make test` made: .venv, var/ (database, development key, receiver certificate).
 clean:
 	rm -rf $(VENV) var .pytest_cache

@@ -198,7 +198,7 @@ def _latency(env: dict, url: str, stats_base: str, ca: str, sends: int, out_dir:
 
 
 def run(env: dict, out_dir: Path, *, seconds: float, workers: int, latency_sends: int) -> dict:
-    from tests.webhooks.receiver import make_ca_and_certificate
+    from webhooks.example_receiver import make_ca_and_certificate
 
     tls = Path(tempfile.mkdtemp())
     ca, cert, key = (str(p) for p in make_ca_and_certificate(tls))

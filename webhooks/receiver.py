@@ -52,7 +52,7 @@ class WakeVerifier:
                  secret: str | None = None, tolerance: int = TOLERANCE_SECONDS, remember: int = 10_000,
                  clock: Callable[[], float] = time.time):
         self._fetch = keys if callable(keys) else None
-        self._keys = dict(keys()) if callable(keys) else dict(keys)
+        self._keys = {} if callable(keys) else dict(keys)  # fetched on the first wake
         self._issuer = issuer.rstrip("/") if issuer else None
         self._secret = base64.b64decode(secret.removeprefix("whsec_")) if secret else None
         self._tolerance = tolerance

@@ -1,0 +1,142 @@
+"""A local webhook receiver for trying Switchboard's wakes: `make receiver`.
+
+    .venv/bin/python -m webhooks.example_receiver [--port 8443] [--dir var/receiver]
+
+It keeps a throwaway certificate authority and a certificate for
+`localhost` and 127.0.0.1 in `--dir` (made on first start, kept after, so a
+server that trusts the CA keeps trusting it), serves HTTPS on 127.0.0.1
+only, and prints the settings to start Switchboard with. Every request is
+checked with `webhooks.receiver.WakeVerifier`: a challenge is answered, a
+wake is recorded once in `wakes.jsonl` and answered 202, anything else gets
+400. Needs only `cryptography`, like the helper it shows.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import ipaddress
+import json
+import os
+import ssl
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from webhooks.receiver import InvalidWake, WakeVerifier, fetch_signing_keys
+
+CERTIFICATE_DAYS = 30
+
+
+def make_ca_and_certificate(directory: Path) -> tuple[Path, Path, Path]:
+    """(CA bundle, server certificate chain, server key) for `localhost` and 127.0.0.1."""
+    now = dt.datetime.now(dt.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Switchboard throwaway CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(days=1))
+          .not_valid_after(now + dt.timedelta(days=CERTIFICATE_DAYS))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(days=1)).not_valid_after(now + dt.timedelta(days=CERTIFICATE_DAYS))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([x509.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    paths = directory / "ca.pem", directory / "server.pem", directory / "server.key"
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return paths
+
+
+def certificates(directory: Path) -> tuple[Path, Path, Path]:
+    """The CA, chain and key kept in `directory`, made when missing or about to expire."""
+    paths = directory / "ca.pem", directory / "server.pem", directory / "server.key"
+    if all(p.exists() for p in paths):
+        chain = x509.load_pem_x509_certificate(paths[1].read_bytes())
+        if chain.not_valid_after_utc - dt.datetime.now(dt.timezone.utc) > dt.timedelta(days=1):
+            return paths
+    directory.mkdir(parents=True, exist_ok=True)
+    return make_ca_and_certificate(directory)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--port", type=int, default=8443)
+    parser.add_argument("--dir", type=Path, default=Path("var/receiver"), help="certificates and wakes.jsonl")
+    parser.add_argument("--switchboard", default=os.environ.get("SWITCHBOARD_PUBLIC_URL", "http://127.0.0.1:8000"),
+                        help="where the signing keys are published, and the wakes' issuer")
+    parser.add_argument("--secret", default=os.environ.get("RECEIVER_SECRET"),
+                        help="the endpoint's whsec_ secret, to check the Standard Webhooks signature too")
+    args = parser.parse_args(argv)
+    ca, chain, key = certificates(args.dir)
+    log = args.dir / "wakes.jsonl"
+    verifier = WakeVerifier(lambda: fetch_signing_keys(args.switchboard), issuer=args.switchboard,
+                            secret=args.secret)
+
+    class Hook(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):  # noqa: N802 - the stdlib's name
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            try:
+                wake = verifier.verify(dict(self.headers), body)
+            except InvalidWake as invalid:
+                print(f"refused: {invalid}", flush=True)
+                return self.reply(400, {})
+            if wake["type"] == "spaces.webhook.challenge":
+                print("challenge answered", flush=True)
+                return self.reply(200, {"challenge": wake["challenge"]})
+            if verifier.first_time(wake["id"]):
+                with log.open("a") as f:  # persist before answering
+                    f.write(json.dumps(wake) + "\n")
+                print(f"{wake['type']} {wake['id']}: read your feed up to {wake['event_range']['through']}",
+                      flush=True)
+            self.reply(202, {})
+
+        def reply(self, status: int, payload: dict) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), Hook)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(chain, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    print(f"Receiver listening on https://127.0.0.1:{args.port}/hook (and https://localhost:{args.port}/hook)\n"
+          f"Switchboard must trust its CA and may call a loopback address only when told to; "
+          f"restart `make run` with:\n\n"
+          f"    WEBHOOK_CA_BUNDLE={ca.resolve()} WEBHOOK_ALLOW_PRIVATE_NETWORKS=1 make run\n\n"
+          f"Wakes are verified against {args.switchboard} and kept in {log}; Ctrl-C stops.", flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main()
