@@ -1,6 +1,7 @@
 """End to end through real `serve` processes: HTTP on loopback, the real
 database, the real channel layer (Redis when REDIS_URL is set)."""
 import concurrent.futures
+import contextlib
 import os
 import signal
 import time
@@ -178,3 +179,36 @@ def test_a_real_worker_classifies_firewalled_items():
             assert time.monotonic() < deadline, "the worker never classified the item"
             time.sleep(0.2)
     assert [(i["item"]["content"], i["guidance"]) for i in items] == [("classify me", "alice runs the lab")]
+
+
+def database_sockets(pid: int, port: int) -> set[str]:
+    """The inodes of `pid`'s TCP connections to `port` on the database host."""
+    to_port = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[2].rsplit(":", 1)[1], 16) == port:
+                to_port.add(fields[9])
+    held = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:[") and target[8:-1] in to_port:
+                held.add(target[8:-1])
+    return held
+
+
+@pytest.mark.postgres
+def test_the_worker_forks_with_no_database_connection_open(settings):
+    # given: the worker opens the database (its schedules) before its cluster forks
+    port = int(settings.DATABASES["default"].get("PORT") or 5432)
+    with serving() as (base, process):
+        deadline = time.monotonic() + 30
+        while len(worker := [pid for pid in descendants(process.pid)
+                             if b"worker" in Path(f"/proc/{pid}/cmdline").read_bytes()]) < 4:
+            assert time.monotonic() < deadline, "the cluster never started its workers"
+            time.sleep(0.2)
+        time.sleep(2)  # the cluster's processes connect as they start
+        # then: no connection is held by two processes at once
+        held = [database_sockets(pid, port) for pid in worker]
+    assert all(not (a & b) for i, a in enumerate(held) for b in held[i + 1:])

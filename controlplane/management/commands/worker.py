@@ -14,6 +14,7 @@ import os
 import time
 
 from django.core.management.base import BaseCommand
+from django.db import connections
 from django_q.cluster import Cluster
 
 from controlplane.processes import StopRequest, descendants, kill_all
@@ -28,6 +29,12 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         stop = StopRequest()
         ensure_schedules()
+        # The cluster forks: no process may inherit an open database socket
+        # (a pooled one included), or two would talk over it at once.
+        for connection in connections.all():
+            connection.close()
+            if hasattr(connection, "close_pool"):
+                connection.close_pool()
         cluster = Cluster()
         stop.listen()  # Cluster() put its own handlers in place
         if stop.requested:
