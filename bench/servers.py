@@ -18,7 +18,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from controlplane.processes import descendants
+from controlplane.processes import descendants, in_session, kill_all
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = str(ROOT / ".venv" / "bin" / "python")
@@ -259,23 +259,17 @@ class Server:
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
-        pgid = self.proc.pid  # the group this server leads (start_new_session)
-        tree = process_tree(pgid)
+        sid = self.proc.pid  # the session this server leads (start_new_session)
         try:
-            os.killpg(pgid, signal.SIGTERM)
+            os.killpg(sid, signal.SIGTERM)
             self.proc.wait(timeout=STOP_TIMEOUT)
         except subprocess.TimeoutExpired:
-            os.killpg(pgid, signal.SIGKILL)
+            os.killpg(sid, signal.SIGKILL)
             self.proc.wait(timeout=STOP_TIMEOUT)
         except ProcessLookupError:
             pass
-        # Workers that outlived their master: only our own, still in our group.
-        for pid in tree:
-            try:
-                if os.getpgid(pid) == pgid:
-                    os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        # What outlived its parent (serve's children lead groups of their own): still in our session.
+        kill_all(lambda: in_session(sid))
 
     def log_summary(self) -> dict:
         text = self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""

@@ -15,6 +15,8 @@ import httpx
 from django.conf import settings
 from django.db import connection
 
+from controlplane.processes import in_session, kill_all
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -81,5 +83,5 @@ def serving(*args, **env):
             try:
                 process.wait(20)
             except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+                kill_all(lambda: in_session(process.pid))
                 process.wait()

@@ -1,12 +1,11 @@
 """Webhooks end to end: real `serve` processes (Daphne and a django-q2
 cluster) deliver to a real HTTPS receiver on 127.0.0.1."""
-import os
-import signal
 import threading
 
 import httpx
 import pytest
 
+from controlplane.processes import in_session, kill_all
 from tests.servers import manage, serving
 from webhooks.receiver import WakeVerifier, fetch_signing_keys
 
@@ -72,7 +71,7 @@ def test_a_worker_killed_mid_delivery_loses_nothing(receiver, https_receiver):
                    headers=bob)
         (first,) = receiver.wait_for(lambda requests: len(requests) >= 1, timeout=30)
         # when: every process of that node is killed mid-request
-        os.killpg(process.pid, signal.SIGKILL)
+        kill_all(lambda: in_session(process.pid))
         process.wait()
     release.set()
     receiver.respond = None
