@@ -49,7 +49,7 @@ receiver: $(STAMP)
 # and the receiver's certificate. On PostgreSQL (DATABASE_URL) it empties every table.
 reset: $(STAMP)
 	@if [ -n "$$DATABASE_URL" ]; then $(PY) manage.py flush --noinput; \
-	else rm -f $(VAR)/switchboard.sqlite3 $(VAR)/switchboard.sqlite3-wal $(VAR)/switchboard.sqlite3-shm; fi
+	else rm -f $(VAR)/switchboard.sqlite3*; fi
 	@echo "Fresh database: the next \`make run\` creates the first admin again."
 
 # Everything `make run` and `make test` made: .venv, var/ (database, development key, receiver certificate).

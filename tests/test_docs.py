@@ -24,10 +24,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from django.conf import settings
 
 from controlplane.processes import in_session
 from tests.servers import ROOT, free_port
+from tests.servers import test_database_url as suite_database_url  # not collected as a test
 
 WALK_THROUGHS = ["docs/api.md", "docs/inbox.md", "docs/grants.md", "docs/webhooks.md", "docs/web.md"]
 STEP_TIMEOUT = 120
@@ -70,21 +70,22 @@ def read_until(process: subprocess.Popen, marker: str) -> list[str]:
 
 
 def fresh_database() -> tuple[str | None, callable]:
-    """(DATABASE_URL, drop): a new PostgreSQL database when the suite runs on
-    PostgreSQL, else None (make run's own SQLite file in the new var/)."""
-    db = settings.DATABASES["default"]
-    if not db["ENGINE"].endswith("postgresql"):
+    """(DATABASE_URL, drop): a new PostgreSQL database beside the suite's when
+    the suite runs on PostgreSQL, else None (make run's own SQLite file in
+    the new var/)."""
+    url = suite_database_url()
+    if not url.startswith("postgres://"):
         return None, lambda: None
-    name = f"{db['NAME']}_walkthrough"
-    user, host, port = db.get("USER") or "postgres", db.get("HOST") or "127.0.0.1", db.get("PORT") or 5432
+    server, name = url.rsplit("/", 1)
+    name = f"{name}_walkthrough"
 
     def run(sql: str) -> None:
-        with psycopg.connect(host=host, port=port, user=user, dbname="postgres", autocommit=True) as conn:
+        with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
             conn.execute(sql)
 
     run(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     run(f'CREATE DATABASE "{name}"')
-    return f"postgres://{user}@{host}:{port}/{name}", lambda: run(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    return f"{server}/{name}", lambda: run(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def interrupt(process: subprocess.Popen) -> None:

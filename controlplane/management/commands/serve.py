@@ -16,7 +16,6 @@ from django.core.management.base import BaseCommand, CommandError
 
 from controlplane.processes import StopRequest, in_group, kill_all
 
-
 STOP_GRACE_SECONDS = 10
 PR_SET_PDEATHSIG = 1
 
