@@ -59,8 +59,11 @@ def test_ctrl_c_at_any_moment_of_start_up_leaves_nothing_running(delay):
     time.sleep(delay)
     # when
     process.send_signal(signal.SIGINT)
-    # then: it exits, and the output pipe closes because nobody holds it
-    assert process.wait(30) in (0, -signal.SIGINT)
+    # then: it exits, and the output pipe closes because nobody holds it.
+    # 0 once serve listens; before that Python itself ends the process: by
+    # SIGINT, or with status 1 when the KeyboardInterrupt lands inside an
+    # import that wraps it (Python 3.11 wraps it in __set_name__).
+    assert process.wait(30) in (0, 1, -signal.SIGINT)
     process.stdout.read()
     assert left_behind(process) == []
 
