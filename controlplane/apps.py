@@ -4,6 +4,11 @@ from django.apps import AppConfig
 class ControlPlaneConfig(AppConfig):
     name = "controlplane"
     verbose_name = "Switchboard core"
+    schedules = [
+        # (name, task path, minutes between runs): see controlplane.schedules
+        ("prune-event-log", "controlplane.tasks.prune_event_log", 60),
+        ("purge-idempotency-records", "controlplane.tasks.purge_idempotency_records", 60),
+    ]
 
     def ready(self):
         from controlplane import converters

@@ -185,18 +185,8 @@ def permission_denied(request, exception=None):
     return _json("FORBIDDEN", "You are not allowed to do this.", 403)
 
 
-def _web_page(request, error: ApiError):
-    """The web app answers a browser on its own pages in HTML; None elsewhere."""
-    if request.path.startswith(("/app/", "/staff/")) and "text/html" in request.headers.get("Accept", ""):
-        from web.access import error_response
-
-        return error_response(request, error)
-    return None
-
-
 def not_found(request, exception=None):
-    page = _web_page(request, NotFound("There is no such page."))
-    return page if page is not None else _json("NOT_FOUND", "Not found.", 404)
+    return _json("NOT_FOUND", "Not found.", 404)
 
 
 def server_error(request):
@@ -204,5 +194,4 @@ def server_error(request):
 
 
 def csrf_failure(request, reason=""):
-    page = _web_page(request, Forbidden("The form expired or came from another site. Reload the page and try again."))
-    return page if page is not None else _json("FORBIDDEN", "CSRF verification failed.", 403)
+    return _json("FORBIDDEN", "CSRF verification failed.", 403)

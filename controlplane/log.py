@@ -11,6 +11,7 @@ a newly committed event at a position <= p. See docs/architecture.md.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from django.db import connection, transaction
@@ -31,15 +32,34 @@ class NewEvent:
     addressees: tuple[int, ...] = field(default_factory=tuple)
 
 
-# Called with [(position, event), …] in the appending transaction, after the
-# positions are taken: apps add work that must commit with the events (the
-# webhook outbox registers itself here).
-APPEND_HOOKS: list = []
+AppendHook = Callable[[list[tuple[int, NewEvent]]], None]
+
+# Work that must commit with the events, run by `appended` in the appending
+# transaction after the positions are taken. Apps above this one register
+# here from their AppConfig.ready(); today the only hook is the webhook
+# outbox (webhooks.outbox.enqueue_wakes, registered in webhooks/apps.py).
+_APPEND_HOOKS: list[AppendHook] = []
 
 
-def run_append_hooks(entries: list[tuple[int, NewEvent]]) -> None:
-    for hook in APPEND_HOOKS:
+def register_append_hook(hook: AppendHook) -> None:
+    if hook not in _APPEND_HOOKS:
+        _APPEND_HOOKS.append(hook)
+
+
+def appended(entries: list[tuple[int, NewEvent]]) -> None:
+    """What every append does once its rows are written, whichever way they
+    were written (append_events, or inbox.writes' one PostgreSQL statement):
+    in the transaction, the append hooks; after the commit, one message to
+    every process (long-polls and live pages fan it out locally, so a commit
+    costs one broker message)."""
+    for hook in _APPEND_HOOKS:
         hook(entries)
+    events = [event for _, event in entries]
+    group_send_on_commit(LOG_GROUP, {"type": "log.advanced", "position": entries[-1][0],
+                                     "conversations": sorted({e.conversation_id for e in events if e.conversation_id}),
+                                     # spaces where who may read changed (live pages re-check)
+                                     "access_spaces": sorted({e.space_id for e in events
+                                                              if e.space_id and e.kind.startswith("member.")})})
 
 
 _ALLOCATE_SQL = f"UPDATE {LogHead._meta.db_table} SET position = position + %s WHERE id = 1 RETURNING position"
@@ -84,14 +104,7 @@ def append_events(events: list[NewEvent], positions: list[int] | None = None) ->
     ]
     if addressees:
         EventAddressee.objects.bulk_create(addressees)
-    run_append_hooks(list(zip(positions, events)))
-    # One message per commit, to every process; each fans it out locally
-    # (long-polls now, live pages too), so a send costs one broker message.
-    group_send_on_commit(LOG_GROUP, {"type": "log.advanced", "position": positions[-1],
-                                     "conversations": sorted({e.conversation_id for e in events if e.conversation_id}),
-                                     # spaces where who may read changed (live pages re-check)
-                                     "access_spaces": sorted({e.space_id for e in events
-                                                              if e.space_id and e.kind.startswith("member.")})})
+    appended(list(zip(positions, events)))
     return rows
 
 

@@ -16,7 +16,7 @@ from controlplane.clock import now
 from controlplane.errors import Conflict, Forbidden, InvalidRequest, LimitExceeded, NotFound
 from controlplane.log import append_events
 from controlplane.models import Conversation, Credential, Member, Membership, Participant, Space
-from controlplane.selectors import active_membership
+from controlplane.access import active_membership
 from controlplane.tokens import hash_token, new_bearer_token
 
 HANDLE_RE = re.compile(r"[a-z0-9][a-z0-9_-]{1,31}")

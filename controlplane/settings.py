@@ -213,7 +213,7 @@ USE_I18N = False
 USE_TZ = True
 STATIC_URL = "/static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
-CSRF_FAILURE_VIEW = "controlplane.errors.csrf_failure"
+CSRF_FAILURE_VIEW = "web.errors.csrf_failure"
 
 LOGGING = {
     "version": 1,

@@ -4,7 +4,7 @@ from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from controlplane.errors import not_found
+from web.errors import not_found
 
 
 def healthz(request):
@@ -30,5 +30,5 @@ urlpatterns = [
 
 handler400 = "controlplane.errors.bad_request"
 handler403 = "controlplane.errors.permission_denied"
-handler404 = "controlplane.errors.not_found"
+handler404 = "web.errors.not_found"
 handler500 = "controlplane.errors.server_error"

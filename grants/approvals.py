@@ -12,6 +12,8 @@ from controlplane.log import NewEvent
 from controlplane.models import Conversation, Member
 from controlplane.tokens import public_id
 from grants.models import ApprovalRequest, Grant
+from inbox import notices
+from inbox.services import send_message
 
 MAX_REASON_CHARS = 2000
 
@@ -84,7 +86,6 @@ def _lock_pending(request: ApprovalRequest, outcome: str) -> ApprovalRequest | N
 
 
 def _notify_sender(request: ApprovalRequest) -> None:
-    from inbox.writes import insert_notice
     payload = {"kind": "approval", "approvalRequest": request.public_id, "status": request.status,
                "conversation": request.conversation.public_id, "idempotencyKey": request.idempotency_key,
                "postId": request.message.public_id if request.message_id else None,
@@ -95,7 +96,7 @@ def _notify_sender(request: ApprovalRequest) -> None:
                      actor_id=request.decided_by_id,
                      restricted=request.conversation.kind != Conversation.Kind.CHANNEL,
                      addressees=(request.sender_id,))
-    insert_notice(request.sender, payload, event, conversation_id=request.conversation_id)
+    notices.post_notice(request.sender, payload, event, conversation_id=request.conversation_id)
 
 
 def approve(request: ApprovalRequest, *, actor: Member) -> ApprovalRequest:
@@ -103,7 +104,6 @@ def approve(request: ApprovalRequest, *, actor: Member) -> ApprovalRequest:
     retained message exactly, as its sender, in one transaction. If the
     send cannot go as approved (a recipient is no longer covered, the sender
     lost the right to write), nothing changes and the error says why."""
-    from inbox.services import send_message
     if not actor.is_admin:
         raise NotFound()
     with transaction.atomic():

@@ -17,7 +17,14 @@ def _recover_on_spawn(sender, proc_name, **kwargs):
 class GrantsConfig(AppConfig):
     name = "grants"
     verbose_name = "Grants and approvals"
+    schedules = [("expire-grants", "grants.tasks.expire_and_recover", 1)]
 
     def ready(self):
         from django_q.signals import post_spawn
+
+        from grants.authorization import GrantPolicy
+        from inbox import authority
+
         post_spawn.connect(_recover_on_spawn, dispatch_uid="grants.recover_on_spawn")
+        # Sends in explicit_only spaces ask this policy (see inbox.authority).
+        authority.register(GrantPolicy())

@@ -72,6 +72,27 @@ def consume_one_message_grants(authority: dict[int, Grant], message) -> None:
         Grant.objects.filter(pk__in=ids, message__isnull=True).update(message=message)
 
 
+class GrantPolicy:
+    """The `explicit_only` send policy, as inbox.authority asks for it
+    (registered in GrantsConfig.ready)."""
+
+    authorize = staticmethod(authorize_send)
+    consume = staticmethod(consume_one_message_grants)
+
+    @staticmethod
+    def request_approval(message, uncovered: list[Member]) -> dict:
+        from grants.approvals import render_approval_request, retain_for_approval
+        return render_approval_request(retain_for_approval(message, uncovered))
+
+    @staticmethod
+    def inactive() -> Q:
+        return inactive_authority()
+
+    @staticmethod
+    def lock_active(grant_id: int) -> bool:
+        return Grant.objects.select_for_update().get(pk=grant_id).is_active
+
+
 def inactive_authority() -> Q:
     """Recipient rows whose authority is no longer active: their grant has
     left `active` (or its generation moved on), or its expiry has passed."""

@@ -8,16 +8,15 @@ import re
 from dataclasses import dataclass
 
 from django.db import transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Exists, OuterRef, Q
 
 from controlplane.clock import now
 from controlplane.errors import InvalidEventId, UnknownDelivery, UnknownEvent
-from controlplane.live import group_send_on_commit
 from controlplane.log import log_head
 from controlplane.models import Member
 from controlplane.tokens import b64url
-from inbox.models import InboxItem, Mailbox
-from inbox.writes import inbox_group
+from inbox import mailbox
+from inbox.models import InboxItem
 
 PAGE_ITEMS = 50
 PAGE_BYTES = 2 * 1024 * 1024
@@ -84,8 +83,8 @@ def acknowledge_delivery(member: Member, token: str) -> None:
         if item.state == InboxItem.State.PENDING:
             item.state, item.acknowledged_at = InboxItem.State.ACKNOWLEDGED, now()
             item.save(update_fields=["state", "acknowledged_at"])
-            Mailbox.objects.filter(member=member).update(pending_bytes=F("pending_bytes") - item.content_bytes)
-            group_send_on_commit(inbox_group(member), {"type": "inbox.acknowledged"})
+            mailbox.debit(member.pk, item.content_bytes)
+            mailbox.announce_acknowledged(member)
 
 
 def token_for_event_id(event_id: str) -> str:

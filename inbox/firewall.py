@@ -14,15 +14,12 @@ import re
 from dataclasses import dataclass
 
 from django.db import transaction
-from django.db.models import F
 
 from controlplane.clock import now
 from controlplane.errors import AuthorityRevoked, InvalidRequest, UnknownDelivery
-from controlplane.live import group_send_on_commit
 from controlplane.models import Conversation, Member
-from grants.models import Grant
+from inbox import authority, mailbox
 from inbox.models import FirewallRule, InboxItem, Mailbox
-from inbox.writes import inbox_group
 
 MAX_RULES = 50
 MAX_PATTERN = 200
@@ -72,10 +69,10 @@ def classify_next(member_id: int) -> bool:
         if decision.action == FirewallRule.Action.HOLD:
             item.admission = InboxItem.Admission.HELD
             # Held content is not pending inbox content.
-            Mailbox.objects.filter(pk=box.pk).update(pending_bytes=F("pending_bytes") - item.content_bytes)
+            mailbox.debit(member_id, item.content_bytes)
         else:
             item.admission = InboxItem.Admission.ADMITTED
-            group_send_on_commit(inbox_group(item.member), {"type": "inbox.available", "items": 1})
+            mailbox.announce_available(item.member)
         item.save(update_fields=["admission", "guidance", "settled_at"])
         return True
 
@@ -101,7 +98,7 @@ def release_item(member: Member, token: str, *, actor: Member) -> InboxItem:
     held = InboxItem.objects.filter(member=member, token=token, admission=InboxItem.Admission.HELD)
     with transaction.atomic():
         grant_id = held.values_list("grant_id", flat=True).first()
-        if grant_id is not None and not Grant.objects.select_for_update().get(pk=grant_id).is_active:
+        if not authority.lock_active(grant_id):
             raise AuthorityRevoked("The grant this item was sent under is no longer active.")
         item = held.select_for_update().first()
         if item is None:
@@ -110,8 +107,8 @@ def release_item(member: Member, token: str, *, actor: Member) -> InboxItem:
             raise AuthorityRevoked("The grant this item was sent under is no longer active.")
         item.admission, item.settled_at = InboxItem.Admission.ADMITTED, now()
         item.save(update_fields=["admission", "settled_at"])
-        Mailbox.objects.filter(member=member).update(pending_bytes=F("pending_bytes") + item.content_bytes)
-        group_send_on_commit(inbox_group(member), {"type": "inbox.available", "items": 1})
+        mailbox.credit(member.pk, item.content_bytes)
+        mailbox.announce_available(member)
         return item
 
 

@@ -8,7 +8,7 @@ from django.db.models import Q
 
 from controlplane.clock import now
 from controlplane.models import Conversation, Member, Space
-from controlplane.selectors import participant_conversations, readable_spaces
+from controlplane.access import readable_q
 from controlplane.tokens import b64url, public_id
 
 
@@ -20,11 +20,7 @@ class MessageQuerySet(models.QuerySet):
     def visible_to(self, member: Member | None) -> "MessageQuerySet":
         """Messages `member` may know exist: channel messages of spaces they
         can read, and direct and group messages they take part in."""
-        channel = Q(conversation__kind=Conversation.Kind.CHANNEL)
-        if member is None:
-            return self.filter(channel, space__visibility=Space.Visibility.OPEN)
-        return self.filter(space__in=readable_spaces(member)).filter(
-            channel | Q(conversation__in=participant_conversations(member)))
+        return self.filter(readable_q(member))
 
 
 class Message(models.Model):

@@ -5,7 +5,7 @@ from collections.abc import Iterable
 
 from controlplane.clock import rfc3339
 from controlplane.models import Event, Space
-from grants.authorization import inactive_authority
+from inbox import authority
 from inbox.models import Message, Recipient
 
 
@@ -16,7 +16,7 @@ def withheld_bodies(messages: Iterable[tuple[str, Space]]) -> set[str]:
     ids = {message_id for message_id, space in messages if space.send_policy == Space.SendPolicy.EXPLICIT_ONLY}
     if not ids:
         return set()
-    return set(Recipient.objects.filter(message__public_id__in=ids).filter(inactive_authority())
+    return set(Recipient.objects.filter(message__public_id__in=ids).filter(authority.inactive())
                .values_list("message__public_id", flat=True))
 
 

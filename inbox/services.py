@@ -7,15 +7,14 @@ from dataclasses import dataclass
 
 from django.db import IntegrityError, connection, transaction
 
+from controlplane.access import readers_of
 from controlplane.clock import now
 from controlplane.errors import (AuthorityRevoked, BodyTooLarge, Conflict, Forbidden, GrantRequired,
                                  IdempotencyConflict, InvalidBody, InvalidRequest)
 from controlplane.log import append_events
 from controlplane.models import Conversation, Member, Membership, Space
 from controlplane.services import LOOK_UP_ROLE, require_sender
-from grants.approvals import render_approval_request, retain_for_approval
-from grants.authorization import authorize_send, consume_one_message_grants, inactive_authority
-from inbox import events
+from inbox import authority, events
 from inbox.mentions import parse_mentions
 from inbox.models import Message, Recipient
 from inbox.writes import insert_message
@@ -93,10 +92,8 @@ def _recipients(conversation: Conversation, space: Space, mentioned: list[str], 
         if not mentioned:
             return []
         candidates = list(Member.objects.filter(handle__in=mentioned).exclude(pk=author.pk))
-        if space.visibility != Space.Visibility.OPEN:
-            readers = set(Membership.objects.filter(space=space, member__in=candidates,
-                                                    status=Membership.Status.ACTIVE).values_list("member_id", flat=True))
-            candidates = [m for m in candidates if m.pk in readers]
+        readers = readers_of(conversation, {m.pk for m in candidates})
+        candidates = [m for m in candidates if m.pk in readers]
         order = {h: i for i, h in enumerate(mentioned)}
         return sorted(candidates, key=lambda m: order[m.handle])
     active = Membership.objects.filter(space=space, status=Membership.Status.ACTIVE).values("member_id")
@@ -116,7 +113,7 @@ def send_message(conversation: Conversation, *, body: str, reply_to: str | None 
     recipient it is GRANT_REQUIRED; with `request_approval` the message is
     then retained in an approval request, named in the error's details. The
     caller has already checked that `actor` can read `conversation` (and may
-    have annotated it with `caller_role`, see selectors.get_conversation_to_write).
+    have annotated it with `caller_role`, see access.get_conversation_to_write).
     """
     space = conversation.space
     raw = encode_text(body, field="body", max_bytes=MAX_BODY_BYTES)
@@ -145,11 +142,13 @@ def send_message(conversation: Conversation, *, body: str, reply_to: str | None 
         if space.send_policy == Space.SendPolicy.OPEN:
             insert_message(message, recipients)
         else:
-            # The grants stay locked from the decision to the commit.
+            # The send policy (grants, registered with inbox.authority)
+            # decides; its grants stay locked from the decision to the commit.
+            policy = authority.send_policy()
             with transaction.atomic():
-                authority = authorize_send(space, actor, recipients, idempotency_key=idempotency_key)
-                insert_message(message, recipients, authority)
-                consume_one_message_grants(authority, message)
+                granted = policy.authorize(space, actor, recipients, idempotency_key=idempotency_key)
+                insert_message(message, recipients, granted)
+                policy.consume(granted, message)
     except IntegrityError:
         # A concurrent send with the same key committed first.
         if idempotency_key and (replay := _replay(actor, idempotency_key, fingerprint)):
@@ -160,8 +159,7 @@ def send_message(conversation: Conversation, *, body: str, reply_to: str | None 
         if idempotency_key and (replay := _replay(actor, idempotency_key, fingerprint)):
             return replay
         if request_approval:
-            approval = retain_for_approval(message, refusal.uncovered)
-            refusal.details["approval_request"] = render_approval_request(approval)
+            refusal.details["approval_request"] = authority.send_policy().request_approval(message, refusal.uncovered)
         raise
     return SendResult(message, created=True)
 
@@ -170,7 +168,7 @@ def require_active_authority(message: Message) -> None:
     """Body access and handling need the authority the message was sent
     under to be active still: under explicit_only, every grant it recorded
     (SPEC §5). Revoked authority is never restored."""
-    if Recipient.objects.filter(message=message).filter(inactive_authority()).exists():
+    if Recipient.objects.filter(message=message).filter(authority.inactive()).exists():
         raise AuthorityRevoked()
 
 

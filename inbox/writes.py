@@ -15,27 +15,19 @@ from __future__ import annotations
 import json
 
 from django.db import connection, transaction
-from django.db.models import F
 
 from controlplane.errors import MailboxFull
-from controlplane.live import LOG_GROUP, group_send_on_commit, kick_on_commit
-from controlplane.log import NewEvent, append_events, reserve_positions, run_append_hooks
+from controlplane.live import kick_on_commit
+from controlplane.log import NewEvent, append_events, appended, reserve_positions
 from controlplane.models import Event, EventAddressee, LogHead, Member
-from grants.models import Grant
-from inbox import events
-from inbox.items import content_bytes, message_items
+from inbox import events, mailbox
+from inbox.authority import Authority
+from inbox.items import message_items
 from inbox.models import InboxItem, Mailbox, Message, Recipient
-
-MAILBOX_LIMIT_BYTES = 10 * 1024 * 1024
 
 
 class _MissingLogHead(Exception):
     """The log head row is made by a migration; a flushed database lacks it."""
-
-
-def inbox_group(member: Member) -> str:
-    """The Channels group of a member's live inbox clients."""
-    return f"inbox.{member.public_id}"
 
 
 def _after_commit(message: Message, recipients: list[Member], firewalled: set[int]) -> None:
@@ -45,53 +37,48 @@ def _after_commit(message: Message, recipients: list[Member], firewalled: set[in
         if member.pk in firewalled:
             kick_on_commit("inbox.tasks.classify_pending", member.pk)
         else:
-            group_send_on_commit(inbox_group(member), {"type": "inbox.available", "items": 1,
-                                                       "message": message.public_id})
+            mailbox.announce_available(member, message_id=message.public_id)
 
 
-def insert_message(message: Message, recipients: list[Member], authority: dict[int, Grant] | None = None) -> Message:
+def insert_message(message: Message, recipients: list[Member],
+                   authority: dict[int, Authority] | None = None) -> Message:
     """Insert `message` (unsaved; every field but `position` set) with, per
     member of `recipients`, a handling row and an inbox item bound to its
-    delivery token, both recording the grant (and its generation) in
+    delivery token, both recording the authority (and its generation) in
     `authority` for that member, and the `message.created` event. Atomic.
-    Raises IntegrityError on a duplicate (author, key)."""
+    Raises MAILBOX_FULL, or IntegrityError on a duplicate (author, key).
+
+    Either path ends in controlplane.log.appended: the registered append
+    hooks (the webhook outbox) in the transaction, the log message after it."""
     authority = authority or {}
     items = message_items(message, recipients)
     for item in items:
-        item.grant = authority.get(item.member_id)
-    if connection.vendor == "postgresql":
-        return _insert_in_one_statement(message, recipients, items, authority)
+        item.grant_id = authority[item.member_id].pk if item.member_id in authority else None
+    insert = _insert_in_one_statement if connection.vendor == "postgresql" else _insert_with_orm
+    firewalled = insert(message, recipients, items, authority)
+    _after_commit(message, recipients, firewalled)
+    return message
+
+
+def _insert_with_orm(message: Message, recipients: list[Member], items: list[InboxItem],
+                     authority: dict[int, Authority]) -> set[int]:
     with transaction.atomic():
-        firewalled = _reserve_mailboxes(recipients, items[0].content_bytes if items else 0)
+        firewalled = mailbox.reserve(recipients, items[0].content_bytes if items else 0)
         for item in items:
             if item.member_id in firewalled:
                 item.admission = InboxItem.Admission.UNCLASSIFIED
         (message.position,) = reserve_positions(1)
         message.save(force_insert=True)
         Recipient.objects.bulk_create(
-            Recipient(message=message, member=r, position=message.position, grant=authority.get(r.pk),
+            Recipient(message=message, member=r, position=message.position,
+                      grant_id=authority[r.pk].pk if r.pk in authority else None,
                       grant_generation=authority[r.pk].generation if r.pk in authority else None)
             for r in recipients)
         for item in items:
             item.message, item.position = message, message.position
         InboxItem.objects.bulk_create(items)
         append_events([events.message_created(message, recipients)], [message.position])
-        _after_commit(message, recipients, firewalled)
-    return message
-
-
-def _reserve_mailboxes(recipients: list[Member], size: int) -> set[int]:
-    """Count `size` more pending bytes for each recipient, or MAILBOX_FULL.
-    Returns the recipients whose firewall classifies new items."""
-    full = []
-    for member in sorted(recipients, key=lambda m: m.pk):
-        Mailbox.objects.get_or_create(member=member)
-        if not Mailbox.objects.filter(member=member, pending_bytes__lte=MAILBOX_LIMIT_BYTES - size).update(
-                pending_bytes=F("pending_bytes") + size):
-            full.append(f"@{member.handle}")
-    if full:
-        raise MailboxFull(details={"recipients": full})
-    return set(Mailbox.objects.filter(member__in=recipients, firewall=True).values_list("member_id", flat=True))
+    return firewalled
 
 
 def _table(model) -> str:
@@ -157,14 +144,14 @@ def _run_one_statement(params: dict, recipients: list[Member], event: NewEvent) 
             raise MailboxFull(details={"recipients": [f"@{r.handle}" for r in recipients if r.pk not in granted]})
         if message_id is None:
             raise _MissingLogHead()
-        # A statement of its own, under the log head lock the first one took:
-        # it sees every subscription activated before this position.
-        run_append_hooks([(position, event)])
+        # Statements of their own, under the log head lock the first one
+        # took: they see every subscription activated before this position.
+        appended([(position, event)])
     return message_id, position, set(firewalled)
 
 
 def _insert_in_one_statement(message: Message, recipients: list[Member], items: list[InboxItem],
-                             authority: dict[int, Grant]) -> Message:
+                             authority: dict[int, Authority]) -> set[int]:
     message.position = 0  # set by the statement; rendered into the event by jsonb_set
     event = events.message_created(message, recipients)
     params = {
@@ -183,7 +170,7 @@ def _insert_in_one_statement(message: Message, recipients: list[Member], items: 
         "item_payload": json.dumps(items[0].payload) if items else None,
         "item_bytes": items[0].content_bytes if items else 0,
         # Sorted, so concurrent sends lock mailbox rows in one order.
-        "quota_members": sorted(r.pk for r in recipients), "mailbox_limit": MAILBOX_LIMIT_BYTES,
+        "quota_members": sorted(r.pk for r in recipients), "mailbox_limit": mailbox.MAILBOX_LIMIT_BYTES,
     }
     # A transaction, because a full mailbox is found mid-statement and the
     # other recipients' counters must roll back with it.
@@ -194,28 +181,4 @@ def _insert_in_one_statement(message: Message, recipients: list[Member], items: 
         message_id, position, firewalled = _run_one_statement(params, recipients, event)
     message.id, message.position = message_id, position
     message._state.adding, message._state.db = False, connection.alias
-    # Committed already (or deferred to the caller's commit by on_commit).
-    group_send_on_commit(LOG_GROUP, {"type": "log.advanced", "position": message.position,
-                                     "conversations": [message.conversation_id]})
-    _after_commit(message, recipients, firewalled)
-    return message
-
-
-def insert_notice(member: Member, payload: dict, event: NewEvent, *, conversation_id: int | None = None,
-                  position: int | None = None) -> InboxItem:
-    """Insert a notice from the control plane itself (`approval`,
-    `rejected`) into `member`'s inbox with its event, in the caller's
-    transaction. A notice is admitted directly (there is no peer content for
-    the firewall to judge) and always fits: it tells of something that
-    already happened, so the mailbox limit does not refuse it. `position`
-    places it in an earlier slot (a rejection takes its message's place);
-    by default it goes at its event's position."""
-    (row,) = append_events([event])
-    size = content_bytes(payload)
-    Mailbox.objects.get_or_create(member=member)
-    Mailbox.objects.filter(member=member).update(pending_bytes=F("pending_bytes") + size)
-    item = InboxItem.objects.create(member=member, kind=payload["kind"], payload=payload, content_bytes=size,
-                                    conversation_id=conversation_id,
-                                    position=row.position if position is None else position)
-    group_send_on_commit(inbox_group(member), {"type": "inbox.available", "items": 1})
-    return item
+    return firewalled

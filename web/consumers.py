@@ -19,8 +19,9 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocke
 
 from controlplane.models import Member
 from inbox.delivery import pending_count
-from inbox.writes import inbox_group
-from web.access import member_of, readable_conversation
+from inbox.mailbox import inbox_group
+from controlplane.access import readable_conversation
+from web.pages import member_of
 from web.db import db_call
 from web.sockets import session_group
 from web.streams import read_pass, streams

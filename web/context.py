@@ -1,6 +1,6 @@
 from django.utils.functional import SimpleLazyObject
 
-from web.access import member_of
+from web.pages import member_of
 
 
 def member(request):

@@ -1,7 +1,7 @@
 from django.contrib.auth.forms import AuthenticationForm
 from django.core.exceptions import ValidationError
 
-from web.access import member_of
+from web.pages import member_of
 
 
 class MemberLoginForm(AuthenticationForm):

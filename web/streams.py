@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
+from controlplane.access import readers_of
 from controlplane.live import log_watcher
 from controlplane.models import Conversation
 from web import messages
-from web.access import readers_of
 from web.db import db_call
 
 logger = logging.getLogger("switchboard.web")

@@ -20,13 +20,14 @@ def _resume_on_spawn(sender, proc_name, **kwargs):
 class WebhooksConfig(AppConfig):
     name = "webhooks"
     verbose_name = "Webhooks"
+    schedules = [("deliver-webhooks", "webhooks.tasks.deliver", 1)]
 
     def ready(self):
         from django_q.signals import post_spawn
 
         post_spawn.connect(_resume_on_spawn, dispatch_uid="webhooks.resume_on_spawn")
-        from controlplane.log import APPEND_HOOKS
+        from controlplane.log import register_append_hook
         from webhooks.outbox import enqueue_wakes
 
-        if enqueue_wakes not in APPEND_HOOKS:
-            APPEND_HOOKS.append(enqueue_wakes)
+        # Every appended event gets its wakes in its own transaction.
+        register_append_hook(enqueue_wakes)

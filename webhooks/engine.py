@@ -36,7 +36,8 @@ from controlplane.clock import now, rfc3339
 from controlplane.cursors import caller_id, pack_cursor
 from controlplane.log import NewEvent
 from controlplane.models import Member, Space
-from controlplane.selectors import can_read_space
+from controlplane.access import can_read_space
+from inbox import notices
 from webhooks import crypto
 from webhooks.models import Attempt, Delivery, Subscription
 from webhooks.transport import Outcome, Transport
@@ -223,7 +224,6 @@ def _failed(delivery: Delivery, outcome: Outcome) -> None:
 def suspend(subscription: Subscription, reason: str, error: str, *, terminal: bool) -> None:
     """Suspend the subscription and tell its owner (an inbox item and an
     event in their inbox feed). In the caller's transaction."""
-    from inbox.writes import insert_notice
 
     locked = Subscription.objects.select_for_update().get(pk=subscription.pk)
     if locked.status in (Subscription.Status.SUSPENDED, Subscription.Status.DELETED):
@@ -236,7 +236,7 @@ def suspend(subscription: Subscription, reason: str, error: str, *, terminal: bo
     event = NewEvent("subscription.suspended", {"subscription": locked.public_id, "reason": reason,
                                                 "last_error": error, "terminal": terminal},
                      space_id=locked.space_id, addressees=(locked.owner_id,))
-    insert_notice(locked.owner, payload, event)
+    notices.post_notice(locked.owner, payload, event)
 
 
 def next_due_in(horizon: float) -> float | None:

@@ -19,10 +19,10 @@ from django.db import connection
 from django.db.models import Value
 from django.db.models.functions import Greatest
 
+from controlplane.access import readers_of_conversations
 from controlplane.clock import now
 from controlplane.live import kick_on_commit
 from controlplane.log import NewEvent
-from controlplane.models import Participant
 from webhooks.models import Delivery, Subscription
 
 _SUBSCRIPTIONS = connection.ops.quote_name(Subscription._meta.db_table)
@@ -48,7 +48,7 @@ def _active_subscriptions(space_ids: set[int], members: set[int]) -> list[tuple]
         return cursor.fetchall()
 
 
-def _qualifies(row: tuple, event: NewEvent, participants: dict[int, set[int]]) -> bool:
+def _qualifies(row: tuple, event: NewEvent, readers: dict[int, set[int]]) -> bool:
     _, kind, owner, space_id, conversation_ids, exclude_self, _ = row
     if kind == Subscription.Kind.INBOX:
         return owner in event.addressees
@@ -56,8 +56,8 @@ def _qualifies(row: tuple, event: NewEvent, participants: dict[int, set[int]]) -
         return False
     if conversation_ids is not None and event.conversation_id not in conversation_ids:
         return False
-    # Direct and group events only for subscribers who take part in them.
-    return not event.restricted or owner in participants.get(event.conversation_id, ())
+    # Direct and group events only for subscribers who may read them.
+    return not event.restricted or owner in readers.get(event.conversation_id, ())
 
 
 def enqueue_wakes(entries: Iterable[tuple[int, NewEvent]]) -> None:
@@ -70,13 +70,10 @@ def enqueue_wakes(entries: Iterable[tuple[int, NewEvent]]) -> None:
         return
     rows = [(*row[:4], json.loads(row[4]) if isinstance(row[4], str) else row[4], *row[5:]) for row in rows]
     restricted = {e.conversation_id for _, e in entries if e.restricted and e.conversation_id}
-    participants: dict[int, set[int]] = {}
-    if restricted and any(row[1] == Subscription.Kind.SPACE for row in rows):
-        for conversation_id, member_id in Participant.objects.filter(
-                conversation_id__in=restricted).values_list("conversation_id", "member_id"):
-            participants.setdefault(conversation_id, set()).add(member_id)
+    owners = {row[2] for row in rows if row[1] == Subscription.Kind.SPACE}
+    readers = readers_of_conversations(restricted, owners) if restricted and owners else {}
     for row in rows:
-        positions = [position for position, event in entries if _qualifies(row, event, participants)]
+        positions = [position for position, event in entries if _qualifies(row, event, readers)]
         if positions:
             extend_or_open(row[0], max(positions), debounce_ms=row[6])
 

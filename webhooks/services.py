@@ -14,7 +14,7 @@ from controlplane.clock import now, rfc3339
 from controlplane.errors import Conflict, InvalidRequest, LimitExceeded, NotFound, VerificationFailed
 from controlplane.live import kick_on_commit
 from controlplane.models import Conversation, LogHead, Member, Space
-from controlplane.selectors import can_read_space
+from controlplane.access import can_read_space
 from controlplane.tokens import public_id
 from webhooks import crypto
 from webhooks.engine import feed_cursor, lease

@@ -17,10 +17,10 @@ from controlplane.api.serializers import (ChannelCreateIn, ConversationOut, Cred
                                           MembershipAddIn, MembershipOut, SpaceCreateIn, SpaceOut, envelope)
 from controlplane.errors import NotFound
 from controlplane.idempotency import idempotent
-from controlplane.models import Credential, Membership
+from controlplane.models import Credential
 from controlplane.render import (render_conversation, render_credential, render_member, render_membership,
                                  render_space)
-from controlplane.selectors import active_membership, get_readable_space, get_space_for, readable_conversations
+from controlplane.access import get_readable_space, get_space_for, readable_conversations, visible_memberships
 
 
 class MeView(APIView):
@@ -117,14 +117,7 @@ class SpaceMembersView(APIView):
                               **errors("INVALID_REQUEST", "INVALID_CURSOR", "NOT_FOUND")})
     def get(self, request, slug):
         space = get_readable_space(slug, request.user)
-        memberships = space.memberships.select_related("member")
-        membership = active_membership(space, request.user)
-        # Pending requests are the owners' business; removed members are history.
-        if membership is not None and membership.role == Membership.Role.OWNER:
-            memberships = memberships.exclude(status=Membership.Status.REMOVED)
-        else:
-            memberships = memberships.filter(status=Membership.Status.ACTIVE)
-        page = paginate(request, memberships, stream=f"members:{space.pk}", render=render_membership)
+        page = paginate(request, visible_memberships(space, request.user), stream=f"members:{space.pk}", render=render_membership)
         return Response({"members": page.pop("items"), **page})
 
     @extend_schema(operation_id="add_space_member", request=MembershipAddIn, parameters=[IDEMPOTENCY_KEY],

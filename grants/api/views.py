@@ -11,7 +11,7 @@ from controlplane.api.permissions import IsAdmin
 from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, LIMIT, errors
 from controlplane.api.serializers import EmptyIn, envelope
 from controlplane.idempotency import idempotent
-from controlplane.selectors import get_space_for
+from controlplane.access import get_space_for
 from controlplane.services import require_owner
 from grants import approvals, services
 from grants.api.serializers import (ApprovalListParams, ApprovalRequestOut, DenyIn, GrantCreateIn, GrantOut)

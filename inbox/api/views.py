@@ -16,7 +16,7 @@ from controlplane.cursors import caller_id, pack_cursor, unpack_cursor
 from controlplane.errors import NotFound, ResyncRequired
 from controlplane.idempotency import idempotency_key, idempotent
 from controlplane.log import log_head
-from controlplane.selectors import get_conversation_to_write, get_readable_space
+from controlplane.access import get_conversation_to_write, get_readable_space
 from inbox import feeds, services
 from inbox.api.serializers import (BodyPageOut, BodyParams, FeedPageOut, FeedParams, MessageOut, MessageStatusOut,
                                    ResolveIn, SendMessageIn, SnapshotOut, SnapshotParams)

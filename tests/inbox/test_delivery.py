@@ -159,14 +159,14 @@ def test_event_ids_must_be_canonical(space, alice, bob, as_bob, as_carol):
 def test_a_full_mailbox_rejects_the_whole_send(space, alice, bob, carol, as_bob, monkeypatch):
     # given: room for two ~100-byte items per recipient
     from controlplane.models import Event
-    from inbox import writes
+    from inbox import mailbox
     from inbox.models import Mailbox, Message
     group, _ = services.get_or_create_group(space, [alice, bob, carol], actor=alice)
     direct, _ = services.get_or_create_direct(space, bob, actor=alice)
     send_message(direct, body="first", actor=alice)
     size = InboxItem.objects.get(member=bob).content_bytes
     # a group item is about 80 bytes larger (group address and members)
-    monkeypatch.setattr(writes, "MAILBOX_LIMIT_BYTES", size * 2 + 150)
+    monkeypatch.setattr(mailbox, "MAILBOX_LIMIT_BYTES", size * 2 + 150)
     send_message(direct, body="secnd", actor=alice)
     before = (Message.objects.count(), InboxItem.objects.count(), Event.objects.count(),
               Mailbox.objects.get(member=carol).pending_bytes if Mailbox.objects.filter(member=carol).exists() else 0)
@@ -208,10 +208,10 @@ def test_recipients_inbox_groups_hear_of_new_items_after_commit(space, alice, bo
 
 def test_a_rejected_send_announces_nothing(space, alice, bob, monkeypatch, django_capture_on_commit_callbacks):
     from controlplane import live
-    from inbox import writes
+    from inbox import mailbox
     sent = []
     monkeypatch.setattr(live.publisher, "send", lambda group, message: sent.append(group))
-    monkeypatch.setattr(writes, "MAILBOX_LIMIT_BYTES", 10)
+    monkeypatch.setattr(mailbox, "MAILBOX_LIMIT_BYTES", 10)
     direct, _ = services.get_or_create_direct(space, bob, actor=alice)
     with django_capture_on_commit_callbacks(execute=True):
         with pytest.raises(MailboxFull):

@@ -13,16 +13,17 @@ from controlplane import services as spaces
 from controlplane.errors import ApiError, GrantRequired, InvalidIdempotencyKey, InvalidRequest, NotFound
 from controlplane.idempotency import KEY_RE
 from controlplane.models import Conversation, Membership
-from controlplane.selectors import (
+from controlplane.access import (
     active_membership,
     get_conversation_to_write,
+    get_readable_conversation,
     get_space_for,
     readable_conversations,
     readable_spaces,
 )
 from inbox import services
 from web import messages
-from web.access import get_readable_conversation, member_page, wants_json
+from web.pages import member_page, wants_json
 
 
 def conversation_label(conversation: Conversation, viewer) -> str:

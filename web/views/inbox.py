@@ -9,7 +9,7 @@ from django.views.decorators.http import require_POST
 
 from inbox.delivery import acknowledge_delivery, pending_count, read_inbox
 from inbox.models import InboxItem
-from web.access import member_page
+from web.pages import member_page
 
 
 def _items(member) -> list[dict]:

@@ -13,8 +13,8 @@ from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_POST
 
 from controlplane.errors import Conflict, InvalidRequest, NotFound
-from controlplane.selectors import get_readable_space, readable_spaces
-from web.access import member_page, readable_conversation
+from controlplane.access import get_readable_space, readable_conversation, readable_spaces
+from web.pages import member_page
 from web.views.conversations import conversation_label
 from webhooks import services
 from webhooks.models import Attempt, Endpoint, Subscription

@@ -13,7 +13,7 @@ from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, LIMIT, errors
 from controlplane.api.serializers import EmptyIn, envelope
 from controlplane.clock import rfc3339
 from controlplane.idempotency import idempotent
-from controlplane.selectors import get_space_for
+from controlplane.access import get_space_for
 from webhooks import services
 from webhooks.api.serializers import (DeliveryOut, EndpointIn, EndpointOut, InboxSubscriptionIn, SigningKeyOut,
                                       SpaceSubscriptionIn, SubscriptionOut, SubscriptionPatchIn)

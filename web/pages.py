@@ -1,4 +1,5 @@
-"""Who is signed in, and what they may read: the same checks as the API.
+"""Who is signed in, and how a page answers errors. What they may read is
+controlplane.access, the same rule as the API's.
 
 Pages and sockets both start here. A signed-in Django user counts only
 through an active member; anything else is treated as signed out.
@@ -11,8 +12,8 @@ from django.contrib.auth.views import redirect_to_login
 from django.http import JsonResponse
 from django.shortcuts import render
 
-from controlplane.errors import ApiError, Forbidden, NotFound, Unauthenticated
-from controlplane.models import Conversation, Member, Membership, Space
+from controlplane.errors import ApiError, Forbidden, Unauthenticated
+from controlplane.models import Member
 
 
 def member_of(user) -> Member | None:
@@ -21,38 +22,6 @@ def member_of(user) -> Member | None:
         return None
     member = getattr(user, "member", None)
     return member if member is not None and member.is_active else None
-
-
-def readers_of(conversation: Conversation, members: set[int]) -> set[int]:
-    """Which of `members` (pks) may read `conversation` now, in one query:
-    active members, with an active membership unless the space is open, and
-    taking part unless it is a channel. The API's rules
-    (selectors.can_read_space and readable_conversations), for many members
-    at once."""
-    found = Member.objects.filter(pk__in=members, status=Member.Status.ACTIVE)
-    if conversation.space.visibility != Space.Visibility.OPEN:
-        found = found.filter(memberships__space_id=conversation.space_id,
-                             memberships__status=Membership.Status.ACTIVE)
-    if conversation.kind != Conversation.Kind.CHANNEL:
-        found = found.filter(participations__conversation=conversation)
-    return set(found.values_list("pk", flat=True))
-
-
-def readable_conversation(member: Member | None, public_id: str) -> Conversation | None:
-    """The conversation, with its space, if `member` may read it now."""
-    if member is None or not member.is_active:
-        return None
-    conversation = Conversation.objects.select_related("space").filter(public_id=public_id).first()
-    if conversation is None or member.pk not in readers_of(conversation, {member.pk}):
-        return None
-    return conversation
-
-
-def get_readable_conversation(member: Member, public_id: str) -> Conversation:
-    conversation = readable_conversation(member, public_id)
-    if conversation is None:
-        raise NotFound("No such conversation, or you cannot read it.")
-    return conversation
 
 
 def wants_json(request) -> bool:

@@ -1,0 +1,214 @@
+"""Who may read what: the one place the read rule lives (SPEC §3).
+
+A member reads a space when it is open or they are an active member of it,
+and a conversation of it when it is a channel or they take part in it. A
+suspended member reads nothing; an anonymous caller reads the channels of
+open spaces. Every read path asks here: for one object (`can_read_space`,
+`readable_conversation`), as a queryset or filter (`readable_spaces`,
+`readable_conversations`, `readable_q`), and for a set of members at once
+(`readers_of`, `readers_of_conversations`: live streams, webhook wakes).
+Absent and unreadable are the same 404.
+
+`get_conversation_to_write` is the send path's plain-SQL copy of the same
+rule; tests/controlplane/test_access.py checks that it agrees with the ORM
+path over every kind of space, role, membership status and conversation.
+"""
+from __future__ import annotations
+
+from django.db import connection
+from django.db.models import Exists, OuterRef, Q, QuerySet
+
+from controlplane.errors import NotFound
+from controlplane.models import Conversation, Member, Membership, Participant, Space
+
+
+def _reader(member: Member | None) -> bool:
+    """Whether `member` reads as a member: anonymous callers read as None,
+    suspended members not at all."""
+    return member is not None and member.status == Member.Status.ACTIVE
+
+
+def active_membership(space: Space, member: Member | None) -> Membership | None:
+    if not _reader(member):
+        return None
+    return Membership.objects.filter(space=space, member=member, status=Membership.Status.ACTIVE).first()
+
+
+def readable_spaces(member: Member | None) -> QuerySet[Space]:
+    """Open spaces, and those `member` actively belongs to."""
+    if member is None:
+        return Space.objects.filter(visibility=Space.Visibility.OPEN)
+    if not _reader(member):
+        return Space.objects.none()
+    mine = Membership.objects.filter(member=member, status=Membership.Status.ACTIVE).values("space_id")
+    return Space.objects.filter(Q(visibility=Space.Visibility.OPEN) | Q(id__in=mine))
+
+
+def can_read_space(space: Space, member: Member | None) -> bool:
+    if member is not None and not _reader(member):
+        return False
+    return space.visibility == Space.Visibility.OPEN or active_membership(space, member) is not None
+
+
+def get_space_for(slug: str, member: Member | None) -> Space:
+    """The space, if `member` may at least see it exists.
+
+    Anonymous callers see open spaces only. Private spaces are invisible to
+    non-members; request spaces show their metadata to members of the host
+    (a request space must be findable to ask to join).
+    """
+    space = Space.objects.filter(slug=slug).first()
+    if member is not None and not _reader(member):
+        raise NotFound()
+    if space is None or (member is None and space.visibility != Space.Visibility.OPEN):
+        raise NotFound()
+    if (space.visibility == Space.Visibility.PRIVATE and not _has_membership(space, member)
+            and not (member is not None and member.is_admin)):
+        raise NotFound()
+    return space
+
+
+def get_readable_space(slug: str, member: Member | None) -> Space:
+    """The space, if `member` may read its members, conversations and feed."""
+    space = get_space_for(slug, member)
+    if not can_read_space(space, member):
+        raise NotFound()
+    return space
+
+
+def _has_membership(space: Space, member: Member | None) -> bool:
+    if member is None:
+        return False
+    return Membership.objects.filter(space=space, member=member).exclude(status=Membership.Status.REMOVED).exists()
+
+
+def participant_conversations(member: Member) -> QuerySet:
+    return Participant.objects.filter(member=member).values("conversation_id")
+
+
+def readable_conversations(space: Space, member: Member | None) -> QuerySet[Conversation]:
+    """Conversations of `space` that `member` can read (assumes the space is
+    readable): every channel, and the direct and group conversations they
+    take part in."""
+    return space.conversations.filter(_conversation_q(member, ""))
+
+
+def _conversation_q(member: Member | None, prefix: str) -> Q:
+    channels = Q(**{f"{prefix}kind": Conversation.Kind.CHANNEL})
+    if member is None:
+        return channels
+    return channels | Q(**{f"{prefix}id__in": participant_conversations(member)})
+
+
+def readable_q(member: Member | None, *, space: str = "space", conversation: str = "conversation") -> Q:
+    """A filter for rows that belong to a space and a conversation (named by
+    `space` and `conversation`), keeping those `member` may read."""
+    if member is None:
+        return Q(**{f"{space}__visibility": Space.Visibility.OPEN}) & _conversation_q(None, f"{conversation}__")
+    if not _reader(member):
+        return Q(pk__in=[])
+    return Q(**{f"{space}__in": readable_spaces(member)}) & _conversation_q(member, f"{conversation}__")
+
+
+def visible_memberships(space: Space, viewer: Member | None) -> QuerySet[Membership]:
+    """The memberships of a readable `space` that `viewer` may list: active
+    ones, and for its owners pending ones too (removed members are history)."""
+    memberships = space.memberships.select_related("member")
+    membership = active_membership(space, viewer)
+    if membership is not None and membership.role == Membership.Role.OWNER:
+        return memberships.exclude(status=Membership.Status.REMOVED)
+    return memberships.filter(status=Membership.Status.ACTIVE)
+
+
+def readers_of(conversation: Conversation, members: set[int]) -> set[int]:
+    """Which of `members` (pks) may read `conversation` now, in one query."""
+    found = Member.objects.filter(pk__in=members, status=Member.Status.ACTIVE)
+    if conversation.space.visibility != Space.Visibility.OPEN:
+        found = found.filter(memberships__space_id=conversation.space_id,
+                             memberships__status=Membership.Status.ACTIVE)
+    if conversation.kind != Conversation.Kind.CHANNEL:
+        found = found.filter(participations__conversation=conversation)
+    return set(found.values_list("pk", flat=True))
+
+
+def readers_of_conversations(conversation_ids: set[int], members: set[int]) -> dict[int, set[int]]:
+    """`readers_of` for many conversations at once: conversation pk → which
+    of `members` may read it (conversations nobody of them reads are absent).
+    Direct and group conversations take one query together; each channel
+    among them one more."""
+    if not conversation_ids or not members:
+        return {}
+    belongs = Membership.objects.filter(space_id=OuterRef("conversation__space_id"), member_id=OuterRef("member_id"),
+                                        status=Membership.Status.ACTIVE)
+    pairs = set(Participant.objects
+                .filter(Q(conversation__space__visibility=Space.Visibility.OPEN) | Exists(belongs),
+                        conversation_id__in=conversation_ids, member_id__in=members,
+                        member__status=Member.Status.ACTIVE)
+                .exclude(conversation__kind=Conversation.Kind.CHANNEL).values_list("conversation_id", "member_id"))
+    for channel in Conversation.objects.select_related("space").filter(id__in=conversation_ids,
+                                                                        kind=Conversation.Kind.CHANNEL):
+        pairs |= {(channel.pk, pk) for pk in readers_of(channel, members)}
+    readers: dict[int, set[int]] = {}
+    for conversation_id, member_id in pairs:
+        readers.setdefault(conversation_id, set()).add(member_id)
+    return readers
+
+
+def readable_conversation(member: Member | None, public_id: str) -> Conversation | None:
+    """The conversation, with its space, if `member` (a signed-in member) may
+    read it now."""
+    if not _reader(member):
+        return None
+    conversation = Conversation.objects.select_related("space").filter(public_id=public_id).first()
+    if conversation is None or member.pk not in readers_of(conversation, {member.pk}):
+        return None
+    return conversation
+
+
+def get_readable_conversation(member: Member, public_id: str) -> Conversation:
+    conversation = readable_conversation(member, public_id)
+    if conversation is None:
+        raise NotFound("No such conversation, or you cannot read it.")
+    return conversation
+
+
+def _conversation_to_write_sql(by_name: bool) -> str:
+    table = {m.__name__: connection.ops.quote_name(m._meta.db_table)
+             for m in (Conversation, Space, Membership, Participant)}
+    ref = "c.kind = 'channel' AND c.name = %(ref)s" if by_name else "c.public_id = %(ref)s"
+    return f"""
+        SELECT c.id, c.public_id, c.space_id, c.kind, c.name,
+               s.public_id, s.slug, s.name, s.visibility, s.send_policy, s.archived,
+               (SELECT m.role FROM {table['Membership']} m WHERE m.space_id = c.space_id
+                   AND m.member_id = %(member)s AND m.status = 'active') AS caller_role
+        FROM {table['Conversation']} c JOIN {table['Space']} s ON s.id = c.space_id
+        WHERE s.slug = %(slug)s AND {ref}
+          AND (c.kind = 'channel' OR EXISTS (SELECT 1 FROM {table['Participant']} p
+                                            WHERE p.conversation_id = c.id AND p.member_id = %(member)s))"""
+
+
+def get_conversation_to_write(slug: str, ref: str, member: Member) -> Conversation:
+    """A conversation (by `cnv_…` id or `#name`) that `member` can read, found
+    with its space in one query for the send path. It carries `caller_role`
+    (the caller's active role in the space, or None), so the sender check
+    needs no query either. Absent and unreadable are the same 404.
+
+    Plain SQL: on the hottest path, compiling the equivalent ORM query cost
+    more CPU than running it."""
+    if not _reader(member):
+        raise NotFound()
+    by_name = ref.startswith("#")
+    with connection.cursor() as cursor:
+        cursor.execute(_conversation_to_write_sql(by_name),
+                       {"slug": slug, "ref": ref[1:] if by_name else ref, "member": member.pk})
+        row = cursor.fetchone()
+    if row is None:
+        raise NotFound()
+    conversation = Conversation.from_db(connection.alias, ["id", "public_id", "space_id", "kind", "name"], row[:5])
+    conversation.space = Space.from_db(connection.alias,
+                                       ["id", "public_id", "slug", "name", "visibility", "send_policy", "archived"],
+                                       [row[2], *row[5:10], bool(row[10])])
+    conversation.caller_role = row[11]
+    if conversation.caller_role is None and conversation.space.visibility != Space.Visibility.OPEN:
+        raise NotFound()
+    return conversation

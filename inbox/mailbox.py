@@ -1,0 +1,75 @@
+"""A member's mailbox: the pending-bytes counter and the inbox announcements.
+
+`Mailbox.pending_bytes` is the sum of `content_bytes` over the member's
+pending items that count: admitted or awaiting classification, not held
+(held content is not pending content) and not yet acknowledged or rejected.
+Only this module changes it, in the caller's transaction:
+- `reserve` counts a new message's item for each recipient, refusing with
+  MAILBOX_FULL past the limit (the PostgreSQL send statement in
+  inbox.writes does the same reservation inside its one statement);
+- `credit` counts bytes that become pending without the limit (a notice,
+  a released held item);
+- `debit` uncounts bytes that stop being pending (acknowledged, held,
+  rejected).
+
+Announcements tell a member's live inbox clients (web sockets) that their
+inbox changed; they carry ids and counts only, clients read the items
+through the inbox feed. They are sent after commit, never before.
+"""
+from __future__ import annotations
+
+from django.db.models import F
+
+from controlplane.errors import MailboxFull
+from controlplane.live import group_send_on_commit
+from controlplane.models import Member
+from inbox.models import Mailbox
+
+MAILBOX_LIMIT_BYTES = 10 * 1024 * 1024
+
+
+def reserve(recipients: list[Member], size: int) -> set[int]:
+    """Count `size` more pending bytes for each of `recipients`, or raise
+    MAILBOX_FULL naming those without room (the caller's transaction rolls
+    the others back). Returns the recipients whose firewall classifies new
+    items. Rows are locked in member order, so concurrent sends never
+    deadlock."""
+    full = []
+    for member in sorted(recipients, key=lambda m: m.pk):
+        Mailbox.objects.get_or_create(member=member)
+        if not Mailbox.objects.filter(member=member, pending_bytes__lte=MAILBOX_LIMIT_BYTES - size).update(
+                pending_bytes=F("pending_bytes") + size):
+            full.append(f"@{member.handle}")
+    if full:
+        raise MailboxFull(details={"recipients": full})
+    return set(Mailbox.objects.filter(member__in=recipients, firewall=True).values_list("member_id", flat=True))
+
+
+def credit(member_id: int, size: int) -> None:
+    """Count `size` bytes that became pending, whatever the limit: they tell
+    of something that already happened or was already counted once."""
+    Mailbox.objects.get_or_create(member_id=member_id)
+    Mailbox.objects.filter(member_id=member_id).update(pending_bytes=F("pending_bytes") + size)
+
+
+def debit(member_id: int, size: int) -> None:
+    """Uncount `size` bytes that stopped being pending."""
+    Mailbox.objects.filter(member_id=member_id).update(pending_bytes=F("pending_bytes") - size)
+
+
+def inbox_group(member: Member) -> str:
+    """The Channels group of a member's live inbox clients."""
+    return f"inbox.{member.public_id}"
+
+
+def announce_available(member: Member, *, message_id: str | None = None) -> None:
+    """After commit: one more item is pending in `member`'s inbox."""
+    note = {"type": "inbox.available", "items": 1}
+    if message_id is not None:
+        note["message"] = message_id
+    group_send_on_commit(inbox_group(member), note)
+
+
+def announce_acknowledged(member: Member) -> None:
+    """After commit: an item of `member`'s inbox was acknowledged."""
+    group_send_on_commit(inbox_group(member), {"type": "inbox.acknowledged"})

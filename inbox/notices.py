@@ -1,0 +1,84 @@
+"""What other apps ask of the inbox when something happens to its items:
+post a notice, withhold the items sent under lapsed authority, and reject
+them. Inbox owns these rows; grants (revocation barriers, approvals) and
+webhooks (suspension notices) call here and never write them themselves.
+All run in the caller's transaction.
+"""
+from __future__ import annotations
+
+from controlplane.clock import now
+from controlplane.log import NewEvent, append_events
+from controlplane.models import Member
+from inbox import events, mailbox
+from inbox.items import content_bytes
+from inbox.models import InboxItem, Recipient
+
+# A copy the recipient has already taken over stays delivered.
+HANDED_OFF = (Recipient.State.ACKNOWLEDGED, Recipient.State.RESOLVED)
+
+
+def post_notice(member: Member, payload: dict, event: NewEvent, *, conversation_id: int | None = None,
+                position: int | None = None) -> InboxItem:
+    """Insert a notice from the control plane itself (`approval`,
+    `rejected`, `subscription_suspended`) into `member`'s inbox with its
+    event. A notice is admitted directly (there is no peer content for the
+    firewall to judge) and always fits: it tells of something that already
+    happened, so the mailbox limit does not refuse it. `position` places it
+    in an earlier slot (a rejection takes its message's place); by default
+    it goes at its event's position."""
+    (row,) = append_events([event])
+    size = content_bytes(payload)
+    mailbox.credit(member.pk, size)
+    item = InboxItem.objects.create(member=member, kind=payload["kind"], payload=payload, content_bytes=size,
+                                    conversation_id=conversation_id,
+                                    position=row.position if position is None else position)
+    mailbox.announce_available(member)
+    return item
+
+
+def withhold_items_under(authority_id: int) -> int:
+    """Withhold from every read path the pending items sent under
+    `authority_id` that a reader could see or a firewall could admit.
+    Returns how many."""
+    return InboxItem.objects.filter(
+        grant_id=authority_id, state=InboxItem.State.PENDING,
+        admission__in=[InboxItem.Admission.ADMITTED, InboxItem.Admission.UNCLASSIFIED],
+    ).update(admission=InboxItem.Admission.WITHHELD)
+
+
+def reject_items_under(authority_id: int, *, authority_ref: str, reason: str, limit: int) -> int:
+    """Settle up to `limit` pending items sent under `authority_id`, oldest
+    first; returns how many (0: none is left). A copy already handed off
+    stays delivered; any other becomes `rejected` (a tombstone with the
+    reason), its handling row says so, and a `rejected` notice takes its
+    place in the inbox, so the conversation's later messages follow in order."""
+    items = list(InboxItem.objects.select_for_update(of=("self",))
+                 .select_related("message__author", "conversation", "member")
+                 .filter(grant_id=authority_id, state=InboxItem.State.PENDING).order_by("position", "id")[:limit])
+    if not items:
+        return 0
+    handling = {(r.message_id, r.member_id): r for r in Recipient.objects.select_for_update().filter(
+        message_id__in={i.message_id for i in items}, member_id__in={i.member_id for i in items},
+        grant_id=authority_id)}
+    at = now()
+    for item in items:
+        recipient = handling.get((item.message_id, item.member_id))
+        if recipient is not None and recipient.state in HANDED_OFF:
+            if item.admission == InboxItem.Admission.WITHHELD:
+                item.admission = InboxItem.Admission.ADMITTED
+                item.save(update_fields=["admission"])
+            continue
+        counted = item.admission != InboxItem.Admission.HELD  # held content is not pending content
+        item.state, item.reason, item.settled_at = InboxItem.State.REJECTED, reason, at
+        item.save(update_fields=["state", "reason", "settled_at"])
+        if counted:
+            mailbox.debit(item.member_id, item.content_bytes)
+        if recipient is not None:
+            recipient.state, recipient.rejected_at, recipient.reason = Recipient.State.REJECTED, at, reason
+            recipient.save(update_fields=["state", "rejected_at", "reason"])
+        message = item.message
+        payload = {"kind": "rejected", "postId": message.public_id, "conversation": item.conversation.public_id,
+                   "sender": f"@{message.author.handle}", "grant": authority_ref, "reason": reason}
+        post_notice(item.member, payload, events.message_rejected(message, item.member, reason),
+                    conversation_id=item.conversation_id, position=item.position)
+    return len(items)

@@ -1,0 +1,132 @@
+"""The read rule (controlplane.access) gives one answer on every path: one
+object, querysets, sets of members, and the send path's plain SQL, over a
+matrix of spaces, roles, membership states and conversations."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from controlplane import access, services
+from controlplane.errors import NotFound
+from controlplane.models import Conversation, Member, Membership, Space
+from inbox.models import Message
+from inbox.services import send_message
+
+# (handle, role, membership status or None, member suspended)
+PEOPLE = [
+    ("own", Membership.Role.OWNER, Membership.Status.ACTIVE, False),
+    ("mem", Membership.Role.MEMBER, Membership.Status.ACTIVE, False),
+    ("obs", Membership.Role.OBSERVER, Membership.Status.ACTIVE, False),
+    ("ask", Membership.Role.MEMBER, Membership.Status.PENDING, False),
+    ("gone", Membership.Role.MEMBER, Membership.Status.REMOVED, False),
+    ("sus", Membership.Role.MEMBER, Membership.Status.ACTIVE, True),
+    ("out", None, None, False),
+]
+SPACES = [("open", False), ("request", False), ("private", False), ("private", True)]  # (visibility, archived)
+
+
+def _expected(member: Member | None, conversation: Conversation, memberships: dict, participants: dict) -> bool:
+    """The rule as SPEC §3 words it, written out independently."""
+    space = conversation.space
+    if member is None:
+        return space.visibility == Space.Visibility.OPEN and conversation.kind == Conversation.Kind.CHANNEL
+    if member.status != Member.Status.ACTIVE:
+        return False
+    in_space = (space.visibility == Space.Visibility.OPEN
+                or memberships.get((space.pk, member.pk)) == Membership.Status.ACTIVE)
+    takes_part = conversation.kind == Conversation.Kind.CHANNEL or member.pk in participants[conversation.pk]
+    return in_space and takes_part
+
+
+@pytest.fixture
+def matrix(db, make_member):
+    """Four spaces, each with a channel, a direct conversation of the owner
+    and every other person, and a group of everyone, a message in each; then
+    the membership states and suspensions applied."""
+    people = {handle: make_member(f"{handle}") for handle, *_ in PEOPLE}
+    conversations, memberships, participants = [], {}, {}
+    for i, (visibility, archived) in enumerate(SPACES):
+        owner = people["own"]
+        space = services.create_space(slug=f"s{i}-{visibility}", name=f"S{i}", visibility=visibility,
+                                      send_policy="open", actor=owner)
+        for handle, role, status, _ in PEOPLE[1:]:
+            if status is not None:
+                services.add_member(space, people[handle], role=Membership.Role.MEMBER, actor=owner)
+        channel = services.create_channel(space, "general", actor=owner)
+        members = [people[h] for h, _, status, _ in PEOPLE if status is not None]
+        group, _ = services.get_or_create_group(space, members, actor=owner)
+        directs = [services.get_or_create_direct(space, m, actor=owner)[0] for m in members[1:]]
+        for conversation in [channel, group, *directs]:
+            send_message(conversation, body="hello", actor=owner)
+            conversations.append(conversation)
+            participants[conversation.pk] = set(conversation.participants.values_list("member_id", flat=True))
+        for handle, role, status, _ in PEOPLE:
+            if status is not None:
+                Membership.objects.filter(space=space, member=people[handle]).update(role=role, status=status)
+                memberships[(space.pk, people[handle].pk)] = status
+        Space.objects.filter(pk=space.pk).update(archived=archived)
+    Member.objects.filter(pk=people["sus"].pk).update(status=Member.Status.SUSPENDED)
+    readers = [Member.objects.get(pk=m.pk) for m in people.values()] + [None]
+    conversations = list(Conversation.objects.select_related("space").filter(pk__in=[c.pk for c in conversations]))
+    return readers, conversations, memberships, participants
+
+
+def test_every_read_path_agrees_with_the_rule(matrix):
+    # given
+    readers, conversations, memberships, participants = matrix
+    pks = {m.pk for m in readers if m is not None}
+    # when: the set-of-members paths, once for everyone
+    per_conversation = {c.pk: access.readers_of(c, pks) for c in conversations}
+    together = access.readers_of_conversations({c.pk for c in conversations}, pks)
+    checked = 0
+    for member, conversation in itertools.product(readers, conversations):
+        expected = _expected(member, conversation, memberships, participants)
+        space = conversation.space
+        answers = {
+            "readable_spaces + readable_conversations":
+                access.readable_spaces(member).filter(pk=space.pk).exists()
+                and access.readable_conversations(space, member).filter(pk=conversation.pk).exists(),
+            "can_read_space": access.can_read_space(space, member)
+                and access.readable_conversations(space, member).filter(pk=conversation.pk).exists(),
+            "Message.visible_to": Message.objects.visible_to(member).filter(conversation=conversation).exists(),
+        }
+        if member is not None:
+            answers["readable_conversation"] = access.readable_conversation(member, conversation.public_id) is not None
+            answers["readers_of"] = member.pk in per_conversation[conversation.pk]
+            answers["readers_of_conversations"] = member.pk in together.get(conversation.pk, set())
+            refs = [conversation.public_id] + ([f"#{conversation.name}"] if conversation.name else [])
+            for ref in refs:
+                try:
+                    access.get_conversation_to_write(space.slug, ref, member)
+                    answers[f"get_conversation_to_write({ref[:1]})"] = True
+                except NotFound:
+                    answers[f"get_conversation_to_write({ref[:1]})"] = False
+        # then
+        wrong = {path: answer for path, answer in answers.items() if answer != expected}
+        assert not wrong, (f"{member.handle if member else 'anonymous'} on {conversation.kind} in "
+                           f"{space.visibility}{' archived' if space.archived else ''}: expected {expected}, "
+                           f"got {wrong}")
+        checked += 1
+    assert checked == len(readers) * len(conversations) == 8 * 4 * 7
+
+
+def test_the_matrix_has_both_answers_in_every_kind_of_space(matrix):
+    # A matrix where everything reads (or nothing does) would prove little.
+    readers, conversations, memberships, participants = matrix
+    for space_id in {c.space_id for c in conversations}:
+        answers = {_expected(m, c, memberships, participants)
+                   for m in readers for c in conversations if c.space_id == space_id}
+        assert answers == {True, False}
+
+
+def test_visible_memberships_show_pending_requests_to_owners_only(matrix):
+    readers, conversations, *_ = matrix
+    by_handle = {m.handle: m for m in readers if m is not None}
+    space = next(c.space for c in conversations if c.space.visibility == Space.Visibility.REQUEST)
+    # when
+    for_owner = {m.member.handle for m in access.visible_memberships(space, by_handle["own"])}
+    for_member = {m.member.handle for m in access.visible_memberships(space, by_handle["mem"])}
+    # then
+    assert for_owner == {"own", "mem", "obs", "ask", "sus"}
+    assert for_member == {"own", "mem", "obs", "sus"}

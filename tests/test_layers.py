@@ -1,0 +1,126 @@
+"""The apps are layered (docs/architecture.md, "Layers"): each imports only
+the apps below it, so the import graph between apps has no cycle.
+
+Every import counts, including those inside functions, and so does a
+string naming another app's module ("webhooks.tasks.deliver" handed to a
+task queue is a dependency too). The composition root (settings, urls,
+asgi, wsgi, the socket routing) wires every app together and is exempt;
+migrations are generated and exempt.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+APPS = ["controlplane", "inbox", "grants", "webhooks", "web"]
+COMPOSITION_ROOT = {"controlplane/settings.py", "controlplane/urls.py", "controlplane/asgi.py",
+                    "controlplane/wsgi.py", "web/routing.py"}
+# What each app may import: the diagram in docs/architecture.md.
+ALLOWED = {
+    "controlplane": set(),
+    "inbox": {"controlplane"},
+    "grants": {"controlplane", "inbox"},
+    "webhooks": {"controlplane", "inbox"},
+    "web": {"controlplane", "inbox", "grants", "webhooks"},
+}
+DOTTED = re.compile(rf"^({'|'.join(APPS)})\.([a-z_]+)(\.[a-z_]+)*$")
+
+
+def _names_a_module(text: str) -> str | None:
+    """The app a dotted string names a module of ("inbox.tasks.x"), if any."""
+    match = DOTTED.match(text)
+    if match is None:
+        return None
+    app, first = match.group(1), match.group(2)
+    return app if (ROOT / app / f"{first}.py").exists() or (ROOT / app / first).is_dir() else None
+
+
+def _dependencies(source: str) -> list[tuple[str, int, str]]:
+    """(app, line, what) for every import and module-naming string."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if app := _names_a_module(node.value):
+                found.append((app, node.lineno, repr(node.value)))
+            continue
+        for name in names:
+            if name.split(".")[0] in APPS:
+                found.append((name.split(".")[0], node.lineno, name))
+    return found
+
+
+def import_graph() -> dict[tuple[str, str], list[str]]:
+    """(from app, to app) → where, over every module of every app."""
+    graph: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for app in APPS:
+        for path in sorted((ROOT / app).rglob("*.py")):
+            relative = path.relative_to(ROOT).as_posix()
+            if relative in COMPOSITION_ROOT or "/migrations/" in relative:
+                continue
+            for target, line, what in _dependencies(path.read_text()):
+                if target != app:
+                    graph[(app, target)].append(f"{relative}:{line} {what}")
+    return graph
+
+
+def _cycle(edges: set[tuple[str, str]]) -> list[str] | None:
+    """One cycle among `edges`, as the apps along it, or None."""
+    following = defaultdict(set)
+    for a, b in edges:
+        following[a].add(b)
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(app: str, path: list[str]) -> list[str] | None:
+        state[app] = 1
+        for nxt in sorted(following[app]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt, path + [nxt])):
+                return found
+        state[app] = 2
+        return None
+
+    for app in sorted(following):
+        if app not in state and (found := visit(app, [app])):
+            return found
+    return None
+
+
+def test_the_finder_sees_imports_in_functions_and_module_strings():
+    # given: a module with a top-level import, one inside a function and a task path
+    source = ("from inbox.models import Message\n"
+              "def f():\n    from webhooks import outbox\n"
+              "    kick('grants.tasks.expire_and_recover')\n"
+              "    send('inbox.available')\n")
+    # when / then: all three dependencies are found; a message type is no module
+    assert [(app, line) for app, line, _ in _dependencies(source)] == [("inbox", 1), ("webhooks", 3), ("grants", 4)]
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycle({("a", "b"), ("b", "c"), ("c", "a")}) == ["a", "b", "c", "a"]
+    assert _cycle({("a", "b"), ("b", "c"), ("a", "c")}) is None
+
+
+def test_no_cycle_between_apps():
+    graph = import_graph()
+    cycle = _cycle(set(graph))
+    assert cycle is None, "import cycle between apps: " + " → ".join(cycle) + "\n" + "\n".join(
+        f"{a} → {b}: {where[0]}" for (a, b), where in graph.items() if a in cycle and b in cycle)
+
+
+def test_each_app_imports_only_the_apps_below_it():
+    # given: the documented layering
+    assert _cycle({(a, b) for a, below in ALLOWED.items() for b in below}) is None
+    # when
+    graph = import_graph()
+    # then
+    breaches = [f"{a} → {b}: {', '.join(where)}" for (a, b), where in sorted(graph.items()) if b not in ALLOWED[a]]
+    assert not breaches, "\n".join(breaches)
