@@ -1,0 +1,83 @@
+"""The two ways a message is written (one PostgreSQL statement, or the ORM)
+give the same rows, run the same append hooks and publish the same
+messages."""
+from __future__ import annotations
+
+import pytest
+from django.forms.models import model_to_dict
+
+from controlplane import live, log, services
+from controlplane.models import Event, EventAddressee
+from grants.services import create_grant
+from inbox import firewall, writes
+from inbox.models import InboxItem, Mailbox, Message, Recipient
+from inbox.services import send_message
+
+pytestmark = pytest.mark.postgres
+
+
+def _snapshot(message: Message, hooked: list, sent: list) -> dict:
+    """Everything one send wrote and published, with what differs between
+    any two sends (ids, tokens, positions, times) replaced by placeholders."""
+    position = message.position
+
+    def plain(row, *ignore) -> dict:
+        data = model_to_dict(row)
+        for name in ("id", "public_id", "token", "created_at", "message", *ignore):
+            data.pop(name, None)
+        return {k: ("P" if k == "position" and v == position else v) for k, v in data.items()}
+
+    event = Event.objects.get(position=position)
+    rendered = {**event.data, "message": {**event.data["message"], "id": "M", "created_at": "T", "position": "P"}}
+    return {
+        "message": plain(message),
+        "recipients": [plain(r) for r in Recipient.objects.filter(message=message).order_by("member_id")],
+        "items": [{**plain(i, "payload"), "payload": {k: "M" if v == message.public_id else v
+                                                       for k, v in i.payload.items()}}
+                  for i in InboxItem.objects.filter(message=message).order_by("member_id")],
+        "event": {**plain(event, "data"), "data": rendered},
+        "addressees": sorted(EventAddressee.objects.filter(event_id=position).values_list("member_id", "space_id")),
+        "mailboxes": sorted(Mailbox.objects.values_list("member_id", "pending_bytes", "firewall")),
+        "hooked": [(p == position, e.kind, e.addressees, e.restricted, e.space_id, e.conversation_id)
+                   for p, e in hooked],
+        "published": sorted([(group, {k: ("P" if v == position else "M" if v == message.public_id else v)
+                               for k, v in note.items()} if isinstance(note, dict) else note)
+                      for group, note in sent], key=repr),
+    }
+
+
+def test_both_insert_paths_write_and_publish_the_same(space, alice, bob, carol, monkeypatch,
+                                                      django_capture_on_commit_callbacks):
+    # given: an explicit_only space, a grant covering everyone, a firewalled
+    # recipient, a recording append hook and publisher
+    space.send_policy = "explicit_only"
+    space.save()
+    create_grant(space, grant_id="grt_all", kind="project", actor=alice)
+    firewall.set_rules(carol, [{"action": "allow", "sender": "alice"}], actor=carol)
+    group, _ = services.get_or_create_group(space, [alice, bob, carol], actor=alice)
+    hooked, sent = [], []
+    monkeypatch.setattr(log, "_APPEND_HOOKS", [*log._APPEND_HOOKS, hooked.extend])
+    monkeypatch.setattr(live.publisher, "send", lambda group, note: sent.append((group, note)))
+    # (the firewall's kick is recorded, not run: the rows stay as written)
+    monkeypatch.setattr(writes, "kick_on_commit", lambda task, *args: sent.append((task, args)))
+    snapshots = []
+    for insert in (writes._insert_in_one_statement, writes._insert_with_orm):
+        monkeypatch.setattr(writes, "_insert_in_one_statement", insert)
+        hooked.clear(), sent.clear()
+        Mailbox.objects.update(pending_bytes=0)
+        # when
+        with django_capture_on_commit_callbacks(execute=True):
+            message = send_message(group, body="same rows, same messages", actor=alice).message
+        snapshots.append(_snapshot(message, hooked, sent))
+    # then
+    one_statement, orm = snapshots
+    differences = {part: (one_statement[part], orm[part]) for part in orm if one_statement[part] != orm[part]}
+    assert not differences, repr(differences)
+    assert [i["admission"] for i in orm["items"]] == ["admitted", "unclassified"]  # bob, carol
+    assert all(r["grant"] is not None for r in orm["recipients"])
+    assert orm["hooked"] == [(True, "message.created", (bob.pk, carol.pk), True, space.pk, group.pk)]
+    assert orm["published"] == sorted([
+        (live.LOG_GROUP, {"type": "log.advanced", "position": "P", "conversations": [group.pk], "access_spaces": []}),
+        (f"inbox.{bob.public_id}", {"type": "inbox.available", "items": 1, "message": "M"}),
+        ("inbox.tasks.classify_pending", (carol.pk,)),
+    ], key=repr)
