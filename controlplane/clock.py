@@ -1,4 +1,5 @@
-"""The one clock. Tests move it with `freeze(at)`; nothing else reads time."""
+"""The one clock. Tests move it with `freeze(at)`; nothing else reads the
+time of day (elapsed time is time.monotonic())."""
 from __future__ import annotations
 
 import contextlib
@@ -9,6 +10,12 @@ _frozen: dt.datetime | None = None
 
 def now() -> dt.datetime:
     return _frozen or dt.datetime.now(dt.timezone.utc)
+
+
+def timestamp() -> float:
+    """`now()` as Unix seconds (signatures, rate-limit windows, HTTP dates).
+    Durations and timeouts use time.monotonic(), which no wall clock moves."""
+    return now().timestamp()
 
 
 @contextlib.contextmanager

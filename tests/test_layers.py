@@ -124,3 +124,17 @@ def test_each_app_imports_only_the_apps_below_it():
     # then
     breaches = [f"{a} → {b}: {', '.join(where)}" for (a, b), where in sorted(graph.items()) if b not in ALLOWED[a]]
     assert not breaches, "\n".join(breaches)
+
+
+WALL_CLOCK = re.compile(r"\btime\.time\(|\bdatetime\.now\(|\bdt\.datetime\.now\(|\btimezone\.now\(|\bdate\.today\(")
+
+
+def test_only_the_clock_reads_the_time_of_day():
+    # given: every app module but the clock itself and the stand-alone example receiver
+    exempt = {"controlplane/clock.py", "webhooks/example_receiver.py"}
+    # when
+    readers = [f"{path.relative_to(ROOT)}:{n}" for app in APPS for path in sorted((ROOT / app).rglob("*.py"))
+               if path.relative_to(ROOT).as_posix() not in exempt and "/migrations/" not in path.as_posix()
+               for n, line in enumerate(path.read_text().splitlines(), 1) if WALL_CLOCK.search(line)]
+    # then: controlplane.clock.now()/timestamp() are the clock tests can move
+    assert not readers, readers

@@ -32,6 +32,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import ThreadedResolver
 from django.conf import settings
 
+from controlplane.clock import timestamp
 from controlplane.errors import InvalidUrl
 
 CONNECT_TIMEOUT = 5.0
@@ -185,7 +186,7 @@ def _retry_after(value: str | None) -> float | None:
         from email.utils import parsedate_to_datetime
 
         try:
-            return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+            return max(0.0, parsedate_to_datetime(value).timestamp() - timestamp())
         except (TypeError, ValueError):
             return None
 

@@ -2,11 +2,11 @@
 (local memory in the embedded deployment, Redis when REDIS_URL is set)."""
 from __future__ import annotations
 
-import time
-
 from django.conf import settings
 from django.core.cache import cache
 from rest_framework.throttling import BaseThrottle
+
+from controlplane.clock import timestamp
 
 WINDOW_SECONDS = 60
 
@@ -25,7 +25,7 @@ class CredentialRateThrottle(BaseThrottle):
         # A long-poll re-reading its feed is one request, counted once.
         if limit <= 0 or getattr(request._request, "switchboard_repoll", False):
             return True
-        now = time.time()
+        now = timestamp()
         key = f"rl:{_identity(request)}:{int(now // WINDOW_SECONDS)}"
         if cache.add(key, 1, WINDOW_SECONDS * 2):
             count = 1
