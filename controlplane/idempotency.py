@@ -22,8 +22,14 @@ from controlplane.clock import now
 from controlplane.errors import IdempotencyConflict, InvalidIdempotencyKey
 from controlplane.models import IdempotencyRecord
 
-KEY_RE = re.compile(r"[\x21-\x7e]{8,128}")  # use with fullmatch
+_KEY_RE = re.compile(r"[\x21-\x7e]{8,128}")
 RETENTION = dt.timedelta(hours=48)  # the contract promises at least 24 hours
+
+
+def is_valid_key(key) -> bool:
+    """The one rule for an idempotency key, wherever it comes from (header,
+    form field, grant body): 8–128 visible ASCII characters."""
+    return isinstance(key, str) and _KEY_RE.fullmatch(key) is not None
 
 
 def idempotency_key(request) -> str | None:
@@ -31,7 +37,7 @@ def idempotency_key(request) -> str | None:
     key = request.META.get("HTTP_IDEMPOTENCY_KEY")
     if key is None:
         return None
-    if not KEY_RE.fullmatch(key):
+    if not is_valid_key(key):
         raise InvalidIdempotencyKey()
     return key
 

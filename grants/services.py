@@ -8,7 +8,7 @@ from django.db import IntegrityError, transaction
 
 from controlplane.clock import now, rfc3339
 from controlplane.errors import Forbidden, GrantConflict, InvalidRequest, NotFound
-from controlplane.idempotency import KEY_RE
+from controlplane.idempotency import is_valid_key
 from controlplane.models import Member, Space
 from controlplane.services import member_for_handle, require_owner
 from grants import barrier
@@ -32,7 +32,7 @@ def _check_shape(kind: str, fields: dict) -> None:
         named = ", ".join(wanted) or "no sender, recipient or idempotency_key"
         raise InvalidRequest(f"A {kind} grant names {named}.", details={"missing": missing, "unexpected": extra})
     key = fields.get("idempotency_key")
-    if key is not None and not KEY_RE.fullmatch(key):
+    if key is not None and not is_valid_key(key):
         raise InvalidRequest("idempotency_key must be 8–128 visible ASCII characters.")
 
 

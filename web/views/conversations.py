@@ -11,7 +11,7 @@ from django.views.decorators.http import require_POST
 
 from controlplane import services as spaces
 from controlplane.errors import ApiError, GrantRequired, InvalidIdempotencyKey, InvalidRequest, NotFound
-from controlplane.idempotency import KEY_RE
+from controlplane.idempotency import is_valid_key
 from controlplane.models import Conversation, Membership
 from controlplane.access import (
     active_membership,
@@ -120,10 +120,9 @@ def _send_input(request) -> tuple[str, str | None, bool]:
         # Browsers submit a textarea's line breaks as CRLF; the member typed LF.
         body = request.POST.get("body", "").replace("\r\n", "\n")
         key, approval = request.POST.get("idempotency_key"), request.POST.get("request_approval") == "1"
-    if key is not None and (not isinstance(key, str) or not KEY_RE.fullmatch(key)):
+    if key is not None and not is_valid_key(key):
         raise InvalidIdempotencyKey()
-    if not body.strip():
-        raise InvalidRequest("Write a message first.", details={"body": "empty"})
+    # The body is checked by send_message, as for the API.
     return body, key or None, approval
 
 
