@@ -1,7 +1,7 @@
 from django.contrib import admin
 
-from controlplane.models import (Conversation, Credential, Event, EventAddressee, IdempotencyRecord, LogHead, Member,
-                                 Membership, Participant, Space)
+from controlplane.models import (AuditEntry, Conversation, Credential, Event, EventAddressee, IdempotencyRecord,
+                                 LogHead, Member, Membership, Participant, Space)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -104,3 +104,10 @@ class LogHeadAdmin(ReadOnlyAdmin):
 class IdempotencyRecordAdmin(ReadOnlyAdmin):
     list_display = ["owner", "scope", "status_code", "created_at"]
     exclude = ["body"]
+
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(ReadOnlyAdmin):
+    list_display = ["at", "actor", "action", "target"]
+    list_filter = ["action"]
+    search_fields = ["target", "actor__handle"]

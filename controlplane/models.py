@@ -212,3 +212,20 @@ class IdempotencyRecord(models.Model):
         constraints = [models.UniqueConstraint(fields=["owner", "scope", "key"], name="idempotency_unique")]
         indexes = [models.Index(fields=["created_at"], name="idempotency_created_at")]
 
+
+
+class AuditEntry(models.Model):
+    """Who did what, for changes no event records (credentials, members,
+    firewall rules, releases, receivers). Written by controlplane.audit in
+    the change's own transaction; never holds a secret."""
+
+    at = models.DateTimeField(default=now)
+    actor = models.ForeignKey(Member, null=True, on_delete=models.SET_NULL, related_name="+")  # null: the system
+    action = models.CharField(max_length=64)
+    target = models.CharField(max_length=80)  # the public id of what changed
+    detail = models.JSONField(default=dict)
+
+    class Meta:
+        indexes = [models.Index(fields=["target", "at"], name="audit_target"),
+                   models.Index(fields=["actor", "at"], name="audit_actor")]
+        verbose_name_plural = "audit entries"

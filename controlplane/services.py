@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 
-from controlplane import events
+from controlplane import audit, events
+from controlplane.access import active_membership
 from controlplane.clock import now
 from controlplane.errors import Conflict, Forbidden, InvalidRequest, LimitExceeded, NotFound
 from controlplane.log import append_events
 from controlplane.models import Conversation, Credential, Member, Membership, Participant, Space
-from controlplane.access import active_membership
 from controlplane.tokens import hash_token, new_bearer_token
 
 HANDLE_RE = re.compile(r"[a-z0-9][a-z0-9_-]{1,31}")
@@ -55,8 +55,10 @@ def create_member(handle: str, *, kind: str = Member.Kind.AGENT, display_name: s
             if kind == Member.Kind.HUMAN or is_admin:
                 user = get_user_model().objects.create_user(username=handle, password=password,
                                                             is_staff=is_admin, is_superuser=is_admin)
-            return Member.objects.create(handle=handle, kind=kind, display_name=display_name or handle,
-                                         is_admin=is_admin, user=user)
+            member = Member.objects.create(handle=handle, kind=kind, display_name=display_name or handle,
+                                           is_admin=is_admin, user=user)
+            audit.record("member.created", member.public_id, actor=actor, kind=kind, is_admin=is_admin)
+            return member
     except IntegrityError:
         raise Conflict("That handle is taken.", details={"handle": f"@{handle}"}) from None
 
@@ -70,12 +72,17 @@ def issue_credential(member: Member, *, actor: Member | None) -> tuple[Credentia
     if Credential.objects.filter(member=member).count() >= MAX_CREDENTIALS:
         raise LimitExceeded(f"A member holds at most {MAX_CREDENTIALS} credentials; delete one first.")
     token = new_bearer_token()
-    credential = Credential.objects.create(member=member, token_hash=hash_token(token))
+    with transaction.atomic():
+        credential = Credential.objects.create(member=member, token_hash=hash_token(token))
+        audit.record("credential.issued", member.public_id, actor=actor, credential=credential.public_id)
     return credential, token
 
 
-def revoke_credential(credential: Credential, *, actor: Member) -> None:
-    credential.delete()
+def revoke_credential(credential: Credential, *, actor: Member | None) -> None:
+    with transaction.atomic():
+        audit.record("credential.revoked", credential.member.public_id, actor=actor,
+                     credential=credential.public_id)
+        credential.delete()
 
 
 # --- spaces and memberships -----------------------------------------------------

@@ -71,10 +71,14 @@ def pending_count(member: Member) -> int:
                                     state=InboxItem.State.PENDING).count()
 
 
-def acknowledge_delivery(member: Member, token: str) -> None:
+def acknowledge_delivery(member: Member, token: str, *, actor: Member) -> None:
     """Acknowledge the item bound to `token`. Idempotent; the row stays as a
     tombstone keeping the token's binding. Unknown or foreign tokens are
-    404 UNKNOWN_DELIVERY."""
+    404 UNKNOWN_DELIVERY. Only the inbox's owner acknowledges, so the item's
+    member and `acknowledged_at` record who and when (no audit row on the
+    hottest write)."""
+    if actor.pk != member.pk:
+        raise UnknownDelivery()
     with transaction.atomic():
         item = (InboxItem.objects.select_for_update()
                 .filter(member=member, token=token, admission=InboxItem.Admission.ADMITTED).first())

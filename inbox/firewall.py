@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
+from controlplane import audit
 from controlplane.clock import now
 from controlplane.errors import AuthorityRevoked, InvalidRequest, UnknownDelivery
 from controlplane.models import Conversation, Member
@@ -107,6 +108,7 @@ def release_item(member: Member, token: str, *, actor: Member) -> InboxItem:
             raise AuthorityRevoked("The grant this item was sent under is no longer active.")
         item.admission, item.settled_at = InboxItem.Admission.ADMITTED, now()
         item.save(update_fields=["admission", "settled_at"])
+        audit.record("inbox.item_released", member.public_id, actor=actor, item=item.token)
         mailbox.credit(member.pk, item.content_bytes)
         mailbox.announce_available(member)
         return item
@@ -134,6 +136,7 @@ def set_rules(member: Member, rules: list[dict], *, actor: Member) -> list[Firew
         created = FirewallRule.objects.bulk_create(
             FirewallRule(member=member, ordinal=i, **rule) for i, rule in enumerate(rules))
         refresh_firewall_flag(member)
+        audit.record("inbox.firewall_rules_set", member.public_id, actor=actor, rules=len(created))
         return created
 
 

@@ -37,7 +37,12 @@ class InboxEntryOut(serializers.Serializer):
 
 InboxPageOut = inline_serializer("InboxPage", {"items": InboxEntryOut(many=True),
                                                "nextCursor": serializers.CharField(allow_null=True)})
-ItemOut = inline_serializer("InboxEvent", {"item": serializers.DictField()})
+ItemOut = inline_serializer("InboxEvent", {
+    "item": serializers.DictField(),
+    "state": serializers.ChoiceField(choices=["rejected"], required=False,
+                                     help_text="Only on a tombstone: the item was withdrawn before hand-off"),
+    "reason": serializers.CharField(required=False, help_text="Only on a tombstone: why"),
+})
 
 
 def render_entry(item: InboxItem) -> dict:
@@ -101,7 +106,7 @@ class ReleaseView(APIView):
     @extend_schema(operation_id="release_held_item", request=AcknowledgeDeliveryIn, parameters=[IDEMPOTENCY_KEY],
                    responses={200: inline_serializer("Released", {"item": InboxEntryOut()}),
                               **errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "UNKNOWN_DELIVERY",
-                                       "IDEMPOTENCY_CONFLICT")})
+                                       "AUTHORITY_REVOKED", "IDEMPOTENCY_CONFLICT")})
     @idempotent
     def post(self, request):
         token = validated(AcknowledgeDeliveryIn, request.data)["deliveryToken"]
@@ -135,7 +140,7 @@ class AcknowledgeDeliveryView(APIView):
         token = validated(AcknowledgeDeliveryIn, request.data)["deliveryToken"]
         if not delivery.TOKEN_RE.fullmatch(token):
             raise InvalidRequest("deliveryToken is dlv_ followed by 43 base64url characters.")
-        delivery.acknowledge_delivery(request.user, token)
+        delivery.acknowledge_delivery(request.user, token, actor=request.user)
         return Response({})
 
 

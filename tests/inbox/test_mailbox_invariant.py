@@ -84,7 +84,7 @@ class World:
         member = self.people[who]
         admitted = self.items(member, state=InboxItem.State.PENDING, admission=InboxItem.Admission.ADMITTED)
         if admitted:
-            acknowledge_delivery(member, admitted[k % len(admitted)].token)
+            acknowledge_delivery(member, admitted[k % len(admitted)].token, actor=member)
 
     def rules(self, who, hold_from):
         rules = [] if hold_from is None else [{"action": "hold", "sender": hold_from}]

@@ -209,7 +209,7 @@ async def test_the_inbox_socket_counts_pending_items_live(room, ann, ben):
     await send(direct, body="for ben", actor=ann)
     assert await socket.receive_json_from(timeout=5) == {"type": "inbox", "pending": 1}
     token = await db_call(lambda: InboxItem.objects.get(member=ben).token)()
-    await db_call(acknowledge_delivery)(ben, token)
+    await db_call(acknowledge_delivery)(ben, token, actor=ben)
     assert await socket.receive_json_from(timeout=5) == {"type": "inbox", "pending": 0}
     await socket.disconnect()
     assert await refusal((await open_socket("/ws/inbox/"))[0]) == [4401]

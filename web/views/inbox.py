@@ -29,7 +29,7 @@ def inbox_page(request, member):
 @member_page
 @require_POST
 def acknowledge(request, member):
-    acknowledge_delivery(member, request.POST.get("token", ""))
+    acknowledge_delivery(member, request.POST.get("token", ""), actor=member)
     if request.headers.get("HX-Request"):
         # The item leaves the list; the count updates out of band.
         return HttpResponse(render_to_string("web/_inbox_count.html", {"pending": pending_count(member),

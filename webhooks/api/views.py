@@ -6,6 +6,7 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.access import get_space_for
 from controlplane.api.fields import validated
 from controlplane.api.pagination import paginate
 from controlplane.api.permissions import ReadableAnonymously
@@ -13,7 +14,6 @@ from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, LIMIT, errors
 from controlplane.api.serializers import EmptyIn, envelope
 from controlplane.clock import rfc3339
 from controlplane.idempotency import idempotent
-from controlplane.access import get_space_for
 from webhooks import services
 from webhooks.api.serializers import (DeliveryOut, EndpointIn, EndpointOut, InboxSubscriptionIn, SigningKeyOut,
                                       SpaceSubscriptionIn, SubscriptionOut, SubscriptionPatchIn)
@@ -45,7 +45,7 @@ class EndpointsView(APIView):
     @idempotent
     def post(self, request):
         data = validated(EndpointIn, request.data)
-        return _endpoint(services.create_endpoint(request.user, data["url"], data.get("secret")), 201)
+        return _endpoint(services.create_endpoint(request.user, data["url"], data.get("secret"), actor=request.user), 201)
 
 
 class EndpointView(APIView):
