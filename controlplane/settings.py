@@ -195,6 +195,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "SCHEMA_PATH_PREFIX": r"/v0",
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "controlplane.api.schema.add_body_limit"],
     "ENUM_NAME_OVERRIDES": {
         "MemberKindEnum": "controlplane.models.Member.Kind",
         "ConversationKindEnum": ["channel", "direct", "group"],

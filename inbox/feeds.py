@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 from django.db.models import Q
 
+from controlplane.access import participant_conversations, readable_spaces
 from controlplane.errors import ResyncRequired
 from controlplane.log import log_head
 from controlplane.models import Event, EventAddressee, Member, Space
-from controlplane.access import participant_conversations, readable_spaces
 from inbox.models import Recipient
 
 FEED_PAGE_MAX = 100

@@ -6,9 +6,9 @@ import secrets
 from django.db import models
 from django.db.models import Q
 
+from controlplane.access import readable_q
 from controlplane.clock import now
 from controlplane.models import Conversation, Member, Space
-from controlplane.access import readable_q
 from controlplane.tokens import b64url, public_id
 
 

@@ -9,6 +9,7 @@ from rest_framework.test import APIClient
 
 from controlplane import services
 from controlplane.models import Member
+from tests.shapes import check_response
 from tests.webhooks.receiver import serve_receiver
 
 ON_POSTGRES = settings.IS_POSTGRES
@@ -42,10 +43,13 @@ class Api:
     def _call(self, method, path, json=None, headers=None, **params):
         headers = {f"HTTP_{k.upper().replace('-', '_')}": v for k, v in (headers or {}).items()}
         if method == "get":
-            return self.client.get(path, params or None, **headers)
-        # Encoded here (ASCII-escaped) so tests can send what a renderer would refuse, like lone surrogates.
-        raw = b"" if json is None else jsonlib.dumps(json).encode()
-        return self.client.generic(method.upper(), path, raw, content_type="application/json", **headers)
+            response = self.client.get(path, params or None, **headers)
+        else:
+            # Encoded here (ASCII-escaped) so tests can send what a renderer would refuse, like lone surrogates.
+            raw = b"" if json is None else jsonlib.dumps(json).encode()
+            response = self.client.generic(method.upper(), path, raw, content_type="application/json", **headers)
+        check_response(method, path, response)  # every answer has its published shape
+        return response
 
     def get(self, path, **params):
         return self._call("get", path, **params)

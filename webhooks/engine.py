@@ -32,11 +32,11 @@ from django.conf import settings
 from django.db import connections, transaction
 from django.db.models import Count, Exists, F, OuterRef, Q
 
-from controlplane.clock import now, rfc3339
+from controlplane.access import can_read_space
+from controlplane.clock import now, rfc3339, timestamp
 from controlplane.cursors import caller_id, pack_cursor
 from controlplane.log import NewEvent
 from controlplane.models import Member, Space
-from controlplane.access import can_read_space
 from inbox import notices
 from webhooks import crypto
 from webhooks.models import Attempt, Delivery, Subscription
@@ -279,7 +279,7 @@ class _Database:
 async def _send(transport: Transport, signer: crypto.Signer, job: Job) -> Result:
     started_at = now()
     secret = crypto.open_secret(job.sealed_secret)
-    headers = signer.headers(job.public_id, job.body, secret=secret, timestamp=int(time.time()))
+    headers = signer.headers(job.public_id, job.body, secret=secret, timestamp=int(timestamp()))
     return Result(job, await transport.post(job.url, job.body, headers), signer.key_id, started_at)
 
 

@@ -5,16 +5,16 @@ import asyncio
 import datetime as dt
 import json
 import secrets
-import time
 
 from django.db import transaction
 from django.db.models import Q
 
-from controlplane.clock import now, rfc3339
+from controlplane import audit
+from controlplane.access import can_read_space
+from controlplane.clock import now, rfc3339, timestamp
 from controlplane.errors import Conflict, InvalidRequest, LimitExceeded, NotFound, VerificationFailed
 from controlplane.live import kick_on_commit
 from controlplane.models import Conversation, LogHead, Member, Space
-from controlplane.access import can_read_space
 from controlplane.tokens import public_id
 from webhooks import crypto
 from webhooks.engine import feed_cursor, lease
@@ -34,7 +34,7 @@ RETIRED_KEY_GRACE = dt.timedelta(hours=1)
 
 # --- endpoints --------------------------------------------------------------------
 
-def create_endpoint(owner: Member, url: str, secret: str | None) -> Endpoint:
+def create_endpoint(owner: Member, url: str, secret: str | None, *, actor: Member) -> Endpoint:
     validate_url(url)
     if secret is not None:
         crypto.parse_secret(secret)
@@ -43,7 +43,9 @@ def create_endpoint(owner: Member, url: str, secret: str | None) -> Endpoint:
         Member.objects.select_for_update().filter(pk=owner.pk).first()
         if Endpoint.objects.filter(owner=owner).count() >= MAX_ENDPOINTS:
             raise LimitExceeded(f"At most {MAX_ENDPOINTS} webhook endpoints per owner.")
-        return Endpoint.objects.create(owner=owner, url=url, secret=crypto.seal_secret(secret))
+        endpoint = Endpoint.objects.create(owner=owner, url=url, secret=crypto.seal_secret(secret))
+        audit.record("webhook.endpoint_created", endpoint.public_id, actor=actor, owner=owner.public_id)
+        return endpoint
 
 
 def owned_endpoint(endpoint_id: str, owner: Member) -> Endpoint:
@@ -77,7 +79,7 @@ def verify_endpoint(endpoint: Endpoint, *, resolver=None) -> dt.datetime:
         body = json.dumps({"type": "spaces.webhook.challenge", "id": message_id, "challenge": challenge,
                            "created_at": rfc3339(now())}, separators=(",", ":")).encode()
         signer = crypto.Signer(crypto.active_signing_key())
-        headers = signer.headers(message_id, body, secret=secret, timestamp=int(time.time()))
+        headers = signer.headers(message_id, body, secret=secret, timestamp=int(timestamp()))
         outcome = asyncio.run(_post_once(endpoint.url, body, headers, resolver))
         _check_answer(outcome, challenge)
         cached = now()
@@ -145,10 +147,13 @@ def _check_limits(owner: Member, *, space: Space | None) -> None:
 
 
 def create_subscription(owner: Member, endpoint_id: str, *, space: Space | None = None, subjects=None,
-                        exclude_self: bool = False, debounce_ms: int = 1000) -> Subscription:
-    """A space subscription (`space` given) or an inbox one; created inactive."""
+                        exclude_self: bool = False, debounce_ms: int = 1000, activate: bool = False) -> Subscription:
+    """A space subscription (`space` given) or an inbox one; created
+    inactive, or with `activate` created and activated in one transaction."""
     _check_debounce(debounce_ms)
     endpoint = owned_endpoint(endpoint_id, owner)
+    if activate:
+        _require_verified(endpoint)
     conversation_ids = None
     if space is not None:
         if not can_read_space(space, owner):
@@ -157,11 +162,14 @@ def create_subscription(owner: Member, endpoint_id: str, *, space: Space | None 
     with transaction.atomic():
         Member.objects.select_for_update().filter(pk=owner.pk).first()
         _check_limits(owner, space=space)
-        return Subscription.objects.create(
+        subscription = Subscription.objects.create(
             owner=owner, endpoint=endpoint, space=space,
             kind=Subscription.Kind.SPACE if space is not None else Subscription.Kind.INBOX,
             subjects=subjects or [], conversation_ids=conversation_ids, exclude_self=exclude_self,
             debounce_ms=debounce_ms)
+        if activate:
+            _activate_locked(subscription)
+    return subscription
 
 
 def owned_subscription(subscription_id: str, owner: Member, *, space: Space | None = None,
@@ -189,21 +197,30 @@ def _head_position_locked() -> int:
 def activate(subscription: Subscription) -> int:
     """Activate: only events committed after this qualify. Returns the
     activation position (the activation cursor's)."""
-    if not is_verified(subscription.endpoint):
-        raise Conflict("Verify the endpoint first (POST /v0/webhook-endpoints/{id}/verify).")
+    _require_verified(subscription.endpoint)
     if subscription.kind == Subscription.Kind.SPACE and not can_read_space(subscription.space, subscription.owner):
         raise NotFound()
     with transaction.atomic():
-        locked = Subscription.objects.select_for_update().get(pk=subscription.pk)
-        if locked.status == Subscription.Status.SUSPENDED and locked.terminal:
-            raise Conflict("The receiver rejected this subscription for good; create a new one.")
-        if locked.activation_position is None:
-            locked.activation_position = _head_position_locked()
-            locked.status = Subscription.Status.ACTIVE
-            locked.version += 1
-            locked.save(update_fields=["activation_position", "status", "version"])
+        _activate_locked(subscription)
     subscription.refresh_from_db()
     return subscription.activation_position
+
+
+def _require_verified(endpoint: Endpoint) -> None:
+    if not is_verified(endpoint):
+        raise Conflict("Verify the endpoint first (POST /v0/webhook-endpoints/{id}/verify).")
+
+
+def _activate_locked(subscription: Subscription) -> None:
+    """Activate `subscription` under its row lock, in the caller's transaction."""
+    locked = Subscription.objects.select_for_update().get(pk=subscription.pk)
+    if locked.status == Subscription.Status.SUSPENDED and locked.terminal:
+        raise Conflict("The receiver rejected this subscription for good; create a new one.")
+    if locked.activation_position is None:
+        locked.activation_position = _head_position_locked()
+        locked.status = Subscription.Status.ACTIVE
+        locked.version += 1
+        locked.save(update_fields=["activation_position", "status", "version"])
 
 
 def update_subscription(subscription: Subscription, *, status: str | None, debounce_ms: int | None) -> Subscription:

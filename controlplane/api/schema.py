@@ -46,6 +46,18 @@ def errors(*codes: str) -> dict[int, OpenApiResponse]:
     }
 
 
+def add_body_limit(result, generator, request, public):
+    """Postprocessing hook: a request body over DATA_UPLOAD_MAX_MEMORY_SIZE
+    is 413 BODY_TOO_LARGE before any view runs, so every route that takes a
+    body lists it."""
+    for operations in result["paths"].values():
+        for operation in operations.values():
+            responses = operation.get("responses", {})
+            if "requestBody" in operation and "413" not in responses and "401" in responses:
+                responses["413"] = {**responses["401"], "description": "Error codes: `BODY_TOO_LARGE`"}
+    return result
+
+
 IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key", str, OpenApiParameter.HEADER, required=False,
     description="8–128 visible ASCII characters; a retry with the same key and request replays the original response.",

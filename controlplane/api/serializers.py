@@ -74,7 +74,8 @@ class CredentialOut(serializers.Serializer):
 
 
 class CredentialCreatedOut(CredentialOut):
-    token = serializers.CharField(help_text="Shown once; only its hash is stored.")
+    token = serializers.CharField(allow_null=True, help_text="Shown once (only its hash is stored); null when "
+                                                             "an Idempotency-Key replay answers again.")
 
 
 class SpaceOut(serializers.Serializer):

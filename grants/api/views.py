@@ -5,13 +5,13 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.access import get_space_for
 from controlplane.api.fields import validated
 from controlplane.api.pagination import paginate
 from controlplane.api.permissions import IsAdmin
 from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, LIMIT, errors
 from controlplane.api.serializers import EmptyIn, envelope
 from controlplane.idempotency import idempotent
-from controlplane.access import get_space_for
 from controlplane.services import require_owner
 from grants import approvals, services
 from grants.api.serializers import (ApprovalListParams, ApprovalRequestOut, DenyIn, GrantCreateIn, GrantOut)

@@ -7,6 +7,7 @@ from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.access import get_conversation_to_write, get_readable_space
 from controlplane.api.fields import validated
 from controlplane.api.permissions import ReadableAnonymously
 from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, LIMIT, MAX_BYTES, SNAPSHOT_PAGE, WAIT_MS, errors
@@ -16,7 +17,6 @@ from controlplane.cursors import caller_id, pack_cursor, unpack_cursor
 from controlplane.errors import NotFound, ResyncRequired
 from controlplane.idempotency import idempotency_key, idempotent
 from controlplane.log import log_head
-from controlplane.access import get_conversation_to_write, get_readable_space
 from inbox import feeds, services
 from inbox.api.serializers import (BodyPageOut, BodyParams, FeedPageOut, FeedParams, MessageOut, MessageStatusOut,
                                    ResolveIn, SendMessageIn, SnapshotOut, SnapshotParams)

@@ -114,7 +114,7 @@ def test_activation_needs_a_verified_receiver(ann, ben, room, receiver, browser_
     endpoint = Endpoint.objects.get(owner=ben)
     response = client.post("/app/subscriptions/new", {"endpoint": endpoint.public_id, "target": "space:room",
                                                       "activate": "1"})
-    assert response.status_code == 409 and "Verify the receiver first" in response.content.decode()
+    assert response.status_code == 409 and "Verify the endpoint first" in response.content.decode()
     assert not Subscription.objects.exists()
 
 

@@ -12,8 +12,8 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_POST
 
-from controlplane.errors import Conflict, InvalidRequest, NotFound
 from controlplane.access import get_readable_space, readable_conversation, readable_spaces
+from controlplane.errors import InvalidRequest, NotFound
 from web.pages import member_page
 from web.views.conversations import conversation_label
 from webhooks import services
@@ -72,7 +72,7 @@ def _back(request):
 @require_POST
 def create_endpoint(request, member):
     secret = request.POST.get("secret", "").strip() or None
-    endpoint = services.create_endpoint(member, request.POST.get("url", "").strip(), secret)
+    endpoint = services.create_endpoint(member, request.POST.get("url", "").strip(), secret, actor=member)
     flash.success(request, f"Receiver {endpoint.url} saved. Verify it next.")
     return _back(request)
 
@@ -108,13 +108,9 @@ def _target(member, value: str) -> dict:
 @require_POST
 def create_subscription(request, member):
     activate = request.POST.get("activate") == "1"
-    endpoint = services.owned_endpoint(request.POST.get("endpoint", ""), member)
-    if activate and not services.is_verified(endpoint):
-        raise Conflict("Verify the receiver first: it must answer the signed challenge before it is woken.")
-    subscription = services.create_subscription(member, endpoint.public_id,
+    subscription = services.create_subscription(member, request.POST.get("endpoint", ""), activate=activate,
                                                 **_target(member, request.POST.get("target", "")))
     if activate:
-        services.activate(subscription)
         flash.success(request, f"Subscribed and active: {_target_label(subscription, member)}.")
     else:
         flash.success(request, f"Subscription created (inactive): {_target_label(subscription, member)}.")
