@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from django.db import IntegrityError, transaction
 
-from controlplane.clock import now, rfc3339
+from controlplane.clock import now
 from controlplane.errors import ApiError, Conflict, IdempotencyConflict, InvalidRequest, NotFound
 from controlplane.log import NewEvent
 from controlplane.models import Conversation, Member
@@ -40,28 +40,6 @@ def retain_for_approval(message, uncovered: list[Member]) -> ApprovalRequest:
     if request.fingerprint != message.fingerprint:
         raise IdempotencyConflict()
     return request
-
-
-def render_approval_request(request: ApprovalRequest) -> dict:
-    handles = dict(Member.objects.filter(pk__in=request.recipients).values_list("pk", "handle"))
-    return {
-        "id": request.public_id,
-        "status": request.status,
-        "space": request.space.slug,
-        "conversation": request.conversation.public_id,
-        "sender": f"@{request.sender.handle}",
-        "recipients": [f"@{handles[pk]}" for pk in request.recipients if pk in handles],
-        "idempotency_key": request.idempotency_key,
-        "body": request.body,
-        "reply_to": request.reply_to,
-        "related_paths": request.related_paths,
-        "fingerprint": request.fingerprint,
-        "created_at": rfc3339(request.created_at),
-        "decided_by": f"@{request.decided_by.handle}" if request.decided_by_id else None,
-        "decided_at": rfc3339(request.decided_at),
-        "reason": request.reason,
-        "message": request.message.public_id if request.message_id else None,
-    }
 
 
 def visible_approval_request(public_id_: str, viewer: Member) -> ApprovalRequest:

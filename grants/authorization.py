@@ -81,7 +81,8 @@ class GrantPolicy:
 
     @staticmethod
     def request_approval(message, uncovered: list[Member]) -> dict:
-        from grants.approvals import render_approval_request, retain_for_approval
+        from grants.approvals import retain_for_approval
+        from grants.render import render_approval_request
         return render_approval_request(retain_for_approval(message, uncovered))
 
     @staticmethod

@@ -109,25 +109,3 @@ def revoke_grant(grant: Grant, *, actor: Member) -> Grant:
         raise Forbidden("Only the space's owners and admins may revoke its grants.")
     barrier.revoke(grant, actor=actor)
     return visible_grant(grant.public_id, actor)
-
-
-def render_grant(grant: Grant) -> dict:
-    def handle(member):
-        return f"@{member.handle}" if member is not None else None
-
-    return {
-        "id": grant.public_id,
-        "space": grant.space.slug,
-        "kind": grant.kind,
-        "sender": handle(grant.sender),
-        "recipient": handle(grant.recipient),
-        "idempotency_key": grant.idempotency_key,
-        "expires_at": rfc3339(grant.expires_at),
-        "status": grant.status,
-        "generation": grant.generation,
-        "message": grant.message.public_id if grant.message_id else None,
-        "created_by": handle(grant.created_by),
-        "created_at": rfc3339(grant.created_at),
-        "barrier_started_at": rfc3339(grant.barrier_started_at),
-        "ended_at": rfc3339(grant.ended_at),
-    }

@@ -11,6 +11,7 @@ from controlplane.errors import ApiError
 from grants import approvals
 from grants.admin import approver
 from grants.models import ApprovalRequest
+from grants.render import render_approval_request
 
 QUEUE_PAGE = 100
 
@@ -22,7 +23,7 @@ def approval_queue(request):
     decided = list(ApprovalRequest.objects.exclude(status=ApprovalRequest.Status.PENDING)
                    .select_related("sender", "decided_by", "message").order_by("-decided_at")[:20])
     return render(request, "staff/approvals.html", {
-        "pending": [(r, approvals.render_approval_request(r)) for r in pending], "decided": decided,
+        "pending": [(r, render_approval_request(r)) for r in pending], "decided": decided,
     })
 
 

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from controlplane.clock import rfc3339
 from controlplane.models import Event, Space
 from inbox import authority
-from inbox.models import Message, Recipient
+from inbox.models import InboxItem, Message, Recipient
 
 
 def withheld_bodies(messages: Iterable[tuple[str, Space]]) -> set[str]:
@@ -76,3 +76,20 @@ def render_event(event: Event, *, withheld: set[str] = frozenset()) -> dict:
         "created_at": rfc3339(event.created_at),
         "data": data,
     }
+
+
+RULE_FIELDS = ["action", "sender", "space", "conversation_kind", "content_pattern", "min_bytes", "guidance"]
+
+
+def render_entry(item: InboxItem) -> dict:
+    entry = {"deliveryToken": item.token, "item": item.payload, "insertedAt": rfc3339(item.created_at)}
+    if item.guidance:
+        entry["guidance"] = item.guidance  # local policy beside the item, never inside the peer's content
+    return entry
+
+
+def render_rules(rules) -> dict:
+    rendered = [{name: getattr(rule, name) for name in RULE_FIELDS} for rule in rules]
+    for rule in rendered:
+        rule["sender"] = f"@{rule['sender']}" if rule["sender"] else None
+    return {"rules": rendered}

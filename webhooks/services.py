@@ -106,12 +106,6 @@ def _check_answer(outcome, challenge: str) -> None:
         raise VerificationFailed(details={"reason": "challenge_mismatch"})
 
 
-def render_endpoint(endpoint: Endpoint) -> dict:
-    return {"id": endpoint.public_id, "url": endpoint.url, "has_secret": endpoint.secret is not None,
-            "verified": is_verified(endpoint), "verified_at": rfc3339(endpoint.verified_at),
-            "created_at": rfc3339(endpoint.created_at)}
-
-
 # --- subscriptions ----------------------------------------------------------------
 
 def _check_debounce(debounce_ms: int) -> None:
@@ -265,23 +259,6 @@ def delete_subscription(subscription: Subscription) -> None:
             state=Delivery.State.CANCELLED, finished_at=now())
 
 
-def render_subscription(subscription: Subscription) -> dict:
-    data = {"id": subscription.public_id, "endpoint_id": subscription.endpoint.public_id,
-            "owner": f"@{subscription.owner.handle}"}
-    if subscription.kind == Subscription.Kind.SPACE:
-        data |= {"scope": "space", "space": subscription.space.slug, "subjects": subscription.subjects,
-                 "exclude_self": subscription.exclude_self}
-    else:
-        data |= {"scope": "inbox_events"}
-    suspended = None
-    if subscription.status == Subscription.Status.SUSPENDED:
-        suspended = {"reason": subscription.suspended_reason, "last_error": subscription.suspended_error,
-                     "at": rfc3339(subscription.suspended_at), "terminal": subscription.terminal}
-    return data | {"debounce_ms": subscription.debounce_ms, "status": subscription.status,
-                   "version": subscription.version, "suspended": suspended,
-                   "created_at": rfc3339(subscription.created_at)}
-
-
 def activation_cursor(subscription: Subscription) -> str:
     return feed_cursor(subscription, subscription.activation_position)
 
@@ -290,16 +267,6 @@ def activation_cursor(subscription: Subscription) -> str:
 
 def deliveries_of(subscription: Subscription):
     return Delivery.objects.filter(subscription=subscription).exclude(state=Delivery.State.OPEN)
-
-
-def render_delivery(delivery: Delivery) -> dict:
-    attempts = [{"number": a.number, "at": rfc3339(a.started_at), "duration_ms": a.duration_ms,
-                 "status_code": a.status_code, "error_class": a.error_class}
-                for a in sorted(delivery.attempt_rows.all(), key=lambda a: a.number)]
-    return {"id": delivery.public_id, "state": delivery.state, "attempts": attempts,
-            "replay_of": delivery.replay_of.public_id if delivery.replay_of_id else None,
-            "created_at": rfc3339(delivery.created_at), "finished_at": rfc3339(delivery.finished_at),
-            "next_attempt_at": rfc3339(delivery.due_at) if delivery.state == Delivery.State.PENDING else None}
 
 
 def replay(delivery_id: str, owner: Member) -> Delivery:
@@ -332,7 +299,3 @@ def published_keys() -> list[SigningKey]:
         still_needed |= Q(retired_at__gte=oldest_claim - lease())
     keys = SigningKey.objects.filter(Q(status=SigningKey.Status.ACTIVE) | still_needed)
     return sorted(keys, key=lambda k: (k.status != SigningKey.Status.ACTIVE, k.created_at))
-
-
-def render_key(key: SigningKey) -> dict:
-    return {"key_id": key.key_id, "algorithm": "ed25519", "public_key": key.public_key, "status": key.status}

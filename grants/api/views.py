@@ -16,14 +16,15 @@ from controlplane.services import require_owner
 from grants import approvals, services
 from grants.api.serializers import (ApprovalListParams, ApprovalRequestOut, DenyIn, GrantCreateIn, GrantOut)
 from grants.models import ApprovalRequest, Grant
+from grants.render import render_approval_request, render_grant
 
 
 def _grant(grant: Grant, status: int = 200) -> Response:
-    return Response({"grant": services.render_grant(grant)}, status=status)
+    return Response({"grant": render_grant(grant)}, status=status)
 
 
 def _approval(request: ApprovalRequest) -> Response:
-    return Response({"approval_request": approvals.render_approval_request(request)})
+    return Response({"approval_request": render_approval_request(request)})
 
 
 class SpaceGrantsView(APIView):
@@ -35,7 +36,7 @@ class SpaceGrantsView(APIView):
         require_owner(space, request.user)
         grants = Grant.objects.filter(space=space).select_related("space", "sender", "recipient", "message",
                                                                   "created_by")
-        page = paginate(request, grants, stream=f"grants:{space.pk}", render=services.render_grant)
+        page = paginate(request, grants, stream=f"grants:{space.pk}", render=render_grant)
         return Response({"grants": page.pop("items"), **page})
 
     @extend_schema(operation_id="create_grant", request=GrantCreateIn, parameters=[IDEMPOTENCY_KEY],
@@ -81,7 +82,7 @@ class ApprovalRequestsView(APIView):
         status = validated(ApprovalListParams, request.query_params)["status"]
         queue = ApprovalRequest.objects.filter(status=status).select_related(
             "space", "conversation", "sender", "decided_by", "message")
-        page = paginate(request, queue, stream=f"approvals:{status}", render=approvals.render_approval_request)
+        page = paginate(request, queue, stream=f"approvals:{status}", render=render_approval_request)
         return Response({"approval_requests": page.pop("items"), **page})
 
 

@@ -9,13 +9,13 @@ from rest_framework.views import APIView
 from controlplane.api.fields import (StrictCharField, StrictChoiceField, StrictIntegerField, StrictSerializer,
                                      validated)
 from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, errors
-from controlplane.clock import rfc3339
 from controlplane.cursors import caller_id, pack_cursor, unpack_cursor
 from controlplane.errors import InvalidRequest
 from controlplane.idempotency import idempotent
 from controlplane.services import parse_handle
 from inbox import delivery, firewall
 from inbox.models import FirewallRule, InboxItem
+from inbox.render import render_entry, render_rules
 
 STREAM = "read_inbox"
 
@@ -45,13 +45,6 @@ ItemOut = inline_serializer("InboxEvent", {
 })
 
 
-def render_entry(item: InboxItem) -> dict:
-    entry = {"deliveryToken": item.token, "item": item.payload, "insertedAt": rfc3339(item.created_at)}
-    if item.guidance:
-        entry["guidance"] = item.guidance  # local policy beside the item, never inside the peer's content
-    return entry
-
-
 class RuleIn(StrictSerializer):
     action = StrictChoiceField(choices=FirewallRule.Action.choices)
     sender = StrictCharField(required=False, allow_null=True, max_length=33)
@@ -66,15 +59,7 @@ class RulesIn(StrictSerializer):
     rules = serializers.ListField(child=RuleIn(), max_length=firewall.MAX_RULES)
 
 
-RULE_FIELDS = ["action", "sender", "space", "conversation_kind", "content_pattern", "min_bytes", "guidance"]
 RulesOut = inline_serializer("FirewallRules", {"rules": RuleIn(many=True)})
-
-
-def render_rules(rules) -> dict:
-    rendered = [{name: getattr(rule, name) for name in RULE_FIELDS} for rule in rules]
-    for rule in rendered:
-        rule["sender"] = f"@{rule['sender']}" if rule["sender"] else None
-    return {"rules": rendered}
 
 
 class FirewallView(APIView):

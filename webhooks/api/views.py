@@ -18,17 +18,18 @@ from webhooks import services
 from webhooks.api.serializers import (DeliveryOut, EndpointIn, EndpointOut, InboxSubscriptionIn, SigningKeyOut,
                                       SpaceSubscriptionIn, SubscriptionOut, SubscriptionPatchIn)
 from webhooks.models import Endpoint, Subscription
+from webhooks.render import render_delivery, render_endpoint, render_key, render_subscription
 
 CREATE_ERRORS = ("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "IDEMPOTENCY_CONFLICT", "LIMIT_EXCEEDED",
                  "NOT_FOUND")
 
 
 def _endpoint(endpoint, status=200):
-    return Response({"endpoint": services.render_endpoint(endpoint)}, status=status)
+    return Response({"endpoint": render_endpoint(endpoint)}, status=status)
 
 
 def _subscription(subscription, status=200):
-    return Response({"subscription": services.render_subscription(subscription)}, status=status)
+    return Response({"subscription": render_subscription(subscription)}, status=status)
 
 
 class EndpointsView(APIView):
@@ -37,7 +38,7 @@ class EndpointsView(APIView):
                               **errors("INVALID_REQUEST", "INVALID_CURSOR")})
     def get(self, request):
         page = paginate(request, Endpoint.objects.filter(owner=request.user), stream="webhook-endpoints",
-                        render=services.render_endpoint)
+                        render=render_endpoint)
         return Response({"endpoints": page.pop("items"), **page})
 
     @extend_schema(operation_id="create_webhook_endpoint", request=EndpointIn, parameters=[IDEMPOTENCY_KEY],
@@ -78,7 +79,7 @@ class SpaceSubscriptionsView(APIView):
         space = get_space_for(slug, request.user)
         mine = (Subscription.objects.filter(owner=request.user, space=space)
                 .exclude(status=Subscription.Status.DELETED).select_related("endpoint", "space", "owner"))
-        page = paginate(request, mine, stream=f"subscriptions:{space.pk}", render=services.render_subscription)
+        page = paginate(request, mine, stream=f"subscriptions:{space.pk}", render=render_subscription)
         return Response({"subscriptions": page.pop("items"), **page})
 
     @extend_schema(operation_id="create_space_subscription", request=SpaceSubscriptionIn,
@@ -101,7 +102,7 @@ class InboxSubscriptionsView(APIView):
     def get(self, request):
         mine = (Subscription.objects.filter(owner=request.user, kind=Subscription.Kind.INBOX)
                 .exclude(status=Subscription.Status.DELETED).select_related("endpoint", "space", "owner"))
-        page = paginate(request, mine, stream="inbox-subscriptions", render=services.render_subscription)
+        page = paginate(request, mine, stream="inbox-subscriptions", render=render_subscription)
         return Response({"subscriptions": page.pop("items"), **page})
 
     @extend_schema(operation_id="create_inbox_subscription", request=InboxSubscriptionIn,
@@ -146,7 +147,7 @@ class _ActivateView(_OneSubscription):
         subscription = self.subscription(request, subscription_id, slug)
         services.activate(subscription)
         return Response({"activation_cursor": services.activation_cursor(subscription),
-                         "subscription": services.render_subscription(subscription)})
+                         "subscription": render_subscription(subscription)})
 
 
 def _one_subscription_schema(scope: str):
@@ -200,7 +201,7 @@ class DeliveriesView(APIView):
     def get(self, request, subscription_id):
         subscription = services.owned_subscription(subscription_id, request.user)
         history = services.deliveries_of(subscription).select_related("replay_of").prefetch_related("attempt_rows")
-        page = paginate(request, history, stream=f"deliveries:{subscription.pk}", render=services.render_delivery)
+        page = paginate(request, history, stream=f"deliveries:{subscription.pk}", render=render_delivery)
         return Response({"deliveries": page.pop("items"), **page})
 
 
@@ -209,7 +210,7 @@ class ReplayView(APIView):
                    responses={202: envelope("delivery", DeliveryOut), **errors("INVALID_REQUEST", "NOT_FOUND")})
     def post(self, request, delivery_id):
         validated(EmptyIn, request.data)
-        return Response({"delivery": services.render_delivery(services.replay(delivery_id, request.user))},
+        return Response({"delivery": render_delivery(services.replay(delivery_id, request.user))},
                         status=202)
 
 
@@ -219,4 +220,4 @@ class SigningKeysView(APIView):
     @extend_schema(operation_id="list_webhook_signing_keys",
                    responses={200: envelope("keys", SigningKeyOut, many=True)})
     def get(self, request):
-        return Response({"keys": [services.render_key(k) for k in services.published_keys()]})
+        return Response({"keys": [render_key(k) for k in services.published_keys()]})

@@ -1,0 +1,51 @@
+"""JSON shapes of grants and approval requests, as GrantOut and
+ApprovalRequestOut declare them (grants/api/serializers.py)."""
+from __future__ import annotations
+
+from controlplane.clock import rfc3339
+from controlplane.models import Member
+from grants.models import ApprovalRequest, Grant
+
+
+def render_grant(grant: Grant) -> dict:
+    def handle(member):
+        return f"@{member.handle}" if member is not None else None
+
+    return {
+        "id": grant.public_id,
+        "space": grant.space.slug,
+        "kind": grant.kind,
+        "sender": handle(grant.sender),
+        "recipient": handle(grant.recipient),
+        "idempotency_key": grant.idempotency_key,
+        "expires_at": rfc3339(grant.expires_at),
+        "status": grant.status,
+        "generation": grant.generation,
+        "message": grant.message.public_id if grant.message_id else None,
+        "created_by": handle(grant.created_by),
+        "created_at": rfc3339(grant.created_at),
+        "barrier_started_at": rfc3339(grant.barrier_started_at),
+        "ended_at": rfc3339(grant.ended_at),
+    }
+
+
+def render_approval_request(request: ApprovalRequest) -> dict:
+    handles = dict(Member.objects.filter(pk__in=request.recipients).values_list("pk", "handle"))
+    return {
+        "id": request.public_id,
+        "status": request.status,
+        "space": request.space.slug,
+        "conversation": request.conversation.public_id,
+        "sender": f"@{request.sender.handle}",
+        "recipients": [f"@{handles[pk]}" for pk in request.recipients if pk in handles],
+        "idempotency_key": request.idempotency_key,
+        "body": request.body,
+        "reply_to": request.reply_to,
+        "related_paths": request.related_paths,
+        "fingerprint": request.fingerprint,
+        "created_at": rfc3339(request.created_at),
+        "decided_by": f"@{request.decided_by.handle}" if request.decided_by_id else None,
+        "decided_at": rfc3339(request.decided_at),
+        "reason": request.reason,
+        "message": request.message.public_id if request.message_id else None,
+    }
