@@ -11,10 +11,23 @@ def _restricted(message: Message) -> bool:
     return message.conversation.kind != Conversation.Kind.CHANNEL
 
 
-def message_created(message: Message, recipients: list[Member]) -> NewEvent:
+def message_created(message: Message, recipients: list[Member], *, screened: set[int] = frozenset()) -> NewEvent:
+    """Addressed to the recipients whose item is admitted at once; those in
+    `screened` (their firewall classifies it first) get `message.admitted`
+    if and when it is admitted (SPEC §7: every read path sees only admitted
+    items)."""
     return NewEvent("message.created", {"message": render_message(message)}, space_id=message.space_id,
                     conversation_id=message.conversation_id, actor_id=message.author_id,
-                    restricted=_restricted(message), addressees=tuple(r.pk for r in recipients))
+                    restricted=_restricted(message),
+                    addressees=tuple(r.pk for r in recipients if r.pk not in screened))
+
+
+def message_admitted(message: Message, member: Member) -> NewEvent:
+    """`member`'s firewall admitted `message` (by a rule, or a release of a
+    held item): addressed to them alone and in no space feed, so their inbox
+    feed and inbox wakes hear of it now, after the cursor they may have moved
+    past its `message.created`."""
+    return NewEvent("message.admitted", {"message": render_message(message)}, addressees=(member.pk,))
 
 
 def message_acknowledged(message: Message, *, actor: Member) -> NewEvent:

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 
 from controlplane.access import participant_conversations, readable_spaces
 from controlplane.errors import ResyncRequired
 from controlplane.log import log_head
 from controlplane.models import Event, EventAddressee, Member, Space
-from inbox.models import Recipient
+from inbox.models import InboxItem, Recipient
 
 FEED_PAGE_MAX = 100
 
@@ -83,10 +83,14 @@ SNAPSHOT_PAGE_MAX = 100
 
 def unresolved_page(viewer: Member, *, high_watermark: int, after: int, limit: int | None = None):
     """One page of `viewer`'s unresolved messages at or below the snapshot's
-    high watermark, in position order, from spaces they can still read:
+    high watermark, in position order, from spaces they can still read,
+    leaving out those their firewall holds or has not classified yet:
     `(recipient rows, has_more)`."""
     limit = limit or SNAPSHOT_PAGE_MAX
-    rows = list(Recipient.objects.filter(member=viewer, position__gt=after, position__lte=high_watermark,
+    screened = InboxItem.objects.filter(member=viewer, message=OuterRef("message"),
+                                        admission__in=[InboxItem.Admission.HELD, InboxItem.Admission.UNCLASSIFIED])
+    rows = list(Recipient.objects.filter(~Exists(screened), member=viewer, position__gt=after,
+                                         position__lte=high_watermark,
                                          state__in=[Recipient.State.PENDING, Recipient.State.ACKNOWLEDGED],
                                          message__space__in=readable_spaces(viewer))
                 .select_related("message__space", "message__conversation", "message__author", "message__reply_to")

@@ -19,7 +19,8 @@ from controlplane import audit
 from controlplane.clock import now
 from controlplane.errors import AuthorityRevoked, InvalidRequest, UnknownDelivery
 from controlplane.models import Conversation, Member
-from inbox import authority, mailbox
+from controlplane.log import append_events
+from inbox import authority, events, mailbox
 from inbox.models import FirewallRule, InboxItem, Mailbox
 
 MAX_RULES = 50
@@ -73,9 +74,17 @@ def classify_next(member_id: int) -> bool:
             mailbox.debit(member_id, item.content_bytes)
         else:
             item.admission = InboxItem.Admission.ADMITTED
-            mailbox.announce_available(item.member)
+            _announce_admitted(item)
         item.save(update_fields=["admission", "guidance", "settled_at"])
         return True
+
+
+def _announce_admitted(item: InboxItem) -> None:
+    """The admitted item reaches the inbox feed and inbox wakes (an event
+    addressed to its member) and live inbox clients."""
+    if item.message_id is not None:
+        append_events([events.message_admitted(item.message, item.member)])
+    mailbox.announce_available(item.member)
 
 
 def classify_pending(member_id: int, *, limit: int = 10_000) -> int:
@@ -110,7 +119,7 @@ def release_item(member: Member, token: str, *, actor: Member) -> InboxItem:
         item.save(update_fields=["admission", "settled_at"])
         audit.record("inbox.item_released", member.public_id, actor=actor, item=item.token)
         mailbox.credit(member.pk, item.content_bytes)
-        mailbox.announce_available(member)
+        _announce_admitted(item)
         return item
 
 

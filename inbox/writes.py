@@ -13,6 +13,7 @@ commit-order guarantee (controlplane.log).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from django.db import connection, transaction
 
@@ -77,7 +78,7 @@ def _insert_with_orm(message: Message, recipients: list[Member], items: list[Inb
         for item in items:
             item.message, item.position = message, message.position
         InboxItem.objects.bulk_create(items)
-        append_events([events.message_created(message, recipients)], [message.position])
+        append_events([events.message_created(message, recipients, screened=firewalled)], [message.position])
     return firewalled
 
 
@@ -128,7 +129,7 @@ WITH quota AS (
     JOIN quota ON quota.member_id = i.member_id
 ), addressees AS (
     INSERT INTO {_table(EventAddressee)} (member_id, event_id, space_id)
-    SELECT r.member_id, msg.position, %(space_id)s FROM msg, unnest(%(recipients)s::bigint[]) AS r(member_id)
+    SELECT quota.member_id, msg.position, %(space_id)s FROM msg, quota WHERE NOT quota.firewall
 )
 SELECT (SELECT id FROM msg), (SELECT position FROM msg), ARRAY(SELECT member_id FROM quota),
        ARRAY(SELECT member_id FROM quota WHERE firewall)
@@ -144,10 +145,12 @@ def _run_one_statement(params: dict, recipients: list[Member], event: NewEvent) 
             raise MailboxFull(details={"recipients": [f"@{r.handle}" for r in recipients if r.pk not in granted]})
         if message_id is None:
             raise _MissingLogHead()
+        screened = set(firewalled)
+        event = replace(event, addressees=tuple(a for a in event.addressees if a not in screened))
         # Statements of their own, under the log head lock the first one
         # took: they see every subscription activated before this position.
         appended([(position, event)])
-    return message_id, position, set(firewalled)
+    return message_id, position, screened
 
 
 def _insert_in_one_statement(message: Message, recipients: list[Member], items: list[InboxItem],

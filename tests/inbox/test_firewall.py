@@ -7,6 +7,7 @@ from django.db import connections
 
 from controlplane import services
 from inbox import firewall
+from controlplane.models import EventAddressee
 from inbox.models import InboxItem, Mailbox
 from inbox.services import send_message
 from tests.conftest import error_code
@@ -178,3 +179,72 @@ def test_concurrent_workers_admit_every_conversation_in_order_once(monkeypatch):
             settled = list(items.filter(member=member, conversation_id=conversation_id).order_by("settled_at", "id")
                            .values_list("position", flat=True))
             assert settled == sorted(settled)
+
+
+def _inbox_paths(api) -> dict[str, list[str]]:
+    """What each of the inbox's read paths shows of message bodies."""
+    feed = api.get("/v0/me/inbox/events").json()["events"]
+    snapshot = api.get("/v0/me/snapshot").json()["unresolved"]
+    return {
+        "read_inbox": [e["item"]["content"] for e in api.get("/v0/me/inbox").json()["items"]],
+        "inbox feed": [e["data"]["message"]["body"] for e in feed if "message" in e["data"]],
+        "snapshot": [m["message"]["body"] for m in snapshot],
+    }
+
+
+@pytest.mark.parametrize("ending", ["unclassified", "held", "held then released", "allowed"])
+def test_every_inbox_read_path_sees_only_admitted_items(space, alice, bob, as_bob, ending):
+    # given: bob's firewall holds "secret", allows the rest; the sweep has not run yet
+    as_bob.put("/v0/me/inbox/firewall", {"rules": [{"action": "hold", "content_pattern": "secret"}]})
+    direct, _ = services.get_or_create_direct(space, alice, actor=bob)
+    body = "the secret plan" if ending.startswith("held") else "an ordinary note"
+    send_message(direct, body=body, actor=alice)
+    # when
+    if ending != "unclassified":
+        firewall.classify_pending(bob.pk)
+    if ending == "held then released":
+        held = as_bob.get("/v0/me/inbox/held").json()["items"]
+        assert as_bob.post("/v0/me/inbox/held/release", {"deliveryToken": held[0]["deliveryToken"]}).status_code == 200
+    # then: every path agrees, and shows the body only once it is admitted
+    admitted = ending in ("held then released", "allowed")
+    paths = _inbox_paths(as_bob)
+    assert paths == {path: [body] if admitted else [] for path in paths}
+
+
+def test_an_admission_reaches_a_feed_reader_who_read_past_the_send(space, alice, bob, as_bob):
+    # given: bob reads his feed to the end while alice's message waits for classification
+    as_bob.put("/v0/me/inbox/firewall", {"rules": [{"action": "allow", "guidance": "fine"}]})
+    direct, _ = services.get_or_create_direct(space, alice, actor=bob)
+    sent = send_message(direct, body="waiting", actor=alice).message
+    first = as_bob.get("/v0/me/inbox/events").json()
+    assert first["events"] == []
+    # when
+    firewall.classify_pending(bob.pk)
+    # then: the next read after his cursor has it, as message.admitted
+    events = as_bob.get("/v0/me/inbox/events", cursor=first["cursor"]).json()["events"]
+    assert [(e["kind"], e["data"]["message"]["id"]) for e in events] == [("message.admitted", sent.public_id)]
+
+
+def test_inbox_subscriptions_are_woken_only_by_admitted_items(space, alice, bob, monkeypatch):
+    # given: bob's active inbox subscription (rows only: no receiver is called here)
+    from controlplane.models import LogHead
+    from webhooks.models import Delivery, Endpoint, Subscription
+    monkeypatch.setattr("webhooks.outbox.kick_on_commit", lambda *args: None)
+    endpoint = Endpoint.objects.create(owner=bob, url="https://hooks.example/bob")
+    Subscription.objects.create(owner=bob, endpoint=endpoint, kind=Subscription.Kind.INBOX,
+                                status=Subscription.Status.ACTIVE, debounce_ms=0,
+                                activation_position=LogHead.objects.get().position)
+    firewall.set_rules(bob, [{"action": "hold", "content_pattern": "secret"}], actor=bob)
+    direct, _ = services.get_or_create_direct(space, alice, actor=bob)
+    # when: one message is held, one allowed
+    held = send_message(direct, body="the secret", actor=alice).message
+    assert not Delivery.objects.exists()  # nothing wakes while unclassified
+    allowed = send_message(direct, body="hello", actor=alice).message
+    firewall.classify_pending(bob.pk)
+    # then: one wake, covering the admission of the allowed one only
+    (wake,) = Delivery.objects.all()
+    admitted = list(EventAddressee.objects.filter(member=bob, event_id__gt=wake.after_position,
+                                                  event_id__lte=wake.through_position)
+                    .values_list("event__kind", "event__data__message__id"))
+    assert admitted == [("message.admitted", allowed.public_id)]
+    assert held.public_id not in str(admitted)

@@ -75,7 +75,9 @@ def test_both_insert_paths_write_and_publish_the_same(space, alice, bob, carol, 
     assert not differences, repr(differences)
     assert [i["admission"] for i in orm["items"]] == ["admitted", "unclassified"]  # bob, carol
     assert all(r["grant"] is not None for r in orm["recipients"])
-    assert orm["hooked"] == [(True, "message.created", (bob.pk, carol.pk), True, space.pk, group.pk)]
+    # carol's firewall classifies first: the event is addressed to bob alone until then
+    assert orm["hooked"] == [(True, "message.created", (bob.pk,), True, space.pk, group.pk)]
+    assert orm["addressees"] == [(bob.pk, space.pk)]
     assert orm["published"] == sorted([
         (live.LOG_GROUP, {"type": "log.advanced", "position": "P", "conversations": [group.pk], "access_spaces": []}),
         (f"inbox.{bob.public_id}", {"type": "inbox.available", "items": 1, "message": "M"}),
