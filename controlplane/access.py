@@ -28,6 +28,21 @@ def _reader(member: Member | None) -> bool:
     return member is not None and member.status == Member.Status.ACTIVE
 
 
+def is_active_admin(member: Member | None) -> bool:
+    """Admin powers (the admin site, the approval queue, approvals, every
+    space) belong to admin members who are active: suspending or demoting
+    one ends them at once, whatever their Django user's flags say."""
+    return _reader(member) and member.is_admin
+
+
+def admin_member(user) -> Member | None:
+    """The active admin member behind a Django user, or None."""
+    if user is None or not getattr(user, "is_authenticated", False):
+        return None
+    member = getattr(user, "member", None)
+    return member if is_active_admin(member) else None
+
+
 def active_membership(space: Space, member: Member | None) -> Membership | None:
     if not _reader(member):
         return None
@@ -63,7 +78,7 @@ def get_space_for(slug: str, member: Member | None) -> Space:
     if space is None or (member is None and space.visibility != Space.Visibility.OPEN):
         raise NotFound()
     if (space.visibility == Space.Visibility.PRIVATE and not _has_membership(space, member)
-            and not (member is not None and member.is_admin)):
+            and not is_active_admin(member)):
         raise NotFound()
     return space
 

@@ -1,5 +1,7 @@
 from django.contrib import admin
 
+from controlplane import services
+from controlplane.access import admin_member
 from controlplane.models import (AuditEntry, Conversation, Credential, Event, EventAddressee, IdempotencyRecord,
                                  LogHead, Member, Membership, Participant, Space)
 
@@ -23,6 +25,18 @@ class MemberAdmin(admin.ModelAdmin):
     list_filter = ["kind", "status", "is_admin"]
     search_fields = ["handle", "public_id", "display_name"]
     readonly_fields = ["public_id", "created_at"]
+
+    def save_model(self, request, obj, form, change):
+        """Suspension and admin powers change through `update_member`, so
+        sessions, sockets and the user's flags follow."""
+        if not change:
+            return super().save_model(request, obj, form, change)
+        wanted = {name: form.cleaned_data[name] for name in ("status", "is_admin") if name in form.changed_data}
+        others = [name for name in form.changed_data if name not in wanted]
+        if others:
+            obj.save(update_fields=others)
+        if wanted:
+            services.update_member(obj, **wanted, actor=admin_member(request.user))
 
 
 @admin.register(Credential)

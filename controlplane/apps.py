@@ -15,3 +15,4 @@ class ControlPlaneConfig(AppConfig):
         from controlplane.api import schema  # noqa: F401  (registers OpenAPI extensions)
 
         converters.register()  # before any URLconf (HTTP or WebSocket) is built
+

@@ -19,6 +19,12 @@ from django.db import transaction
 logger = logging.getLogger("switchboard.live")
 
 LOG_GROUP = "switchboard.log"
+
+
+def member_group(member) -> str:
+    """The Channels group of every live socket of one member (the web app's
+    pages join it); `{"type": "session.ended"}` to it closes them all."""
+    return f"member.{member.public_id}"
 GROUP_READD_SECONDS = 3600
 
 

@@ -12,9 +12,10 @@ from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 
 from controlplane import audit, events
-from controlplane.access import active_membership
+from controlplane.access import active_membership, is_active_admin
 from controlplane.clock import now
 from controlplane.errors import Conflict, Forbidden, InvalidRequest, LimitExceeded, NotFound
+from controlplane.live import group_send_on_commit, member_group
 from controlplane.log import append_events
 from controlplane.models import Conversation, Credential, Member, Membership, Participant, Space
 from controlplane.tokens import hash_token, new_bearer_token
@@ -61,6 +62,37 @@ def create_member(handle: str, *, kind: str = Member.Kind.AGENT, display_name: s
             return member
     except IntegrityError:
         raise Conflict("That handle is taken.", details={"handle": f"@{handle}"}) from None
+
+
+def update_member(member: Member, *, status: str | None = None, is_admin: bool | None = None,
+                  actor: Member | None) -> Member:
+    """Suspend or reinstate `member`, or give or withdraw admin powers.
+
+    Takes effect at once and everywhere: the Django user's flags follow (a
+    suspended member's web and admin sessions stop working; a demoted one's
+    admin sessions do), their credentials are refused from the next request,
+    and a suspended member's live sockets close after the commit. Atomic;
+    changing nothing is a no-op."""
+    if status is not None and status not in Member.Status.values:
+        raise InvalidRequest("status must be active or suspended.", details={"status": status})
+    with transaction.atomic():
+        locked = Member.objects.select_for_update().get(pk=member.pk)
+        changed = {}
+        if status is not None and status != locked.status:
+            changed["status"] = locked.status = status
+        if is_admin is not None and is_admin != locked.is_admin:
+            changed["is_admin"] = locked.is_admin = is_admin
+        if not changed:
+            return locked
+        locked.save(update_fields=list(changed))
+        active = locked.status == Member.Status.ACTIVE
+        if locked.user_id is not None:
+            get_user_model().objects.filter(pk=locked.user_id).update(
+                is_active=active, is_staff=active and locked.is_admin, is_superuser=active and locked.is_admin)
+        audit.record("member.updated", locked.public_id, actor=actor, **changed)
+        if not active:
+            group_send_on_commit(member_group(locked), {"type": "session.ended"})
+    return locked
 
 
 MAX_CREDENTIALS = 20
@@ -171,7 +203,7 @@ def join_space(space: Space, *, actor: Member) -> MembershipChange:
 
 def require_owner(space: Space, actor: Member) -> None:
     membership = active_membership(space, actor)
-    if not actor.is_admin and (membership is None or membership.role != Membership.Role.OWNER):
+    if not is_active_admin(actor) and (membership is None or membership.role != Membership.Role.OWNER):
         raise Forbidden("Only the space's owners may do this.")
 
 

@@ -48,7 +48,7 @@ CSRF_TRUSTED_ORIGINS = [SWITCHBOARD_PUBLIC_URL]
 
 INSTALLED_APPS = [
     "daphne",
-    "django.contrib.admin",
+    "controlplane.admin_app.SwitchboardAdminConfig",  # django.contrib.admin, for active admin members only
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

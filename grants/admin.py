@@ -10,6 +10,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
+from controlplane.access import admin_member
 from controlplane.admin import ReadOnlyAdmin
 from controlplane.errors import ApiError
 from controlplane.models import Member
@@ -18,10 +19,10 @@ from grants.models import ApprovalRequest, Grant
 
 
 def approver(request) -> Member:
-    """The member acting in the admin; approvals need an admin member."""
-    member = getattr(request.user, "member", None)
-    if member is None or not member.is_admin:
-        raise PermissionDenied("Only admin members decide approval requests.")
+    """The member acting in the admin; approvals need an active admin member."""
+    member = admin_member(request.user)
+    if member is None:
+        raise PermissionDenied("Only active admin members decide approval requests.")
     return member
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from django.db import IntegrityError, transaction
 
+from controlplane.access import is_active_admin
 from controlplane.clock import now
 from controlplane.errors import ApiError, Conflict, IdempotencyConflict, InvalidRequest, NotFound
 from controlplane.log import NewEvent
@@ -46,7 +47,7 @@ def visible_approval_request(public_id_: str, viewer: Member) -> ApprovalRequest
     """The request, for its sender or an admin; anyone else gets 404."""
     request = (ApprovalRequest.objects.select_related("space", "conversation", "sender", "decided_by", "message")
                .filter(public_id=public_id_).first())
-    if request is None or not (viewer.is_admin or request.sender_id == viewer.pk):
+    if request is None or not (is_active_admin(viewer) or request.sender_id == viewer.pk):
         raise NotFound()
     return request
 
@@ -82,7 +83,7 @@ def approve(request: ApprovalRequest, *, actor: Member) -> ApprovalRequest:
     retained message exactly, as its sender, in one transaction. If the
     send cannot go as approved (a recipient is no longer covered, the sender
     lost the right to write), nothing changes and the error says why."""
-    if not actor.is_admin:
+    if not is_active_admin(actor):
         raise NotFound()
     with transaction.atomic():
         if done := _lock_pending(request, ApprovalRequest.Status.APPROVED):
@@ -111,7 +112,7 @@ def approve(request: ApprovalRequest, *, actor: Member) -> ApprovalRequest:
 
 def deny(request: ApprovalRequest, reason: str, *, actor: Member) -> ApprovalRequest:
     """Record the denial, who made it and why; the message is never sent."""
-    if not actor.is_admin:
+    if not is_active_admin(actor):
         raise NotFound()
     reason = (reason or "").strip()
     if not reason or len(reason) > MAX_REASON_CHARS or "\x00" in reason:

@@ -18,6 +18,7 @@ QUEUE_PAGE = 100
 
 @staff_member_required
 def approval_queue(request):
+    approver(request)  # an active admin member, not only a staff user
     pending = list(ApprovalRequest.objects.filter(status=ApprovalRequest.Status.PENDING)
                    .select_related("space", "conversation", "sender").order_by("created_at")[:QUEUE_PAGE])
     decided = list(ApprovalRequest.objects.exclude(status=ApprovalRequest.Status.PENDING)

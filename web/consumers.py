@@ -17,12 +17,13 @@ import json
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 
+from controlplane.access import readable_conversation
+from controlplane.live import member_group
 from controlplane.models import Member
 from inbox.delivery import pending_count
 from inbox.mailbox import inbox_group
-from controlplane.access import readable_conversation
-from web.pages import member_of
 from web.db import db_call
+from web.pages import member_of
 from web.sockets import session_group
 from web.streams import read_pass, streams
 
@@ -35,23 +36,24 @@ BACKFILL_BATCHES = 5  # at most this many batches are replayed on connect
 
 
 class SessionSocket:
-    """A socket that ends with its session: signing out closes it (4401)."""
+    """A socket that ends with its session: signing out, or the member's
+    suspension, closes it (4401)."""
 
-    session_group_name = None
+    followed: tuple[str, ...] = ()
 
-    async def follow_session(self) -> None:
+    async def follow_session(self, member) -> None:
         session = self.scope.get("session")
         key = getattr(session, "session_key", None)
-        if key:
-            self.session_group_name = session_group(key)
-            await self.channel_layer.group_add(self.session_group_name, self.channel_name)
+        self.followed = (member_group(member), *([session_group(key)] if key else []))
+        for group in self.followed:
+            await self.channel_layer.group_add(group, self.channel_name)
 
     async def session_ended(self, event) -> None:
         await self.close(code=SIGNED_OUT)
 
     async def unfollow_session(self) -> None:
-        if self.session_group_name is not None:
-            await self.channel_layer.group_discard(self.session_group_name, self.channel_name)
+        for group in self.followed:
+            await self.channel_layer.group_discard(group, self.channel_name)
 
 
 def _after_param(scope) -> int | None:
@@ -82,7 +84,7 @@ class ConversationConsumer(SessionSocket, AsyncWebsocketConsumer):
             await self.lose_access()
             return
         self.member_pk = member.pk
-        await self.follow_session()
+        await self.follow_session(member)
         if await self._catch_up(conversation):
             # Caught up alone, it shares the conversation's stream from now on.
             self.stream = streams.join(self, conversation)
@@ -145,7 +147,7 @@ class InboxConsumer(SessionSocket, AsyncJsonWebsocketConsumer):
             return
         self.member_pk, self.group = member.pk, inbox_group(member)
         await self.channel_layer.group_add(self.group, self.channel_name)
-        await self.follow_session()
+        await self.follow_session(member)
         await self._send_count()
 
     def _count(self) -> int | None:

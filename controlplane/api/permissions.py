@@ -1,5 +1,7 @@
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 
+from controlplane.access import is_active_admin
+
 
 class IsMember(BasePermission):
     """An authenticated, active member (anonymous callers get 401)."""
@@ -10,7 +12,7 @@ class IsMember(BasePermission):
 
 class IsAdmin(BasePermission):
     def has_permission(self, request, view):
-        return request.user is not None and request.user.is_admin
+        return is_active_admin(request.user)
 
 
 class ReadableAnonymously(BasePermission):

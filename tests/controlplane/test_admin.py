@@ -41,3 +41,53 @@ def test_event_log_is_read_only(staff_client, general, alice):
     send_message(general, body="hello", actor=alice)
     assert staff_client.get("/admin/controlplane/event/add/").status_code == 403
     assert staff_client.get("/admin/inbox/message/add/").status_code == 403
+
+
+@pytest.mark.parametrize("change", ["suspended", "demoted", "suspended behind the service's back"])
+def test_admin_powers_end_at_once_when_an_admin_is_suspended_or_demoted(make_member, api_for, change):
+    # given: an admin signed in to the admin site, with a credential
+    from controlplane.errors import NotFound
+    from controlplane.models import Member
+    from grants import approvals
+    root = make_member("root", kind="human", is_admin=True, password="pw-for-tests-1")
+    client = Client()
+    assert client.login(username="root", password="pw-for-tests-1")
+    api = api_for(root)
+    assert client.get("/admin/").status_code == 200
+    assert client.get("/staff/approvals/").status_code == 200
+    assert api.get("/v0/approval-requests").status_code == 200
+    # when
+    if change == "suspended":
+        services.update_member(root, status=Member.Status.SUSPENDED, actor=None)
+    elif change == "demoted":
+        services.update_member(root, is_admin=False, actor=None)
+    else:  # the Django user keeps is_staff and is_superuser
+        Member.objects.filter(pk=root.pk).update(status=Member.Status.SUSPENDED)
+    root.refresh_from_db()
+    # then: no admin page, no staff queue, no admin route, no approval
+    assert client.get("/admin/").status_code == 302
+    assert client.get("/staff/approvals/").status_code in (302, 403)
+    assert api.get("/v0/approval-requests").status_code == (403 if change == "demoted" else 401)
+    with pytest.raises(NotFound):
+        approvals.deny(approvals.ApprovalRequest(), "no", actor=root)
+    if change != "suspended behind the service's back":
+        root.user.refresh_from_db()
+        assert not root.user.is_staff and not root.user.is_superuser
+        assert root.user.is_active == (change == "demoted")
+
+
+def test_member_changes_in_the_admin_go_through_the_service(staff_client, make_member):
+    # given
+    from controlplane.models import AuditEntry, Member
+    bob = make_member("bob", kind="human", is_admin=True, password="pw-for-tests-2")
+    page = staff_client.get(f"/admin/controlplane/member/{bob.pk}/change/")
+    assert page.status_code == 200
+    form = {"handle": "bob", "display_name": "bob", "kind": "human", "status": "suspended", "is_admin": "on",
+            "user": bob.user_id}
+    # when
+    response = staff_client.post(f"/admin/controlplane/member/{bob.pk}/change/", form)
+    # then
+    assert response.status_code == 302, response.content.decode()[:2000]
+    bob.refresh_from_db(), bob.user.refresh_from_db()
+    assert bob.status == Member.Status.SUSPENDED and not bob.user.is_active
+    assert AuditEntry.objects.filter(action="member.updated", target=bob.public_id, actor__handle="root").exists()

@@ -272,3 +272,17 @@ async def test_signing_out_closes_the_sessions_sockets(room, ben):
     # then
     assert await refusal(conversation) == [4401]
     assert await refusal(inbox) == [4401]
+
+
+async def test_suspending_a_member_closes_all_their_sockets_at_once(room, ann, ben):
+    # given: ben watches a conversation and his inbox
+    _, channel = room
+    conversation = await watching(ben, channel)
+    await frames_until_live(conversation)
+    inbox, connected = await open_socket("/ws/inbox/", ben)
+    assert connected and await inbox.receive_json_from(timeout=5) == {"type": "inbox", "pending": 0}
+    # when: he is suspended (nothing happens in the conversation)
+    await db_call(services.update_member)(ben, status=Member.Status.SUSPENDED, actor=ann)
+    # then: both close as signed out, without waiting for a message
+    for socket in (conversation, inbox):
+        assert (await socket.receive_output(timeout=5)) == {"type": "websocket.close", "code": 4401}
