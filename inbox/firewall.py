@@ -7,11 +7,15 @@ a time, in insertion order, under that member's mailbox row lock (taken with
 SKIP LOCKED, so workers never wait on each other): every conversation's
 items are therefore admitted in order, each exactly once, however many
 workers run. A hold advances the conversation just like an admission.
+Matching (RE2, linear time) happens before any lock is taken.
 """
 from __future__ import annotations
 
-import re
+import functools
+import logging
 from dataclasses import dataclass
+
+import re2
 
 from django.db import transaction
 
@@ -23,6 +27,8 @@ from controlplane.log import append_events
 from inbox import authority, events, mailbox
 from inbox.models import FirewallRule, InboxItem, Mailbox
 
+log = logging.getLogger(__name__)
+
 MAX_RULES = 50
 MAX_PATTERN = 200
 
@@ -33,6 +39,30 @@ class Decision:
     guidance: str | None
 
 
+# Patterns are matched by RE2, in time linear in the content: no pattern can
+# make a match backtrack for minutes. RE2 lacks backreferences and
+# lookaround; such a pattern is refused when the rules are set.
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False
+_RE2_OPTIONS.max_mem = 8 << 20
+
+
+@functools.lru_cache(maxsize=1024)
+def compile_pattern(pattern: str):
+    """The compiled pattern, or InvalidRequest naming why RE2 refuses it."""
+    try:
+        return re2.compile(pattern, _RE2_OPTIONS)
+    except re2.error as exc:
+        raise InvalidRequest("content_pattern is not a regular expression this server can match in linear time "
+                             "(RE2 syntax: no backreferences or lookaround).",
+                             details={"content_pattern": pattern, "error": _text(exc)}) from None
+
+
+def _text(exc: Exception) -> str:
+    reason = exc.args[0] if exc.args else ""
+    return reason.decode("utf-8", "replace") if isinstance(reason, bytes) else str(reason)
+
+
 def _matches(rule: FirewallRule, item: InboxItem) -> bool:
     payload = item.payload
     conversation = item.conversation
@@ -40,22 +70,51 @@ def _matches(rule: FirewallRule, item: InboxItem) -> bool:
         rule.sender is None or payload.get("sender") == f"@{rule.sender}",
         rule.space is None or (conversation is not None and conversation.space.slug == rule.space),
         rule.conversation_kind is None or (conversation is not None and conversation.kind == rule.conversation_kind),
-        rule.content_pattern is None or re.search(rule.content_pattern, payload.get("content", "")) is not None,
         rule.min_bytes is None or item.content_bytes >= rule.min_bytes,
+        rule.content_pattern is None
+        or compile_pattern(rule.content_pattern).search(payload.get("content", "")) is not None,
     ])
 
 
+UNDECIDABLE = "The firewall could not evaluate rule {n} on this item; it is held for review."
+
+
 def decide(rules: list[FirewallRule], item: InboxItem) -> Decision:
-    """The first matching rule decides; no match admits."""
-    for rule in rules:
-        if _matches(rule, item):
+    """The first matching rule decides; no match admits. A rule that cannot
+    be evaluated (a stored pattern RE2 refuses, say) holds the item, with
+    guidance saying so: the outcome is always recorded."""
+    for n, rule in enumerate(rules, 1):
+        try:
+            matched = _matches(rule, item)
+        except Exception:
+            log.exception("firewall rule %d of member %s could not be evaluated", n, item.member_id)
+            return Decision(FirewallRule.Action.HOLD, UNDECIDABLE.format(n=n))
+        if matched:
             return Decision(rule.action, rule.guidance)
     return Decision(FirewallRule.Action.ALLOW, None)
 
 
+def _rules(member_id: int) -> list[FirewallRule]:
+    return list(FirewallRule.objects.filter(member_id=member_id).order_by("ordinal"))
+
+
 def classify_next(member_id: int) -> bool:
     """Settle `member_id`'s oldest unclassified item. False when there is
-    none, or when another worker holds this member (it will carry on)."""
+    none, or when another worker holds this member (it will carry on).
+
+    The decision is made first, outside any transaction (matching holds no
+    lock, and on SQLite not the database's write lock); it is applied under
+    the member's mailbox lock only if that item is still the oldest
+    unclassified one and the rules are those it was decided by (else the
+    caller's loop decides again). So items settle one at a time, in order,
+    each exactly once, however many workers run."""
+    candidate = (InboxItem.objects.select_related("conversation__space")
+                 .filter(member_id=member_id, admission=InboxItem.Admission.UNCLASSIFIED)
+                 .order_by("position", "id").first())
+    if candidate is None:
+        return False
+    rules = _rules(member_id)
+    decision = decide(rules, candidate)
     with transaction.atomic():
         box = Mailbox.objects.select_for_update(skip_locked=True).filter(member_id=member_id).first()
         if box is None:
@@ -66,7 +125,8 @@ def classify_next(member_id: int) -> bool:
                 .order_by("position", "id").first())
         if item is None:
             return False
-        decision = decide(list(FirewallRule.objects.filter(member_id=member_id).order_by("ordinal")), item)
+        if item.pk != candidate.pk or [r.pk for r in _rules(member_id)] != [r.pk for r in rules]:
+            return True  # settled by another worker, or the rules changed: decide again
         item.settled_at, item.guidance = now(), decision.guidance
         if decision.action == FirewallRule.Action.HOLD:
             item.admission = InboxItem.Admission.HELD
@@ -131,11 +191,7 @@ def set_rules(member: Member, rules: list[dict], *, actor: Member) -> list[Firew
     for rule in rules:
         pattern = rule.get("content_pattern")
         if pattern is not None:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise InvalidRequest("content_pattern is not a valid regular expression.",
-                                     details={"content_pattern": pattern, "error": str(exc)}) from None
+            compile_pattern(pattern)
         kind = rule.get("conversation_kind")
         if kind is not None and kind not in Conversation.Kind.values:
             raise InvalidRequest("conversation_kind must be channel, direct or group.")
