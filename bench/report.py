@@ -107,6 +107,8 @@ def markdown(report: dict) -> str:
 
     if "live" in res:
         lines += live_markdown(res["live"])
+    if "mentions" in res:
+        lines += mentions_markdown(res["mentions"])
 
     problems = []
     servers = [(f"sends, {name}", r) for name, r in res.get("sends", {}).items()]
@@ -204,6 +206,17 @@ def inbox_markdown(r: dict, cfg: dict, base16: float | None) -> list[str]:
 
 LIVE_SETUPS = {"1proc": "1 process (`serve --no-worker`)", "2proc": "2 processes, clients split, sends to the first",
                "1proc-1client": "1 process, 1 client (no fan-out)"}
+
+
+def mentions_markdown(r: dict) -> list[str]:
+    lines = ["### Mention parsing, worst shapes of an 8 KiB body (in-process)", "",
+             "| body | ms at 8 KiB | × ordinary prose | growth 2 → 8 KiB (4.0 = linear) |",
+             "| --- | ---: | ---: | ---: |"]
+    if "error" in r:
+        return lines + [f"| failed: {r['error'][:120]} | | | |", ""]
+    for name, row in r["shapes"].items():
+        lines.append(f"| {name} | {fmt(row['ms_8k'], 2)} | {fmt(row['vs_prose'])} | {fmt(row['growth_2k_to_8k'], 2)} |")
+    return lines + [""]
 
 
 def live_markdown(r: dict) -> list[str]:

@@ -16,6 +16,8 @@ One run, every figure beside its baseline from the same run:
 5. live: send → WebSocket frame latency (p50/p99) with --live-clients sockets
    on one conversation, beside the send's own round trip and a raw
    channel-layer round trip (bench/live.py).
+6. mentions: mention parsing of the costliest 8 KiB bodies beside ordinary
+   prose, and its growth from 2 to 8 KiB (bench/mentions.py).
 
 It creates the database `switchboard_bench` from scratch (dropped at the end
 unless --keep), migrates it, starts every server as a subprocess on a free
@@ -43,7 +45,7 @@ if str(ROOT) not in sys.path:
 import psycopg  # noqa: E402
 import redis  # noqa: E402
 
-from bench import feeds, fixture, inbox, live, load, webhooks  # noqa: E402
+from bench import feeds, fixture, inbox, live, load, mentions, webhooks  # noqa: E402
 from bench.report import LOG_GROUP_KEY, markdown  # noqa: E402
 from bench.servers import PY, SETUPS, Server  # noqa: E402
 
@@ -53,7 +55,7 @@ DSN = f"{PG}/{DB_NAME}"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 # A fixed root key for the run: cursors built here must verify in the servers.
 ADMIN_KEY = "bench-only-server-admin-key-0123456789abcdefghijklmnopqrstuvwxyz"
-PHASES = ("baseline", "feeds", "inbox", "sends", "webhooks", "live")
+PHASES = ("baseline", "feeds", "inbox", "sends", "webhooks", "live", "mentions")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -266,6 +268,8 @@ def main(argv=None) -> int:
                 elif phase == "webhooks":
                     results[phase] = webhooks.run(env, out_dir, seconds=args.seconds, workers=args.webhook_workers,
                                                   latency_sends=args.webhook_sends)
+                elif phase == "mentions":
+                    results[phase] = mentions.run()
                 elif phase == "live":
                     results[phase] = live.run(env, out_dir, clients=args.live_clients, sends=args.live_sends,
                                               gap=args.live_gap)

@@ -15,7 +15,10 @@ from markdown_it import MarkdownIt
 # local part of an e-mail address never reads as a mention.
 MENTION_RE = re.compile(r"(?<![\w.+@-])@([A-Za-z0-9][A-Za-z0-9_-]{1,31})(?![A-Za-z0-9_@-])")
 # An e-mail address that linkify did not take (for example inside emphasis).
-EMAIL_RE = re.compile(r"[\w.%+-]+@[\w.-]+\.\w{2,}")
+# It starts only where a run of address characters starts (the lookbehind),
+# and its parts cannot give back what they took (possessive): each character
+# is looked at a bounded number of times, so a long "word" costs linear time.
+EMAIL_RE = re.compile(r"(?<![\w.%+-])[\w.%+-]++@(?:[\w-]++\.)++\w{2,}+(?![\w-])")
 
 
 @lru_cache(maxsize=1)
@@ -43,7 +46,11 @@ def _plain_text(body: str) -> list[str]:
 
 
 def parse_mentions(body: str) -> list[str]:
-    """Lower-cased handles explicitly mentioned in `body`, first mention first."""
+    """Lower-cased handles explicitly mentioned in `body`, first mention
+    first. Linear in the body's length (bench/run.py --only mentions
+    measures the worst shapes)."""
+    if "@" not in body:
+        return []
     seen: dict[str, None] = {}
     for text in _plain_text(body):
         text = EMAIL_RE.sub(" ", text)
