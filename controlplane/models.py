@@ -182,7 +182,8 @@ class EventAddressee(models.Model):
 
     member = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="+")
     event = models.ForeignKey(Event, on_delete=models.CASCADE, related_name="addressees")
-    space = models.ForeignKey(Space, on_delete=models.CASCADE, related_name="+")
+    # null: a notice about the member's own things (a suspended inbox subscription)
+    space = models.ForeignKey(Space, null=True, on_delete=models.CASCADE, related_name="+")
 
     class Meta:
         indexes = [models.Index(fields=["member", "event"], name="addressee_member_position")]

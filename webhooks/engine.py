@@ -181,7 +181,12 @@ class Result:
 def record(results: list[Result]) -> None:
     """Store the attempts and apply their outcomes, in one transaction. An
     outcome only changes a delivery that is still its attempt's: one whose
-    lease ran out and was claimed again belongs to the newer attempt."""
+    lease ran out and was claimed again belongs to the newer attempt.
+
+    Each failed outcome is applied in a savepoint of its own: one that cannot
+    be (a suspension notice that fails, say) is logged and leaves only its
+    own delivery `sending`, to be claimed again when its lease runs out; the
+    rest of the batch is recorded."""
     if not results:
         return
     with transaction.atomic():
@@ -198,11 +203,27 @@ def record(results: list[Result]) -> None:
                 continue  # cancelled, or a newer attempt owns it
             if r.outcome.ok:
                 delivered.append(delivery.pk)
-            else:
-                _failed(delivery, r.outcome)
+                continue
+            try:
+                with transaction.atomic():
+                    _failed(delivery, r.outcome)
+            except Exception:
+                log.exception("recording the failed attempt %d of %s failed; it is retried after its lease",
+                              r.job.number, r.job.public_id)
         if delivered:
             Delivery.objects.filter(pk__in=delivered).update(state=Delivery.State.DELIVERED, finished_at=now(),
                                                              claimed_until=None)
+
+
+def _record_or_leave(results: list[Result]) -> None:
+    """`record`, for the pump: if the batch cannot be recorded at all (the
+    database is gone, say), its deliveries stay `sending` and their leases
+    bring them back; the pump goes on."""
+    try:
+        record(results)
+    except Exception:
+        log.exception("recording %d webhook attempts failed; they are retried after their leases", len(results))
+        connections.close_all()  # a broken connection is not reused by the next claim
 
 
 def _failed(delivery: Delivery, outcome: Outcome) -> None:
@@ -320,7 +341,7 @@ async def pump(*, seconds: float, wait: bool, resolver=None) -> int:
                     if done and in_flight:  # what else finishes within a few ms shares the transaction
                         more, in_flight = await asyncio.wait(in_flight, timeout=RECORD_WINDOW)
                         done |= more
-                    await db(record, [task.result() for task in done])
+                    await db(_record_or_leave, [task.result() for task in done])
                 else:
                     await asyncio.sleep(timeout)
     finally:

@@ -252,3 +252,25 @@ def test_history_shows_attempts_without_secrets(world, receiver):
     assert set(attempt) == {"number", "at", "duration_ms", "status_code", "error_class"}
     text = json.dumps(history.json())
     assert SECRET not in text and receiver.url() not in text
+
+
+def test_an_outcome_that_cannot_be_recorded_leaves_only_its_own_delivery(world, receiver, monkeypatch):
+    # given: two due wakes of two subscriptions; suspending the first fails
+    from webhooks.models import Delivery
+    second = world["as_alice"].post("/v0/me/inbox-subscriptions", {"endpoint_id": world["subscription"]["endpoint_id"],
+                                                                   "debounce_ms": 0}).json()["subscription"]
+    world["as_alice"].post(f"/v0/me/inbox-subscriptions/{second['id']}/activate")
+    receiver.respond = lambda received: (410, {}, b"") if "space" in received.json() else (202, {}, b"{}")
+
+    def broken_suspend(subscription, *args, **kwargs):
+        raise RuntimeError("the notice cannot be written")
+
+    monkeypatch.setattr(engine, "suspend", broken_suspend)
+    send_message(world["general"], body="hello @alice", actor=world["bob"])
+    # when: the pump sends both and records them together
+    sent = pump()
+    # then: the pump lived; the inbox wake is delivered; the space wake stays
+    # `sending`, to be claimed again when its lease runs out
+    assert sent == 2
+    states = dict(Delivery.objects.values_list("subscription__public_id", "state"))
+    assert states == {second["id"]: "delivered", world["subscription"]["id"]: "sending"}

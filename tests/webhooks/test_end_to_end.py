@@ -1,12 +1,14 @@
 """Webhooks end to end: real `serve` processes (Daphne and a django-q2
 cluster) deliver to a real HTTPS receiver on 127.0.0.1."""
 import threading
+import time
 
 import httpx
 import pytest
 
 from controlplane.processes import in_session, kill_all
 from tests.servers import manage, serving
+from tests.webhooks.receiver import Receiver
 from webhooks.receiver import WakeVerifier, fetch_signing_keys
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -84,3 +86,76 @@ def test_a_worker_killed_mid_delivery_loses_nothing(receiver, https_receiver):
         deliveries = httpx.get(f"{base}/v0/webhook-subscriptions/{history[0]['id']}/deliveries",
                                headers=alice).json()["deliveries"]
         assert [d["state"] for d in deliveries] == ["delivered"]
+
+
+def test_terminal_rejections_suspend_inbox_and_space_subscriptions_alike(receiver, https_receiver):
+    """410 and 413 from the receiver, for an inbox and a space subscription
+    each: every subscription is suspended for good, its delivery is failed,
+    its owner is told in their inbox, and the engine goes on delivering."""
+    # given: four owners, each with one subscription on its own receiver path
+    bob = member("bob")
+    owners = {(kind, status): member(f"{kind}{status}") for kind in ("inbox", "space") for status in (410, 413)}
+    owners["healthy"] = member("healthy")
+    answers = {f"/{key[0]}{key[1]}": key[1] for key in owners if key != "healthy"}
+
+    def answer(received):
+        if received.path in answers and received.json().get("type") != "spaces.webhook.challenge":
+            return answers[received.path], {}, b""
+        return Receiver(port=0).answer(received)  # the default: challenges echoed, wakes 202
+
+    receiver.respond = answer
+    with serving(**receiver_env(https_receiver[1])) as (base, _):
+        httpx.post(f"{base}/v0/spaces", json={"slug": "lab", "name": "Lab"}, headers=bob)
+        channel = httpx.post(f"{base}/v0/spaces/lab/channels", json={"name": "general"},
+                             headers=bob).json()["conversation"]["id"]
+        for headers in owners.values():  # every join first: a join would wake the space subscriptions
+            httpx.post(f"{base}/v0/spaces/lab/join", headers=headers)
+        subscriptions = {}
+        for key, headers in owners.items():
+            path = "/healthy" if key == "healthy" else f"/{key[0]}{key[1]}"
+            endpoint = httpx.post(f"{base}/v0/webhook-endpoints", json={"url": receiver.url(path)},
+                                  headers=headers).json()["endpoint"]["id"]
+            assert httpx.post(f"{base}/v0/webhook-endpoints/{endpoint}/verify", headers=headers,
+                              timeout=30).status_code == 200
+            if key == "healthy" or key[0] == "inbox":
+                created = httpx.post(f"{base}/v0/me/inbox-subscriptions",
+                                     json={"endpoint_id": endpoint, "debounce_ms": 0}, headers=headers).json()
+                route = f"{base}/v0/me/inbox-subscriptions/{created['subscription']['id']}"
+            else:
+                created = httpx.post(f"{base}/v0/spaces/lab/webhook-subscriptions",
+                                     json={"endpoint_id": endpoint, "debounce_ms": 0}, headers=headers).json()
+                route = f"{base}/v0/spaces/lab/webhook-subscriptions/{created['subscription']['id']}"
+            assert httpx.post(f"{route}/activate", headers=headers).status_code == 200
+            subscriptions[key] = route
+        receiver.requests.clear()
+        # when: one message mentions everyone
+        handles = " ".join("@" + ("healthy" if key == "healthy" else f"{key[0]}{key[1]}") for key in owners)
+        sent = httpx.post(f"{base}/v0/spaces/lab/conversations/{channel}/messages",
+                          json={"body": f"hello {handles}"}, headers=bob)
+        assert sent.status_code == 201, sent.text
+        receiver.wait_for(lambda requests: {r.path for r in requests} >= {"/healthy", *answers}, timeout=60)
+        # then: each rejected subscription is suspended for good and its owner told
+        for key, route in subscriptions.items():
+            headers = owners[key]
+            deadline = time.monotonic() + 30
+            while True:
+                subscription = httpx.get(route, headers=headers).json()["subscription"]
+                if key == "healthy" or subscription["status"] == "suspended" or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            if key == "healthy":
+                assert subscription["status"] == "active"
+                continue
+            assert subscription["status"] == "suspended", (key, subscription)
+            assert subscription["suspended"]["terminal"] is True
+            assert subscription["suspended"]["last_error"] == f"http_{key[1]}"
+            deliveries = httpx.get(f"{base}/v0/webhook-subscriptions/{subscription['id']}/deliveries",
+                                   headers=headers).json()["deliveries"]
+            assert [d["state"] for d in deliveries] == ["failed"]
+            kinds = [i["item"]["kind"] for i in httpx.get(f"{base}/v0/me/inbox", headers=headers).json()["items"]]
+            assert "subscription.suspended" in kinds
+        # and the engine lives on: the next message still reaches the healthy receiver
+        receiver.requests.clear()
+        httpx.post(f"{base}/v0/spaces/lab/conversations/{channel}/messages", json={"body": "again @healthy"},
+                   headers=bob)
+        receiver.wait_for(lambda requests: any(r.path == "/healthy" for r in requests), timeout=30)
