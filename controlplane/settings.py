@@ -37,7 +37,8 @@ WEBHOOK_CA_BUNDLE = os.environ.get("WEBHOOK_CA_BUNDLE") or None
 WEBHOOK_LEASE_SECONDS = env_int("WEBHOOK_LEASE_SECONDS", 60)
 CLAIM_TTL_HOURS = env_int("CLAIM_TTL_HOURS", 24)
 EVENT_RETENTION_DAYS = env_int("EVENT_RETENTION_DAYS", 30)
-RATE_LIMIT_PER_MINUTE = env_int("RATE_LIMIT_PER_MINUTE", 12000)
+RATE_LIMIT_PER_MINUTE = env_int("RATE_LIMIT_PER_MINUTE", 12000)  # per member
+CREDENTIALS_PER_HOUR = env_int("CREDENTIALS_PER_HOUR", 10)  # new credentials per member
 REDIS_URL = os.environ.get("REDIS_URL") or None
 # A waiting long-poll re-reads at least this often, in case a wake was lost
 # (or, without Redis, came from another process).
@@ -179,7 +180,7 @@ REST_FRAMEWORK = {
         "controlplane.api.authentication.MemberSessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["controlplane.api.permissions.IsMember"],
-    "DEFAULT_THROTTLE_CLASSES": ["controlplane.api.throttling.CredentialRateThrottle"],
+    "DEFAULT_THROTTLE_CLASSES": ["controlplane.api.throttling.MemberRateThrottle"],
     "DEFAULT_PARSER_CLASSES": ["controlplane.api.parsers.StrictJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "EXCEPTION_HANDLER": "controlplane.errors.api_exception_handler",

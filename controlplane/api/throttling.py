@@ -1,42 +1,41 @@
-"""Per-credential rate limiting: a fixed one-minute window in the cache
-(local memory in the embedded deployment, Redis when REDIS_URL is set)."""
+"""The API's rate limits (controlplane.ratelimit counts them)."""
 from __future__ import annotations
 
 from django.conf import settings
-from django.core.cache import cache
 from rest_framework.throttling import BaseThrottle
 
-from controlplane.clock import timestamp
-
-WINDOW_SECONDS = 60
+from controlplane.ratelimit import hit
 
 
-def _identity(request) -> str:
-    if request.auth is not None:
-        return f"crd:{request.auth.public_id}"
-    if request.user is not None:
-        return f"mem:{request.user.public_id}"
-    return f"ip:{request.META.get('REMOTE_ADDR', '')}"
+def client_address(request) -> str:
+    return request.META.get("REMOTE_ADDR", "")
 
 
-class CredentialRateThrottle(BaseThrottle):
-    def allow_request(self, request, view):
-        limit = settings.RATE_LIMIT_PER_MINUTE
-        # A long-poll re-reading its feed is one request, counted once.
-        if limit <= 0 or getattr(request._request, "switchboard_repoll", False):
-            return True
-        now = timestamp()
-        key = f"rl:{_identity(request)}:{int(now // WINDOW_SECONDS)}"
-        if cache.add(key, 1, WINDOW_SECONDS * 2):
-            count = 1
-        else:
-            try:
-                count = cache.incr(key)
-            except ValueError:  # expired between add and incr
-                cache.add(key, 1, WINDOW_SECONDS * 2)
-                count = 1
-        self._wait = WINDOW_SECONDS - (now % WINDOW_SECONDS)
-        return count <= limit
+class _Throttle(BaseThrottle):
+    _wait: float | None = None
 
     def wait(self):
         return self._wait
+
+
+class MemberRateThrottle(_Throttle):
+    """RATE_LIMIT_PER_MINUTE per member, however many credentials they hold
+    (anonymous callers: per client address)."""
+
+    def allow_request(self, request, view):
+        # A long-poll re-reading its feed is one request, counted once.
+        if getattr(request._request, "switchboard_repoll", False):
+            return True
+        who = f"mem:{request.user.public_id}" if request.user is not None else f"ip:{client_address(request)}"
+        self._wait = hit(who, limit=settings.RATE_LIMIT_PER_MINUTE, window=60)
+        return self._wait is None
+
+
+class CredentialCreationThrottle(_Throttle):
+    """CREDENTIALS_PER_HOUR new credentials per member."""
+
+    def allow_request(self, request, view):
+        if request.method != "POST" or request.user is None:
+            return True
+        self._wait = hit(f"credentials:{request.user.public_id}", limit=settings.CREDENTIALS_PER_HOUR, window=3600)
+        return self._wait is None

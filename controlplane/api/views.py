@@ -11,6 +11,7 @@ from controlplane import services
 from controlplane.api.fields import validated
 from controlplane.api.pagination import paginate
 from controlplane.api.permissions import IsAdmin, ReadableAnonymously
+from controlplane.api.throttling import CredentialCreationThrottle, MemberRateThrottle
 from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, LIMIT, errors
 from controlplane.api.serializers import (ChannelCreateIn, ConversationOut, CredentialCreatedOut, CredentialOut,
                                           EmptyIn, GroupCreateIn, MemberCreateIn, MemberOut, MemberRefIn,
@@ -30,6 +31,8 @@ class MeView(APIView):
 
 
 class CredentialsView(APIView):
+    throttle_classes = [MemberRateThrottle, CredentialCreationThrottle]
+
     @extend_schema(operation_id="list_credentials",
                    responses={200: envelope("credentials", CredentialOut, many=True), **errors()})
     def get(self, request):
@@ -39,7 +42,7 @@ class CredentialsView(APIView):
     @extend_schema(operation_id="create_credential", request=EmptyIn, parameters=[IDEMPOTENCY_KEY],
                    responses={201: CredentialCreatedOut,
                               **errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "IDEMPOTENCY_CONFLICT",
-                                       "LIMIT_EXCEEDED")})
+                                       "LIMIT_EXCEEDED", "RATE_LIMITED")})
     @idempotent(secret_fields=("token",))
     def post(self, request):
         validated(EmptyIn, request.data)

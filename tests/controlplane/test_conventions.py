@@ -138,7 +138,7 @@ def test_failed_request_with_key_can_be_retried(as_alice):
     assert as_alice.post("/v0/spaces", {"slug": "good", "name": "x"}, headers=headers).status_code == 201
 
 
-def test_rate_limit_is_per_credential(settings, api_for, alice, bob):
+def test_rate_limit_is_per_member(settings, api_for, alice, bob):
     # given
     settings.RATE_LIMIT_PER_MINUTE = 3
     as_alice, as_bob = api_for(alice), api_for(bob)
@@ -150,6 +150,19 @@ def test_rate_limit_is_per_credential(settings, api_for, alice, bob):
     assert error_code(limited) == "RATE_LIMITED"
     assert 1 <= int(limited["Retry-After"]) <= 60
     assert as_bob.get("/v0/me").status_code == 200
+    # and a second credential of alice's shares her limit
+    assert api_for(alice).get("/v0/me").status_code == 429
+
+
+def test_credential_creation_is_throttled_per_member(settings, as_alice, as_bob):
+    # given
+    settings.CREDENTIALS_PER_HOUR = 2
+    # when
+    statuses = [as_alice.post("/v0/me/credentials", {}).status_code for _ in range(3)]
+    # then
+    assert statuses == [201, 201, 429]
+    assert 1 <= int(as_alice.post("/v0/me/credentials", {})["Retry-After"]) <= 3600
+    assert as_bob.post("/v0/me/credentials", {}).status_code == 201
 
 
 def test_schema_lists_every_route_with_its_errors(anon):
