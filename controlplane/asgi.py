@@ -12,12 +12,13 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from controlplane.bodylimit import BodyLimit  # noqa: E402
 from controlplane.live import publisher  # noqa: E402
 from web.routing import websocket_urlpatterns  # noqa: E402
 from web.sockets import SameOriginOnly  # noqa: E402
 
 router = ProtocolTypeRouter({
-    "http": ASGIStaticFilesHandler(django_application),
+    "http": BodyLimit(ASGIStaticFilesHandler(django_application)),
     "websocket": SameOriginOnly(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
 })
 

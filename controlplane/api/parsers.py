@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 from django.conf import settings
-from rest_framework.exceptions import ParseError
 from rest_framework.parsers import BaseParser
 
-from controlplane.errors import BodyTooLarge, InvalidBody
+from controlplane.errors import BodyTooLarge, InvalidBody, InvalidRequest
 
 
 def _reject_constant(name):
@@ -25,7 +24,7 @@ def _check(data) -> None:
     while stack:
         value, path, depth = stack.pop()
         if depth > MAX_DEPTH:
-            raise ParseError(f"JSON nested deeper than {MAX_DEPTH} levels.")
+            raise InvalidRequest(f"JSON nested deeper than {MAX_DEPTH} levels.")
         if isinstance(value, str):
             if "\x00" in value:
                 raise InvalidBody("Text must not contain NUL.", details={"field": path})
@@ -54,15 +53,23 @@ class StrictJSONParser(BaseParser):
         raw = stream.read(limit + 1)
         if len(raw) > limit:
             raise BodyTooLarge("The request is too large.", details={"max_bytes": limit})
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise InvalidBody("The request body is not valid UTF-8.") from None
-        try:
-            data = json.loads(text, parse_constant=_reject_constant)
-        except (ValueError, RecursionError) as exc:
-            raise ParseError(f"Malformed JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise ParseError("The request body must be a JSON object.")
-        _check(data)
-        return data
+        return parse_json_object(raw)
+
+
+def parse_json_object(raw: bytes) -> dict:
+    """A request body as a JSON object, by the API's rules, wherever it
+    arrives (the API's parser, the web app's scripts): invalid UTF-8, lone
+    surrogates and NUL are 422; malformed, non-object or too deeply nested
+    JSON is 400."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidBody("The request body is not valid UTF-8.") from None
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidRequest(f"Malformed JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    _check(data)
+    return data

@@ -220,3 +220,12 @@ def test_joining_an_open_space_from_home(ann, ben, browser_of):
     response = browser_of(ben).post(f"/app/spaces/{space.slug}/join")
     assert response.status_code == 302
     assert space.memberships.filter(member=ben, status="active").exists()
+
+
+def test_deeply_nested_json_to_the_composer_is_400_as_in_the_api(ann, room, browser_of):
+    space, channel = room
+    raw = b'{"body": "hi", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    response = browser_of(ann).post(f"{page_url(space, channel)}send", raw, content_type="application/json",
+                                    HTTP_ACCEPT="application/json")
+    assert response.status_code == 400 and response.json()["error"]["code"] == "INVALID_REQUEST"
+    assert not Message.objects.exists()

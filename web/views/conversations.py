@@ -1,7 +1,6 @@
 """Spaces, conversations, history and the composer."""
 from __future__ import annotations
 
-import json
 import secrets
 
 from django.contrib import messages as flash
@@ -10,9 +9,6 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from controlplane import services as spaces
-from controlplane.errors import ApiError, GrantRequired, InvalidIdempotencyKey, InvalidRequest, NotFound
-from controlplane.idempotency import is_valid_key
-from controlplane.models import Conversation, Membership
 from controlplane.access import (
     active_membership,
     get_conversation_to_write,
@@ -21,6 +17,10 @@ from controlplane.access import (
     readable_conversations,
     readable_spaces,
 )
+from controlplane.api.parsers import parse_json_object
+from controlplane.errors import ApiError, GrantRequired, InvalidIdempotencyKey, InvalidRequest, NotFound
+from controlplane.idempotency import is_valid_key
+from controlplane.models import Conversation, Membership
 from inbox import services
 from web import messages
 from web.pages import member_page, wants_json
@@ -109,11 +109,8 @@ def new_key() -> str:
 
 def _send_input(request) -> tuple[str, str | None, bool]:
     if request.content_type == "application/json":
-        try:
-            data = json.loads(request.body)
-        except ValueError:
-            raise InvalidRequest("The request body is not JSON.") from None
-        if not isinstance(data, dict) or not isinstance(data.get("body"), str):
+        data = parse_json_object(request.body)
+        if not isinstance(data.get("body"), str):
             raise InvalidRequest("body is required.")
         body, key, approval = data["body"], data.get("idempotency_key"), data.get("request_approval") is True
     else:

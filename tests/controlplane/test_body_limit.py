@@ -1,0 +1,60 @@
+"""Oversized bodies are refused before they are read (SPEC §13), whether
+their length is declared or they are streamed without one."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from controlplane.asgi import application
+
+CHUNK = 64 * 1024
+
+
+def _call(headers: list[tuple[bytes, bytes]], receive) -> tuple[int, dict]:
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": "/v0/spaces", "raw_path": b"/v0/spaces", "query_string": b"",
+             "root_path": "", "headers": [(b"host", b"testserver"), (b"content-type", b"application/json"), *headers],
+             "client": ("127.0.0.1", 5000), "server": ("testserver", 80)}
+    asyncio.run(application(scope, receive, send))
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], json.loads(body)
+
+
+def test_a_declared_length_over_the_limit_is_413_before_any_byte_is_read(settings):
+    read = []
+
+    async def receive():
+        read.append(1)
+        return {"type": "http.request", "body": b"x" * CHUNK, "more_body": True}
+
+    status, body = _call([(b"content-length", str(10 ** 9).encode())], receive)
+    assert (status, body["error"]["code"]) == (413, "BODY_TOO_LARGE")
+    assert read == []
+
+
+@pytest.mark.parametrize("length", [b"12abc", b"-1"])
+def test_a_malformed_length_is_refused_unread(length):
+    async def receive():
+        raise AssertionError("nothing may be read")
+
+    assert _call([(b"content-length", length)], receive)[0] == 413
+
+
+def test_a_streamed_body_is_counted_and_refused_once_past_the_limit(settings):
+    read = []
+
+    async def receive():  # an endless chunked upload
+        read.append(CHUNK)
+        return {"type": "http.request", "body": b"x" * CHUNK, "more_body": True}
+
+    status, body = _call([], receive)
+    assert (status, body["error"]["code"]) == (413, "BODY_TOO_LARGE")
+    assert sum(read) <= settings.DATA_UPLOAD_MAX_MEMORY_SIZE + CHUNK
