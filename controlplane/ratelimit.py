@@ -4,9 +4,21 @@ the API's per-member limit, credential creation and the web app's sign-in
 and actions alike."""
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.cache import cache
 
 from controlplane.clock import timestamp
+
+
+def client_address(request) -> str:
+    """The client's address: the peer's, or with TRUST_PROXY_HEADERS the
+    last address the proxy appended to X-Forwarded-For (the ones before it
+    come from the client and prove nothing)."""
+    if settings.TRUST_PROXY_HEADERS:
+        forwarded = [a.strip() for a in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",") if a.strip()]
+        if forwarded:
+            return forwarded[-1]
+    return request.META.get("REMOTE_ADDR", "")
 
 
 def hit(key: str, *, limit: int, window: int) -> float | None:

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from controlplane.keys import derive_key, development_checkout, load_root_key
 
@@ -44,8 +46,29 @@ REDIS_URL = os.environ.get("REDIS_URL") or None
 # (or, without Redis, came from another process).
 FEED_RECHECK_SECONDS = float(os.environ.get("FEED_RECHECK_SECONDS", "1.0"))
 
-ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "").split(",") if h] or ["*"]
+# --- production: hosts, TLS, proxies ------------------------------------------
+_public = urlsplit(SWITCHBOARD_PUBLIC_URL)
+# Requests must name the public host (HostCheck: /healthz is exempt, load
+# balancers probe it by address); in development any host will do.
+ALLOWED_HOSTS = ([h for h in os.environ.get("ALLOWED_HOSTS", "").split(",") if h]
+                 or (["*"] if DEBUG else [_public.hostname or "localhost"]))
 CSRF_TRUSTED_ORIGINS = [SWITCHBOARD_PUBLIC_URL]
+# Only behind a proxy that sets them (and strips clients' own): the scheme
+# from X-Forwarded-Proto, the client address from X-Forwarded-For.
+TRUST_PROXY_HEADERS = env_bool("TRUST_PROXY_HEADERS", False)
+if TRUST_PROXY_HEADERS:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+if _public.scheme == "https" and not DEBUG:
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
+    SECURE_SSL_REDIRECT = True
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 365 * 24 * 3600)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
+if WEBHOOK_ALLOW_PRIVATE_NETWORKS and not DEBUG:
+    # It lets any member make this server call internal addresses (SSRF).
+    raise ImproperlyConfigured("WEBHOOK_ALLOW_PRIVATE_NETWORKS is for development and tests only; "
+                               "unset it, or set DEBUG=1 on a development machine.")
 
 INSTALLED_APPS = [
     "daphne",
@@ -70,6 +93,7 @@ INSTALLED_APPS = [
 
 # Short and async-capable: every sync layer costs a thread hop under ASGI.
 MIDDLEWARE = [
+    "controlplane.middleware.HostCheck",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

@@ -4,11 +4,7 @@ from __future__ import annotations
 from django.conf import settings
 from rest_framework.throttling import BaseThrottle
 
-from controlplane.ratelimit import hit
-
-
-def client_address(request) -> str:
-    return request.META.get("REMOTE_ADDR", "")
+from controlplane.ratelimit import client_address, hit
 
 
 class _Throttle(BaseThrottle):

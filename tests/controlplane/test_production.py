@@ -1,0 +1,55 @@
+"""Production settings (DEBUG off): hosts, TLS, proxies, and what refuses to start."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from django.test import Client, RequestFactory
+
+from controlplane.ratelimit import client_address
+from tests.servers import ROOT, server_env
+
+PRODUCTION = {"DEBUG": "0", "SWITCHBOARD_PUBLIC_URL": "https://switchboard.example", "TRUST_PROXY_HEADERS": "1"}
+
+
+def manage(*args, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=server_env(**env),
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_the_deployment_check_finds_nothing_to_report():
+    result = manage("check", "--deploy", **PRODUCTION)
+    assert result.returncode == 0, result.stderr
+    assert "no issues" in result.stdout + result.stderr
+
+
+def test_https_means_secure_cookies_hsts_and_the_public_host_only():
+    result = manage("shell", "-c", "from django.conf import settings as s; print(s.SESSION_COOKIE_SECURE, "
+                    "s.CSRF_COOKIE_SECURE, s.SECURE_HSTS_SECONDS, s.SECURE_SSL_REDIRECT, s.ALLOWED_HOSTS)",
+                    **PRODUCTION)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[-2] == "True True 31536000 True ['switchboard.example']"
+
+
+def test_private_network_webhooks_refuse_to_start_in_production():
+    result = manage("check", **PRODUCTION, WEBHOOK_ALLOW_PRIVATE_NETWORKS="1")
+    assert result.returncode != 0
+    assert "WEBHOOK_ALLOW_PRIVATE_NETWORKS is for development and tests only" in result.stderr
+
+
+@pytest.mark.django_db
+def test_a_request_naming_another_host_is_400_except_the_health_check(settings):
+    settings.ALLOWED_HOSTS = ["switchboard.example"]
+    client = Client()
+    assert client.get("/v0/spaces", HTTP_HOST="switchboard.example").status_code == 401  # reached the API
+    wrong = client.get("/v0/spaces", HTTP_HOST="evil.example")
+    assert wrong.status_code == 400 and wrong.json()["error"]["code"] == "INVALID_REQUEST"
+    assert client.get("/healthz", HTTP_HOST="10.0.0.5").status_code == 200
+
+
+@pytest.mark.parametrize("trust, expected", [(False, "10.0.0.9"), (True, "203.0.113.7")])
+def test_client_addresses_come_from_the_proxy_only_when_trusted(settings, trust, expected):
+    settings.TRUST_PROXY_HEADERS = trust
+    request = RequestFactory().get("/", REMOTE_ADDR="10.0.0.9", HTTP_X_FORWARDED_FOR="1.2.3.4, 203.0.113.7")
+    assert client_address(request) == expected
