@@ -125,6 +125,11 @@ class MailboxFull(ApiError):
 class RateLimited(ApiError):
     status, code, message = 429, "RATE_LIMITED", "Too many requests."
 
+    @classmethod
+    def after(cls, wait: float, message: str | None = None) -> "RateLimited":
+        seconds = max(1, int(wait + 0.999))
+        return cls(message, details={"retry_after": seconds}, headers={"Retry-After": str(seconds)})
+
 
 def error_body(code: str, message: str, details: dict | None = None) -> dict:
     return {"error": {"code": code, "message": message, "details": details or {}}}
@@ -144,8 +149,7 @@ def _from_drf(exc: drf.APIException) -> ApiError:
     if isinstance(exc, drf.UnsupportedMediaType):
         return ApiError("Send JSON with Content-Type: application/json.", status=415, code="INVALID_REQUEST")
     if isinstance(exc, drf.Throttled):
-        wait = max(1, int(exc.wait or 1))
-        return RateLimited(details={"retry_after": wait}, headers={"Retry-After": str(wait)})
+        return RateLimited.after(exc.wait or 1)
     if isinstance(exc, drf.ValidationError):
         return InvalidRequest("The request has invalid fields.", details={"fields": exc.detail})
     if isinstance(exc, drf.ParseError):

@@ -4,10 +4,14 @@ the API's per-member limit, credential creation and the web app's sign-in
 and actions alike."""
 from __future__ import annotations
 
+import functools
+
 from django.conf import settings
 from django.core.cache import cache
+from django.http import HttpResponse
 
 from controlplane.clock import timestamp
+from controlplane.errors import RateLimited
 
 
 def client_address(request) -> str:
@@ -38,3 +42,32 @@ def hit(key: str, *, limit: int, window: int) -> float | None:
             cache.add(slot, 1, window * 2)
             count = 1
     return None if count <= limit else window - (now % window)
+
+
+SIGNIN_WINDOW = 15 * 60
+
+
+def signin_wait(request) -> float | None:
+    """Count a sign-in attempt against its client address and the account it
+    names (SIGNIN_PER_ADDRESS and SIGNIN_PER_ACCOUNT per 15 minutes); the
+    seconds to wait when either is spent, else None."""
+    account = str(request.POST.get("username", "")).strip().lower()[:64]
+    waits = [hit(f"signin:ip:{client_address(request)}", limit=settings.SIGNIN_PER_ADDRESS, window=SIGNIN_WINDOW),
+             hit(f"signin:user:{account}", limit=settings.SIGNIN_PER_ACCOUNT, window=SIGNIN_WINDOW)]
+    return max((w for w in waits if w is not None), default=None)
+
+
+def throttle_signin(view):
+    """A sign-in view (the web app's, the admin's) whose POSTs are counted
+    by `signin_wait`: past a limit, 429 with Retry-After, and the password
+    is not even checked."""
+    @functools.wraps(view)
+    def wrapper(request, *args, **kwargs):
+        if request.method == "POST" and (wait := signin_wait(request)):
+            error = RateLimited.after(wait, "Too many sign-in attempts. Wait a few minutes, then try again.")
+            response = HttpResponse(f"<!doctype html><title>Too many attempts</title><p>{error.message}</p>",
+                                    status=429)
+            response["Retry-After"] = error.headers["Retry-After"]
+            return response
+        return view(request, *args, **kwargs)
+    return wrapper

@@ -41,6 +41,9 @@ CLAIM_TTL_HOURS = env_int("CLAIM_TTL_HOURS", 24)
 EVENT_RETENTION_DAYS = env_int("EVENT_RETENTION_DAYS", 30)
 RATE_LIMIT_PER_MINUTE = env_int("RATE_LIMIT_PER_MINUTE", 12000)  # per member
 CREDENTIALS_PER_HOUR = env_int("CREDENTIALS_PER_HOUR", 10)  # new credentials per member
+# Sign-in attempts per 15 minutes (the web app and the admin).
+SIGNIN_PER_ACCOUNT = env_int("SIGNIN_PER_ACCOUNT", 10)
+SIGNIN_PER_ADDRESS = env_int("SIGNIN_PER_ADDRESS", 50)
 REDIS_URL = os.environ.get("REDIS_URL") or None
 # A waiting long-poll re-reads at least this often, in case a wake was lost
 # (or, without Redis, came from another process).

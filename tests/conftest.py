@@ -31,6 +31,14 @@ def tasks_run_synchronously(monkeypatch):
     monkeypatch.setattr(Conf, "SYNC", True)
 
 
+@pytest.fixture(autouse=True)
+def fresh_rate_limits():
+    """Each test starts with no rate-limit counts (they live in the cache)."""
+    from django.core.cache import cache
+
+    cache.clear()
+
+
 class Api:
     """A JSON client for one caller (or anonymous)."""
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import functools
 
+from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.http import JsonResponse
 from django.shortcuts import render
 
-from controlplane.errors import ApiError, Forbidden, Unauthenticated
+from controlplane.errors import ApiError, Forbidden, RateLimited, Unauthenticated
+from controlplane.ratelimit import hit
 from controlplane.models import Member
 
 
@@ -33,12 +35,15 @@ def error_response(request, error: ApiError):
     scripts, a page for browsers, and for htmx a fragment shown in the page's
     error area (never swapped into the element the request would replace)."""
     if wants_json(request):
-        return JsonResponse(error.body(), status=error.status)
-    if request.headers.get("HX-Request"):
+        response = JsonResponse(error.body(), status=error.status)
+    elif request.headers.get("HX-Request"):
         response = render(request, "web/_error.html", {"error": error}, status=error.status)
         response["HX-Retarget"], response["HX-Reswap"] = "#htmx-error", "innerHTML"
-        return response
-    return render(request, "web/error.html", {"error": error}, status=error.status)
+    else:
+        response = render(request, "web/error.html", {"error": error}, status=error.status)
+    for name, value in error.headers.items():
+        response[name] = value
+    return response
 
 
 def member_page(view):
@@ -58,6 +63,10 @@ def member_page(view):
                     "This account is not an active member of Switchboard. Sign out, then sign in as a member."))
             return redirect_to_login(request.get_full_path())
         try:
+            if request.method == "POST":
+                # Actions share the member's API budget (RATE_LIMIT_PER_MINUTE).
+                if (wait := hit(f"mem:{member.public_id}", limit=settings.RATE_LIMIT_PER_MINUTE, window=60)):
+                    raise RateLimited.after(wait)
             return view(request, member, *args, **kwargs)
         except ApiError as error:
             return error_response(request, error)

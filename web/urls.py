@@ -1,12 +1,14 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from controlplane.ratelimit import throttle_signin
 from web.forms import MemberLoginForm
 from web.views import conversations, inbox, subscriptions
 
 urlpatterns = [
-    path("login/", auth_views.LoginView.as_view(template_name="web/login.html", authentication_form=MemberLoginForm,
-                                                redirect_authenticated_user=True), name="web-login"),
+    path("login/", throttle_signin(auth_views.LoginView.as_view(
+        template_name="web/login.html", authentication_form=MemberLoginForm, redirect_authenticated_user=True)),
+        name="web-login"),
     path("logout/", auth_views.LogoutView.as_view(), name="web-logout"),
     path("", conversations.home, name="web-home"),
     path("spaces/<space:slug>/join", conversations.join, name="web-join"),

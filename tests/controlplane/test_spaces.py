@@ -210,7 +210,8 @@ def test_a_space_keeps_an_owner_through_demotion(space, as_alice):
     assert as_alice.post("/v0/spaces/lab/members", {"member": "@alice", "role": "member"}).status_code == 200
 
 
-def test_credentials_are_capped(as_alice):
+def test_credentials_are_capped(as_alice, settings):
+    settings.CREDENTIALS_PER_HOUR = 0  # the cap, not the hourly limit, is under test
     statuses = [as_alice.post("/v0/me/credentials").status_code for _ in range(20)]
     assert statuses == [201] * 19 + [409]
     assert error_code(as_alice.post("/v0/me/credentials")) == "LIMIT_EXCEEDED"

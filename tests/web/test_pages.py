@@ -229,3 +229,38 @@ def test_deeply_nested_json_to_the_composer_is_400_as_in_the_api(ann, room, brow
                                     HTTP_ACCEPT="application/json")
     assert response.status_code == 400 and response.json()["error"]["code"] == "INVALID_REQUEST"
     assert not Message.objects.exists()
+
+
+# --- throttling ----------------------------------------------------------------------
+
+def test_sign_in_is_throttled_per_account_even_for_the_right_password(ann, settings):
+    settings.SIGNIN_PER_ACCOUNT, settings.SIGNIN_PER_ADDRESS = 3, 100
+    client = Client()
+    statuses = [client.post("/app/login/", {"username": "ann", "password": "guess"}).status_code for _ in range(3)]
+    blocked = client.post("/app/login/", {"username": "ann", "password": PASSWORD})
+    assert statuses == [200, 200, 200]
+    assert blocked.status_code == 429 and 1 <= int(blocked["Retry-After"]) <= 900
+    assert client.get("/app/").status_code == 302  # not signed in
+    # another account from the same address is unaffected
+    assert Client().post("/app/login/", {"username": "ben", "password": "guess"}).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/app/login/", "/admin/login/"])
+def test_sign_in_is_throttled_per_client_address(ann, settings, path):
+    settings.SIGNIN_PER_ACCOUNT, settings.SIGNIN_PER_ADDRESS = 100, 2
+    client = Client(REMOTE_ADDR="198.51.100.7")
+    statuses = [client.post(path, {"username": name, "password": "guess"}).status_code
+                for name in ("ann", "ben", "cid")]
+    assert statuses == [200, 200, 429]
+    assert Client(REMOTE_ADDR="198.51.100.8").post(path, {"username": "cid", "password": "x"}).status_code == 200
+
+
+def test_web_actions_share_the_members_api_rate_limit(ann, room, browser_of, api_for, settings):
+    settings.RATE_LIMIT_PER_MINUTE = 2
+    space, channel = room
+    assert api_for(ann).get("/v0/me").status_code == 200
+    assert post_json(browser_of(ann), f"{page_url(space, channel)}send", {"body": "one"}).status_code == 201
+    limited = post_json(browser_of(ann), f"{page_url(space, channel)}send", {"body": "two"})
+    assert limited.status_code == 429 and limited.json()["error"]["code"] == "RATE_LIMITED"
+    assert int(limited["Retry-After"]) >= 1
+    assert Message.objects.count() == 1
