@@ -87,7 +87,7 @@ def acknowledge_delivery(member: Member, token: str, *, actor: Member) -> None:
         if item.state == InboxItem.State.PENDING:
             item.state, item.acknowledged_at = InboxItem.State.ACKNOWLEDGED, now()
             item.save(update_fields=["state", "acknowledged_at"])
-            mailbox.debit(member.pk, item.content_bytes)
+            mailbox.debit(member.pk, item.content_bytes, sender_id=item.sender_id)
             mailbox.announce_acknowledged(member)
 
 

@@ -131,7 +131,7 @@ def classify_next(member_id: int) -> bool:
         if decision.action == FirewallRule.Action.HOLD:
             item.admission = InboxItem.Admission.HELD
             # Held content is not pending inbox content.
-            mailbox.debit(member_id, item.content_bytes)
+            mailbox.debit(member_id, item.content_bytes, sender_id=item.sender_id)
         else:
             item.admission = InboxItem.Admission.ADMITTED
             _announce_admitted(item)
@@ -178,7 +178,7 @@ def release_item(member: Member, token: str, *, actor: Member) -> InboxItem:
         item.admission, item.settled_at = InboxItem.Admission.ADMITTED, now()
         item.save(update_fields=["admission", "settled_at"])
         audit.record("inbox.item_released", member.public_id, actor=actor, item=item.token)
-        mailbox.credit(member.pk, item.content_bytes)
+        mailbox.credit(member.pk, item.content_bytes, sender_id=item.sender_id)
         _announce_admitted(item)
         return item
 

@@ -29,4 +29,4 @@ def message_items(message: Message, recipients: list[Member]) -> list[InboxItem]
         payload = {"kind": "mention", **common, "space": message.space.slug}
     size = content_bytes(payload)
     return [InboxItem(member=member, kind=payload["kind"], payload=payload, content_bytes=size, message=message,
-                      conversation=conversation) for member in recipients]
+                      conversation=conversation, sender_id=message.author_id) for member in recipients]

@@ -3,9 +3,12 @@
 `Mailbox.pending_bytes` is the sum of `content_bytes` over the member's
 pending items that count: admitted or awaiting classification, not held
 (held content is not pending content) and not yet acknowledged or rejected.
-Only this module changes it, in the caller's transaction:
+`MailboxShare.pending_bytes` is the same sum over one sender's items (a
+control-plane notice has no sender and counts against no share). Only this
+module changes them, in the caller's transaction:
 - `reserve` counts a new message's item for each recipient, refusing with
-  MAILBOX_FULL past the limit (the PostgreSQL send statement in
+  MAILBOX_FULL past the mailbox limit (`details.reason: "mailbox"`) or the
+  sender's share of it (`"sender_share"`) (the PostgreSQL send statement in
   inbox.writes does the same reservation inside its one statement);
 - `credit` counts bytes that become pending without the limit (a notice,
   a released held item);
@@ -18,43 +21,73 @@ through the inbox feed. They are sent after commit, never before.
 """
 from __future__ import annotations
 
+from django.conf import settings
 from django.db.models import F
 
 from controlplane.errors import MailboxFull
 from controlplane.live import group_send_on_commit
 from controlplane.models import Member
-from inbox.models import Mailbox
+from inbox.models import Mailbox, MailboxShare
 
 MAILBOX_LIMIT_BYTES = 10 * 1024 * 1024
 
 
-def reserve(recipients: list[Member], size: int) -> set[int]:
-    """Count `size` more pending bytes for each of `recipients`, or raise
-    MAILBOX_FULL naming those without room (the caller's transaction rolls
-    the others back). Returns the recipients whose firewall classifies new
-    items. Rows are locked in member order, so concurrent sends never
-    deadlock."""
-    full = []
+def sender_share_limit() -> int:
+    """How much of one recipient's mailbox one sender may fill (bytes)."""
+    return min(settings.MAILBOX_SENDER_SHARE, MAILBOX_LIMIT_BYTES)
+
+
+def full(recipients: list[Member], without_room: set[int], without_share: set[int]) -> MailboxFull:
+    """MAILBOX_FULL naming the recipients without room: the mailbox's own
+    limit first, else the sender's share of it."""
+    if without_room:
+        return MailboxFull(details={"recipients": [f"@{r.handle}" for r in recipients if r.pk in without_room],
+                                    "reason": "mailbox"})
+    return MailboxFull("This sender's share of the recipient's mailbox is full; other senders are unaffected.",
+                       details={"recipients": [f"@{r.handle}" for r in recipients if r.pk in without_share],
+                                "reason": "sender_share"})
+
+
+def reserve(recipients: list[Member], size: int, *, sender_id: int) -> set[int]:
+    """Count `size` more pending bytes for each of `recipients`, in their
+    mailbox and in `sender_id`'s share of it, or raise MAILBOX_FULL (the
+    caller's transaction rolls the others back). Returns the recipients
+    whose firewall classifies new items. Rows are locked in member order, so
+    concurrent sends never deadlock."""
+    without_room, without_share = set(), set()
+    share = sender_share_limit()
     for member in sorted(recipients, key=lambda m: m.pk):
         Mailbox.objects.get_or_create(member=member)
         if not Mailbox.objects.filter(member=member, pending_bytes__lte=MAILBOX_LIMIT_BYTES - size).update(
                 pending_bytes=F("pending_bytes") + size):
-            full.append(f"@{member.handle}")
-    if full:
-        raise MailboxFull(details={"recipients": full})
+            without_room.add(member.pk)
+        MailboxShare.objects.get_or_create(member=member, sender_id=sender_id)
+        if not MailboxShare.objects.filter(member=member, sender_id=sender_id,
+                                           pending_bytes__lte=share - size).update(
+                pending_bytes=F("pending_bytes") + size):
+            without_share.add(member.pk)
+    if without_room or without_share:
+        raise full(recipients, without_room, without_share)
     return set(Mailbox.objects.filter(member__in=recipients, firewall=True).values_list("member_id", flat=True))
 
 
-def credit(member_id: int, size: int) -> None:
-    """Count `size` bytes that became pending, whatever the limit: they tell
-    of something that already happened or was already counted once."""
+def credit(member_id: int, size: int, *, sender_id: int | None) -> None:
+    """Count `size` bytes that became pending, whatever the limits: they
+    tell of something that already happened or was already counted once."""
     Mailbox.objects.get_or_create(member_id=member_id)
     Mailbox.objects.filter(member_id=member_id).update(pending_bytes=F("pending_bytes") + size)
+    if sender_id is not None:
+        MailboxShare.objects.get_or_create(member_id=member_id, sender_id=sender_id)
+        MailboxShare.objects.filter(member_id=member_id, sender_id=sender_id).update(
+            pending_bytes=F("pending_bytes") + size)
 
 
-def debit(member_id: int, size: int) -> None:
+def debit(member_id: int, size: int, *, sender_id: int | None) -> None:
     """Uncount `size` bytes that stopped being pending."""
     Mailbox.objects.filter(member_id=member_id).update(pending_bytes=F("pending_bytes") - size)
+    if sender_id is not None:
+        MailboxShare.objects.filter(member_id=member_id, sender_id=sender_id).update(
+            pending_bytes=F("pending_bytes") - size)
 
 
 def inbox_group(member: Member) -> str:

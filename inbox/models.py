@@ -125,6 +125,10 @@ class InboxItem(models.Model):
     # The grant the message was sent to this recipient under, if any.
     grant = models.ForeignKey("grants.Grant", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     reason = models.TextField(null=True, blank=True)  # why it was rejected
+    # Whose share of the recipient's mailbox the item counts against (null:
+    # a control-plane notice, which counts against no sender's share).
+    sender = models.ForeignKey(Member, null=True, blank=True, on_delete=models.CASCADE, related_name="+",
+                               db_constraint=False, db_index=False)
 
     class Meta:
         indexes = [
@@ -153,6 +157,19 @@ class Mailbox(models.Model):
     member = models.OneToOneField(Member, primary_key=True, on_delete=models.CASCADE, related_name="+")
     pending_bytes = models.BigIntegerField(default=0)
     firewall = models.BooleanField(default=False)
+
+
+class MailboxShare(models.Model):
+    """One sender's part of a recipient's pending bytes: the counter the
+    MAILBOX_SENDER_SHARE limit is enforced against, so one noisy sender
+    cannot fill another member's mailbox for everyone."""
+
+    member = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="+")
+    sender = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="+")
+    pending_bytes = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["member", "sender"], name="mailboxshare_unique")]
 
 
 class FirewallRule(models.Model):

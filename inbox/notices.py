@@ -28,7 +28,7 @@ def post_notice(member: Member, payload: dict, event: NewEvent, *, conversation_
     it goes at its event's position."""
     (row,) = append_events([event])
     size = content_bytes(payload)
-    mailbox.credit(member.pk, size)
+    mailbox.credit(member.pk, size, sender_id=None)  # notices count against no sender's share
     item = InboxItem.objects.create(member=member, kind=payload["kind"], payload=payload, content_bytes=size,
                                     conversation_id=conversation_id,
                                     position=row.position if position is None else position)
@@ -72,7 +72,7 @@ def reject_items_under(authority_id: int, *, authority_ref: str, reason: str, li
         item.state, item.reason, item.settled_at = InboxItem.State.REJECTED, reason, at
         item.save(update_fields=["state", "reason", "settled_at"])
         if counted:
-            mailbox.debit(item.member_id, item.content_bytes)
+            mailbox.debit(item.member_id, item.content_bytes, sender_id=item.sender_id)
         if recipient is not None:
             recipient.state, recipient.rejected_at, recipient.reason = Recipient.State.REJECTED, at, reason
             recipient.save(update_fields=["state", "rejected_at", "reason"])

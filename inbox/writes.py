@@ -17,14 +17,13 @@ from dataclasses import replace
 
 from django.db import connection, transaction
 
-from controlplane.errors import MailboxFull
 from controlplane.live import kick_on_commit
 from controlplane.log import NewEvent, append_events, appended, reserve_positions
 from controlplane.models import Event, EventAddressee, LogHead, Member
 from inbox import events, mailbox
 from inbox.authority import Authority
 from inbox.items import message_items
-from inbox.models import InboxItem, Mailbox, Message, Recipient
+from inbox.models import InboxItem, Mailbox, MailboxShare, Message, Recipient
 
 
 class _MissingLogHead(Exception):
@@ -64,7 +63,7 @@ def insert_message(message: Message, recipients: list[Member],
 def _insert_with_orm(message: Message, recipients: list[Member], items: list[InboxItem],
                      authority: dict[int, Authority]) -> set[int]:
     with transaction.atomic():
-        firewalled = mailbox.reserve(recipients, items[0].content_bytes if items else 0)
+        firewalled = mailbox.reserve(recipients, items[0].content_bytes if items else 0, sender_id=message.author_id)
         for item in items:
             if item.member_id in firewalled:
                 item.admission = InboxItem.Admission.UNCLASSIFIED
@@ -96,9 +95,18 @@ WITH quota AS (
     ON CONFLICT (member_id) DO UPDATE SET pending_bytes = box.pending_bytes + EXCLUDED.pending_bytes
         WHERE box.pending_bytes + EXCLUDED.pending_bytes <= %(mailbox_limit)s
     RETURNING member_id, firewall
+), share AS (
+    INSERT INTO {_table(MailboxShare)} AS share (member_id, sender_id, pending_bytes)
+    SELECT r.member_id, %(author_id)s, %(item_bytes)s FROM unnest(%(quota_members)s::bigint[]) AS r(member_id)
+    WHERE %(item_bytes)s <= %(share_limit)s
+    ORDER BY r.member_id
+    ON CONFLICT (member_id, sender_id) DO UPDATE SET pending_bytes = share.pending_bytes + EXCLUDED.pending_bytes
+        WHERE share.pending_bytes + EXCLUDED.pending_bytes <= %(share_limit)s
+    RETURNING member_id
 ), head AS (
     UPDATE {_table(LogHead)} SET position = position + 1
     WHERE id = 1 AND (SELECT count(*) FROM quota) = cardinality(%(quota_members)s::bigint[])
+      AND (SELECT count(*) FROM share) = cardinality(%(quota_members)s::bigint[])
     RETURNING position
 ), msg AS (
     INSERT INTO {_table(Message)} (public_id, space_id, conversation_id, author_id, body, body_bytes, reply_to_id,
@@ -120,10 +128,10 @@ WITH quota AS (
     FROM msg
 ), items AS (
     INSERT INTO {_table(InboxItem)} (member_id, token, kind, payload, content_bytes, message_id, conversation_id,
-                                     position, state, created_at, admission, grant_id)
+                                     position, state, created_at, admission, grant_id, sender_id)
     SELECT i.member_id, i.token, %(item_kind)s, %(item_payload)s::jsonb, %(item_bytes)s, msg.id,
            %(conversation_id)s, msg.position, 'pending', %(created_at)s,
-           CASE WHEN quota.firewall THEN 'unclassified' ELSE 'admitted' END, i.grant_id
+           CASE WHEN quota.firewall THEN 'unclassified' ELSE 'admitted' END, i.grant_id, %(author_id)s
     FROM msg, unnest(%(recipients)s::bigint[], %(tokens)s::text[], %(grants)s::bigint[])
         AS i(member_id, token, grant_id)
     JOIN quota ON quota.member_id = i.member_id
@@ -132,7 +140,7 @@ WITH quota AS (
     SELECT quota.member_id, msg.position, %(space_id)s FROM msg, quota WHERE NOT quota.firewall
 )
 SELECT (SELECT id FROM msg), (SELECT position FROM msg), ARRAY(SELECT member_id FROM quota),
-       ARRAY(SELECT member_id FROM quota WHERE firewall)
+       ARRAY(SELECT member_id FROM quota WHERE firewall), ARRAY(SELECT member_id FROM share)
 """
 
 
@@ -140,9 +148,10 @@ def _run_one_statement(params: dict, recipients: list[Member], event: NewEvent) 
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute(_one_statement_sql(), params)
-            message_id, position, granted, firewalled = cursor.fetchone()
-        if len(granted) < len(recipients):
-            raise MailboxFull(details={"recipients": [f"@{r.handle}" for r in recipients if r.pk not in granted]})
+            message_id, position, roomy, firewalled, shared = cursor.fetchone()
+        if len(roomy) < len(recipients) or len(shared) < len(recipients):
+            everyone = {r.pk for r in recipients}
+            raise mailbox.full(recipients, everyone - set(roomy), everyone - set(shared))
         if message_id is None:
             raise _MissingLogHead()
         screened = set(firewalled)
@@ -174,6 +183,7 @@ def _insert_in_one_statement(message: Message, recipients: list[Member], items: 
         "item_bytes": items[0].content_bytes if items else 0,
         # Sorted, so concurrent sends lock mailbox rows in one order.
         "quota_members": sorted(r.pk for r in recipients), "mailbox_limit": mailbox.MAILBOX_LIMIT_BYTES,
+        "share_limit": mailbox.sender_share_limit(),
     }
     # A transaction, because a full mailbox is found mid-statement and the
     # other recipients' counters must roll back with it.

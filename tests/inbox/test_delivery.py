@@ -190,6 +190,33 @@ def send(member, conversation_id, body):
     return Api(member, token).post(f"/v0/spaces/lab/conversations/{conversation_id}/messages", {"body": body})
 
 
+def test_one_sender_fills_only_its_share_of_a_mailbox(space, alice, bob, carol, as_bob, settings):
+    # given: a share of about three items
+    from inbox.models import Mailbox, MailboxShare
+    direct, _ = services.get_or_create_direct(space, bob, actor=alice)
+    send_message(direct, body="x" * 100, actor=alice)
+    size = InboxItem.objects.get(member=bob).content_bytes
+    settings.MAILBOX_SENDER_SHARE = size * 3
+    send_message(direct, body="x" * 100, actor=alice)
+    send_message(direct, body="x" * 100, actor=alice)
+    # when: alice sends a fourth
+    response = send(alice, direct.public_id, "x" * 100)
+    # then: refused for alice's share alone, nothing stored
+    assert response.status_code == 507 and error_code(response) == "MAILBOX_FULL"
+    assert response.json()["error"]["details"] == {"recipients": ["@bob"], "reason": "sender_share"}
+    assert InboxItem.objects.filter(member=bob).count() == 3
+    # and carol, another sender, still gets through
+    from_carol, _ = services.get_or_create_direct(space, bob, actor=carol)
+    assert send(carol, from_carol.public_id, "hello bob").status_code == 201
+    # and once bob acknowledges one of alice's, she may send again
+    token = read_all(as_bob)[0]["deliveryToken"]
+    as_bob.post("/v0/me/inbox/acknowledge", {"deliveryToken": token})
+    assert send(alice, direct.public_id, "x" * 100).status_code == 201
+    assert MailboxShare.objects.get(member=bob, sender=alice).pending_bytes == size * 3
+    assert Mailbox.objects.get(member=bob).pending_bytes == sum(
+        InboxItem.objects.filter(member=bob, state="pending").values_list("content_bytes", flat=True))
+
+
 def test_recipients_inbox_groups_hear_of_new_items_after_commit(space, alice, bob, carol, monkeypatch,
                                                                  django_capture_on_commit_callbacks):
     # given

@@ -1,9 +1,11 @@
-"""The mailbox counter is exactly the bytes of its owner's pending items,
+"""The mailbox counter is exactly the bytes of its owner's pending items
+(and each sender's share counter the bytes of that sender's pending items),
 whatever happens in whatever order: sends (some refused for a full mailbox
 or a missing grant), acknowledgements, firewall holds and releases, grant
 revocations and control-plane notices."""
 from __future__ import annotations
 
+from django.conf import settings as django_settings
 from django.db import transaction
 from django.db.models import Sum
 from hypothesis import HealthCheck, example, given, settings
@@ -16,7 +18,7 @@ from grants.models import Grant
 from grants.services import create_grant, revoke_grant
 from inbox import firewall, mailbox, notices
 from inbox.delivery import acknowledge_delivery
-from inbox.models import InboxItem, Mailbox
+from inbox.models import InboxItem, Mailbox, MailboxShare
 from inbox.services import send_message
 
 PEOPLE = ["ann", "ben", "cat"]
@@ -34,9 +36,9 @@ OPERATIONS = st.one_of(
 )
 
 
-def _pending_bytes(member) -> int:
+def _pending_bytes(member, **sender) -> int:
     """What the counter must say: pending items that are not held."""
-    return (InboxItem.objects.filter(member=member, state=InboxItem.State.PENDING)
+    return (InboxItem.objects.filter(member=member, state=InboxItem.State.PENDING, **sender)
             .exclude(admission=InboxItem.Admission.HELD).aggregate(total=Sum("content_bytes"))["total"] or 0)
 
 
@@ -118,6 +120,7 @@ class World:
 def test_each_mailbox_counts_exactly_its_pending_bytes(db, monkeypatch, operations):
     # given: mailboxes small enough to fill (a few bodies each)
     monkeypatch.setattr(mailbox, "MAILBOX_LIMIT_BYTES", 4000)
+    monkeypatch.setattr(django_settings, "MAILBOX_SENDER_SHARE", 2500)
     with transaction.atomic():
         world = World()
         for op in operations:
@@ -127,5 +130,8 @@ def test_each_mailbox_counts_exactly_its_pending_bytes(db, monkeypatch, operatio
             for member in world.people.values():
                 counted = Mailbox.objects.filter(member=member).values_list("pending_bytes", flat=True).first() or 0
                 assert counted == _pending_bytes(member), f"after {op}: {member.handle}"
+                for share in MailboxShare.objects.filter(member=member):
+                    assert share.pending_bytes == _pending_bytes(member, sender_id=share.sender_id), (
+                        f"after {op}: {member.handle}'s share of sender {share.sender_id}")
                 assert 0 <= counted <= 4000 + 1000 * len(operations)  # notices may pass the limit
         transaction.set_rollback(True)
