@@ -43,6 +43,7 @@ RATE_LIMIT_PER_MINUTE = env_int("RATE_LIMIT_PER_MINUTE", 12000)  # per member
 CREDENTIALS_PER_HOUR = env_int("CREDENTIALS_PER_HOUR", 10)  # new credentials per member
 # How much of one recipient's 10 MiB mailbox one sender's pending items may fill.
 MAILBOX_SENDER_SHARE = env_int("MAILBOX_SENDER_SHARE", 2 * 1024 * 1024)
+VERIFY_PER_HOUR = env_int("VERIFY_PER_HOUR", 30)  # webhook endpoint verifications per member
 # Sign-in attempts per 15 minutes (the web app and the admin).
 SIGNIN_PER_ACCOUNT = env_int("SIGNIN_PER_ACCOUNT", 10)
 SIGNIN_PER_ADDRESS = env_int("SIGNIN_PER_ADDRESS", 50)

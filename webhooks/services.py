@@ -6,15 +6,18 @@ import datetime as dt
 import json
 import secrets
 
-from django.db import transaction
+from django.conf import settings
+from django.core.cache import cache
+from django.db import connection, transaction
 from django.db.models import Q
 
 from controlplane import audit
 from controlplane.access import can_read_space
 from controlplane.clock import now, rfc3339, timestamp
-from controlplane.errors import Conflict, InvalidRequest, LimitExceeded, NotFound, VerificationFailed
+from controlplane.errors import Conflict, InvalidRequest, LimitExceeded, NotFound, RateLimited, VerificationFailed
 from controlplane.live import kick_on_commit
 from controlplane.models import Conversation, LogHead, Member, Space
+from controlplane.ratelimit import hit
 from controlplane.tokens import public_id
 from webhooks import crypto
 from webhooks.engine import feed_cursor, lease
@@ -29,6 +32,8 @@ MAX_SUBSCRIPTIONS = 100
 MAX_SUBJECTS = 20
 MAX_DEBOUNCE_MS = 60_000
 VERIFICATION_TTL = dt.timedelta(minutes=10)
+VERIFY_TIMEOUT_SECONDS = 30  # longer than a request can take; the in-flight mark expires after it
+FAILURE_MEMORY_SECONDS = 60
 RETIRED_KEY_GRACE = dt.timedelta(hours=1)
 
 
@@ -67,21 +72,45 @@ def delete_endpoint(endpoint: Endpoint) -> None:
 
 def verify_endpoint(endpoint: Endpoint, *, resolver=None) -> dt.datetime:
     """Send the signed challenge, unless this owner verified the same URL and
-    secret in the last 10 minutes. 422 VERIFICATION_FAILED with a reason."""
+    secret in the last 10 minutes. 422 VERIFICATION_FAILED with a reason.
+
+    Each verification makes this server send a request to an address a
+    member chose, so: at most one of a member's verifications is in flight
+    (429), at most VERIFY_PER_HOUR a member (429), a failure is answered
+    again from memory for a minute without a new request, and the request
+    is made with no database connection held."""
     secret = crypto.open_secret(endpoint.secret)
     digest = crypto.target_digest(endpoint.url, secret)
     cached = (Endpoint.objects.filter(owner_id=endpoint.owner_id, verified_digest=digest,
                                       verified_at__gte=now() - VERIFICATION_TTL)
               .order_by("-verified_at").values_list("verified_at", flat=True).first())
     if cached is None:
-        challenge = secrets.token_urlsafe(32)
-        message_id = public_id("whc")
-        body = json.dumps({"type": "spaces.webhook.challenge", "id": message_id, "challenge": challenge,
-                           "created_at": rfc3339(now())}, separators=(",", ":")).encode()
-        signer = crypto.Signer(crypto.active_signing_key())
-        headers = signer.headers(message_id, body, secret=secret, timestamp=int(timestamp()))
-        outcome = asyncio.run(_post_once(endpoint.url, body, headers, resolver))
-        _check_answer(outcome, challenge)
+        failed = cache.get(f"verify:failed:{endpoint.owner_id}:{digest}")
+        if failed is not None and timestamp() - failed["at"] < FAILURE_MEMORY_SECONDS:
+            raise VerificationFailed(details={**failed["details"], "cached": True})
+        in_flight = f"verify:inflight:{endpoint.owner_id}"
+        if not cache.add(in_flight, 1, VERIFY_TIMEOUT_SECONDS):
+            raise RateLimited.after(5, "Another verification of yours is still running.")
+        try:
+            if wait := hit(f"verify:{endpoint.owner_id}", limit=settings.VERIFY_PER_HOUR, window=3600):
+                raise RateLimited.after(wait, "Too many verifications; try again later.")
+            challenge = secrets.token_urlsafe(32)
+            message_id = public_id("whc")
+            body = json.dumps({"type": "spaces.webhook.challenge", "id": message_id, "challenge": challenge,
+                               "created_at": rfc3339(now())}, separators=(",", ":")).encode()
+            signer = crypto.Signer(crypto.active_signing_key())
+            headers = signer.headers(message_id, body, secret=secret, timestamp=int(timestamp()))
+            if not connection.in_atomic_block:
+                connection.close()  # back to the pool while the receiver takes its time
+            outcome = asyncio.run(_post_once(endpoint.url, body, headers, resolver))
+            try:
+                _check_answer(outcome, challenge)
+            except VerificationFailed as failure:
+                cache.set(f"verify:failed:{endpoint.owner_id}:{digest}",
+                          {"details": failure.details, "at": timestamp()}, FAILURE_MEMORY_SECONDS)
+                raise
+        finally:
+            cache.delete(in_flight)
         cached = now()
     Endpoint.objects.filter(pk=endpoint.pk).update(verified_at=cached, verified_digest=digest)
     endpoint.verified_at, endpoint.verified_digest = cached, digest

@@ -42,7 +42,7 @@ class CredentialsView(APIView):
     @extend_schema(operation_id="create_credential", request=EmptyIn, parameters=[IDEMPOTENCY_KEY],
                    responses={201: CredentialCreatedOut,
                               **errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "IDEMPOTENCY_CONFLICT",
-                                       "LIMIT_EXCEEDED", "RATE_LIMITED")})
+                                       "LIMIT_EXCEEDED")})
     @idempotent(secret_fields=("token",))
     def post(self, request):
         validated(EmptyIn, request.data)

@@ -150,3 +150,71 @@ def test_secrets_never_reach_the_logs(receiver, as_alice, caplog):
     receiver.respond = lambda received: (500, {}, b"{}")
     as_alice.post(f"/v0/webhook-endpoints/{endpoint['id']}/verify")
     assert SECRET not in caplog.text and SECRET.removeprefix("whsec_") not in caplog.text
+
+
+def test_a_failed_verification_is_answered_again_from_memory_for_a_minute(receiver, as_alice):
+    # given
+    endpoint = create(as_alice, receiver.url()).json()["endpoint"]
+    receiver.respond = lambda received: (500, {}, b"{}")
+    first = as_alice.post(f"/v0/webhook-endpoints/{endpoint['id']}/verify")
+    # when: at once again, and after a minute
+    again = as_alice.post(f"/v0/webhook-endpoints/{endpoint['id']}/verify")
+    with freeze(now() + dt.timedelta(seconds=61)):
+        later = as_alice.post(f"/v0/webhook-endpoints/{endpoint['id']}/verify")
+    # then: the repeat sent nothing; a minute later the receiver is asked again
+    assert [r.status_code for r in (first, again, later)] == [422, 422, 422]
+    assert again.json()["error"]["details"] == {"reason": "http_500", "cached": True}
+    assert len(receiver.requests) == 2
+
+
+def test_verifications_are_limited_per_member(receiver, as_alice, as_bob, settings):
+    settings.VERIFY_PER_HOUR = 2
+    endpoints = [create(as_alice, receiver.url(f"/hook{i}")).json()["endpoint"] for i in range(3)]
+    statuses = [as_alice.post(f"/v0/webhook-endpoints/{e['id']}/verify").status_code for e in endpoints]
+    assert statuses == [200, 200, 429]
+    assert len(receiver.requests) == 2
+    bobs = create(as_bob, receiver.url("/bob")).json()["endpoint"]
+    assert as_bob.post(f"/v0/webhook-endpoints/{bobs['id']}/verify").status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_verification_per_member_in_flight_and_no_connection_held(receiver, api_for, make_member,
+                                                                      monkeypatch):
+    # given: a receiver that holds the first challenge until told
+    import threading
+
+    from django.db import connection
+
+    from webhooks import services
+    as_alice = api_for(make_member("alice"))
+    endpoint = create(as_alice, receiver.url()).json()["endpoint"]
+    arrived, release, held = threading.Event(), threading.Event(), []
+    default = receiver.answer
+
+    def slow(received):
+        arrived.set()
+        release.wait(20)
+        receiver.respond = None
+        return default(received)
+
+    receiver.respond = slow
+    original = services._post_once
+
+    async def post_once(*args):
+        held.append(connection.connection is not None)  # the verifying thread's connection
+        return await original(*args)
+
+    monkeypatch.setattr(services, "_post_once", post_once)
+    results = []
+    first = threading.Thread(target=lambda: results.append(
+        as_alice.post(f"/v0/webhook-endpoints/{endpoint['id']}/verify").status_code))
+    first.start()
+    assert arrived.wait(20)
+    # when: a second verification while the first is in flight
+    second = as_alice.post(f"/v0/webhook-endpoints/{endpoint['id']}/verify")
+    release.set()
+    first.join(20)
+    # then
+    assert second.status_code == 429 and error_code(second) == "RATE_LIMITED"
+    assert results == [200]
+    assert held == [False]  # the request went out with no database connection held
