@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import hmac
 import json
 import re
 from functools import wraps
@@ -20,6 +21,7 @@ from rest_framework.response import Response
 
 from controlplane.clock import now
 from controlplane.errors import IdempotencyConflict, InvalidIdempotencyKey
+from controlplane.keys import purpose_key
 from controlplane.models import IdempotencyRecord
 
 _KEY_RE = re.compile(r"[\x21-\x7e]{8,128}")
@@ -43,8 +45,10 @@ def idempotency_key(request) -> str | None:
 
 
 def request_fingerprint(request) -> str:
+    """A keyed hash of the canonical body: bodies hold secrets (a receiver's
+    `whsec_…`), and a plain hash stored beside the key could be guessed at."""
     canonical = json.dumps(request.data, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return hmac.new(purpose_key("idempotency-fingerprint"), canonical.encode(), hashlib.sha256).hexdigest()
 
 
 def _replay(record: IdempotencyRecord, fingerprint: str) -> Response:

@@ -10,7 +10,7 @@ from controlplane.access import is_active_admin
 from controlplane.clock import now
 from controlplane.errors import ApiError, Conflict, IdempotencyConflict, InvalidRequest, NotFound
 from controlplane.log import NewEvent
-from controlplane.models import Conversation, Member
+from controlplane.models import Member
 from controlplane.tokens import public_id
 from grants.models import ApprovalRequest, Grant
 from inbox import notices
@@ -69,11 +69,11 @@ def _notify_sender(request: ApprovalRequest) -> None:
                "conversation": request.conversation.public_id, "idempotencyKey": request.idempotency_key,
                "postId": request.message.public_id if request.message_id else None,
                "decidedBy": f"@{request.decided_by.handle}", "reason": request.reason}
+    # The sender's business alone: in their inbox feed, in no space feed
+    # (a channel's feed would show it to every reader, anonymous ones too).
     event = NewEvent("approval.decided", {"approval_request": request.public_id, "status": request.status,
                                           "message": payload["postId"]},
-                     space_id=request.space_id, conversation_id=request.conversation_id,
-                     actor_id=request.decided_by_id,
-                     restricted=request.conversation.kind != Conversation.Kind.CHANNEL,
+                     conversation_id=request.conversation_id, actor_id=request.decided_by_id, restricted=True,
                      addressees=(request.sender_id,))
     notices.post_notice(request.sender, payload, event, conversation_id=request.conversation_id)
 

@@ -3,7 +3,7 @@ from django.contrib import admin
 from controlplane.admin import ReadOnlyAdmin
 from controlplane.errors import ApiError
 from inbox import firewall
-from inbox.models import FirewallRule, InboxItem, Mailbox, Message, Recipient
+from inbox.models import FirewallRule, InboxItem, Mailbox, MailboxShare, Message, Recipient
 
 
 class RecipientInline(admin.TabularInline):
@@ -82,3 +82,9 @@ class FirewallRuleAdmin(admin.ModelAdmin):
 @admin.register(Mailbox)
 class MailboxAdmin(ReadOnlyAdmin):
     list_display = ["member", "pending_bytes", "firewall"]
+
+
+@admin.register(MailboxShare)
+class MailboxShareAdmin(ReadOnlyAdmin):
+    list_display = ["member", "sender", "pending_bytes"]
+    search_fields = ["member__handle", "sender__handle"]

@@ -42,6 +42,7 @@ ItemOut = inline_serializer("InboxEvent", {
     "state": serializers.ChoiceField(choices=["rejected"], required=False,
                                      help_text="Only on a tombstone: the item was withdrawn before hand-off"),
     "reason": serializers.CharField(required=False, help_text="Only on a tombstone: why"),
+    "guidance": serializers.CharField(required=False, help_text="The firewall's guidance, beside the item"),
 })
 
 
@@ -138,4 +139,4 @@ class InboxEventView(APIView):
             # Revoked authority never restores the content; the tombstone says why.
             payload = {k: v for k, v in item.payload.items() if k != "content"}
             return Response({"item": payload, "state": "rejected", "reason": item.reason})
-        return Response({"item": item.payload})
+        return Response({"item": item.payload, **({"guidance": item.guidance} if item.guidance else {})})

@@ -6,6 +6,7 @@ import pytest
 from django.conf import settings
 
 from controlplane import services
+from controlplane.errors import GrantRequired
 from inbox.services import send_message
 from tests.browser.web import human, open_conversation, shoot, sign_in
 from tests.servers import serving
@@ -183,3 +184,32 @@ def test_an_admin_approves_and_the_sender_sees_the_message(browser):
         ann_page.get_by_role("button", name="Acknowledge").click()
         ann_page.get_by_text("Nothing pending.").wait_for()
         ann_page.locator("#inbox-count", has_text="0").wait_for()
+
+
+def test_the_admin_change_page_approves_and_denies(browser):
+    # given: two approval requests from ben to ann in an explicit_only space
+    from grants.models import ApprovalRequest
+    ann, ben = human("ann"), human("ben")
+    human("root", is_admin=True)
+    space = services.create_space(slug="guarded", name="Guarded", visibility="private", send_policy="explicit_only",
+                                  actor=ann)
+    services.add_member(space, ben, actor=ann)
+    direct, _ = services.get_or_create_direct(space, ann, actor=ben)
+    for key, body in (("admin-approve-1", "please approve"), ("admin-deny-001", "please deny")):
+        with pytest.raises(GrantRequired):
+            send_message(direct, body=body, idempotency_key=key, request_approval=True, actor=ben)
+    to_approve, to_deny = (ApprovalRequest.objects.get(idempotency_key=k) for k in ("admin-approve-1", "admin-deny-001"))
+    with serving("--no-worker") as (base, _):
+        admin = sign_in(browser, base, "root")
+        # when: the buttons on each request's own admin page are clicked
+        admin.goto(f"{base}/admin/grants/approvalrequest/{to_approve.pk}/change/")
+        admin.get_by_role("button", name="Approve and send").click()
+        admin.get_by_text("the message was sent").wait_for()
+        admin.goto(f"{base}/admin/grants/approvalrequest/{to_deny.pk}/change/")
+        admin.locator("#id_reason").fill("not on a Friday")
+        admin.get_by_role("button", name="Deny").click()
+        admin.get_by_text(f"Denied {to_deny.public_id}").wait_for()
+    # then
+    to_approve.refresh_from_db(), to_deny.refresh_from_db()
+    assert (to_approve.status, to_approve.message.body) == ("approved", "please approve")
+    assert (to_deny.status, to_deny.reason) == ("denied", "not on a Friday")

@@ -270,3 +270,17 @@ def test_oversized_request_is_refused_before_parsing(as_alice):
     response = as_alice.post("/v0/spaces", {"slug": "lab", "name": "x", "pad": "x" * 300_000})
     assert response.status_code == 413 and error_code(response) == "BODY_TOO_LARGE"
     assert not Space.objects.exists()
+
+
+def test_stored_fingerprints_are_keyed_hashes(as_alice):
+    # given: a body holding a secret
+    import hashlib
+
+    from controlplane.models import IdempotencyRecord
+    body = {"url": "https://hooks.example/x", "secret": "whsec_" + "A" * 44}
+    as_alice.post("/v0/webhook-endpoints", body, headers={"Idempotency-Key": "endpoint-0001"})
+    # then: the record's fingerprint is not the plain hash anyone could compute from a guess
+    import json
+    plain = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    (record,) = IdempotencyRecord.objects.all()
+    assert record.fingerprint != plain and len(record.fingerprint) == 64

@@ -144,3 +144,16 @@ def test_approval_that_cannot_send_as_approved_changes_nothing(requested, locked
     assert response.status_code == 409 and response.json()["error"]["details"]["cause"] == "FORBIDDEN"
     assert ApprovalRequest.objects.get().status == "pending"
     assert not Grant.objects.exists() and not Message.objects.exists()
+
+
+def test_a_decision_on_a_channel_message_reaches_only_its_sender(locked, bob, carol, as_bob, as_root, anon):
+    # given: bob asks for approval of a channel message mentioning carol
+    channel = services.create_channel(locked, "ops", actor=bob)
+    refused = as_bob.post(send_path(channel), {"body": "hi @carol", "request_approval": True}, headers=KEY)
+    request_id = refused.json()["error"]["details"]["approval_request"]["id"]
+    # when
+    as_root.post(f"/v0/approval-requests/{request_id}/deny", {"reason": "not now"})
+    # then: in bob's inbox feed, in no space feed (not even for anonymous readers)
+    assert "approval.decided" in [e["kind"] for e in as_bob.get("/v0/me/inbox/events").json()["events"]]
+    for api in (anon, as_bob):
+        assert "approval.decided" not in [e["kind"] for e in api.get("/v0/spaces/vault/events").json()["events"]]

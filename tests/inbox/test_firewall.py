@@ -290,3 +290,13 @@ def test_a_rule_that_cannot_be_evaluated_holds_the_item_and_says_so(space, alice
     # then: held, with guidance saying why, never stuck unclassified
     (held,) = as_bob.get("/v0/me/inbox/held").json()["items"]
     assert held["guidance"] == firewall.UNDECIDABLE.format(n=1)
+
+
+def test_read_event_gives_the_guidance_beside_the_item(space, alice, bob, as_bob):
+    as_bob.put("/v0/me/inbox/firewall", {"rules": [{"action": "allow", "guidance": "alice is a reviewer"}]})
+    direct, _ = services.get_or_create_direct(space, alice, actor=bob)
+    send_message(direct, body="please look", actor=alice)
+    firewall.classify_pending(bob.pk)
+    (entry,) = as_bob.get("/v0/me/inbox").json()["items"]
+    read = as_bob.get(f"/v0/inbox-events/evt_{entry['deliveryToken'][4:]}").json()
+    assert read == {"item": entry["item"], "guidance": "alice is a reviewer"}

@@ -7,6 +7,7 @@ import json
 
 import nacl.signing
 import pytest
+from django.db import transaction
 from standardwebhooks.webhooks import Webhook
 
 from controlplane import services
@@ -274,3 +275,29 @@ def test_an_outcome_that_cannot_be_recorded_leaves_only_its_own_delivery(world, 
     assert sent == 2
     states = dict(Delivery.objects.values_list("subscription__public_id", "state"))
     assert states == {second["id"]: "delivered", world["subscription"]["id"]: "sending"}
+
+
+def test_the_admin_resumes_subscriptions_and_replays_deliveries(world, receiver, make_member):
+    # given: a delivered wake, then the subscription suspended (not for good)
+    from django.test import Client
+
+    from webhooks.models import Delivery, Subscription
+    send_message(world["general"], body="once", actor=world["bob"])
+    pump()
+    subscription = Subscription.objects.get(public_id=world["subscription"]["id"])
+    with transaction.atomic():
+        engine.suspend(subscription, "tests", "http_500", terminal=False)
+    make_member("root", kind="human", is_admin=True, password="pw-for-tests-1")
+    admin = Client()
+    assert admin.login(username="root", password="pw-for-tests-1")
+    # when
+    admin.post("/admin/webhooks/subscription/", {"action": "resume_selected", "_selected_action": [subscription.pk]})
+    delivery = Delivery.objects.get(state="delivered")
+    admin.post("/admin/webhooks/delivery/", {"action": "replay_selected", "_selected_action": [delivery.pk]})
+    pump()
+    # then
+    subscription.refresh_from_db()
+    assert subscription.status == "active"
+    ranges = [r.json()["event_range"] for r in receiver.wakes()]
+    assert ranges.count(ranges[0]) == 2  # the first wake, and its replay
+    assert Delivery.objects.filter(replay_of=delivery, state="delivered").exists()
