@@ -38,13 +38,29 @@ class Publisher:
     connection pools stay warm. Without either (tests, management commands)
     it falls back to `async_to_sync`. Sends are fire-and-forget: a failure is
     logged, never raised into the request that committed.
+
+    At most IN_FLIGHT sends run at once per loop; the rest wait their turn.
+    Unbounded, a burst of commits opened more connections than the Redis
+    pool holds, and redis-py's asyncio pool fails at its limit instead of
+    waiting (MaxConnectionsError), losing nudges.
     """
+
+    IN_FLIGHT = 32
 
     def __init__(self) -> None:
         self._server_loop: asyncio.AbstractEventLoop | None = None
         self._own_loop: asyncio.AbstractEventLoop | None = None
         self._own_loop_pid = 0
         self._lock = threading.Lock()
+        self._gates: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+
+    async def _send(self, layer, group: str, message: dict) -> None:
+        loop = asyncio.get_running_loop()
+        gate = self._gates.get(loop)
+        if gate is None:  # created on its own loop, by that loop's thread
+            gate = self._gates[loop] = asyncio.Semaphore(self.IN_FLIGHT)
+        async with gate:
+            await layer.group_send(group, message)
 
     def bind_server_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         self._server_loop = loop
@@ -73,7 +89,7 @@ class Publisher:
             if loop is None:
                 async_to_sync(layer.group_send)(group, message)
             else:
-                asyncio.run_coroutine_threadsafe(layer.group_send(group, message), loop).add_done_callback(
+                asyncio.run_coroutine_threadsafe(self._send(layer, group, message), loop).add_done_callback(
                     _log_failure)
         except Exception:
             logger.warning("group_send to %s failed", group, exc_info=True)

@@ -215,3 +215,45 @@ def test_the_worker_forks_with_no_database_connection_open(settings):
         # then: no connection is held by two processes at once
         held = [database_sockets(pid, port) for pid in worker]
     assert all(not (a & b) for i, a in enumerate(held) for b in held[i + 1:])
+
+
+@pytest.mark.postgres
+def test_a_burst_of_nudges_over_redis_loses_none(monkeypatch, settings):
+    """More after-commit group messages at once than the Redis pool has
+    connections: each waits its turn (none fails with MaxConnectionsError)
+    and every one arrives."""
+    # given: a channels-redis layer whose pool (40) is far smaller than the burst (300)
+    import asyncio
+
+    from channels_redis.core import RedisChannelLayer
+
+    from controlplane import live
+    layer = RedisChannelLayer(hosts=[{"address": settings.REDIS_URL, "max_connections": 40, "socket_timeout": 30}],
+                              prefix="switchboard-burst", capacity=1000)
+    monkeypatch.setattr(live, "get_channel_layer", lambda: layer)
+    channel = asyncio.run(layer.new_channel())
+
+    async def join():
+        for i in range(300):
+            await layer.group_add(f"burst{i}", channel)
+
+    asyncio.run(join())
+    failures = []
+    monkeypatch.setattr(live, "_log_failure", lambda future: future.exception() and failures.append(future.exception()))
+    # when: 300 sends, all handed to the publisher at once
+    for i in range(300):
+        live.publisher.send(f"burst{i}", {"type": "burst", "i": i})
+
+    async def collect():
+        received = []
+        try:
+            while len(received) < 300:
+                received.append((await asyncio.wait_for(layer.receive(channel), 10))["i"])
+        except TimeoutError:
+            pass
+        return sorted(received)
+
+    # then
+    received = asyncio.run(collect())
+    assert failures == []
+    assert received == list(range(300))
