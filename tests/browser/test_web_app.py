@@ -151,13 +151,21 @@ def test_a_member_sets_up_a_receiver_and_sees_the_delivery_attempt(room, receive
         shoot(page, "subscriptions", full_page=True)
 
 
-def test_an_admin_approves_and_the_sender_sees_the_message(browser):
+@pytest.fixture
+def guarded():
+    """ann's explicit_only space with ben in it, their direct conversation,
+    and an admin, root."""
     ann, ben = human("ann"), human("ben")
     human("root", is_admin=True)
     space = services.create_space(slug="guarded", name="Guarded", visibility="private", send_policy="explicit_only",
                                   actor=ann)
     services.add_member(space, ben, actor=ann)
     direct, _ = services.get_or_create_direct(space, ann, actor=ben)
+    return space, direct, ben
+
+
+def test_an_admin_approves_and_the_sender_sees_the_message(browser, guarded):
+    space, direct, _ = guarded
     with serving("--no-worker") as (base, _):
         ben_page = sign_in(browser, base, "ben")
         open_conversation(ben_page, base, space, direct)
@@ -186,15 +194,10 @@ def test_an_admin_approves_and_the_sender_sees_the_message(browser):
         ann_page.locator("#inbox-count", has_text="0").wait_for()
 
 
-def test_the_admin_change_page_approves_and_denies(browser):
+def test_the_admin_change_page_approves_and_denies(browser, guarded):
     # given: two approval requests from ben to ann in an explicit_only space
     from grants.models import ApprovalRequest
-    ann, ben = human("ann"), human("ben")
-    human("root", is_admin=True)
-    space = services.create_space(slug="guarded", name="Guarded", visibility="private", send_policy="explicit_only",
-                                  actor=ann)
-    services.add_member(space, ben, actor=ann)
-    direct, _ = services.get_or_create_direct(space, ann, actor=ben)
+    _, direct, ben = guarded
     for key, body in (("admin-approve-1", "please approve"), ("admin-deny-001", "please deny")):
         with pytest.raises(GrantRequired):
             send_message(direct, body=body, idempotency_key=key, request_approval=True, actor=ben)
