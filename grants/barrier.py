@@ -21,8 +21,10 @@ import logging
 from django.db import transaction
 
 from controlplane.clock import now
+from controlplane.log import append_events
 from controlplane.models import Member
 from grants.models import Grant
+from grants.render import grant_event
 from inbox import notices
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,7 @@ def finish_barrier(grant_pk: int) -> Grant:
             if not notices.reject_items_under(grant.pk, authority_ref=grant.public_id, reason=reason, limit=BATCH):
                 grant.status, grant.generation, grant.ended_at = grant.ending, grant.generation + 1, now()
                 grant.save(update_fields=["status", "generation", "ended_at"])
+                append_events([grant_event(f"grant.{grant.status}", grant, actor_id=grant.barrier_started_by_id)])
                 return grant
 
 

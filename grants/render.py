@@ -3,6 +3,7 @@ ApprovalRequestOut declare them (grants/api/serializers.py)."""
 from __future__ import annotations
 
 from controlplane.clock import rfc3339
+from controlplane.log import NewEvent
 from controlplane.models import Member
 from grants.models import ApprovalRequest, Grant
 
@@ -49,3 +50,12 @@ def render_approval_request(request: ApprovalRequest) -> dict:
         "reason": request.reason,
         "message": request.message.public_id if request.message_id else None,
     }
+
+
+def grant_event(kind: str, grant: Grant, *, actor_id: int | None) -> NewEvent:
+    """`grant.created`, `grant.revoked` or `grant.expired`: for the grant's
+    parties and its creator (their inbox feeds), in no space feed (a
+    restricted event of no conversation), since grants are theirs to see."""
+    parties = {pk for pk in (grant.sender_id, grant.recipient_id, grant.created_by_id) if pk is not None}
+    return NewEvent(kind, {"grant": render_grant(grant)}, space_id=grant.space_id, actor_id=actor_id,
+                    restricted=True, addressees=tuple(sorted(parties)))

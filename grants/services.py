@@ -9,10 +9,12 @@ from django.db import IntegrityError, transaction
 from controlplane.clock import now, rfc3339
 from controlplane.errors import Forbidden, GrantConflict, InvalidRequest, NotFound
 from controlplane.idempotency import is_valid_key
+from controlplane.log import append_events
 from controlplane.models import Member, Space
 from controlplane.services import member_for_handle, require_owner
 from grants import barrier
 from grants.models import Grant
+from grants.render import grant_event
 
 GRANT_ID_RE = re.compile(r"grt_[A-Za-z0-9_-]{1,64}")
 # Which parties each kind names; the others must be absent.
@@ -76,6 +78,7 @@ def create_grant(space: Space, *, grant_id: str, kind: str, sender: str | None =
             grant = Grant.objects.create(public_id=grant_id, space=space, kind=kind, sender=sender_m,
                                          recipient=recipient_m, idempotency_key=idempotency_key,
                                          expires_at=expires_at, created_by=actor)
+            append_events([grant_event("grant.created", grant, actor_id=actor.pk)])
     except IntegrityError:  # the same id, created concurrently
         if (grant := existing()) is None:
             raise

@@ -114,3 +114,20 @@ def test_only_owners_and_admins_revoke(locked, as_alice, as_bob):
 def test_unknown_grant_ids_are_404(as_alice):
     assert as_alice.get("/v0/grants/grt_missing").status_code == 404
     assert as_alice.get("/v0/grants/not-a-grant").status_code == 404
+
+
+def test_grant_events_reach_the_parties_inbox_feeds_and_no_space_feed(locked, bob, carol, as_alice, as_bob, anon):
+    # given
+    created = as_alice.post("/v0/spaces/vault/grants", {"id": "grt_bob_carol", "kind": "pair",
+                                                        "sender": "@bob", "recipient": "@carol"})
+    assert created.status_code == 201, created.text
+    # when
+    as_alice.post("/v0/grants/grt_bob_carol/revoke", {})
+    # then: bob (a party) and alice (its creator) hear of both; the space feed shows neither
+    for api in (as_bob, as_alice):
+        events = api.get("/v0/me/inbox/events").json()["events"]
+        assert [(e["kind"], e["data"]["grant"]["id"]) for e in events if e["kind"].startswith("grant.")] == [
+            ("grant.created", "grt_bob_carol"), ("grant.revoked", "grt_bob_carol")]
+    for api in (anon, as_bob, as_alice):
+        kinds = [e["kind"] for e in api.get("/v0/spaces/vault/events").json()["events"]]
+        assert not any(kind.startswith("grant.") for kind in kinds)

@@ -183,7 +183,7 @@ def test_one_verification_per_member_in_flight_and_no_connection_held(receiver, 
     # given: a receiver that holds the first challenge until told
     import threading
 
-    from django.db import connection
+    from django.db import connection, connections
 
     from webhooks import services
     as_alice = api_for(make_member("alice"))
@@ -206,8 +206,13 @@ def test_one_verification_per_member_in_flight_and_no_connection_held(receiver, 
 
     monkeypatch.setattr(services, "_post_once", post_once)
     results = []
-    first = threading.Thread(target=lambda: results.append(
-        as_alice.post(f"/v0/webhook-endpoints/{endpoint['id']}/verify").status_code))
+    def verify_in_a_thread():
+        try:
+            results.append(as_alice.post(f"/v0/webhook-endpoints/{endpoint['id']}/verify").status_code)
+        finally:
+            connections.close_all()
+
+    first = threading.Thread(target=verify_in_a_thread)
     first.start()
     assert arrived.wait(20)
     # when: a second verification while the first is in flight
