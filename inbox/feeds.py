@@ -5,6 +5,7 @@ costs the same with a thousand or a million events in the log.
 """
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 
 from django.db.models import Exists, OuterRef, Q
@@ -81,18 +82,30 @@ def inbox_feed(viewer: Member, after: int | None, limit: int) -> FeedPage:
 SNAPSHOT_PAGE_MAX = 100
 
 
-def unresolved_page(viewer: Member, *, high_watermark: int, after: int, limit: int | None = None):
-    """One page of `viewer`'s unresolved messages at or below the snapshot's
-    high watermark, in position order, from spaces they can still read,
-    leaving out those their firewall holds or has not classified yet:
-    `(recipient rows, has_more)`."""
+def unresolved_page(viewer: Member, *, high_watermark: int, as_of: dt.datetime, after: int,
+                    limit: int | None = None):
+    """One page of `viewer`'s messages that were unresolved at `as_of` (the
+    snapshot's issue time) at or below its high watermark, in position
+    order, from spaces they can still read, leaving out those their firewall
+    holds or has not classified yet: `(recipient rows, has_more)`. Every
+    page of one snapshot reads the same moment, so a message resolved or
+    acknowledged while a client pages keeps the state it had (see
+    `state_as_of`)."""
     limit = limit or SNAPSHOT_PAGE_MAX
     screened = InboxItem.objects.filter(member=viewer, message=OuterRef("message"),
                                         admission__in=[InboxItem.Admission.HELD, InboxItem.Admission.UNCLASSIFIED])
     rows = list(Recipient.objects.filter(~Exists(screened), member=viewer, position__gt=after,
                                          position__lte=high_watermark,
-                                         state__in=[Recipient.State.PENDING, Recipient.State.ACKNOWLEDGED],
                                          message__space__in=readable_spaces(viewer))
+                .filter(Q(resolved_at__isnull=True) | Q(resolved_at__gt=as_of))
+                .filter(Q(rejected_at__isnull=True) | Q(rejected_at__gt=as_of))
                 .select_related("message__space", "message__conversation", "message__author", "message__reply_to")
                 .order_by("position")[: limit + 1])
     return rows[:limit], len(rows) > limit
+
+
+def state_as_of(row: Recipient, as_of: dt.datetime) -> tuple[str, dt.datetime | None]:
+    """A recipient row's (state, acknowledged_at) as they were at `as_of`."""
+    if row.acknowledged_at is not None and row.acknowledged_at <= as_of:
+        return Recipient.State.ACKNOWLEDGED, row.acknowledged_at
+    return Recipient.State.PENDING, None

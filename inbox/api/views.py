@@ -1,6 +1,7 @@
 """Messages, feeds and snapshots."""
 from __future__ import annotations
 
+import datetime as dt
 import secrets
 
 from drf_spectacular.utils import extend_schema
@@ -157,11 +158,15 @@ class SnapshotView(APIView):
         if params.get("page"):
             snapshot, high_watermark, issued_at, after = unpack_cursor(params["page"], count=4, caller=caller,
                                                                        stream="snapshot")
-            if now().timestamp() - issued_at > SNAPSHOT_TTL_SECONDS or high_watermark < head.floor:
+            if now().timestamp() - issued_at / 1e6 > SNAPSHOT_TTL_SECONDS or high_watermark < head.floor:
                 raise ResyncRequired("The snapshot has expired; take a new one.")
         else:
-            snapshot, high_watermark, issued_at, after = secrets.randbits(62), head.position, int(now().timestamp()), 0
-        rows, has_more = feeds.unresolved_page(request.user, high_watermark=high_watermark, after=after)
+            # Microseconds: every page reads the state at this moment.
+            snapshot, high_watermark, issued_at, after = (secrets.randbits(62), head.position,
+                                                          int(now().timestamp() * 1e6), 0)
+        as_of = dt.datetime.fromtimestamp(issued_at / 1e6, dt.timezone.utc)
+        rows, has_more = feeds.unresolved_page(request.user, high_watermark=high_watermark, as_of=as_of, after=after)
+        states = [feeds.state_as_of(r, as_of) for r in rows]
         withheld = withheld_bodies((r.message.public_id, r.message.space) for r in rows)
         next_page = None
         if has_more:
@@ -171,8 +176,8 @@ class SnapshotView(APIView):
             "snapshot_id": f"snp_{snapshot:016x}",
             "high_watermark": high_watermark,
             "unresolved": [{"message": render_message(r.message, withheld=r.message.public_id in withheld),
-                            "state": r.state,
-                            "acknowledged_at": rfc3339(r.acknowledged_at)} for r in rows],
+                            "state": state, "acknowledged_at": rfc3339(acknowledged_at)}
+                           for r, (state, acknowledged_at) in zip(rows, states)],
             "next_page": next_page,
             "cursor": pack_cursor((high_watermark,), caller=caller, stream="inbox"),
         })

@@ -273,3 +273,21 @@ async def test_log_watcher_renews_its_group_membership_under_steady_traffic(monk
     watcher._task.cancel()
     # then: every commit still woke the watcher
     assert wakes == 25
+
+
+def test_every_snapshot_page_reads_the_moment_it_was_taken(space, alice, bob, as_bob, monkeypatch):
+    # given: a snapshot of three unresolved messages, one per page
+    monkeypatch.setattr("inbox.feeds.SNAPSHOT_PAGE_MAX", 1)
+    direct, _ = services.get_or_create_direct(space, bob, actor=alice)
+    sent = [send_message(direct, body=f"task {i}", actor=alice).message for i in range(3)]
+    first = as_bob.get("/v0/me/snapshot").json()
+    # when: while bob pages, he resolves the second and acknowledges the third
+    as_bob.post(f"/v0/messages/{sent[1].public_id}/resolve", {"result": "done"})
+    as_bob.post(f"/v0/messages/{sent[2].public_id}/acknowledge")
+    pages = [first]
+    while pages[-1]["next_page"]:
+        pages.append(as_bob.get("/v0/me/snapshot", page=pages[-1]["next_page"]).json())
+    # then: the later pages show them as they were when the snapshot was taken
+    unresolved = [u for p in pages for u in p["unresolved"]]
+    assert [(u["message"]["body"], u["state"], u["acknowledged_at"]) for u in unresolved] == [
+        ("task 0", "pending", None), ("task 1", "pending", None), ("task 2", "pending", None)]
