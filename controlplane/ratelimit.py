@@ -44,6 +44,12 @@ def hit(key: str, *, limit: int, window: int) -> float | None:
     return None if count <= limit else window - (now % window)
 
 
+def member_request_wait(member) -> float | None:
+    """Count one API request or web action of `member` against their
+    RATE_LIMIT_PER_MINUTE: one budget, however many credentials and tabs."""
+    return hit(f"mem:{member.public_id}", limit=settings.RATE_LIMIT_PER_MINUTE, window=60)
+
+
 SIGNIN_WINDOW = 15 * 60
 
 

@@ -125,7 +125,9 @@ def classify_next(member_id: int) -> bool:
                 .order_by("position", "id").first())
         if item is None:
             return False
-        if item.pk != candidate.pk or [r.pk for r in _rules(member_id)] != [r.pk for r in rules]:
+        current = list(FirewallRule.objects.filter(member_id=member_id).order_by("ordinal")
+                       .values_list("pk", flat=True))
+        if item.pk != candidate.pk or current != [r.pk for r in rules]:
             return True  # settled by another worker, or the rules changed: decide again
         item.settled_at, item.guidance = now(), decision.guidance
         if decision.action == FirewallRule.Action.HOLD:

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import functools
 
-from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.http import JsonResponse
 from django.shortcuts import render
 
 from controlplane.errors import ApiError, Forbidden, RateLimited, Unauthenticated
-from controlplane.ratelimit import hit
+from controlplane.ratelimit import member_request_wait
 from controlplane.models import Member
 
 
@@ -65,7 +64,7 @@ def member_page(view):
         try:
             if request.method == "POST":
                 # Actions share the member's API budget (RATE_LIMIT_PER_MINUTE).
-                if (wait := hit(f"mem:{member.public_id}", limit=settings.RATE_LIMIT_PER_MINUTE, window=60)):
+                if wait := member_request_wait(member):
                     raise RateLimited.after(wait)
             return view(request, member, *args, **kwargs)
         except ApiError as error:

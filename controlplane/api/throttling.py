@@ -4,7 +4,7 @@ from __future__ import annotations
 from django.conf import settings
 from rest_framework.throttling import BaseThrottle
 
-from controlplane.ratelimit import client_address, hit
+from controlplane.ratelimit import client_address, hit, member_request_wait
 
 
 class _Throttle(BaseThrottle):
@@ -22,8 +22,10 @@ class MemberRateThrottle(_Throttle):
         # A long-poll re-reading its feed is one request, counted once.
         if getattr(request._request, "switchboard_repoll", False):
             return True
-        who = f"mem:{request.user.public_id}" if request.user is not None else f"ip:{client_address(request)}"
-        self._wait = hit(who, limit=settings.RATE_LIMIT_PER_MINUTE, window=60)
+        if request.user is not None:
+            self._wait = member_request_wait(request.user)
+        else:
+            self._wait = hit(f"ip:{client_address(request)}", limit=settings.RATE_LIMIT_PER_MINUTE, window=60)
         return self._wait is None
 
 
