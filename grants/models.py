@@ -32,7 +32,9 @@ class Grant(models.Model):
         REVOKED = "revoked"
         EXPIRED = "expired"
 
-    public_id = models.CharField(max_length=68, unique=True)
+    # Client-chosen, unique within its space: an id another space uses
+    # tells nobody that it exists.
+    public_id = models.CharField(max_length=68)
     space = models.ForeignKey(Space, on_delete=models.CASCADE, related_name="+")
     kind = models.CharField(max_length=16, choices=Kind.choices)
     sender = models.ForeignKey(Member, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
@@ -53,7 +55,9 @@ class Grant(models.Model):
     ended_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        constraints = [models.UniqueConstraint(fields=["space", "public_id"], name="grant_space_id")]
         indexes = [
+            models.Index(fields=["public_id"], name="grant_public_id"),
             models.Index(fields=["space", "kind", "status"], name="grant_lookup"),
             models.Index(fields=["expires_at"], name="grant_expiry",
                          condition=Q(status="active", expires_at__isnull=False)),

@@ -7,7 +7,7 @@ import re
 from django.db import IntegrityError, transaction
 
 from controlplane.clock import now, rfc3339
-from controlplane.errors import Forbidden, GrantConflict, InvalidRequest, NotFound
+from controlplane.errors import Conflict, Forbidden, GrantConflict, InvalidRequest, NotFound
 from controlplane.idempotency import is_valid_key
 from controlplane.log import append_events
 from controlplane.models import Member, Space
@@ -17,6 +17,10 @@ from grants.models import Grant
 from grants.render import grant_event
 
 GRANT_ID_RE = re.compile(r"grt_[A-Za-z0-9_-]{1,64}")
+# How many spaces' grants of one id a global lookup weighs; ids are chosen by
+# each space's owners, so the same id in more spaces than this is reported
+# from the first ones found.
+MAX_SPACES_PER_ID = 20
 # Which parties each kind names; the others must be absent.
 PARTIES = {
     Grant.Kind.PROJECT: (),
@@ -38,9 +42,9 @@ def _check_shape(kind: str, fields: dict) -> None:
         raise InvalidRequest("idempotency_key must be 8–128 visible ASCII characters.")
 
 
-def _same(grant: Grant, space: Space, kind: str, sender: Member | None, recipient: Member | None,
+def _same(grant: Grant, kind: str, sender: Member | None, recipient: Member | None,
           key: str | None, expires_at: dt.datetime | None) -> bool:
-    return (grant.space_id == space.pk and grant.kind == kind and grant.sender_id == getattr(sender, "pk", None)
+    return (grant.kind == kind and grant.sender_id == getattr(sender, "pk", None)
             and grant.recipient_id == getattr(recipient, "pk", None) and grant.idempotency_key == key
             and grant.expires_at == expires_at)
 
@@ -49,8 +53,10 @@ def create_grant(space: Space, *, grant_id: str, kind: str, sender: str | None =
                  idempotency_key: str | None = None, expires_at: dt.datetime | None = None,
                  actor: Member) -> tuple[Grant, bool]:
     """Create a grant under the client's id, or return the one the same
-    request created before (created=False). The id taken by a grant that
-    differs in any way is GRANT_CONFLICT. Space owners and admins only."""
+    request created before (created=False). An id is unique within its
+    space: the id taken there by a grant that differs in any way is
+    GRANT_CONFLICT, and ids other spaces use are not looked at. Space
+    owners and admins only."""
     if not GRANT_ID_RE.fullmatch(grant_id):
         raise InvalidRequest("A grant id is grt_ followed by 1–64 of A-Z, a-z, 0-9, _ and -.",
                              details={"id": grant_id})
@@ -64,8 +70,8 @@ def create_grant(space: Space, *, grant_id: str, kind: str, sender: str | None =
         raise InvalidRequest("sender and recipient must be different members.")
 
     def existing() -> Grant | None:
-        grant = Grant.objects.filter(public_id=grant_id).first()
-        if grant is not None and not _same(grant, space, kind, sender_m, recipient_m, idempotency_key, expires_at):
+        grant = Grant.objects.filter(space=space, public_id=grant_id).first()
+        if grant is not None and not _same(grant, kind, sender_m, recipient_m, idempotency_key, expires_at):
             raise GrantConflict(details={"id": grant_id})
         return grant
 
@@ -94,14 +100,24 @@ def _may_manage(grant: Grant, member: Member) -> bool:
     return True
 
 
-def visible_grant(grant_id: str, viewer: Member) -> Grant:
+def visible_grant(grant_id: str, viewer: Member, *, space: Space | None = None) -> Grant:
     """The grant, for admins, the space's owners and the grant's own sender
-    and recipient; anyone else gets 404."""
-    grant = (Grant.objects.select_related("space", "sender", "recipient", "message", "created_by")
-             .filter(public_id=grant_id).first())
-    if grant is None or not (viewer.pk in (grant.sender_id, grant.recipient_id) or _may_manage(grant, viewer)):
+    and recipient; anyone else gets 404. Without `space`, the id is looked
+    up among the grants the viewer can see; when several spaces they see
+    use it, that is CONFLICT naming those spaces (ask under one of them)."""
+    grants = Grant.objects.select_related("space", "sender", "recipient", "message", "created_by").filter(
+        public_id=grant_id)
+    if space is not None:
+        grants = grants.filter(space=space)
+    visible = [grant for grant in grants[:MAX_SPACES_PER_ID]
+               if viewer.pk in (grant.sender_id, grant.recipient_id) or _may_manage(grant, viewer)]
+    if not visible:
         raise NotFound()
-    return grant
+    if len(visible) > 1:
+        slugs = sorted(grant.space.slug for grant in visible)
+        raise Conflict(f"{grant_id} names a grant in several of your spaces; use /v0/spaces/{{slug}}/grants/"
+                       f"{grant_id}.", details={"spaces": slugs})
+    return visible[0]
 
 
 def revoke_grant(grant: Grant, *, actor: Member) -> Grant:
@@ -111,4 +127,4 @@ def revoke_grant(grant: Grant, *, actor: Member) -> Grant:
     if not _may_manage(grant, actor):
         raise Forbidden("Only the space's owners and admins may revoke its grants.")
     barrier.revoke(grant, actor=actor)
-    return visible_grant(grant.public_id, actor)
+    return visible_grant(grant.public_id, actor, space=grant.space)

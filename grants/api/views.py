@@ -1,7 +1,7 @@
 """Grants and approval requests (SPEC §5)."""
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -51,23 +51,42 @@ class SpaceGrantsView(APIView):
             space, grant_id=data["id"], kind=data["kind"], sender=data.get("sender"),
             recipient=data.get("recipient"), idempotency_key=data.get("idempotency_key"),
             expires_at=data.get("expires_at"), actor=request.user)
-        return _grant(services.visible_grant(grant.public_id, request.user), 201 if created else 200)
+        return _grant(services.visible_grant(grant.public_id, request.user, space=space), 201 if created else 200)
+
+
+def _find_grant(request, grant_id: str, slug: str | None) -> Grant:
+    space = get_space_for(slug, request.user) if slug is not None else None
+    return services.visible_grant(grant_id, request.user, space=space)
 
 
 class GrantView(APIView):
-    @extend_schema(operation_id="get_grant", responses={200: envelope("grant", GrantOut), **errors("NOT_FOUND")})
-    def get(self, request, grant_id):
-        return _grant(services.visible_grant(grant_id, request.user))
+    """`/v0/grants/{id}` and `/v0/spaces/{slug}/grants/{id}`: ids are unique
+    within a space, so the global route answers CONFLICT when the caller
+    sees the id in several spaces."""
+
+    @extend_schema(operation_id="get_grant", responses={200: envelope("grant", GrantOut),
+                                                        **errors("NOT_FOUND", "CONFLICT")})
+    def get(self, request, grant_id, slug=None):
+        return _grant(_find_grant(request, grant_id, slug))
 
 
 class RevokeGrantView(APIView):
     @extend_schema(operation_id="revoke_grant", request=EmptyIn,
                    responses={200: envelope("grant", GrantOut), **errors("INVALID_REQUEST", "FORBIDDEN",
-                                                                         "NOT_FOUND")})
-    def post(self, request, grant_id):
+                                                                         "NOT_FOUND", "CONFLICT")})
+    def post(self, request, grant_id, slug=None):
         validated(EmptyIn, request.data)
-        grant = services.visible_grant(grant_id, request.user)
-        return _grant(services.revoke_grant(grant, actor=request.user))
+        return _grant(services.revoke_grant(_find_grant(request, grant_id, slug), actor=request.user))
+
+
+@extend_schema_view(get=extend_schema(operation_id="get_space_grant"))
+class SpaceGrantView(GrantView):
+    pass
+
+
+@extend_schema_view(post=extend_schema(operation_id="revoke_space_grant"))
+class RevokeSpaceGrantView(RevokeGrantView):
+    pass
 
 
 class ApprovalRequestsView(APIView):

@@ -39,10 +39,39 @@ def test_reusing_an_id_for_a_different_grant_is_a_conflict(locked, as_alice, cha
     assert Grant.objects.get().recipient.handle == "carol" and Grant.objects.count() == 1
 
 
-def test_an_id_used_in_another_space_is_a_conflict(locked, space, as_alice):
+def test_an_id_another_space_uses_is_free_and_reveals_nothing(locked, as_alice, make_member, api_for):
+    # given: alice's vault uses grt_x; dave owns a space of his own
+    dave = make_member("dave")
+    as_dave = api_for(dave)
+    as_dave.post("/v0/spaces", {"slug": "den", "name": "Den", "visibility": "private", "send_policy": "explicit_only"})
     as_alice.post(GRANTS, {"id": "grt_x", "kind": "project"})
-    response = as_alice.post("/v0/spaces/lab/grants", {"id": "grt_x", "kind": "project"})
-    assert response.status_code == 409 and error_code(response) == "GRANT_CONFLICT"
+    # when: dave creates a different grant under the same id in his space
+    created = as_dave.post("/v0/spaces/den/grants", {"id": "grt_x", "kind": "project",
+                                                     "expires_at": "2099-01-01T00:00:00Z"})
+    # then: it is his, and every route he can call shows only his
+    assert created.status_code == 201, created.text
+    assert created.json()["grant"]["space"] == "den"
+    assert as_dave.get("/v0/grants/grt_x").json()["grant"]["space"] == "den"
+    assert as_dave.get("/v0/spaces/den/grants/grt_x").json() == created.json()
+    assert as_dave.get("/v0/spaces/vault/grants/grt_x").status_code == 404
+    assert Grant.objects.filter(public_id="grt_x").count() == 2
+
+
+def test_an_id_seen_in_two_spaces_is_asked_for_under_its_space(locked, space, as_alice):
+    # given: alice owns both spaces and uses one id in each
+    as_alice.post(GRANTS, {"id": "grt_x", "kind": "project"})
+    as_alice.post("/v0/spaces/lab/grants", {"id": "grt_x", "kind": "project"})
+    # when
+    ambiguous = as_alice.get("/v0/grants/grt_x")
+    revoke_ambiguous = as_alice.post("/v0/grants/grt_x/revoke", {})
+    revoked = as_alice.post("/v0/spaces/lab/grants/grt_x/revoke", {})
+    # then: the global routes say which spaces to ask under and change nothing
+    assert ambiguous.status_code == 409 and error_code(ambiguous) == "CONFLICT"
+    assert ambiguous.json()["error"]["details"] == {"spaces": ["lab", "vault"]}
+    assert revoke_ambiguous.status_code == 409
+    assert revoked.status_code == 200 and revoked.json()["grant"]["space"] == "lab"
+    assert revoked.json()["grant"]["status"] == "revoked"
+    assert as_alice.get(f"{GRANTS}/grt_x").json()["grant"]["status"] == "active"
 
 
 def test_only_owners_and_admins_create_grants(locked, as_bob, as_root):
