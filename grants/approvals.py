@@ -9,7 +9,6 @@ from django.db import IntegrityError, transaction
 from controlplane.access import is_active_admin
 from controlplane.clock import now
 from controlplane.errors import ApiError, Conflict, IdempotencyConflict, InvalidRequest, NotFound
-from controlplane.log import NewEvent
 from controlplane.models import Member
 from controlplane.tokens import public_id
 from grants.models import ApprovalRequest, Grant
@@ -69,12 +68,10 @@ def _notify_sender(request: ApprovalRequest) -> None:
                "conversation": request.conversation.public_id, "idempotencyKey": request.idempotency_key,
                "postId": request.message.public_id if request.message_id else None,
                "decidedBy": f"@{request.decided_by.handle}", "reason": request.reason}
-    # The sender's business alone: in their inbox feed, in no space feed
-    # (a channel's feed would show it to every reader, anonymous ones too).
-    event = NewEvent("approval.decided", {"approval_request": request.public_id, "status": request.status,
-                                          "message": payload["postId"]},
-                     conversation_id=request.conversation_id, actor_id=request.decided_by_id, restricted=True,
-                     addressees=(request.sender_id,))
+    event = notices.private_event("approval.decided", {"approval_request": request.public_id,
+                                                       "status": request.status, "message": payload["postId"]},
+                                  request.sender, conversation_id=request.conversation_id,
+                                  actor_id=request.decided_by_id)
     notices.post_notice(request.sender, payload, event, conversation_id=request.conversation_id)
 
 

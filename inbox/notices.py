@@ -17,6 +17,14 @@ from inbox.models import InboxItem, Recipient
 HANDED_OFF = (Recipient.State.ACKNOWLEDGED, Recipient.State.RESOLVED)
 
 
+def private_event(kind: str, data: dict, member: Member, **fields) -> NewEvent:
+    """The event of a notice that is `member`'s business alone (an approval's
+    outcome, their subscription's suspension): in their inbox feed and in
+    no space feed, where every reader of the space (anonymous ones, in an
+    open space) would see it."""
+    return NewEvent(kind, data, restricted=True, addressees=(member.pk,), **fields)
+
+
 def post_notice(member: Member, payload: dict, event: NewEvent, *, conversation_id: int | None = None,
                 position: int | None = None) -> InboxItem:
     """Insert a notice from the control plane itself (`approval`,

@@ -35,7 +35,6 @@ from django.db.models import Count, Exists, F, OuterRef, Q
 from controlplane.access import can_read_space
 from controlplane.clock import now, rfc3339, timestamp
 from controlplane.cursors import caller_id, pack_cursor
-from controlplane.log import NewEvent
 from controlplane.models import Member, Space
 from inbox import notices
 from webhooks import crypto
@@ -254,9 +253,9 @@ def suspend(subscription: Subscription, reason: str, error: str, *, terminal: bo
     locked.save(update_fields=["status", "suspended_reason", "suspended_error", "suspended_at", "terminal"])
     payload = {"kind": "subscription.suspended", "subscription": locked.public_id, "reason": reason,
                "lastError": error, "terminal": terminal}
-    event = NewEvent("subscription.suspended", {"subscription": locked.public_id, "reason": reason,
-                                                "last_error": error, "terminal": terminal},
-                     space_id=locked.space_id, addressees=(locked.owner_id,))
+    event = notices.private_event("subscription.suspended", {"subscription": locked.public_id, "reason": reason,
+                                                             "last_error": error, "terminal": terminal},
+                                  locked.owner, space_id=locked.space_id)
     notices.post_notice(locked.owner, payload, event)
 
 

@@ -128,7 +128,7 @@ def test_a_redirect_is_a_failure_and_is_not_followed(world, receiver):
 
 
 @pytest.mark.parametrize("status", [410, 413])
-def test_410_and_413_suspend_for_good_and_tell_the_owner(world, receiver, status):
+def test_410_and_413_suspend_for_good_and_tell_the_owner(world, receiver, api_for, status):
     # given
     receiver.respond = lambda received: (status, {}, b"")
     send_message(world["general"], body="gone?", actor=world["bob"])
@@ -143,6 +143,8 @@ def test_410_and_413_suspend_for_good_and_tell_the_owner(world, receiver, status
     assert notice["item"]["subscription"] == world["subscription"]["id"]
     feed = world["as_alice"].get("/v0/me/inbox/events").json()["events"]
     assert [e["kind"] for e in feed] == ["subscription.suspended"]
+    space_feed = api_for(world["bob"]).get("/v0/spaces/lab/events?limit=100").json()["events"]
+    assert "subscription.suspended" not in [e["kind"] for e in space_feed]  # alice's business alone
     # resume cannot clear it, and nothing more is sent
     assert world["as_alice"].patch(world["path"], {"status": "active"}).status_code == 409
     send_message(world["general"], body="more", actor=world["bob"])

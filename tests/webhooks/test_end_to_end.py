@@ -88,19 +88,25 @@ def test_a_worker_killed_mid_delivery_loses_nothing(receiver, https_receiver):
         assert [d["state"] for d in deliveries] == ["delivered"]
 
 
-def test_terminal_rejections_suspend_inbox_and_space_subscriptions_alike(receiver, https_receiver):
-    """410 and 413 from the receiver, for an inbox and a space subscription
-    each: every subscription is suspended for good, its delivery is failed,
-    its owner is told in their inbox, and the engine goes on delivering."""
-    # given: four owners, each with one subscription on its own receiver path
+KINDS, OUTCOMES = ("inbox", "space"), (202, 500, 410, 413)
+
+
+def test_every_outcome_for_inbox_and_space_subscriptions_alike(receiver, https_receiver):
+    """Each subscription kind against each answer a receiver can give: 2xx
+    is delivered; a 500 is retried with the same id and body and then
+    delivered; 410 and 413 suspend the subscription for good, fail its
+    delivery and tell its owner, and the engine goes on delivering."""
+    # given: one owner per cell, each with one subscription on its own receiver path
     bob = member("bob")
-    owners = {(kind, status): member(f"{kind}{status}") for kind in ("inbox", "space") for status in (410, 413)}
-    owners["healthy"] = member("healthy")
-    answers = {f"/{key[0]}{key[1]}": key[1] for key in owners if key != "healthy"}
+    owners = {(kind, status): member(f"{kind}{status}") for kind in KINDS for status in OUTCOMES}
+    wakes: dict[str, int] = {}
 
     def answer(received):
-        if received.path in answers and received.json().get("type") != "spaces.webhook.challenge":
-            return answers[received.path], {}, b""
+        status = int(received.path[-3:])
+        if received.json().get("type") != "spaces.webhook.challenge":
+            wakes[received.path] = wakes.get(received.path, 0) + 1
+            if status in (410, 413) or (status == 500 and wakes[received.path] == 1):
+                return status, {}, b""
         return Receiver(port=0).answer(received)  # the default: challenges echoed, wakes 202
 
     receiver.respond = answer
@@ -111,51 +117,57 @@ def test_terminal_rejections_suspend_inbox_and_space_subscriptions_alike(receive
         for headers in owners.values():  # every join first: a join would wake the space subscriptions
             httpx.post(f"{base}/v0/spaces/lab/join", headers=headers)
         subscriptions = {}
-        for key, headers in owners.items():
-            path = "/healthy" if key == "healthy" else f"/{key[0]}{key[1]}"
-            endpoint = httpx.post(f"{base}/v0/webhook-endpoints", json={"url": receiver.url(path)},
+        for (kind, status), headers in owners.items():
+            endpoint = httpx.post(f"{base}/v0/webhook-endpoints", json={"url": receiver.url(f"/{kind}{status}")},
                                   headers=headers).json()["endpoint"]["id"]
             assert httpx.post(f"{base}/v0/webhook-endpoints/{endpoint}/verify", headers=headers,
                               timeout=30).status_code == 200
-            if key == "healthy" or key[0] == "inbox":
-                created = httpx.post(f"{base}/v0/me/inbox-subscriptions",
-                                     json={"endpoint_id": endpoint, "debounce_ms": 0}, headers=headers).json()
-                route = f"{base}/v0/me/inbox-subscriptions/{created['subscription']['id']}"
-            else:
-                created = httpx.post(f"{base}/v0/spaces/lab/webhook-subscriptions",
-                                     json={"endpoint_id": endpoint, "debounce_ms": 0}, headers=headers).json()
-                route = f"{base}/v0/spaces/lab/webhook-subscriptions/{created['subscription']['id']}"
+            collection = "me/inbox-subscriptions" if kind == "inbox" else "spaces/lab/webhook-subscriptions"
+            created = httpx.post(f"{base}/v0/{collection}", json={"endpoint_id": endpoint, "debounce_ms": 0},
+                                 headers=headers).json()
+            route = f"{base}/v0/{collection}/{created['subscription']['id']}"
             assert httpx.post(f"{route}/activate", headers=headers).status_code == 200
-            subscriptions[key] = route
+            subscriptions[kind, status] = route
         receiver.requests.clear()
         # when: one message mentions everyone
-        handles = " ".join("@" + ("healthy" if key == "healthy" else f"{key[0]}{key[1]}") for key in owners)
+        handles = " ".join(f"@{kind}{status}" for kind, status in owners)
         sent = httpx.post(f"{base}/v0/spaces/lab/conversations/{channel}/messages",
                           json={"body": f"hello {handles}"}, headers=bob)
         assert sent.status_code == 201, sent.text
-        receiver.wait_for(lambda requests: {r.path for r in requests} >= {"/healthy", *answers}, timeout=60)
-        # then: each rejected subscription is suspended for good and its owner told
-        for key, route in subscriptions.items():
-            headers = owners[key]
+        retried = {f"/{kind}500" for kind in KINDS}
+        requests = receiver.wait_for(lambda requests: {r.path for r in requests} >= {
+            f"/{kind}{status}" for kind, status in owners} and all(
+            sum(r.path == path for r in requests) >= 2 for path in retried), timeout=60)
+        # then: a retry is the same wake (id and body)
+        for path in retried:
+            first, again = [r for r in requests if r.path == path][:2]
+            assert again.headers["Webhook-Id"] == first.headers["Webhook-Id"] and again.body == first.body
+        for (kind, status), route in subscriptions.items():
+            headers = owners[kind, status]
+            expected = "suspended" if status in (410, 413) else "active"
             deadline = time.monotonic() + 30
             while True:
                 subscription = httpx.get(route, headers=headers).json()["subscription"]
-                if key == "healthy" or subscription["status"] == "suspended" or time.monotonic() > deadline:
+                deliveries = httpx.get(f"{base}/v0/webhook-subscriptions/{subscription['id']}/deliveries",
+                                       headers=headers).json()["deliveries"]
+                states = [d["state"] for d in deliveries]
+                settled = states == (["failed"] if expected == "suspended" else ["delivered"])
+                if (subscription["status"] == expected and settled) or time.monotonic() > deadline:
                     break
                 time.sleep(0.2)
-            if key == "healthy":
-                assert subscription["status"] == "active"
-                continue
-            assert subscription["status"] == "suspended", (key, subscription)
-            assert subscription["suspended"]["terminal"] is True
-            assert subscription["suspended"]["last_error"] == f"http_{key[1]}"
-            deliveries = httpx.get(f"{base}/v0/webhook-subscriptions/{subscription['id']}/deliveries",
-                                   headers=headers).json()["deliveries"]
-            assert [d["state"] for d in deliveries] == ["failed"]
+            assert subscription["status"] == expected and settled, (kind, status, subscription["status"], states)
             kinds = [i["item"]["kind"] for i in httpx.get(f"{base}/v0/me/inbox", headers=headers).json()["items"]]
-            assert "subscription.suspended" in kinds
-        # and the engine lives on: the next message still reaches the healthy receiver
+            if expected == "suspended":
+                assert subscription["suspended"]["terminal"] is True
+                assert subscription["suspended"]["last_error"] == f"http_{status}"
+                assert "subscription.suspended" in kinds
+            else:
+                assert "subscription.suspended" not in kinds
+        # and suspensions are their owners' business: in no space feed
+        feed = httpx.get(f"{base}/v0/spaces/lab/events", params={"limit": 100}, headers=bob).json()["events"]
+        assert [e["kind"] for e in feed if e["kind"].startswith("subscription.")] == []
+        # and the engine lives on: the next message still reaches a healthy receiver
         receiver.requests.clear()
-        httpx.post(f"{base}/v0/spaces/lab/conversations/{channel}/messages", json={"body": "again @healthy"},
+        httpx.post(f"{base}/v0/spaces/lab/conversations/{channel}/messages", json={"body": "again @inbox202"},
                    headers=bob)
-        receiver.wait_for(lambda requests: any(r.path == "/healthy" for r in requests), timeout=30)
+        receiver.wait_for(lambda requests: any(r.path == "/inbox202" for r in requests), timeout=30)
