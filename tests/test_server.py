@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from controlplane.processes import descendants, in_session
+from tests.inbox.test_firewall import inbox_paths
 from tests.servers import manage, serving, start_serving
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -163,25 +164,39 @@ def test_inbox_items_and_tokens_survive_a_restart():
     assert event == {"item": after[0]["item"]}
 
 
-def test_a_real_worker_classifies_firewalled_items():
-    # given: the server and its django-q2 cluster, and bob's firewall
+def test_a_real_worker_classifies_firewalled_items_and_every_read_path_agrees():
+    # given: the server and its django-q2 cluster; bob's firewall holds secrets and admits alice otherwise
     alice, bob = member_with_token("alice"), member_with_token("bob")
     with serving() as (base, _):
+        def get(path):
+            return httpx.get(f"{base}{path}", headers=bob).json()
+
         httpx.post(f"{base}/v0/spaces", json={"slug": "lab", "name": "Lab"}, headers=alice)
         httpx.post(f"{base}/v0/spaces/lab/join", headers=bob)
-        rules = {"rules": [{"action": "allow", "sender": "@alice", "guidance": "alice runs the lab"}]}
+        rules = {"rules": [{"action": "hold", "content_pattern": "secret"},
+                           {"action": "allow", "sender": "@alice", "guidance": "alice runs the lab"}]}
         assert httpx.put(f"{base}/v0/me/inbox/firewall", json=rules, headers=bob).status_code == 200
         direct = httpx.post(f"{base}/v0/spaces/lab/direct", json={"member": "@bob"},
                             headers=alice).json()["conversation"]["id"]
         # when
-        httpx.post(f"{base}/v0/spaces/lab/conversations/{direct}/messages", json={"body": "classify me"},
-                   headers=alice)
-        # then: the worker admits it, with its guidance (bounded wait)
+        for body in ("the secret plan", "classify me"):
+            httpx.post(f"{base}/v0/spaces/lab/conversations/{direct}/messages", json={"body": body}, headers=alice)
+        # then: the worker admits one, with its guidance, and holds the other (bounded wait)
         deadline = time.monotonic() + 30
-        while not (items := httpx.get(f"{base}/v0/me/inbox", headers=bob).json()["items"]):
+        while not (items := get("/v0/me/inbox")["items"]):
             assert time.monotonic() < deadline, "the worker never classified the item"
             time.sleep(0.2)
-    assert [(i["item"]["content"], i["guidance"]) for i in items] == [("classify me", "alice runs the lab")]
+        assert [(i["item"]["content"], i["guidance"]) for i in items] == [("classify me", "alice runs the lab")]
+        (held,) = get("/v0/me/inbox/held")["items"]
+        assert inbox_paths(get) == dict.fromkeys(inbox_paths(get), ["classify me"])
+        assert httpx.get(f"{base}/v0/inbox-events/evt_{held['deliveryToken'][4:]}",
+                         headers=bob).status_code == 404
+        # and once released, every path shows both, in the order sent
+        assert httpx.post(f"{base}/v0/me/inbox/held/release", json={"deliveryToken": held["deliveryToken"]},
+                          headers=bob).status_code == 200
+        paths = inbox_paths(get)
+    assert {path: sorted(bodies) for path, bodies in paths.items()} == dict.fromkeys(
+        paths, ["classify me", "the secret plan"])
 
 
 def database_sockets(pid: int, port: int) -> set[str]:

@@ -187,14 +187,14 @@ def test_concurrent_workers_admit_every_conversation_in_order_once(monkeypatch):
             assert settled == sorted(settled)
 
 
-def _inbox_paths(api) -> dict[str, list[str]]:
-    """What each of the inbox's read paths shows of message bodies."""
-    feed = api.get("/v0/me/inbox/events").json()["events"]
-    snapshot = api.get("/v0/me/snapshot").json()["unresolved"]
+def inbox_paths(get) -> dict[str, list[str]]:
+    """What each of the inbox's read paths shows of message bodies; `get`
+    answers a path with its JSON (the test client's, or a real server's)."""
+    feed = get("/v0/me/inbox/events")["events"]
     return {
-        "read_inbox": [e["item"]["content"] for e in api.get("/v0/me/inbox").json()["items"]],
+        "read_inbox": [e["item"]["content"] for e in get("/v0/me/inbox")["items"]],
         "inbox feed": [e["data"]["message"]["body"] for e in feed if "message" in e["data"]],
-        "snapshot": [m["message"]["body"] for m in snapshot],
+        "snapshot": [m["message"]["body"] for m in get("/v0/me/snapshot")["unresolved"]],
     }
 
 
@@ -213,7 +213,7 @@ def test_every_inbox_read_path_sees_only_admitted_items(space, alice, bob, as_bo
         assert as_bob.post("/v0/me/inbox/held/release", {"deliveryToken": held[0]["deliveryToken"]}).status_code == 200
     # then: every path agrees, and shows the body only once it is admitted
     admitted = ending in ("held then released", "allowed")
-    paths = _inbox_paths(as_bob)
+    paths = inbox_paths(lambda path: as_bob.get(path).json())
     assert paths == {path: [body] if admitted else [] for path in paths}
 
 
