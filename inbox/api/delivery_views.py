@@ -9,16 +9,11 @@ from rest_framework.views import APIView
 from controlplane.api.fields import (StrictCharField, StrictChoiceField, StrictIntegerField, StrictSerializer,
                                      validated)
 from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, errors
-from controlplane.cursors import caller_id, pack_cursor, unpack_cursor
-from controlplane.errors import InvalidRequest
 from controlplane.idempotency import idempotent
 from controlplane.services import parse_handle
-from inbox import delivery, firewall
+from inbox import delivery, firewall, reads
 from inbox.models import FirewallRule, InboxItem
 from inbox.render import render_entry, render_rules
-
-STREAM = "read_inbox"
-
 
 class AcknowledgeDeliveryIn(StrictSerializer):
     deliveryToken = StrictCharField(max_length=47)
@@ -105,15 +100,7 @@ class InboxView(APIView):
                    responses={200: InboxPageOut, **errors("INVALID_REQUEST", "INVALID_CURSOR")})
     def get(self, request):
         params = validated(InboxParams, request.query_params)
-        caller = caller_id(request.user)
-        bound, after = None, (0, 0)
-        if params.get("cursor"):
-            bound, *after = unpack_cursor(params["cursor"], count=3, caller=caller, stream=STREAM)
-        page = delivery.read_inbox(request.user, bound=bound, after=tuple(after))
-        return Response({
-            "items": [render_entry(item) for item in page.items],
-            "nextCursor": pack_cursor(page.next, caller=caller, stream=STREAM) if page.next else None,
-        })
+        return Response(reads.inbox_page(request.user, params.get("cursor")))
 
 
 class AcknowledgeDeliveryView(APIView):
@@ -124,19 +111,11 @@ class AcknowledgeDeliveryView(APIView):
     @idempotent
     def post(self, request):
         token = validated(AcknowledgeDeliveryIn, request.data)["deliveryToken"]
-        if not delivery.TOKEN_RE.fullmatch(token):
-            raise InvalidRequest("deliveryToken is dlv_ followed by 43 base64url characters.")
-        delivery.acknowledge_delivery(request.user, token, actor=request.user)
-        return Response({})
+        return Response(reads.acknowledge(request.user, token))
 
 
 class InboxEventView(APIView):
     @extend_schema(operation_id="read_event",
                    responses={200: ItemOut, **errors("INVALID_EVENT_ID", "UNKNOWN_EVENT")})
     def get(self, request, event_id):
-        item = delivery.read_event(request.user, event_id)
-        if item.state == InboxItem.State.REJECTED:
-            # Revoked authority never restores the content; the tombstone says why.
-            payload = {k: v for k, v in item.payload.items() if k != "content"}
-            return Response({"item": payload, "state": "rejected", "reason": item.reason})
-        return Response({"item": item.payload, **({"guidance": item.guidance} if item.guidance else {})})
+        return Response(reads.read_event(request.user, event_id))

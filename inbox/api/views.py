@@ -1,8 +1,6 @@
 """Messages, feeds and snapshots."""
 from __future__ import annotations
 
-import datetime as dt
-import secrets
 
 from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
@@ -13,18 +11,15 @@ from controlplane.api.fields import validated
 from controlplane.api.permissions import ReadableAnonymously
 from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, LIMIT, MAX_BYTES, SNAPSHOT_PAGE, WAIT_MS, errors
 from controlplane.api.serializers import EmptyIn, envelope
-from controlplane.clock import now, rfc3339
 from controlplane.cursors import caller_id, pack_cursor, unpack_cursor
-from controlplane.errors import NotFound, ResyncRequired
+from controlplane.errors import NotFound
 from controlplane.idempotency import idempotency_key, idempotent
-from controlplane.log import log_head
-from inbox import feeds, services
+from inbox import feeds, reads, services
 from inbox.api.serializers import (BodyPageOut, BodyParams, FeedPageOut, FeedParams, MessageOut, MessageStatusOut,
                                    ResolveIn, SendMessageIn, SnapshotOut, SnapshotParams)
 from inbox.models import Message
-from inbox.render import render_events, render_message, render_message_status, withheld_bodies
+from inbox.render import render_events, render_message, render_message_status
 
-SNAPSHOT_TTL_SECONDS = 3600
 
 
 def visible_message(request, message_id: str) -> Message:
@@ -153,31 +148,4 @@ class SnapshotView(APIView):
                                                                     "RESYNC_REQUIRED")})
     def get(self, request):
         params = validated(SnapshotParams, request.query_params)
-        caller = caller_id(request.user)
-        head = log_head()
-        if params.get("page"):
-            snapshot, high_watermark, issued_at, after = unpack_cursor(params["page"], count=4, caller=caller,
-                                                                       stream="snapshot")
-            if now().timestamp() - issued_at / 1e6 > SNAPSHOT_TTL_SECONDS or high_watermark < head.floor:
-                raise ResyncRequired("The snapshot has expired; take a new one.")
-        else:
-            # Microseconds: every page reads the state at this moment.
-            snapshot, high_watermark, issued_at, after = (secrets.randbits(62), head.position,
-                                                          int(now().timestamp() * 1e6), 0)
-        as_of = dt.datetime.fromtimestamp(issued_at / 1e6, dt.timezone.utc)
-        rows, has_more = feeds.unresolved_page(request.user, high_watermark=high_watermark, as_of=as_of, after=after)
-        states = [feeds.state_as_of(r, as_of) for r in rows]
-        withheld = withheld_bodies((r.message.public_id, r.message.space) for r in rows)
-        next_page = None
-        if has_more:
-            next_page = pack_cursor((snapshot, high_watermark, issued_at, rows[-1].position), caller=caller,
-                                    stream="snapshot")
-        return Response({
-            "snapshot_id": f"snp_{snapshot:016x}",
-            "high_watermark": high_watermark,
-            "unresolved": [{"message": render_message(r.message, withheld=r.message.public_id in withheld),
-                            "state": state, "acknowledged_at": rfc3339(acknowledged_at)}
-                           for r, (state, acknowledged_at) in zip(rows, states)],
-            "next_page": next_page,
-            "cursor": pack_cursor((high_watermark,), caller=caller, stream="inbox"),
-        })
+        return Response(reads.snapshot(request.user, params.get("page")))

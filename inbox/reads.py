@@ -1,0 +1,87 @@
+"""What the inbox's read routes answer, as JSON-ready dicts: the page of
+`read_inbox`, one item by event id (`read_event`), and a page of the
+coordination snapshot. The REST views and the MCP tools both answer with
+these, so the two surfaces cannot drift apart."""
+from __future__ import annotations
+
+import datetime as dt
+import secrets
+
+from controlplane.clock import now, rfc3339
+from controlplane.cursors import caller_id, pack_cursor, unpack_cursor
+from controlplane.errors import InvalidRequest, ResyncRequired
+from controlplane.log import log_head
+from controlplane.models import Member
+from inbox import delivery, feeds
+from inbox.models import InboxItem
+from inbox.render import render_entry, render_message, withheld_bodies
+
+INBOX_STREAM = "read_inbox"
+SNAPSHOT_TTL_SECONDS = 3600
+
+
+def inbox_page(member: Member, cursor: str | None) -> dict:
+    """`{"items": [...], "nextCursor"}`: one page of pending items."""
+    caller = caller_id(member)
+    bound, after = None, (0, 0)
+    if cursor:
+        bound, *after = unpack_cursor(cursor, count=3, caller=caller, stream=INBOX_STREAM)
+    page = delivery.read_inbox(member, bound=bound, after=tuple(after))
+    return {
+        "items": [render_entry(item) for item in page.items],
+        "nextCursor": pack_cursor(page.next, caller=caller, stream=INBOX_STREAM) if page.next else None,
+    }
+
+
+def acknowledge(member: Member, token: str) -> dict:
+    """Acknowledge one delivery token of the caller's own inbox → `{}`."""
+    if not isinstance(token, str) or not delivery.TOKEN_RE.fullmatch(token):
+        raise InvalidRequest("deliveryToken is dlv_ followed by 43 base64url characters.")
+    delivery.acknowledge_delivery(member, token, actor=member)
+    return {}
+
+
+def event_item(item: InboxItem) -> dict:
+    """`{"item", "guidance"?}` from the retained row; a tombstone says
+    `state: "rejected"` and why, and never carries the content again."""
+    if item.state == InboxItem.State.REJECTED:
+        payload = {k: v for k, v in item.payload.items() if k != "content"}
+        return {"item": payload, "state": "rejected", "reason": item.reason}
+    return {"item": item.payload, **({"guidance": item.guidance} if item.guidance else {})}
+
+
+def read_event(member: Member, event_id: str) -> dict:
+    return event_item(delivery.read_event(member, event_id))
+
+
+def snapshot(member: Member, page: str | None) -> dict:
+    """One page of the coordination snapshot (SPEC §6): the caller's
+    unresolved messages as of one moment, and a feed cursor at its high
+    watermark. Every page of a snapshot reads the moment it was taken."""
+    caller = caller_id(member)
+    head = log_head()
+    if page:
+        snapshot_id, high_watermark, issued_at, after = unpack_cursor(page, count=4, caller=caller, stream="snapshot")
+        if now().timestamp() - issued_at / 1e6 > SNAPSHOT_TTL_SECONDS or high_watermark < head.floor:
+            raise ResyncRequired("The snapshot has expired; take a new one.")
+    else:
+        # Microseconds: every page reads the state at this moment.
+        snapshot_id, high_watermark, issued_at, after = (secrets.randbits(62), head.position,
+                                                         int(now().timestamp() * 1e6), 0)
+    as_of = dt.datetime.fromtimestamp(issued_at / 1e6, dt.timezone.utc)
+    rows, has_more = feeds.unresolved_page(member, high_watermark=high_watermark, as_of=as_of, after=after)
+    states = [feeds.state_as_of(r, as_of) for r in rows]
+    withheld = withheld_bodies((r.message.public_id, r.message.space) for r in rows)
+    next_page = None
+    if has_more:
+        next_page = pack_cursor((snapshot_id, high_watermark, issued_at, rows[-1].position), caller=caller,
+                                stream="snapshot")
+    return {
+        "snapshot_id": f"snp_{snapshot_id:016x}",
+        "high_watermark": high_watermark,
+        "unresolved": [{"message": render_message(r.message, withheld=r.message.public_id in withheld),
+                        "state": state, "acknowledged_at": rfc3339(acknowledged_at)}
+                       for r, (state, acknowledged_at) in zip(rows, states)],
+        "next_page": next_page,
+        "cursor": pack_cursor((high_watermark,), caller=caller, stream="inbox"),
+    }
