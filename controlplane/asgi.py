@@ -1,4 +1,6 @@
-"""ASGI entry point: HTTP (Django, with static files) and WebSockets (Channels)."""
+"""ASGI entry point: HTTP (Django, with static files), WebSockets (Channels),
+and the MCP endpoint at /mcp; this callable owns the lifespan protocol
+(Django's handler refuses it), which starts and stops the MCP transport."""
 import asyncio
 import os
 
@@ -14,6 +16,7 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 
 from controlplane.bodylimit import BodyLimit  # noqa: E402
 from controlplane.live import publisher  # noqa: E402
+from mcp_endpoint.endpoint import mcp_endpoint  # noqa: E402
 from web.routing import websocket_urlpatterns  # noqa: E402
 from web.sockets import SameOriginOnly  # noqa: E402
 
@@ -23,7 +26,28 @@ router = ProtocolTypeRouter({
 })
 
 
+mcp = BodyLimit(mcp_endpoint)
+MCP_PATHS = ("/mcp", "/mcp/")
+
+
+async def lifespan(receive, send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            publisher.bind_server_loop(asyncio.get_running_loop())
+            await mcp_endpoint.start()
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await mcp_endpoint.stop()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
 async def application(scope, receive, send):
+    if scope["type"] == "lifespan":
+        return await lifespan(receive, send)
     # After-commit group messages for the in-memory layer run on this loop.
     publisher.bind_server_loop(asyncio.get_running_loop())
+    if scope["type"] == "http" and scope["path"] in MCP_PATHS:
+        return await mcp(scope, receive, send)
     await router(scope, receive, send)

@@ -51,6 +51,8 @@ REDIS_URL = os.environ.get("REDIS_URL") or None
 # A waiting long-poll re-reads at least this often, in case a wake was lost
 # (or, without Redis, came from another process).
 FEED_RECHECK_SECONDS = float(os.environ.get("FEED_RECHECK_SECONDS", "1.0"))
+# An MCP events/stream sends a heartbeat frame at least this often (SEP-3415: every 30 s at most).
+MCP_HEARTBEAT_SECONDS = min(30.0, float(os.environ.get("MCP_HEARTBEAT_SECONDS", "15")))
 
 # --- production: hosts, TLS, proxies ------------------------------------------
 _public = urlsplit(SWITCHBOARD_PUBLIC_URL)
@@ -95,6 +97,7 @@ INSTALLED_APPS = [
     "grants",
     "webhooks",
     "web",
+    "mcp_endpoint",
 ]
 
 # Short and async-capable: every sync layer costs a thread hop under ASGI.

@@ -1,6 +1,7 @@
 """JSON shapes of messages and events, as the contract gives them."""
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 
 from controlplane.clock import rfc3339
@@ -89,6 +90,21 @@ def render_entry(item: InboxItem) -> dict:
     if item.guidance:
         entry["guidance"] = item.guidance  # local policy beside the item, never inside the peer's content
     return entry
+
+
+MAX_ITEM_ENVELOPE = 256 * 1024  # SPEC §13: the largest content-bearing MCP event
+
+
+def item_occurrence(item: InboxItem, name: str) -> dict:
+    """One inbox item as an MCP event occurrence (the `inbox.item` event,
+    polled, streamed or pushed): the item itself, with its delivery token and
+    guidance, when the whole UTF-8 envelope fits in 256 KiB, else a reference
+    to fetch with read_event. The event id is the token's `evt_` form."""
+    data = {"kind": "item", **render_entry(item)}
+    if len(json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()) > MAX_ITEM_ENVELOPE:
+        data = {"kind": "reference", "itemKind": item.kind, "bytes": item.content_bytes,
+                "deliveryToken": item.token}
+    return {"eventId": "evt_" + item.token[4:], "name": name, "timestamp": rfc3339(item.created_at), "data": data}
 
 
 def render_rules(rules) -> dict:

@@ -15,7 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-APPS = ["controlplane", "inbox", "grants", "webhooks", "web"]
+APPS = ["controlplane", "inbox", "grants", "webhooks", "web", "mcp_endpoint"]
 COMPOSITION_ROOT = {"controlplane/settings.py", "controlplane/urls.py", "controlplane/asgi.py",
                     "controlplane/wsgi.py", "web/routing.py"}
 # What each app may import: the diagram in docs/architecture.md.
@@ -25,6 +25,7 @@ ALLOWED = {
     "grants": {"controlplane", "inbox"},
     "webhooks": {"controlplane", "inbox"},
     "web": {"controlplane", "inbox", "grants", "webhooks"},
+    "mcp_endpoint": {"controlplane", "inbox", "grants", "webhooks"},
 }
 DOTTED = re.compile(rf"^({'|'.join(APPS)})\.([a-z_]+)(\.[a-z_]+)*$")
 

@@ -22,7 +22,7 @@ from controlplane.live import member_group
 from controlplane.models import Member
 from inbox.delivery import pending_count
 from inbox.mailbox import inbox_group
-from web.db import db_call
+from controlplane.db import db_call
 from web.pages import member_of
 from web.sockets import session_group
 from web.streams import read_pass, streams

@@ -21,7 +21,7 @@ from controlplane.access import readers_of
 from controlplane.live import log_watcher
 from controlplane.models import Conversation
 from web import messages
-from web.db import db_call
+from controlplane.db import db_call
 
 logger = logging.getLogger("switchboard.web")
 

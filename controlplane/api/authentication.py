@@ -7,6 +7,7 @@ from django.db import connection
 from rest_framework.authentication import BaseAuthentication, SessionAuthentication
 from rest_framework.exceptions import AuthenticationFailed
 
+from controlplane.errors import Unauthenticated
 from controlplane.models import Credential, Member
 from controlplane.tokens import TOKEN_RE, hash_token
 
@@ -35,18 +36,29 @@ def credential_for_hash(token_hash: str) -> Credential | None:
     return credential
 
 
+def credential_for_bearer(header: str) -> Credential:
+    """The credential an `Authorization: Bearer sbt_…` header names, with
+    its member, who must be active: 401 UNAUTHENTICATED otherwise. Every
+    surface that takes bearer credentials (the API, /mcp) asks here."""
+    scheme, _, token = header.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not TOKEN_RE.fullmatch(token):
+        raise Unauthenticated("Use Authorization: Bearer sbt_….")
+    credential = credential_for_hash(hash_token(token))
+    if credential is None or not credential.member.is_active:
+        raise Unauthenticated("The credential is unknown, revoked, or its member is suspended.")
+    return credential
+
+
 class BearerTokenAuthentication(BaseAuthentication):
     def authenticate(self, request):
         header = request.META.get("HTTP_AUTHORIZATION")
         if not header:
             return None
-        scheme, _, token = header.partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not TOKEN_RE.fullmatch(token):
-            raise AuthenticationFailed("Use Authorization: Bearer sbt_….")
-        credential = credential_for_hash(hash_token(token))
-        if credential is None or not credential.member.is_active:
-            raise AuthenticationFailed("The credential is unknown, revoked, or its member is suspended.")
+        try:
+            credential = credential_for_bearer(header)
+        except Unauthenticated as exc:
+            raise AuthenticationFailed(exc.message) from None
         return credential.member, credential
 
     def authenticate_header(self, request):

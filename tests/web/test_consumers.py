@@ -17,7 +17,7 @@ from controlplane.models import Member
 from inbox.delivery import acknowledge_delivery
 from inbox.models import InboxItem
 from inbox.services import send_message
-from web.db import db_call
+from controlplane.db import db_call
 from web.streams import streams
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]

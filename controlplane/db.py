@@ -1,4 +1,4 @@
-"""Database calls from long-lived async code (sockets, streams)."""
+"""Database calls from long-lived async code (sockets, streams, MCP handlers)."""
 from __future__ import annotations
 
 import functools

@@ -1,0 +1,208 @@
+"""The Events extension (`io.modelcontextprotocol/events`, SEP-3415, the
+draft of 2026-10, pinned): `events/list`, `events/poll`, `events/stream`,
+`events/subscribe` and `events/unsubscribe`.
+
+Error codes are the draft's: NotFound -32023, Forbidden -32024,
+ResourceExhausted -32025, Unsupported -32026, CallbackEndpointError -32027;
+bad arguments are InvalidParams (-32602).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import mcp_types as types
+from django.conf import settings
+from jsonschema import Draft202012Validator
+from mcp.shared.exceptions import MCPError
+from pydantic import BaseModel, ConfigDict, Field
+
+from controlplane.db import db_call
+from controlplane.errors import ApiError, NotFound
+from controlplane.live import log_watcher
+from mcp_endpoint import errors, sources
+from mcp_endpoint.server import caller
+from mcp_endpoint.streams import StreamOwner
+from webhooks import mcp as pushed
+
+EXTENSION = "io.modelcontextprotocol/events"
+SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
+FORBIDDEN, RESOURCE_EXHAUSTED, UNSUPPORTED = -32024, -32025, -32026
+POLL_INTERVAL_MS = 5000
+
+
+def extension_settings() -> dict:
+    """What `server/discover` advertises under the extension's identifier."""
+    return {"listChanged": False}
+
+
+class _Params(types.RequestParams):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class ListParams(_Params):
+    cursor: str | None = None
+
+
+class SelectParams(_Params):
+    name: str
+    arguments: dict[str, Any] | None = None
+
+
+class PollParams(SelectParams):
+    cursor: str | None = None
+    max_events: int | None = Field(default=None, alias="maxEvents")
+    max_age_ms: int | None = Field(default=None, alias="maxAgeMs")
+
+
+class StreamParams(SelectParams):
+    cursor: str | None = None
+    max_age_ms: int | None = Field(default=None, alias="maxAgeMs")
+
+
+class SubscribeParams(SelectParams):
+    delivery: dict[str, Any]
+    cursor: str | None = None
+    ttl_ms: int | None = Field(default=None, alias="ttlMs")
+
+
+class UnsubscribeParams(SelectParams):
+    delivery: dict[str, Any]
+
+
+class Frame(BaseModel):
+    """A notification of this extension (the SDK's union has no such type)."""
+    method: str
+    params: dict[str, Any]
+
+
+def _select(params: SelectParams) -> tuple[sources.Source, dict]:
+    source = sources.SOURCES.get(params.name)
+    if source is None:
+        raise MCPError(errors.NOT_FOUND, f"No event named {params.name!r}.", data={"kind": "event"})
+    arguments = params.arguments or {}
+    problem = next(iter(Draft202012Validator(source.input_schema).iter_errors(arguments)), None)
+    if problem is not None:
+        raise MCPError(types.INVALID_PARAMS, f"{source.name}: arguments: {problem.message}")
+    return source, arguments
+
+
+def _as_mcp(error: ApiError) -> MCPError:
+    if (protocol := errors.protocol_error(error)) is not None:
+        return protocol
+    if isinstance(error, NotFound) or error.status == 403:
+        return MCPError(FORBIDDEN, error.message, data={"reason": error.code})
+    if error.code == "RATE_LIMITED":
+        return MCPError(RESOURCE_EXHAUSTED, error.message, data={"limit": "requests"})
+    return MCPError(types.INTERNAL_ERROR, error.message, data=error.body()["error"])
+
+
+async def _db(fn, *args):
+    try:
+        return await db_call(fn)(*args)
+    except ApiError as error:
+        raise _as_mcp(error) from None
+
+
+async def list_events(ctx, params: ListParams) -> dict:
+    return {"events": [{"name": s.name, "description": s.description, "delivery": list(s.delivery),
+                        "inputSchema": s.input_schema, "payloadSchema": s.payload_schema}
+                       for s in sources.SOURCES.values()], "nextCursor": None}
+
+
+async def poll(ctx, params: PollParams) -> dict:
+    member = caller(ctx)
+    source, arguments = _select(params)
+    try:
+        max_events = sources.validate_max_events(params.max_events)
+    except ApiError as error:
+        raise _as_mcp(error) from None
+    await _db(sources.check, member, source, arguments)
+    batch = await _db(sources.read, member, source, arguments, params.cursor, max_events)
+    return {"events": [{k: v for k, v in e.items() if k != "cursor"} for e in batch.events],
+            "cursor": batch.cursor, "truncated": batch.truncated, "hasMore": batch.has_more,
+            "nextPollMs": 0 if batch.has_more else POLL_INTERVAL_MS}
+
+
+async def stream(ctx, params: StreamParams) -> dict:
+    """One long-lived response: `active` first, then each event as it
+    commits, a heartbeat at least every MCP_HEARTBEAT_SECONDS, and
+    `terminated` when the server ends it (the consumer was replaced, or the
+    caller lost access). Re-reads after each nudge, and every
+    FEED_RECHECK_SECONDS in case a nudge was lost."""
+    member = caller(ctx)
+    source, arguments = _select(params)
+    await _db(sources.check, member, source, arguments)
+    meta = {SUBSCRIPTION_ID: ctx.request_id}
+
+    async def send(method: str, **fields) -> None:
+        await ctx.session.send_notification(Frame(method=f"notifications/events/{method}",
+                                                  params={**fields, "_meta": meta}),
+                                            related_request_id=ctx.request_id)
+
+    owner = StreamOwner(member, source, arguments)
+    await owner.start()
+    try:
+        batch = await _db(sources.read, member, source, arguments, params.cursor, sources.MAX_EVENTS)
+        await send("active", cursor=batch.start, truncated=batch.truncated)
+        last_beat, last_count = time.monotonic(), None
+        while True:
+            for event in batch.events:
+                if source.name == pushed.PENDING:  # a level trigger: only changes
+                    if event["data"]["pendingCount"] == last_count:
+                        continue
+                    last_count = event["data"]["pendingCount"]
+                await send("event", **event)
+            if batch.has_more:
+                batch = await _db(sources.read, member, source, arguments, batch.cursor, sources.MAX_EVENTS)
+                continue
+            beat_in = settings.MCP_HEARTBEAT_SECONDS - (time.monotonic() - last_beat)
+            if beat_in <= 0:
+                await send("heartbeat", cursor=batch.cursor)
+                last_beat, beat_in = time.monotonic(), settings.MCP_HEARTBEAT_SECONDS
+            if await owner.wait(log_watcher.mark(), min(beat_in, settings.FEED_RECHECK_SECONDS)):
+                await send("terminated", error={"code": RESOURCE_EXHAUSTED, "message": "A newer consumer took over.",
+                                                "data": {"limit": "consumers", "max": 1, "reason": "replaced"}})
+                return {"_meta": meta}
+            try:
+                batch = await db_call(sources.read)(member, source, arguments, batch.cursor, sources.MAX_EVENTS)
+            except ApiError as error:  # access lost meanwhile: the stream ends
+                lost = _as_mcp(error)
+                await send("terminated", error={"code": lost.code, "message": lost.message, "data": lost.data})
+                return {"_meta": meta}
+    finally:
+        await owner.stop()
+
+
+async def subscribe(ctx, params: SubscribeParams) -> dict:
+    member = caller(ctx)
+    source, arguments = _select(params)
+    ttl_given = "ttl_ms" in params.model_fields_set
+    await _db(sources.check, member, source, arguments)
+    try:
+        return await asyncio.to_thread(pushed.subscribe_closing, member, source.name, arguments, params.delivery,
+                                       cursor=params.cursor, ttl_ms=params.ttl_ms, ttl_given=ttl_given)
+    except pushed.CallbackFailed as failure:
+        raise MCPError(errors.CALLBACK_ENDPOINT_ERROR, "The callback endpoint did not verify.",
+                       data={"reason": failure.reason}) from None
+    except ApiError as error:
+        raise _as_mcp(error) from None
+
+
+async def unsubscribe(ctx, params: UnsubscribeParams) -> dict:
+    member = caller(ctx)
+    source, arguments = _select(params)
+    found = await _db(pushed.unsubscribe, member, source.name, arguments, params.delivery)
+    if not found:
+        raise MCPError(errors.NOT_FOUND, "No such subscription.", data={"kind": "subscription"})
+    return {}
+
+
+METHODS = {
+    "events/list": (ListParams, list_events),
+    "events/poll": (PollParams, poll),
+    "events/stream": (StreamParams, stream),
+    "events/subscribe": (SubscribeParams, subscribe),
+    "events/unsubscribe": (UnsubscribeParams, unsubscribe),
+}

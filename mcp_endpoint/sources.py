@@ -1,0 +1,182 @@
+"""The three events, read from the database for `events/poll` and
+`events/stream` (sync; callers run them in a worker thread).
+
+- `org.switchboard/inbox.item`: one occurrence per inbox item that became
+  available to the caller (a message addressed to them, a firewall
+  admission, a notice), in the order their inbox feed heard of it. The
+  cursor is a position of that feed; an item acknowledged since is skipped.
+- `org.switchboard/inbox.pending`: `{pendingCount}`, a level trigger with
+  no replay (its cursor is always null).
+- `spaces.work.available`: `{space, event_range, url}` when the space's
+  feed has events the caller may see after the cursor; the range's cursors
+  are the caller's own space-feed cursors, ready for `GET url?cursor=after`.
+
+A null cursor starts from now (SEP-3415): no events, a fresh cursor. A
+cursor older than the retention floor starts at the floor instead and says
+`truncated`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django.conf import settings
+
+from controlplane.access import get_readable_space
+from controlplane.clock import now, rfc3339
+from controlplane.cursors import caller_id, pack_cursor, unpack_cursor
+from controlplane.errors import InvalidRequest, ResyncRequired
+from controlplane.log import log_head
+from controlplane.models import Member, Space
+from inbox import delivery, feeds
+from inbox.models import InboxItem, Message
+from inbox.render import item_occurrence
+from webhooks.mcp import ITEM, PENDING, WORK
+
+FEED_PAGE = 100
+MAX_EVENTS = 50
+EMPTY = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+@dataclass
+class Batch:
+    events: list[dict] = field(default_factory=list)
+    cursor: str | None = None  # where the next read starts
+    truncated: bool = False
+    has_more: bool = False
+    start: str | None = None  # where this read started (after a truncation: the floor)
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str
+    description: str
+    input_schema: dict
+    payload_schema: dict
+    delivery: tuple[str, ...] = ("poll", "push", "webhook")
+
+    def stream_key(self, arguments: dict) -> str:
+        return f"mcp:{self.name}" + (f":{arguments['space']}" if "space" in arguments else "")
+
+
+SOURCES = {source.name: source for source in [
+    Source(ITEM, "One inbox item that became available to you (a direct or group message, a mention, a notice), "
+                 "with its delivery token. Pushed items (events/subscribe) are acknowledged by your 2xx.",
+           EMPTY,
+           {"type": "object", "required": ["kind"], "properties": {
+               "kind": {"enum": ["item", "reference"]}, "item": {"type": "object"},
+               "deliveryToken": {"type": "string"}, "guidance": {"type": "string"},
+               "insertedAt": {"type": "string"}, "itemKind": {"type": "string"}, "bytes": {"type": "integer"}}}),
+    Source(PENDING, "How many items are pending in your inbox, whenever it changes (no content).",
+           EMPTY,
+           {"type": "object", "required": ["pendingCount"], "properties": {"pendingCount": {"type": "integer"}}}),
+    Source(WORK, "Events you may see arrived in a space's feed: read them from event_range.after at url.",
+           {"type": "object", "required": ["space"], "additionalProperties": False,
+            "properties": {"space": {"type": "string", "maxLength": 64, "description": "The space's slug."}}},
+           {"type": "object", "required": ["space", "event_range", "url"], "properties": {
+               "space": {"type": "string"}, "url": {"type": "string"},
+               "event_range": {"type": "object", "required": ["after", "through"],
+                               "properties": {"after": {"type": "string"}, "through": {"type": "string"}}}}}),
+]}
+
+
+def _space(member: Member, arguments: dict) -> Space:
+    return get_readable_space(arguments["space"], member)
+
+
+def _cursor(member: Member, source: Source, arguments: dict, position: int) -> str:
+    return pack_cursor((position,), caller=caller_id(member), stream=source.stream_key(arguments))
+
+
+def _position(member: Member, source: Source, arguments: dict, cursor: str | None) -> tuple[int, bool]:
+    """Where to read after, and whether that skips events (truncated)."""
+    head = log_head()
+    if cursor is None:
+        return head.position, False
+    (position,) = unpack_cursor(cursor, count=1, caller=caller_id(member), stream=source.stream_key(arguments))
+    if position < head.floor:
+        return head.floor, True
+    return position, False
+
+
+def check(member: Member, source: Source, arguments: dict) -> None:
+    """Refuse arguments the caller may not use (an unreadable space is 404)."""
+    if source.name == WORK:
+        _space(member, arguments)
+
+
+def read(member: Member, source: Source, arguments: dict, cursor: str | None, max_events: int) -> Batch:
+    if source.name == PENDING:
+        return Batch([pending_occurrence(delivery.pending_count(member))])
+    after, truncated = _position(member, source, arguments, cursor)
+    try:
+        batch = (_items(member, source, after, max_events) if source.name == ITEM
+                 else _work(member, source, arguments, after))
+    except ResyncRequired:  # pruned while we read: start again at the floor
+        after, truncated = log_head().floor, True
+        batch = _items(member, source, after, max_events) if source.name == ITEM else Batch()
+    batch.truncated = truncated
+    batch.start = cursor if cursor is not None and not truncated else _cursor(member, source, arguments, after)
+    if batch.cursor is None:
+        batch.cursor = batch.start
+    return batch
+
+
+def pending_occurrence(count: int) -> dict:
+    at = now()
+    return {"eventId": f"pnd_{int(at.timestamp() * 1e6)}", "name": PENDING, "timestamp": rfc3339(at),
+            "data": {"pendingCount": count}}
+
+
+def _items(member: Member, source: Source, after: int, max_events: int) -> Batch:
+    """Items the inbox feed made available after `after`: a message's own
+    item sits at its message.created position and a notice at its event's;
+    a firewall admission or a rejection notice is found through the message
+    its event names."""
+    events, position, has_more = [], after, False
+    for _ in range(5):  # bounded: feed pages whose events carry no item are skipped over
+        page = feeds.inbox_feed(member, position, FEED_PAGE)
+        named = {e.data["message"]["id"] if isinstance(e.data.get("message"), dict) else e.data.get("message"): e
+                 for e in page.events if e.kind in ("message.admitted", "message.rejected")}
+        surfaced = {e.position: e.position for e in page.events}
+        for public_id, message_position in Message.objects.filter(public_id__in=list(named)).values_list(
+                "public_id", "position"):
+            surfaced[message_position] = named[public_id].position
+        items = (InboxItem.objects.filter(member=member, admission=InboxItem.Admission.ADMITTED,
+                                          state=InboxItem.State.PENDING, position__in=list(surfaced))
+                 if surfaced else InboxItem.objects.none())
+        for event_position, _id, item in sorted((surfaced[item.position], item.id, item) for item in items):
+            if len(events) >= max_events:  # what is left of this page comes next time
+                return Batch(events, _cursor(member, source, {}, position), has_more=True)
+            position = event_position
+            events.append({**item_occurrence(item, ITEM), "cursor": _cursor(member, source, {}, position)})
+        position = page.position
+        has_more = page.has_more
+        if not has_more or len(events) >= max_events:
+            break
+    return Batch(events, _cursor(member, source, {}, position), has_more=has_more)
+
+
+def _work(member: Member, source: Source, arguments: dict, after: int) -> Batch:
+    space = _space(member, arguments)
+    page = feeds.space_feed(space, member, after, FEED_PAGE)
+    cursor = _cursor(member, source, arguments, page.position)
+    if not page.events:
+        return Batch([], cursor)
+    stream = f"space:{space.public_id}"
+    caller = caller_id(member)
+    through = page.position
+    return Batch([{
+        "eventId": f"wrk_{space.public_id[4:]}_{through}", "name": WORK, "timestamp": rfc3339(page.events[-1].created_at),
+        "data": {"space": space.slug, "url": f"{settings.SWITCHBOARD_PUBLIC_URL}/v0/spaces/{space.slug}/events",
+                 "event_range": {"after": pack_cursor((after,), caller=caller, stream=stream),
+                                 "through": pack_cursor((through,), caller=caller, stream=stream)}},
+        "cursor": cursor}], cursor, has_more=page.has_more)
+
+
+def validate_max_events(value) -> int:
+    if value is None:
+        return MAX_EVENTS
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 100:
+        raise InvalidRequest("maxEvents must be 1–100.")
+    return value
+

@@ -1,0 +1,84 @@
+"""What an `events/stream` consumer listens to while it waits: its inbox's
+nudges (the mailbox announces every admission and acknowledgement to the
+member's inbox group), and, for the inbox events, whether a newer consumer
+took over.
+
+One consumer owns a member's stream of an inbox event at a time, on any
+server process: a new one announces a claim (its start time and a random
+token) to the owner group over the channel layer, and an older consumer
+that hears a newer claim ends with `terminated`. Claims are ordered the
+same way everywhere, so of two that start together exactly one survives;
+and a replaced consumer's cleanup only removes its own channel, so however
+late it fails, it never ends its replacement.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import secrets
+import time
+
+from channels.layers import get_channel_layer
+
+from controlplane.live import log_watcher
+from inbox.mailbox import inbox_group
+from webhooks.mcp import ITEM, PENDING
+
+CLAIM = "mcp.stream.claim"
+
+
+class StreamOwner:
+    def __init__(self, member, source, arguments: dict) -> None:
+        self.inbox = source.name in (ITEM, PENDING)
+        digest = hashlib.sha256(source.stream_key(arguments).encode()).hexdigest()[:16]
+        self.owner_group = f"mcp-stream.{member.public_id}.{digest}"
+        self.groups = [self.owner_group, inbox_group(member)] if self.inbox else []
+        self.claim = (time.time_ns(), secrets.token_hex(8))
+        self.replaced = asyncio.Event()
+        self.nudged = asyncio.Event()
+        self._layer = get_channel_layer() if self.inbox else None
+        self._channel: str | None = None
+        self._listener: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        if self._layer is None:
+            return
+        self._channel = await self._layer.new_channel()
+        for group in self.groups:
+            await self._layer.group_add(group, self._channel)
+        self._listener = asyncio.get_running_loop().create_task(self._listen())
+        await self._layer.group_send(self.owner_group, {"type": CLAIM, "at": self.claim[0], "token": self.claim[1]})
+
+    async def _listen(self) -> None:
+        while True:
+            message = await self._layer.receive(self._channel)
+            if message.get("type") == CLAIM:
+                if (message["at"], message["token"]) > self.claim:
+                    self.replaced.set()
+            else:
+                self.nudged.set()
+
+    async def wait(self, mark: asyncio.Event, timeout: float) -> bool:
+        """Until something may have changed (a nudge; for space events, any
+        commit) or `timeout`; True once a newer consumer took over."""
+        waiters = [asyncio.ensure_future(e.wait()) for e in (self.replaced, self.nudged)]
+        if not self.inbox:
+            waiters.append(asyncio.ensure_future(log_watcher.wait(mark, timeout)))
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+        self.nudged.clear()
+        return self.replaced.is_set()
+
+    async def stop(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._listener
+        if self._channel is not None:
+            for group in self.groups:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._layer.group_discard(group, self._channel), 1.0)

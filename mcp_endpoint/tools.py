@@ -1,0 +1,133 @@
+"""The MCP tools: each one calls the service its REST route calls and
+answers with the same shape.
+
+| tool | REST route |
+| --- | --- |
+| `read_inbox {cursor?}` | `GET /v0/me/inbox` |
+| `acknowledge_delivery {deliveryToken}` | `POST /v0/me/inbox/acknowledge` |
+| `read_event {eventId}` | `GET /v0/inbox-events/{eventId}` |
+| `send_message {space, conversation, body, …}` | `POST /v0/spaces/{slug}/conversations/{conv}/messages` |
+| `get_coordination_context {page?}` | `GET /v0/me/snapshot` |
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from jsonschema import Draft202012Validator
+
+from controlplane.access import get_conversation_to_write
+from controlplane.errors import InvalidIdempotencyKey, InvalidRequest
+from controlplane.idempotency import is_valid_key
+from controlplane.models import Member
+from inbox import reads, services
+from inbox.render import render_message
+
+TOKEN = {"type": "string", "pattern": r"^dlv_[A-Za-z0-9_-]{43}$",
+         "description": "A delivery token from read_inbox (dlv_ + 43 base64url characters)."}
+EVENT_ID = {"type": "string", "pattern": r"^evt_[A-Za-z0-9_-]{43}$",
+            "description": "The delivery token with evt_ in place of dlv_."}
+CURSOR = {"type": "string", "maxLength": 400, "description": "Where the previous page ended."}
+OBJECT = {"type": "object"}
+
+
+def _object(properties: dict, required: tuple[str, ...] = ()) -> dict:
+    return {"type": "object", "properties": properties, "required": list(required), "additionalProperties": False}
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    input_schema: dict
+    output_schema: dict
+    run: Callable[[Member, dict], dict]
+    read_only: bool = True
+
+
+def _send(member: Member, arguments: dict) -> dict:
+    key = arguments.get("idempotency_key")
+    if key is not None and not is_valid_key(key):
+        raise InvalidIdempotencyKey()
+    target = get_conversation_to_write(arguments["space"], arguments["conversation"], member)
+    result = services.send_message(target, body=arguments["body"], reply_to=arguments.get("reply_to"),
+                                   related_paths=arguments.get("related_paths"), idempotency_key=key,
+                                   request_approval=arguments.get("request_approval", False), actor=member)
+    return {"message": render_message(result.message), "created": result.created}
+
+
+def _read_inbox(member: Member, arguments: dict) -> dict:
+    return reads.inbox_page(member, arguments.get("cursor"))
+
+
+def _acknowledge(member: Member, arguments: dict) -> dict:
+    return reads.acknowledge(member, arguments["deliveryToken"])
+
+
+def _read_event(member: Member, arguments: dict) -> dict:
+    return reads.read_event(member, arguments["eventId"])
+
+
+def _context(member: Member, arguments: dict) -> dict:
+    return reads.snapshot(member, arguments.get("page"))
+
+
+ENTRY = _object({"deliveryToken": TOKEN, "item": OBJECT, "guidance": {"type": "string"},
+                 "insertedAt": {"type": "string"}}, ("deliveryToken", "item", "insertedAt"))
+TOOLS = {tool.name: tool for tool in [
+    Tool("read_inbox",
+         "One page of your pending inbox items (at most 50 items and 2 MiB), oldest first. Reading "
+         "acknowledges nothing; pass nextCursor to continue.",
+         _object({"cursor": CURSOR}),
+         _object({"items": {"type": "array", "items": ENTRY}, "nextCursor": {"type": ["string", "null"]}},
+                 ("items", "nextCursor")),
+         _read_inbox),
+    Tool("acknowledge_delivery",
+         "Acknowledge one inbox item by its delivery token: it leaves your pending inbox. Idempotent; "
+         "carries no content and authorizes nothing.",
+         _object({"deliveryToken": TOKEN}, ("deliveryToken",)), _object({}), _acknowledge, read_only=False),
+    Tool("read_event",
+         "One inbox item by event id, from its retained row: also after acknowledgement, revocation (a "
+         "tombstone without the content) and restart. No side effects.",
+         _object({"eventId": EVENT_ID}, ("eventId",)),
+         {"type": "object", "properties": {"item": OBJECT, "guidance": {"type": "string"},
+                                           "state": {"const": "rejected"}, "reason": {"type": "string"}},
+          "required": ["item"]},
+         _read_event),
+    Tool("send_message",
+         "Send a message to a conversation of a space (a cnv_ id, or #name for a channel), with the API's "
+         "rules: grants, limits, mentions and idempotency (the key is scoped to you; a retry with the same "
+         "key and content returns the original message with created=false).",
+         _object({"space": {"type": "string", "maxLength": 64, "description": "The space's slug."},
+                  "conversation": {"type": "string", "maxLength": 80,
+                                   "description": "A conversation id (cnv_…) or #name for a channel."},
+                  "body": {"type": "string", "description": "UTF-8 text, at most 8 KiB encoded."},
+                  "reply_to": {"type": "string", "maxLength": 40},
+                  "related_paths": {"type": "array", "items": {"type": "string"}},
+                  "idempotency_key": {"type": "string", "minLength": 8, "maxLength": 128},
+                  "request_approval": {"type": "boolean", "description": "Without authority, retain the "
+                                       "message for an admin to approve (needs idempotency_key)."}},
+                 ("space", "conversation", "body")),
+         _object({"message": OBJECT, "created": {"type": "boolean"}}, ("message", "created")),
+         _send, read_only=False),
+    Tool("get_coordination_context",
+         "A snapshot of your unresolved and unacknowledged messages as of one moment, with a feed cursor "
+         "at its high watermark; pass next_page for the rest of the same snapshot.",
+         _object({"page": CURSOR}),
+         _object({"snapshot_id": {"type": "string"}, "high_watermark": {"type": "integer"},
+                  "unresolved": {"type": "array", "items": OBJECT}, "next_page": {"type": ["string", "null"]},
+                  "cursor": {"type": "string"}}, ("snapshot_id", "high_watermark", "unresolved", "cursor")),
+         _context),
+]}
+
+
+def check_arguments(tool: Tool, arguments: dict | None) -> dict:
+    """The arguments, checked against the tool's input schema (400, so
+    InvalidParams, when they do not fit)."""
+    arguments = {} if arguments is None else arguments
+    error = next(iter(sorted(Draft202012Validator(tool.input_schema).iter_errors(arguments),
+                             key=lambda e: list(e.path))), None)
+    if error is not None:
+        where = "/".join(str(p) for p in error.path) or "arguments"
+        raise InvalidRequest(f"{tool.name}: {where}: {error.message}")
+    return arguments
