@@ -31,6 +31,31 @@ class InboxPage:
     next: tuple[int, int, int] | None
 
 
+def _pending_in_order(member: Member, bound: int | None, after: tuple[int, int]):
+    """`member`'s pending admitted items after `after` (position, id), in
+    insertion order, up to the insertion bound."""
+    position, last_id = after
+    # An item a revocation barrier withholds holds back its conversation's
+    # later items until the barrier settles it (almost always: none).
+    withheld_before = InboxItem.objects.filter(member=member, admission=InboxItem.Admission.WITHHELD,
+                                               state=InboxItem.State.PENDING, conversation=OuterRef("conversation"),
+                                               position__lt=OuterRef("position"))
+    rows = InboxItem.objects.filter(member=member, admission=InboxItem.Admission.ADMITTED,
+                                    state=InboxItem.State.PENDING, position__gte=position)
+    if bound is not None:
+        rows = rows.filter(position__lte=bound)
+    # `position__gte` repeats what the OR implies so the index seeks to the
+    # cursor instead of scanning every earlier item.
+    return (rows.filter(Q(position__gt=position) | Q(position=position, id__gt=last_id))
+            .filter(~Exists(withheld_before)).order_by("position", "id"))
+
+
+def oldest_pending(member: Member) -> InboxItem | None:
+    """The item `read_inbox` would show `member` first (what a push
+    subscription of their inbox offers next)."""
+    return _pending_in_order(member, None, (0, 0)).first()
+
+
 def read_inbox(member: Member, *, bound: int | None = None, after: tuple[int, int] = (0, 0)) -> InboxPage:
     """One page of `member`'s pending items in insertion order: at most
     PAGE_ITEMS items and PAGE_BYTES of content (at least one item).
@@ -41,20 +66,7 @@ def read_inbox(member: Member, *, bound: int | None = None, after: tuple[int, in
     simply drop out of later pages."""
     if bound is None:
         bound = log_head().position
-    position, last_id = after
-    # An item a revocation barrier withholds holds back its conversation's
-    # later items until the barrier settles it (almost always: none).
-    withheld_before = InboxItem.objects.filter(member=member, admission=InboxItem.Admission.WITHHELD,
-                                               state=InboxItem.State.PENDING, conversation=OuterRef("conversation"),
-                                               position__lt=OuterRef("position"))
-    # `position__gte` repeats what the OR implies so the index seeks to the
-    # cursor instead of scanning every earlier item.
-    rows = list(InboxItem.objects.filter(member=member, admission=InboxItem.Admission.ADMITTED,
-                                         state=InboxItem.State.PENDING, position__lte=bound,
-                                         position__gte=position)
-                .filter(Q(position__gt=position) | Q(position=position, id__gt=last_id))
-                .filter(~Exists(withheld_before))
-                .order_by("position", "id")[: PAGE_ITEMS + 1])
+    rows = list(_pending_in_order(member, bound, after)[: PAGE_ITEMS + 1])
     page, size = [], 0
     for row in rows[:PAGE_ITEMS]:
         if page and size + row.content_bytes > PAGE_BYTES:
@@ -84,11 +96,20 @@ def acknowledge_delivery(member: Member, token: str, *, actor: Member) -> None:
                 .filter(member=member, token=token, admission=InboxItem.Admission.ADMITTED).first())
         if item is None:
             raise UnknownDelivery()
-        if item.state == InboxItem.State.PENDING:
-            item.state, item.acknowledged_at = InboxItem.State.ACKNOWLEDGED, now()
-            item.save(update_fields=["state", "acknowledged_at"])
-            mailbox.debit(member.pk, item.content_bytes, sender_id=item.sender_id)
-            mailbox.announce_acknowledged(member)
+        settle_acknowledged(item)
+
+
+def settle_acknowledged(item: InboxItem) -> bool:
+    """Acknowledge a pending item locked by the caller (its owner's own
+    acknowledgement, or a push receiver's 2xx): the tombstone state, the
+    mailbox's bytes, the live count. False if it was no longer pending."""
+    if item.state != InboxItem.State.PENDING:
+        return False
+    item.state, item.acknowledged_at = InboxItem.State.ACKNOWLEDGED, now()
+    item.save(update_fields=["state", "acknowledged_at"])
+    mailbox.debit(item.member_id, item.content_bytes, sender_id=item.sender_id)
+    mailbox.announce_acknowledged(item.member)
+    return True
 
 
 def token_for_event_id(event_id: str) -> str:

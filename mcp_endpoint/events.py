@@ -8,7 +8,6 @@ bad arguments are InvalidParams (-32602).
 """
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -19,7 +18,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field
 
 from controlplane.db import db_call
-from controlplane.errors import ApiError, NotFound
+from controlplane.errors import ApiError, NotFound, VerificationFailed
 from controlplane.live import log_watcher
 from mcp_endpoint import errors, sources
 from mcp_endpoint.server import caller
@@ -91,7 +90,7 @@ def _select(params: SelectParams) -> tuple[sources.Source, dict]:
 def _as_mcp(error: ApiError) -> MCPError:
     if (protocol := errors.protocol_error(error)) is not None:
         return protocol
-    if isinstance(error, NotFound) or error.status == 403:
+    if isinstance(error, NotFound) or error.status in (403, 409):
         return MCPError(FORBIDDEN, error.message, data={"reason": error.code})
     if error.code == "RATE_LIMITED":
         return MCPError(RESOURCE_EXHAUSTED, error.message, data={"limit": "requests"})
@@ -175,25 +174,54 @@ async def stream(ctx, params: StreamParams) -> dict:
         await owner.stop()
 
 
+def _delivery(params, *, needs_secret: bool) -> tuple[str, str | None]:
+    delivery = params.delivery
+    mode = delivery.get("mode", "webhook")
+    if mode != "webhook":
+        raise MCPError(UNSUPPORTED, "Only webhook delivery is offered through events/subscribe.",
+                       data={"feature": "deliveryMode", "value": mode})
+    url, secret = delivery.get("url"), delivery.get("secret")
+    if not isinstance(url, str) or (needs_secret and not isinstance(secret, str)):
+        raise MCPError(types.INVALID_PARAMS, "delivery needs url" + (" and secret (whsec_…)." if needs_secret else "."))
+    return url, secret
+
+
+def callback_reason(details: dict) -> str:
+    """A failed verification's reason, in the extension's vocabulary."""
+    reason = str(details.get("reason", ""))
+    if reason.startswith("http_"):
+        return "http_4xx" if reason.startswith("http_4") else "http_5xx"
+    if "timeout" in reason:
+        return "timeout"
+    if "tls" in reason or "ssl" in reason or "certificate" in reason:
+        return "tls_error"
+    if reason in ("not_json", "challenge_mismatch"):
+        return "challenge_failed"
+    return "connection_refused"
+
+
 async def subscribe(ctx, params: SubscribeParams) -> dict:
     member = caller(ctx)
     source, arguments = _select(params)
-    ttl_given = "ttl_ms" in params.model_fields_set
-    await _db(sources.check, member, source, arguments)
+    url, secret = _delivery(params, needs_secret=True)
     try:
-        return await asyncio.to_thread(pushed.subscribe_closing, member, source.name, arguments, params.delivery,
-                                       cursor=params.cursor, ttl_ms=params.ttl_ms, ttl_given=ttl_given)
-    except pushed.CallbackFailed as failure:
+        return await db_call(pushed.subscribe)(member, source.name, arguments, url, secret, ttl_ms=params.ttl_ms)
+    except VerificationFailed as failure:
         raise MCPError(errors.CALLBACK_ENDPOINT_ERROR, "The callback endpoint did not verify.",
-                       data={"reason": failure.reason}) from None
+                       data={"reason": callback_reason(failure.details)}) from None
     except ApiError as error:
+        if error.code == "INVALID_URL":
+            raise MCPError(types.INVALID_PARAMS, error.message, data=error.body()["error"]) from None
+        if error.code == "LIMIT_EXCEEDED":
+            raise MCPError(RESOURCE_EXHAUSTED, error.message, data={"limit": "subscriptions"}) from None
         raise _as_mcp(error) from None
 
 
 async def unsubscribe(ctx, params: UnsubscribeParams) -> dict:
     member = caller(ctx)
     source, arguments = _select(params)
-    found = await _db(pushed.unsubscribe, member, source.name, arguments, params.delivery)
+    url, _ = _delivery(params, needs_secret=False)
+    found = await _db(pushed.unsubscribe, member, source.name, arguments, url)
     if not found:
         raise MCPError(errors.NOT_FOUND, "No such subscription.", data={"kind": "subscription"})
     return {}

@@ -128,8 +128,7 @@ class Signer:
         signatures = [f"v1={b64url(self._private.sign(signed))}"]
         if secret is not None:
             # Standard Webhooks first: its verifiers stop at the first match.
-            mac = hmac.new(parse_secret(secret), f"{message_id}.{timestamp}.".encode() + body, hashlib.sha256)
-            signatures.insert(0, f"v1,{base64.b64encode(mac.digest()).decode()}")
+            signatures.insert(0, standard_signature(secret, message_id, body, timestamp))
         return {
             "Content-Type": "application/json",
             "Webhook-Id": message_id,
@@ -137,3 +136,24 @@ class Signer:
             "Webhook-Key-Id": self.key_id,
             "Webhook-Signature": " ".join(signatures),
         }
+
+
+def standard_signature(secret: str, message_id: str, body: bytes, timestamp: int) -> str:
+    """One Standard Webhooks signature entry: `v1,<base64 HMAC-SHA256>` of
+    `<id>.<timestamp>.<body>` under the secret's key bytes."""
+    mac = hmac.new(parse_secret(secret), f"{message_id}.{timestamp}.".encode() + body, hashlib.sha256)
+    return f"v1,{base64.b64encode(mac.digest()).decode()}"
+
+
+def standard_headers(message_id: str, body: bytes, secrets: list[str], *, timestamp: int,
+                     subscription_id: str) -> dict[str, str]:
+    """Headers of an MCP-managed delivery: Standard Webhooks signed with
+    each of `secrets` (two during a rotation's overlap), plus the
+    subscription's id."""
+    return {
+        "Content-Type": "application/json",
+        "webhook-id": message_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": " ".join(standard_signature(s, message_id, body, timestamp) for s in secrets),
+        "X-MCP-Subscription-Id": subscription_id,
+    }

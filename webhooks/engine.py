@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -37,7 +38,9 @@ from controlplane.clock import now, rfc3339, timestamp
 from controlplane.cursors import caller_id, pack_cursor
 from controlplane.models import Member, Space
 from inbox import notices
-from webhooks import crypto
+from inbox.delivery import oldest_pending, settle_acknowledged
+from inbox.models import InboxItem
+from webhooks import crypto, mcp
 from webhooks.models import Attempt, Delivery, Subscription
 from webhooks.transport import Outcome, Transport
 
@@ -61,6 +64,11 @@ class Job:
     url: str
     sealed_secret: str | None
     body: bytes
+    # MCP-managed: signed the Standard Webhooks way with these (sealed)
+    # secrets, under `message_id` (an inbox item's event id, or the delivery's).
+    mcp_subscription_id: str | None = None
+    mcp_secrets: tuple[str, ...] = ()
+    message_id: str | None = None
 
 
 def feed_cursor(subscription: Subscription, position: int) -> str:
@@ -109,6 +117,13 @@ def lease() -> dt.timedelta:
     return dt.timedelta(seconds=settings.WEBHOOK_LEASE_SECONDS)
 
 
+def sendable(at) -> Q:
+    """Deliveries whose subscription may send now: active, and within its
+    lease (MCP-managed ones have one; past it nothing is sent, nothing lost)."""
+    return Q(subscription__status=Subscription.Status.ACTIVE) & (
+        Q(subscription__lease_expires_at__isnull=True) | Q(subscription__lease_expires_at__gt=at))
+
+
 def claim_due(limit: int) -> list[Job]:
     """Take up to `limit` due deliveries for this worker."""
     if limit <= 0:
@@ -127,32 +142,61 @@ def claim_due(limit: int) -> list[Job]:
         for ready in (Q(state__in=[Delivery.State.OPEN, Delivery.State.PENDING], due_at__lte=at),
                       Q(state=Delivery.State.SENDING, claimed_until__lt=at)):
             due += list(Delivery.objects.select_for_update(skip_locked=True, of=("self",))
-                        .filter(ready, subscription__status=Subscription.Status.ACTIVE)
+                        .filter(ready, sendable(at))
                         .exclude(Exists(older_unfinished))
                         .exclude(subscription__endpoint_id__in=busy)
-                        .select_related("subscription__owner", "subscription__space", "subscription__endpoint")
+                        .select_related("subscription__owner", "subscription__space", "subscription__endpoint",
+                                        "item")
                         .order_by("due_at", "id")[:limit - len(due)])
             if len(due) >= limit:
                 break
         # The rows are locked (PostgreSQL) or the database is (SQLite's
         # BEGIN IMMEDIATE), so what was read is what gets claimed.
-        cancelled = [d.pk for d in due if not may_receive(d.subscription)]
+        cancelled = [d.pk for d in due if not may_receive(d.subscription) or not _item_ready(d)]
         if cancelled:
             Delivery.objects.filter(pk__in=cancelled).update(state=Delivery.State.CANCELLED, finished_at=at,
                                                               claimed_until=None)
+            for delivery in due:
+                if delivery.pk in cancelled and delivery.subscription.kind == Subscription.Kind.ITEM:
+                    mcp.offer(delivery.subscription_id)  # the next pending item, if any
         due = [d for d in due if d.pk not in cancelled]
         frozen = [d for d in due if d.body is None]
         for delivery in frozen:
-            delivery.body, delivery.first_attempt_at = wake_body(delivery), at
+            delivery.body = mcp.body(delivery) if delivery.subscription.managed else wake_body(delivery)
+            delivery.first_attempt_at = at
         if frozen:
-            Delivery.objects.bulk_update(frozen, ["body", "first_attempt_at"])
+            Delivery.objects.bulk_update(frozen, ["body", "first_attempt_at", "item"])
         Delivery.objects.filter(pk__in=[d.pk for d in due]).update(
             state=Delivery.State.SENDING, attempts=F("attempts") + 1, claimed_until=at + lease())
         for delivery in due:
-            endpoint = delivery.subscription.endpoint
-            jobs.append(Job(delivery.pk, delivery.public_id, delivery.attempts + 1, endpoint.url, endpoint.secret,
-                            delivery.body.encode()))
+            jobs.append(_job(delivery))
     return jobs
+
+
+def _job(delivery: Delivery) -> Job:
+    subscription, endpoint = delivery.subscription, delivery.subscription.endpoint
+    job = Job(delivery.pk, delivery.public_id, delivery.attempts + 1, endpoint.url, endpoint.secret,
+              delivery.body.encode())
+    if not subscription.managed:
+        return job
+    secrets = [endpoint.secret] + ([endpoint.previous_secret] if endpoint.previous_secret_until
+                                   and endpoint.previous_secret_until > now() else [])
+    message_id = "evt_" + delivery.item.token[4:] if delivery.item_id else delivery.public_id
+    return dataclasses.replace(job, mcp_subscription_id=subscription.public_id, mcp_secrets=tuple(secrets),
+                               message_id=message_id)
+
+
+def _item_ready(delivery: Delivery) -> bool:
+    """For an `item` subscription's delivery: bind the owner's oldest pending
+    item at the first claim; on a retry, the bound item must still be
+    pending (acknowledged by other means meanwhile: the delivery is done
+    with, and the next item is offered)."""
+    if delivery.subscription.kind != Subscription.Kind.ITEM:
+        return True
+    if delivery.item_id is None:
+        delivery.item = oldest_pending(delivery.subscription.owner)
+        return delivery.item is not None
+    return delivery.item.state == InboxItem.State.PENDING and delivery.item.admission == InboxItem.Admission.ADMITTED
 
 
 def _finish(delivery: Delivery, state: str) -> None:
@@ -212,6 +256,17 @@ def record(results: list[Result]) -> None:
         if delivered:
             Delivery.objects.filter(pk__in=delivered).update(state=Delivery.State.DELIVERED, finished_at=now(),
                                                              claimed_until=None)
+            _hand_off_items([current[pk] for pk in delivered if current[pk].item_id is not None])
+
+
+def _hand_off_items(deliveries: list[Delivery]) -> None:
+    """A 2xx for a pushed inbox item acknowledges it, in the transaction that
+    records the attempt, and the next pending item is offered at once."""
+    items = {item.pk: item for item in InboxItem.objects.select_for_update().select_related("member").filter(
+        pk__in=[d.item_id for d in deliveries])}
+    for delivery in deliveries:
+        settle_acknowledged(items[delivery.item_id])
+        mcp.offer(delivery.subscription_id)
 
 
 def _record_or_leave(results: list[Result]) -> None:
@@ -264,8 +319,7 @@ def next_due_in(horizon: float) -> float | None:
     if none does within `horizon` seconds."""
     at = now()
     candidates = [
-        Delivery.objects.filter(state__in=[Delivery.State.OPEN, Delivery.State.PENDING],
-                                subscription__status=Subscription.Status.ACTIVE)
+        Delivery.objects.filter(sendable(at), state__in=[Delivery.State.OPEN, Delivery.State.PENDING])
         .order_by("due_at").values_list("due_at", flat=True).first(),
         Delivery.objects.filter(state=Delivery.State.SENDING).order_by("claimed_until")
         .values_list("claimed_until", flat=True).first(),
@@ -298,9 +352,15 @@ class _Database:
 
 async def _send(transport: Transport, signer: crypto.Signer, job: Job) -> Result:
     started_at = now()
-    secret = crypto.open_secret(job.sealed_secret)
-    headers = signer.headers(job.public_id, job.body, secret=secret, timestamp=int(timestamp()))
-    return Result(job, await transport.post(job.url, job.body, headers), signer.key_id, started_at)
+    if job.mcp_subscription_id is not None:
+        headers = crypto.standard_headers(job.message_id, job.body, [crypto.open_secret(s) for s in job.mcp_secrets],
+                                          timestamp=int(timestamp()), subscription_id=job.mcp_subscription_id)
+        key_id = "whsec"
+    else:
+        headers = signer.headers(job.public_id, job.body, secret=crypto.open_secret(job.sealed_secret),
+                                 timestamp=int(timestamp()))
+        key_id = signer.key_id
+    return Result(job, await transport.post(job.url, job.body, headers), key_id, started_at)
 
 
 async def pump(*, seconds: float, wait: bool, resolver=None) -> int:

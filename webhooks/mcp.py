@@ -1,7 +1,212 @@
-"""MCP-managed webhook subscriptions (the Events extension's webhook mode)."""
+"""MCP-managed webhook subscriptions: the Events extension's webhook mode
+(`events/subscribe`, `events/unsubscribe`), on the same rows, claims,
+attempts, retries, suspension and SSRF-safe transport as every other
+subscription.
+
+- A subscription is keyed by (member, URL, event name, canonical-JSON
+  arguments); its id (`sub_…`) is a keyed digest of that key, so a refresh
+  with the same identity keeps it. Each has a managed endpoint of its own,
+  which the ordinary webhook routes refuse to change.
+- Before it is first used, and whenever its secret changes, the receiver
+  answers a signed `{"type": "verification", "challenge"}` (the endpoint
+  verification of webhooks.services, cached 10 minutes per member, URL and
+  secret). A new secret replaces the old, which keeps signing beside it for
+  ROTATION_OVERLAP.
+- Leases: 24 hours by default (also for `ttlMs: null`), at least 60 seconds,
+  at most 7 days. Past its lease nothing is sent; pending work is kept for
+  a refresh.
+- `inbox.item` sends one pending inbox item at a time, oldest first; a 2xx
+  acknowledges it (webhooks.engine) and the next is offered at once.
+  `inbox.pending` and `spaces.work.available` are range wakes, like inbox
+  and space subscriptions, with bodies in the extension's shape.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import json
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Exists, OuterRef, Q
+
+from controlplane.access import get_readable_space
+from controlplane.clock import now, rfc3339
+from controlplane.cursors import caller_id, pack_cursor
+from controlplane.errors import Conflict
+from controlplane.keys import purpose_key
+from controlplane.live import kick_on_commit
+from controlplane.models import Member
+from inbox.delivery import pending_count
+from inbox.models import InboxItem
+from inbox.render import item_occurrence
+from webhooks import crypto
+from webhooks.models import Delivery, Endpoint, Subscription
+from webhooks.transport import validate_url
+
 ITEM = "org.switchboard/inbox.item"
 PENDING = "org.switchboard/inbox.pending"
 WORK = "spaces.work.available"
+KINDS = {ITEM: Subscription.Kind.ITEM, PENDING: Subscription.Kind.INBOX, WORK: Subscription.Kind.SPACE}
 
-class CallbackFailed(Exception):
-    def __init__(self, reason): self.reason = reason
+DEFAULT_LEASE = dt.timedelta(hours=24)
+MIN_LEASE = dt.timedelta(seconds=60)
+MAX_LEASE = dt.timedelta(days=7)
+ROTATION_OVERLAP = dt.timedelta(minutes=5)
+SUBSCRIPTION_HEADER = "X-MCP-Subscription-Id"
+
+
+def canonical(arguments: dict) -> str:
+    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def subscription_id(member: Member, url: str, name: str, arguments: dict) -> str:
+    """Deterministic over the subscription's identity, and keyed, so it says
+    nothing about the URL or arguments to whoever sees it."""
+    key = "\x00".join([member.public_id, url, name, canonical(arguments)]).encode()
+    return "sub_" + hmac.new(purpose_key("mcp-subscription-id"), key, hashlib.sha256).hexdigest()[:32]
+
+
+def lease_for(ttl_ms: int | None) -> dt.timedelta:
+    """The lease granted for a suggested TTL (none, or null: the default)."""
+    if ttl_ms is None:
+        return DEFAULT_LEASE
+    return min(max(dt.timedelta(milliseconds=ttl_ms), MIN_LEASE), MAX_LEASE)
+
+
+def signing_secrets(endpoint_secret: str | None, previous: str | None, previous_until) -> list[str]:
+    """The secrets a delivery is signed with: the current one, and during a
+    rotation's overlap the previous one too."""
+    found = [crypto.open_secret(endpoint_secret)] if endpoint_secret else []
+    if previous and previous_until is not None and previous_until > now():
+        found.append(crypto.open_secret(previous))
+    return found
+
+
+def subscribe(member: Member, name: str, arguments: dict, url: str, secret: str, *, ttl_ms: int | None,
+              resolver=None) -> dict:
+    """Create or refresh the subscription for this identity; verify the
+    receiver first when its URL and secret are not verified yet. Returns
+    `{id, refreshBefore, cursor, truncated}`. A subscription its receiver
+    rejected for good (410, 413) is not revived by a refresh: unsubscribe
+    and subscribe again once the receiver is fixed."""
+    # Imported here: webhooks.services imports the engine, which imports this module.
+    from webhooks.services import check_limits, verify_endpoint
+
+    url = validate_url(url)
+    crypto.parse_secret(secret)
+    space = get_readable_space(arguments["space"], member) if name == WORK else None
+    public_id = subscription_id(member, url, name, arguments)
+    row = Subscription.objects.filter(public_id=public_id, owner=member).first()
+    live = row is not None and row.status != Subscription.Status.DELETED
+    if live and row.terminal:
+        raise Conflict("The receiver rejected this subscription for good (HTTP 410 or 413); unsubscribe, fix the "
+                       "receiver and subscribe again.", details={"reason": "terminal"})
+    if not live:
+        check_limits(member, space=space)
+    # The receiver's consent, outside any transaction (network I/O).
+    candidate = Endpoint(owner=member, url=url, secret=crypto.seal_secret(secret), managed=True)
+    verified_at = verify_endpoint(candidate, resolver=resolver, mcp_subscription_id=public_id)
+    lease_until = now() + lease_for(ttl_ms)
+    with transaction.atomic():
+        if row is None:
+            candidate.save()
+            row = Subscription.objects.create(public_id=public_id, owner=member, endpoint=candidate,
+                                              kind=KINDS[name], space=space, debounce_ms=0, mcp_name=name,
+                                              mcp_arguments=arguments)
+        _store_secret(row.endpoint_id, candidate.secret, verified_at, rotate=live)
+        fields = {"lease_expires_at": lease_until}
+        if not live:  # new, or deleted before: starts afresh from now
+            fields.update(status=Subscription.Status.INACTIVE, activation_position=None, terminal=False,
+                          suspended_reason=None, suspended_error=None, suspended_at=None, deleted_at=None)
+        Subscription.objects.filter(pk=row.pk).update(**fields)
+        row.refresh_from_db()
+        if not live:
+            _activate(row)
+        if row.kind == Subscription.Kind.ITEM:
+            offer(row.pk)
+    return {"id": public_id, "refreshBefore": rfc3339(lease_until), "cursor": None, "truncated": False}
+
+
+def _activate(subscription: Subscription) -> None:
+    from webhooks.services import activate_locked
+
+    activate_locked(subscription)
+
+
+def _store_secret(endpoint_id: int, sealed: str, verified_at, *, rotate: bool) -> None:
+    """The endpoint's secret is the one just verified; on a rotation the
+    previous one keeps signing beside it for ROTATION_OVERLAP."""
+    endpoint = Endpoint.objects.select_for_update().get(pk=endpoint_id)
+    secret = crypto.open_secret(sealed)
+    if rotate and crypto.open_secret(endpoint.secret) != secret:
+        endpoint.previous_secret, endpoint.previous_secret_until = endpoint.secret, now() + ROTATION_OVERLAP
+    endpoint.secret, endpoint.verified_at = sealed, verified_at
+    endpoint.verified_digest = crypto.target_digest(endpoint.url, secret)
+    endpoint.save()
+
+
+def unsubscribe(member: Member, name: str, arguments: dict, url: str) -> bool:
+    """Delete the subscription of this identity: unsent deliveries are
+    cancelled (pending inbox items stay in the inbox). False if none."""
+    from webhooks.services import delete_subscription
+
+    subscription = (Subscription.objects.filter(public_id=subscription_id(member, url, name, arguments),
+                                                owner=member).exclude(status=Subscription.Status.DELETED).first())
+    if subscription is None:
+        return False
+    delete_subscription(subscription, managed=True)
+    return True
+
+
+def offer_waiting() -> int:
+    """The sweep's guarantee for `item` subscriptions (a lost kick, a
+    notice committed after its event's hook ran): each one that may send,
+    has a pending item and nothing unfinished gets a delivery. Returns how
+    many were offered."""
+    pending = InboxItem.objects.filter(member=OuterRef("owner"), admission=InboxItem.Admission.ADMITTED,
+                                       state=InboxItem.State.PENDING)
+    unfinished = Delivery.objects.filter(subscription=OuterRef("pk"), state__in=Delivery.UNFINISHED)
+    at = now()
+    waiting = list(Subscription.objects.filter(kind=Subscription.Kind.ITEM, status=Subscription.Status.ACTIVE)
+                   .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__gt=at))
+                   .filter(Exists(pending)).exclude(Exists(unfinished)).values_list("pk", flat=True))
+    with transaction.atomic():
+        for pk in waiting:
+            offer(pk)
+    return len(waiting)
+
+
+def offer(subscription_id_: int) -> None:
+    """Make sure an `item` subscription has a delivery to send: an open one,
+    due now, unless one is unfinished already (one item in flight). Which
+    item it carries is chosen when it is first claimed. In the caller's
+    transaction; the kick after commit is a nudge, the sweep the guarantee."""
+    if Delivery.objects.filter(subscription_id=subscription_id_, state__in=Delivery.UNFINISHED).exists():
+        return
+    Delivery.objects.create(subscription_id=subscription_id_, after_position=0, through_position=0, due_at=now())
+    kick_on_commit("webhooks.tasks.deliver")
+
+
+def body(delivery: Delivery) -> str:
+    """The extension's webhook body: `{eventId, name, timestamp, data,
+    cursor}`. For `inbox.item` the event id is the item's; the range wakes'
+    is the delivery's, the same on every retry."""
+    subscription = delivery.subscription
+    if subscription.kind == Subscription.Kind.ITEM:
+        occurrence = item_occurrence(delivery.item, ITEM)
+    else:
+        data = {"pendingCount": pending_count(subscription.owner)} if subscription.mcp_name == PENDING else _work(
+            delivery)
+        occurrence = {"eventId": delivery.public_id, "name": subscription.mcp_name,
+                      "timestamp": rfc3339(delivery.created_at), "data": data}
+    return json.dumps({**occurrence, "cursor": None}, separators=(",", ":"), ensure_ascii=False)
+
+
+def _work(delivery: Delivery) -> dict:
+    space = delivery.subscription.space
+    stream, caller = f"space:{space.public_id}", caller_id(delivery.subscription.owner)
+    return {"space": space.slug, "url": f"{settings.SWITCHBOARD_PUBLIC_URL}/v0/spaces/{space.slug}/events",
+            "event_range": {"after": pack_cursor((delivery.after_position,), caller=caller, stream=stream),
+                            "through": pack_cursor((delivery.through_position,), caller=caller, stream=stream)}}

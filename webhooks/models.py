@@ -60,6 +60,12 @@ class Endpoint(models.Model):
     verified_digest = models.CharField(max_length=64, null=True, blank=True, editable=False)
     verified_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=now)
+    # The receiver of one MCP-managed subscription (events/subscribe): changed
+    # only through MCP. After a secret rotation the previous secret (sealed)
+    # also signs deliveries until `previous_secret_until`.
+    managed = models.BooleanField(default=False)
+    previous_secret = models.TextField(null=True, blank=True, editable=False)
+    previous_secret_until = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return self.public_id
@@ -67,8 +73,9 @@ class Endpoint(models.Model):
 
 class Subscription(models.Model):
     class Kind(models.TextChoices):
-        SPACE = "space"
-        INBOX = "inbox"
+        SPACE = "space"  # range wakes of a space's feed
+        INBOX = "inbox"  # range wakes of the owner's inbox feed
+        ITEM = "item"  # the owner's pending inbox items, one at a time (MCP inbox.item)
 
     class Status(models.TextChoices):
         INACTIVE = "inactive"
@@ -96,12 +103,23 @@ class Subscription(models.Model):
     terminal = models.BooleanField(default=False)
     created_at = models.DateTimeField(default=now)
     deleted_at = models.DateTimeField(null=True, blank=True)
+    # MCP-managed (events/subscribe): the event name and arguments, and the
+    # lease; past `lease_expires_at` nothing is sent (pending work is kept).
+    mcp_name = models.CharField(max_length=64, null=True, blank=True)
+    mcp_arguments = models.JSONField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+
+    @property
+    def managed(self) -> bool:
+        return self.mcp_name is not None
 
     class Meta:
         indexes = [
             models.Index(fields=["space"], name="subscription_space_active", condition=Q(status="active")),
             models.Index(fields=["owner"], name="subscription_inbox_active",
                          condition=Q(status="active", kind="inbox")),
+            models.Index(fields=["owner"], name="subscription_item_active",
+                         condition=Q(status="active", kind="item")),
         ]
 
     def __str__(self) -> str:
@@ -140,6 +158,9 @@ class Delivery(models.Model):
     replay_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(default=now)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # An `item` subscription's delivery carries one inbox item, chosen at its
+    # first claim (the owner's oldest pending one) and acknowledged by a 2xx.
+    item = models.ForeignKey("inbox.InboxItem", null=True, blank=True, on_delete=models.CASCADE, related_name="+")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["subscription"], condition=Q(state="open"),

@@ -23,6 +23,7 @@ from controlplane.access import readers_of_conversations
 from controlplane.clock import now
 from controlplane.live import kick_on_commit
 from controlplane.log import NewEvent
+from webhooks import mcp
 from webhooks.models import Delivery, Subscription
 
 _SUBSCRIPTIONS = connection.ops.quote_name(Subscription._meta.db_table)
@@ -37,7 +38,7 @@ def _active_subscriptions(space_ids: set[int], members: set[int]) -> list[tuple]
         clauses.append(f"(kind = 'space' AND space_id IN ({', '.join(['%s'] * len(space_ids))}))")
         params += sorted(space_ids)
     if members:
-        clauses.append(f"(kind = 'inbox' AND owner_id IN ({', '.join(['%s'] * len(members))}))")
+        clauses.append(f"(kind IN ('inbox', 'item') AND owner_id IN ({', '.join(['%s'] * len(members))}))")
         params += sorted(members)
     if not clauses:
         return []
@@ -50,7 +51,7 @@ def _active_subscriptions(space_ids: set[int], members: set[int]) -> list[tuple]
 
 def _qualifies(row: tuple, event: NewEvent, readers: dict[int, set[int]]) -> bool:
     _, kind, owner, space_id, conversation_ids, exclude_self, _ = row
-    if kind == Subscription.Kind.INBOX:
+    if kind in (Subscription.Kind.INBOX, Subscription.Kind.ITEM):
         return owner in event.addressees
     if event.space_id != space_id or (exclude_self and event.actor_id == owner):
         return False
@@ -74,7 +75,9 @@ def enqueue_wakes(entries: Iterable[tuple[int, NewEvent]]) -> None:
     readers = readers_of_conversations(restricted, owners) if restricted and owners else {}
     for row in rows:
         positions = [position for position, event in entries if _qualifies(row, event, readers)]
-        if positions:
+        if positions and row[1] == Subscription.Kind.ITEM:
+            mcp.offer(row[0])  # one pending item at a time, chosen when claimed
+        elif positions:
             extend_or_open(row[0], max(positions), debounce_ms=row[6])
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import hmac
 import json
 import secrets
 
@@ -67,10 +68,27 @@ def is_verified(endpoint: Endpoint) -> bool:
 
 def delete_endpoint(endpoint: Endpoint) -> None:
     """Delete the endpoint and its subscriptions; unsent wakes go with them."""
+    refuse_managed(endpoint)
     endpoint.delete()
 
 
-def verify_endpoint(endpoint: Endpoint, *, resolver=None) -> dt.datetime:
+def _challenge(endpoint: Endpoint, secret: str | None, challenge: str, mcp_subscription_id: str | None):
+    """The signed challenge request: Switchboard's own, or for an MCP
+    receiver the Events extension's `verification` envelope, signed with
+    the receiver's Standard Webhooks secret alone."""
+    if endpoint.managed:
+        message_id = public_id("msg_verification")
+        body = json.dumps({"type": "verification", "challenge": challenge}, separators=(",", ":")).encode()
+        return body, crypto.standard_headers(message_id, body, [secret], timestamp=int(timestamp()),
+                                             subscription_id=mcp_subscription_id)
+    message_id = public_id("whc")
+    body = json.dumps({"type": "spaces.webhook.challenge", "id": message_id, "challenge": challenge,
+                       "created_at": rfc3339(now())}, separators=(",", ":")).encode()
+    return body, crypto.Signer(crypto.active_signing_key()).headers(message_id, body, secret=secret,
+                                                                     timestamp=int(timestamp()))
+
+
+def verify_endpoint(endpoint: Endpoint, *, resolver=None, mcp_subscription_id: str | None = None) -> dt.datetime:
     """Send the signed challenge, unless this owner verified the same URL and
     secret in the last 10 minutes. 422 VERIFICATION_FAILED with a reason.
 
@@ -95,11 +113,7 @@ def verify_endpoint(endpoint: Endpoint, *, resolver=None) -> dt.datetime:
             if wait := hit(f"verify:{endpoint.owner_id}", limit=settings.VERIFY_PER_HOUR, window=3600):
                 raise RateLimited.after(wait, "Too many verifications; try again later.")
             challenge = secrets.token_urlsafe(32)
-            message_id = public_id("whc")
-            body = json.dumps({"type": "spaces.webhook.challenge", "id": message_id, "challenge": challenge,
-                               "created_at": rfc3339(now())}, separators=(",", ":")).encode()
-            signer = crypto.Signer(crypto.active_signing_key())
-            headers = signer.headers(message_id, body, secret=secret, timestamp=int(timestamp()))
+            body, headers = _challenge(endpoint, secret, challenge, mcp_subscription_id)
             if not connection.in_atomic_block:
                 connection.close()  # back to the pool while the receiver takes its time
             outcome = asyncio.run(_post_once(endpoint.url, body, headers, resolver))
@@ -131,7 +145,8 @@ def _check_answer(outcome, challenge: str) -> None:
         answer = json.loads(outcome.body)
     except ValueError:
         raise VerificationFailed(details={"reason": "not_json"}) from None
-    if not isinstance(answer, dict) or answer.get("challenge") != challenge:
+    answered = answer.get("challenge") if isinstance(answer, dict) else None
+    if not isinstance(answered, str) or not hmac.compare_digest(answered.encode(), challenge.encode()):
         raise VerificationFailed(details={"reason": "challenge_mismatch"})
 
 
@@ -159,13 +174,15 @@ def _conversation_subjects(space: Space, subjects: list[dict], owner: Member) ->
     return ids
 
 
-def _check_limits(owner: Member, *, space: Space | None) -> None:
+def check_limits(owner: Member, *, space: Space | None) -> None:
+    """LIMIT_EXCEEDED past 100 subscriptions, 20 of one space (`space`) or
+    20 of the owner's inbox (no space), MCP-managed ones included."""
     live = Subscription.objects.filter(owner=owner).exclude(status=Subscription.Status.DELETED)
     if live.count() >= MAX_SUBSCRIPTIONS:
         raise LimitExceeded(f"At most {MAX_SUBSCRIPTIONS} subscriptions per owner.")
     if space is not None and live.filter(space=space).count() >= MAX_PER_SPACE:
         raise LimitExceeded(f"At most {MAX_PER_SPACE} subscriptions per space and owner.")
-    if space is None and live.filter(kind=Subscription.Kind.INBOX).count() >= MAX_INBOX:
+    if space is None and live.filter(kind__in=[Subscription.Kind.INBOX, Subscription.Kind.ITEM]).count() >= MAX_INBOX:
         raise LimitExceeded(f"At most {MAX_INBOX} inbox subscriptions per owner.")
 
 
@@ -184,14 +201,14 @@ def create_subscription(owner: Member, endpoint_id: str, *, space: Space | None 
         conversation_ids = _conversation_subjects(space, subjects or [], owner)
     with transaction.atomic():
         Member.objects.select_for_update().filter(pk=owner.pk).first()
-        _check_limits(owner, space=space)
+        check_limits(owner, space=space)
         subscription = Subscription.objects.create(
             owner=owner, endpoint=endpoint, space=space,
             kind=Subscription.Kind.SPACE if space is not None else Subscription.Kind.INBOX,
             subjects=subjects or [], conversation_ids=conversation_ids, exclude_self=exclude_self,
             debounce_ms=debounce_ms)
         if activate:
-            _activate_locked(subscription)
+            activate_locked(subscription)
     return subscription
 
 
@@ -220,11 +237,12 @@ def _head_position_locked() -> int:
 def activate(subscription: Subscription) -> int:
     """Activate: only events committed after this qualify. Returns the
     activation position (the activation cursor's)."""
+    refuse_managed(subscription)
     _require_verified(subscription.endpoint)
     if subscription.kind == Subscription.Kind.SPACE and not can_read_space(subscription.space, subscription.owner):
         raise NotFound()
     with transaction.atomic():
-        _activate_locked(subscription)
+        activate_locked(subscription)
     subscription.refresh_from_db()
     return subscription.activation_position
 
@@ -234,7 +252,15 @@ def _require_verified(endpoint: Endpoint) -> None:
         raise Conflict("Verify the endpoint first (POST /v0/webhook-endpoints/{id}/verify).")
 
 
-def _activate_locked(subscription: Subscription) -> None:
+def refuse_managed(record) -> None:
+    """The ordinary webhook routes leave MCP-managed endpoints and
+    subscriptions alone: events/subscribe and events/unsubscribe change them."""
+    if record.managed:
+        raise Conflict("This is managed through MCP (events/subscribe and events/unsubscribe).",
+                       details={"managed_by": "mcp"})
+
+
+def activate_locked(subscription: Subscription) -> None:
     """Activate `subscription` under its row lock, in the caller's transaction."""
     locked = Subscription.objects.select_for_update().get(pk=subscription.pk)
     if locked.status == Subscription.Status.SUSPENDED and locked.terminal:
@@ -249,6 +275,7 @@ def _activate_locked(subscription: Subscription) -> None:
 def update_subscription(subscription: Subscription, *, status: str | None, debounce_ms: int | None) -> Subscription:
     """Pause, resume (with a catch-up wake for what was missed) or change the
     debounce window."""
+    refuse_managed(subscription)
     if debounce_ms is not None:
         _check_debounce(debounce_ms)
     with transaction.atomic():
@@ -279,8 +306,11 @@ def update_subscription(subscription: Subscription, *, status: str | None, debou
     return subscription
 
 
-def delete_subscription(subscription: Subscription) -> None:
-    """Delete; unsent wakes are cancelled (a request in flight may finish)."""
+def delete_subscription(subscription: Subscription, *, managed: bool = False) -> None:
+    """Delete; unsent wakes are cancelled (a request in flight may finish).
+    MCP-managed subscriptions only through events/unsubscribe (`managed`)."""
+    if not managed:
+        refuse_managed(subscription)
     with transaction.atomic():
         Subscription.objects.filter(pk=subscription.pk).update(status=Subscription.Status.DELETED,
                                                                deleted_at=now())

@@ -5,7 +5,7 @@ import asyncio
 
 from django.core.cache import cache
 
-from webhooks import engine
+from webhooks import engine, mcp
 
 TIMER_KEY = "webhooks:timer"
 # Short runs: a stopping cluster waits for its tasks, and a lease left by a
@@ -19,6 +19,7 @@ def deliver() -> int:
     it stays for the run, sending each wake as its debounce window or retry
     time comes; the others send what is due now and return. Kicked after each
     new wake commits, and swept once a minute."""
+    mcp.offer_waiting()
     timer = cache.add(TIMER_KEY, 1, timeout=RUN_SECONDS + 5)
     try:
         sent = asyncio.run(engine.pump(seconds=RUN_SECONDS, wait=timer))
