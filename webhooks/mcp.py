@@ -22,6 +22,7 @@ subscription.
 """
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import hashlib
 import hmac
@@ -34,7 +35,7 @@ from django.db.models import Exists, OuterRef, Q
 from controlplane.access import get_readable_space
 from controlplane.clock import now, rfc3339
 from controlplane.cursors import caller_id, pack_cursor
-from controlplane.errors import Conflict
+from controlplane.errors import Conflict, InvalidUrl
 from controlplane.keys import purpose_key
 from controlplane.live import kick_on_commit
 from controlplane.models import Member
@@ -65,7 +66,8 @@ def subscription_id(member: Member, url: str, name: str, arguments: dict) -> str
     """Deterministic over the subscription's identity, and keyed, so it says
     nothing about the URL or arguments to whoever sees it."""
     key = "\x00".join([member.public_id, url, name, canonical(arguments)]).encode()
-    return "sub_" + hmac.new(purpose_key("mcp-subscription-id"), key, hashlib.sha256).hexdigest()[:32]
+    digest = hmac.new(purpose_key("mcp-subscription-id"), key, hashlib.sha256).digest()
+    return "sub_" + base64.b32encode(digest[:10]).decode().lower()  # the shape of every public id
 
 
 def lease_for(ttl_ms: int | None) -> dt.timedelta:
@@ -94,6 +96,8 @@ def subscribe(member: Member, name: str, arguments: dict, url: str, secret: str,
     # Imported here: webhooks.services imports the engine, which imports this module.
     from webhooks.services import check_limits, verify_endpoint
 
+    if not url.lower().startswith("https://"):  # even where development allows plain http for wakes
+        raise InvalidUrl("An MCP callback URL must be https://.", details={"reason": "not_https"})
     url = validate_url(url)
     crypto.parse_secret(secret)
     space = get_readable_space(arguments["space"], member) if name == WORK else None

@@ -20,14 +20,16 @@ def render_subscription(subscription: Subscription) -> dict:
         data |= {"scope": "space", "space": subscription.space.slug, "subjects": subscription.subjects,
                  "exclude_self": subscription.exclude_self}
     else:
-        data |= {"scope": "inbox_events"}
+        data |= {"scope": "inbox_items" if subscription.kind == Subscription.Kind.ITEM else "inbox_events"}
     suspended = None
     if subscription.status == Subscription.Status.SUSPENDED:
         suspended = {"reason": subscription.suspended_reason, "last_error": subscription.suspended_error,
                      "at": rfc3339(subscription.suspended_at), "terminal": subscription.terminal}
     return data | {"debounce_ms": subscription.debounce_ms, "status": subscription.status,
                    "version": subscription.version, "suspended": suspended,
-                   "created_at": rfc3339(subscription.created_at)}
+                   "created_at": rfc3339(subscription.created_at),
+                   "mcp": {"event": subscription.mcp_name, "lease_expires_at": rfc3339(subscription.lease_expires_at)}
+                   if subscription.managed else None}
 
 
 def render_delivery(delivery: Delivery) -> dict:

@@ -97,6 +97,8 @@ def verify_endpoint(endpoint: Endpoint, *, resolver=None, mcp_subscription_id: s
     (429), at most VERIFY_PER_HOUR a member (429), a failure is answered
     again from memory for a minute without a new request, and the request
     is made with no database connection held."""
+    if mcp_subscription_id is None:
+        refuse_managed(endpoint)  # MCP receivers are verified by events/subscribe
     secret = crypto.open_secret(endpoint.secret)
     digest = crypto.target_digest(endpoint.url, secret)
     cached = (Endpoint.objects.filter(owner_id=endpoint.owner_id, verified_digest=digest,
@@ -213,11 +215,11 @@ def create_subscription(owner: Member, endpoint_id: str, *, space: Space | None 
 
 
 def owned_subscription(subscription_id: str, owner: Member, *, space: Space | None = None,
-                       kind: str | None = None) -> Subscription:
+                       kinds: tuple[str, ...] | None = None) -> Subscription:
     found = Subscription.objects.select_related("endpoint", "space", "owner").filter(
         public_id=subscription_id, owner=owner).exclude(status=Subscription.Status.DELETED)
-    if kind is not None:
-        found = found.filter(kind=kind)
+    if kinds is not None:
+        found = found.filter(kind__in=kinds)
     if space is not None:
         found = found.filter(space=space)
     subscription = found.first()
@@ -335,6 +337,7 @@ def replay(delivery_id: str, owner: Member) -> Delivery:
         public_id=delivery_id, subscription__owner=owner).exclude(state=Delivery.State.OPEN).first())
     if original is None or original.subscription.status == Subscription.Status.DELETED:
         raise NotFound("No such delivery.")
+    refuse_managed(original.subscription)
     with transaction.atomic():
         copy = Delivery.objects.create(subscription=original.subscription, after_position=original.after_position,
                                        through_position=original.through_position, state=Delivery.State.PENDING,

@@ -36,6 +36,8 @@ def _subscription_rows(member) -> list[dict]:
 def _target_label(subscription: Subscription, member) -> str:
     if subscription.kind == Subscription.Kind.INBOX:
         return "Your inbox"
+    if subscription.kind == Subscription.Kind.ITEM:
+        return "Your inbox items, pushed"
     if subscription.conversation_ids:
         names = [s.get("id") for s in subscription.subjects]
         conversations = [readable_conversation(member, name) for name in names]

@@ -50,9 +50,15 @@ class SuspensionOut(serializers.Serializer):
     terminal = serializers.BooleanField()
 
 
+class ManagedOut(serializers.Serializer):
+    event = serializers.CharField(help_text="The MCP event name it delivers")
+    lease_expires_at = serializers.DateTimeField(help_text="Nothing is sent after it until a refresh")
+
+
 class SubscriptionOut(serializers.Serializer):
     id = serializers.CharField()
-    scope = serializers.ChoiceField(choices=["space", "inbox_events"])
+    scope = serializers.ChoiceField(choices=["space", "inbox_events", "inbox_items"],
+                                    help_text="inbox_items: MCP inbox.item, one pending item per delivery")
     endpoint_id = serializers.CharField()
     owner = serializers.CharField()
     space = serializers.CharField(required=False)
@@ -63,6 +69,7 @@ class SubscriptionOut(serializers.Serializer):
     version = serializers.IntegerField()
     suspended = SuspensionOut(allow_null=True)
     created_at = serializers.DateTimeField()
+    mcp = ManagedOut(allow_null=True, help_text="Set when managed through MCP events/subscribe (read-only here)")
 
 
 class AttemptOut(serializers.Serializer):

@@ -55,7 +55,7 @@ class EndpointView(APIView):
     def get(self, request, endpoint_id):
         return _endpoint(services.owned_endpoint(endpoint_id, request.user))
 
-    @extend_schema(operation_id="delete_webhook_endpoint", responses={204: None, **errors("NOT_FOUND")})
+    @extend_schema(operation_id="delete_webhook_endpoint", responses={204: None, **errors("NOT_FOUND", "CONFLICT")})
     def delete(self, request, endpoint_id):
         services.delete_endpoint(services.owned_endpoint(endpoint_id, request.user))
         return Response(status=204)
@@ -64,7 +64,7 @@ class EndpointView(APIView):
 class VerifyEndpointView(APIView):
     @extend_schema(operation_id="verify_webhook_endpoint", request=EmptyIn,
                    responses={200: inline_serializer("Verified", {"verified_at": serializers.DateTimeField()}),
-                              **errors("INVALID_REQUEST", "NOT_FOUND", "VERIFICATION_FAILED")})
+                              **errors("INVALID_REQUEST", "NOT_FOUND", "VERIFICATION_FAILED", "CONFLICT")})
     def post(self, request, endpoint_id):
         validated(EmptyIn, request.data)
         endpoint = services.owned_endpoint(endpoint_id, request.user)
@@ -95,12 +95,15 @@ class SpaceSubscriptionsView(APIView):
         return _subscription(subscription, 201)
 
 
+INBOX_KINDS = (Subscription.Kind.INBOX, Subscription.Kind.ITEM)
+
+
 class InboxSubscriptionsView(APIView):
     @extend_schema(operation_id="list_inbox_subscriptions", parameters=[CURSOR, LIMIT],
                    responses={200: envelope("subscriptions", SubscriptionOut, many=True, paged=True),
                               **errors("INVALID_REQUEST", "INVALID_CURSOR")})
     def get(self, request):
-        mine = (Subscription.objects.filter(owner=request.user, kind=Subscription.Kind.INBOX)
+        mine = (Subscription.objects.filter(owner=request.user, kind__in=INBOX_KINDS)
                 .exclude(status=Subscription.Status.DELETED).select_related("endpoint", "space", "owner"))
         page = paginate(request, mine, stream="inbox-subscriptions", render=render_subscription)
         return Response({"subscriptions": page.pop("items"), **page})
@@ -121,7 +124,7 @@ class _OneSubscription(APIView):
 
     def subscription(self, request, subscription_id, slug=None) -> Subscription:
         if slug is None:
-            return services.owned_subscription(subscription_id, request.user, kind=Subscription.Kind.INBOX)
+            return services.owned_subscription(subscription_id, request.user, kinds=INBOX_KINDS)
         return services.owned_subscription(subscription_id, request.user, space=get_space_for(slug, request.user))
 
 
@@ -160,7 +163,7 @@ def _one_subscription_schema(scope: str):
                                        **errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "IDEMPOTENCY_CONFLICT",
                                                 "NOT_FOUND", "CONFLICT")}),
         delete=extend_schema(operation_id=f"delete_{scope}_subscription",
-                             responses={204: None, **errors("NOT_FOUND")}),
+                             responses={204: None, **errors("NOT_FOUND", "CONFLICT")}),
     )
 
 
@@ -207,7 +210,8 @@ class DeliveriesView(APIView):
 
 class ReplayView(APIView):
     @extend_schema(operation_id="replay_delivery", request=EmptyIn,
-                   responses={202: envelope("delivery", DeliveryOut), **errors("INVALID_REQUEST", "NOT_FOUND")})
+                   responses={202: envelope("delivery", DeliveryOut), **errors("INVALID_REQUEST", "NOT_FOUND",
+                                                                                 "CONFLICT")})
     def post(self, request, delivery_id):
         validated(EmptyIn, request.data)
         return Response({"delivery": render_delivery(services.replay(delivery_id, request.user))},

@@ -1,0 +1,212 @@
+"""MCP-managed push subscriptions on the delivery engine, against a real
+HTTPS receiver: identity, leases, secret rotation, what is offered, and
+the ordinary routes' refusal to touch them."""
+import asyncio
+import base64
+import datetime as dt
+import json
+
+import pytest
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+from controlplane import services
+from controlplane.clock import freeze, now
+from inbox import firewall
+from inbox.models import InboxItem
+from inbox.render import item_occurrence
+from inbox.services import send_message
+from webhooks import engine, mcp
+from webhooks.models import Delivery, Subscription
+
+pytestmark = pytest.mark.django_db(transaction=True)
+SECRET = "whsec_" + base64.b64encode(b"a" * 32).decode()
+ROTATED = "whsec_" + base64.b64encode(b"b" * 32).decode()
+
+
+@pytest.fixture(autouse=True)
+def no_kicks(monkeypatch):
+    monkeypatch.setattr("webhooks.mcp.kick_on_commit", lambda *args: None)
+    monkeypatch.setattr("webhooks.outbox.kick_on_commit", lambda *args: None)
+
+
+def pump():
+    return asyncio.run(engine.pump(seconds=10.0, wait=False))
+
+
+@pytest.fixture
+def world(receiver, make_member):
+    """ada's inbox items pushed to the receiver (which echoes challenges and
+    answers pushes 204); bo and ada share a direct conversation."""
+    ada, bo = make_member("ada"), make_member("bo")
+    space = services.create_space(slug="lab", name="Lab", visibility="open", send_policy="open", actor=bo)
+    services.join_space(space, actor=ada)
+    direct, _ = services.get_or_create_direct(space, ada, actor=bo)
+
+    def respond(received):
+        body = received.json()
+        if body.get("type") == "verification":
+            return 200, {"Content-Type": "application/json"}, json.dumps({"challenge": body["challenge"]}).encode()
+        return 204, {}, b""
+
+    receiver.respond = respond
+    return {"ada": ada, "bo": bo, "direct": direct, "url": receiver.url("/items")}
+
+
+def subscribe(world, secret=SECRET, ttl_ms=None, name=mcp.ITEM, arguments=None, url=None):
+    return mcp.subscribe(world["ada"], name, arguments or {}, url or world["url"], secret, ttl_ms=ttl_ms)
+
+
+def pushes(receiver):
+    return [r for r in receiver.requests if r.json().get("type") != "verification"]
+
+
+def test_the_id_is_stable_per_identity_and_the_lease_is_bounded(world, receiver):
+    # when
+    first = subscribe(world)
+    again = subscribe(world, ttl_ms=1_000)
+    longest = subscribe(world, ttl_ms=30 * 24 * 3600 * 1000)
+    other = subscribe(world, url=receiver.url("/other"))
+    # then: one subscription for one identity; leases of 24 h by default, 60 s to 7 days
+    assert first["id"] == again["id"] == longest["id"] != other["id"]
+    assert Subscription.objects.filter(mcp_name=mcp.ITEM).count() == 2
+    assert mcp.lease_for(None) == dt.timedelta(hours=24)
+    assert mcp.lease_for(1_000) == dt.timedelta(seconds=60)
+    assert mcp.lease_for(10**12) == dt.timedelta(days=7)
+    lease = Subscription.objects.get(public_id=first["id"]).lease_expires_at
+    assert dt.timedelta(days=6, hours=23) < lease - now() <= dt.timedelta(days=7)
+    # one verification challenge per URL and secret (cached for ten minutes)
+    assert [r.path for r in receiver.requests if r.json().get("type") == "verification"] == ["/items", "/other"]
+
+
+def test_items_are_offered_oldest_first_one_at_a_time_and_a_2xx_acknowledges(world, receiver):
+    # given
+    subscribe(world)
+    sent = [send_message(world["direct"], body=f"item {n}", actor=world["bo"]).message for n in range(3)]
+    # when
+    while pump():
+        pass
+    # then
+    bodies = [Webhook(SECRET).verify(r.body, {k.lower(): v for k, v in r.headers.items()}) for r in pushes(receiver)]
+    assert [b["data"]["item"]["postId"] for b in bodies] == [m.public_id for m in sent]
+    assert not InboxItem.objects.filter(member=world["ada"], state=InboxItem.State.PENDING).exists()
+    assert Delivery.objects.filter(state=Delivery.State.DELIVERED).count() == 3
+
+
+def test_held_items_are_never_offered(world, receiver):
+    # given: ada's firewall holds secrets
+    firewall.set_rules(world["ada"], [{"action": "hold", "content_pattern": "secret"}], actor=world["ada"])
+    subscribe(world)
+    send_message(world["direct"], body="the secret", actor=world["bo"])
+    send_message(world["direct"], body="hello", actor=world["bo"])
+    firewall.classify_pending(world["ada"].pk)
+    # when
+    while pump():
+        pass
+    # then
+    assert [r.json()["data"]["item"]["content"] for r in pushes(receiver)] == ["hello"]
+
+
+def test_a_rotated_secret_signs_beside_the_old_one_for_five_minutes(world, receiver):
+    # given: the subscription refreshed with a new secret
+    subscribe(world)
+    subscribe(world, secret=ROTATED)
+    send_message(world["direct"], body="during", actor=world["bo"])
+    pump()
+    with freeze(now() + dt.timedelta(minutes=6)):
+        subscribe(world, secret=ROTATED)  # keeps the lease going
+        send_message(world["direct"], body="after", actor=world["bo"])
+        pump()
+    during, after = pushes(receiver)
+    # then: both secrets verify the first; only the new one the second
+    for secret in (SECRET, ROTATED):
+        Webhook(secret).verify(during.body, {k.lower(): v for k, v in during.headers.items()})
+    with pytest.raises(WebhookVerificationError):
+        headers = {k.lower(): v for k, v in after.headers.items()}
+        Webhook(SECRET).verify(after.body, headers)
+    assert after.headers["webhook-signature"].count("v1,") == 1
+
+
+def test_an_expired_lease_stops_sending_and_keeps_the_item_for_a_refresh(world, receiver):
+    # given
+    subscribe(world)
+    later = now() + dt.timedelta(hours=25)
+    with freeze(later):
+        send_message(world["direct"], body="while expired", actor=world["bo"])
+        # when
+        assert pump() == 0
+        assert pushes(receiver) == []
+        subscribe(world)  # a refresh
+        pump()
+    # then
+    assert [r.json()["data"]["item"]["content"] for r in pushes(receiver)] == ["while expired"]
+
+
+def test_an_item_acknowledged_meanwhile_is_not_sent_and_the_next_one_is(world, receiver):
+    from inbox.delivery import acknowledge_delivery
+
+    subscribe(world)
+    first = send_message(world["direct"], body="first", actor=world["bo"]).message
+    send_message(world["direct"], body="second", actor=world["bo"])
+    token = InboxItem.objects.get(message=first, member=world["ada"]).token
+    acknowledge_delivery(world["ada"], token, actor=world["ada"])
+    while pump():
+        pass
+    assert [r.json()["data"]["item"]["content"] for r in pushes(receiver)] == ["second"]
+
+
+def test_unsubscribe_cancels_sends_and_keeps_pending_items(world, receiver):
+    subscribe(world)
+    mcp.unsubscribe(world["ada"], mcp.ITEM, {}, world["url"])
+    send_message(world["direct"], body="kept", actor=world["bo"])
+    pump()
+    assert pushes(receiver) == []
+    assert InboxItem.objects.filter(member=world["ada"], state=InboxItem.State.PENDING).count() == 1
+    assert mcp.unsubscribe(world["ada"], mcp.ITEM, {}, world["url"]) is False
+
+
+def test_the_ordinary_routes_refuse_to_change_managed_records(world, api_for):
+    # given
+    created = subscribe(world)
+    subscription = Subscription.objects.get(public_id=created["id"])
+    send_message(world["direct"], body="x", actor=world["bo"])
+    pump()
+    delivery = Delivery.objects.filter(subscription=subscription).first()
+    as_ada = api_for(world["ada"])
+    route = f"/v0/me/inbox-subscriptions/{created['id']}"
+    # when
+    answers = [as_ada.patch(route, {"status": "paused"}), as_ada.delete(route), as_ada.post(f"{route}/activate"),
+               as_ada.post(f"/v0/webhook-endpoints/{subscription.endpoint.public_id}/verify"),
+               as_ada.delete(f"/v0/webhook-endpoints/{subscription.endpoint.public_id}"),
+               as_ada.post(f"/v0/webhook-deliveries/{delivery.public_id}/replay")]
+    shown = as_ada.get(route).json()["subscription"]
+    # then
+    assert [(a.status_code, a.json()["error"]["details"].get("managed_by")) for a in answers] == [(409, "mcp")] * 6
+    assert shown["scope"] == "inbox_items" and shown["mcp"]["event"] == mcp.ITEM
+    assert Subscription.objects.get(pk=subscription.pk).status == Subscription.Status.ACTIVE
+
+
+def test_range_events_push_in_the_extension_shape(world, receiver):
+    # given: bo's pending count, and the space's work, pushed
+    mcp.subscribe(world["bo"], mcp.PENDING, {}, receiver.url("/pending"), SECRET, ttl_ms=None)
+    mcp.subscribe(world["bo"], mcp.WORK, {"space": "lab"}, receiver.url("/work"), SECRET, ttl_ms=None)
+    # when: ada writes to bo
+    send_message(world["direct"], body="to bo", actor=world["ada"])
+    while pump():
+        pass
+    # then
+    by_path = {r.path: r.json() for r in pushes(receiver)}
+    assert by_path["/pending"]["data"] == {"pendingCount": 1} and by_path["/pending"]["cursor"] is None
+    work = by_path["/work"]
+    assert work["name"] == mcp.WORK and set(work["data"]) == {"space", "event_range", "url"}
+    assert work["data"]["url"].endswith("/v0/spaces/lab/events")
+
+
+def test_an_item_too_large_for_an_event_is_a_reference(world):
+    item = send_message(world["direct"], body="small", actor=world["bo"]).message
+    row = InboxItem.objects.get(message=item)
+    assert item_occurrence(row, mcp.ITEM)["data"]["kind"] == "item"
+    row.payload = {**row.payload, "content": "x" * (300 * 1024)}
+    reference = item_occurrence(row, mcp.ITEM)
+    assert reference["data"] == {"kind": "reference", "itemKind": "direct", "bytes": row.content_bytes,
+                                 "deliveryToken": row.token}
+    assert reference["eventId"] == "evt_" + row.token[4:]
