@@ -22,7 +22,8 @@ from controlplane.errors import ApiError, NotFound, VerificationFailed
 from controlplane.live import log_watcher
 from mcp_endpoint import errors, sources
 from mcp_endpoint.server import caller
-from mcp_endpoint.streams import StreamOwner
+from mcp_endpoint.streams import MAX_PER_MEMBER as MAX_STREAMS
+from mcp_endpoint.streams import StreamOwner, TooManyStreams
 from webhooks import mcp as pushed
 
 EXTENSION = "io.modelcontextprotocol/events"
@@ -141,7 +142,11 @@ async def stream(ctx, params: StreamParams) -> dict:
                                             related_request_id=ctx.request_id)
 
     owner = StreamOwner(member, source, arguments)
-    await owner.start()
+    try:
+        await owner.start()
+    except TooManyStreams:
+        raise MCPError(RESOURCE_EXHAUSTED, f"At most {MAX_STREAMS} open streams per member and server.",
+                       data={"limit": "streams", "max": MAX_STREAMS}) from None
     try:
         batch = await _db(sources.read, member, source, arguments, params.cursor, sources.MAX_EVENTS)
         await send("active", cursor=batch.start, truncated=batch.truncated)

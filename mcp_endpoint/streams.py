@@ -14,6 +14,7 @@ late it fails, it never ends its replacement.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hashlib
 import secrets
@@ -26,6 +27,14 @@ from inbox.mailbox import inbox_group
 from webhooks.mcp import ITEM, PENDING
 
 CLAIM = "mcp.stream.claim"
+# Streams one member may hold open on one server process: each is a task
+# that reads again on every nudge (for space events, on every commit).
+MAX_PER_MEMBER = 8
+_open: collections.Counter[int] = collections.Counter()
+
+
+class TooManyStreams(Exception):
+    pass
 
 
 class StreamOwner:
@@ -34,6 +43,8 @@ class StreamOwner:
         digest = hashlib.sha256(source.stream_key(arguments).encode()).hexdigest()[:16]
         self.owner_group = f"mcp-stream.{member.public_id}.{digest}"
         self.groups = [self.owner_group, inbox_group(member)] if self.inbox else []
+        self.member_pk = member.pk
+        self.counted = False
         self.claim = (time.time_ns(), secrets.token_hex(8))
         self.replaced = asyncio.Event()
         self.nudged = asyncio.Event()
@@ -42,6 +53,11 @@ class StreamOwner:
         self._listener: asyncio.Task | None = None
 
     async def start(self) -> None:
+        """Raises TooManyStreams past MAX_PER_MEMBER on this process."""
+        if _open[self.member_pk] >= MAX_PER_MEMBER:
+            raise TooManyStreams()
+        _open[self.member_pk] += 1
+        self.counted = True
         if self._layer is None:
             return
         self._channel = await self._layer.new_channel()
@@ -74,6 +90,11 @@ class StreamOwner:
         return self.replaced.is_set()
 
     async def stop(self) -> None:
+        if self.counted:
+            _open[self.member_pk] -= 1
+            if _open[self.member_pk] <= 0:
+                del _open[self.member_pk]
+            self.counted = False
         if self._listener is not None:
             self._listener.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -1,6 +1,7 @@
 """The official SDK's client against a real `/mcp`, with the Events
-extension: its notifications arrive on `frames`, and `call` sends any
-request (the SDK's Client has verbs for the core methods only)."""
+extension of the example client: its frames arrive on `events.frames`,
+and `call` sends any request (the SDK's Client has verbs for the core
+methods only)."""
 from __future__ import annotations
 
 import asyncio
@@ -8,44 +9,14 @@ import contextlib
 from typing import Any
 
 import httpx2
-import mcp.types as types
 from mcp import Client
-from mcp.client.extension import ClientExtension, NotificationBinding
 from mcp.client.streamable_http import streamable_http_client
 
-FRAMES = ("active", "event", "heartbeat", "error", "terminated")
+from mcp_endpoint.example_client import Events as _Events
+from mcp_endpoint.example_client import Params, Request, Result
 
 
-class Params(types.RequestParams):
-    model_config = {"extra": "allow"}
-
-
-class Request(types.Request[Params, str]):
-    method: str
-    params: Params
-
-
-class Result(types.Result):
-    model_config = {"extra": "allow"}
-
-
-class FrameParams(types.NotificationParams):
-    model_config = {"extra": "allow"}
-
-
-class Events(ClientExtension):
-    identifier = "io.modelcontextprotocol/events"
-
-    def __init__(self) -> None:
-        self.frames: asyncio.Queue[tuple[str, dict]] = asyncio.Queue()
-
-    def notifications(self):
-        def binding(kind):
-            async def handle(params: FrameParams) -> None:
-                await self.frames.put((kind, params.model_dump(by_alias=True, exclude_none=True)))
-            return NotificationBinding(method=f"notifications/events/{kind}", params_type=FrameParams, handler=handle)
-        return [binding(kind) for kind in FRAMES]
-
+class Events(_Events):
     async def next(self, timeout: float = 10.0) -> tuple[str, dict]:
         return await asyncio.wait_for(self.frames.get(), timeout)
 

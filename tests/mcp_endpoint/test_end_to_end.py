@@ -336,3 +336,27 @@ def test_subscribe_refuses_what_it_cannot_honour(receiver, https_receiver):
     assert answers["challenge"] == (-32027, {"reason": "challenge_failed"})
     assert answers["event"] == (-32023, {"kind": "event"})
     assert answers["unsubscribe"] == (-32023, {"kind": "subscription"})
+
+
+def test_the_example_client_drains_the_inbox_then_follows_the_stream():
+    import json
+    import subprocess
+    import sys
+
+    from tests.servers import ROOT, server_env
+
+    ada, bo = token_for("ada"), token_for("bo")
+    with serving("--no-worker") as (base, _):
+        conversation = direct_between(base, ada, bo)
+        send(base, bo, conversation, "waiting")
+        agent = subprocess.Popen([sys.executable, "-m", "mcp_endpoint.example_client", "--url", f"{base}/mcp",
+                                  "--seconds", "6"], cwd=ROOT, env=server_env(SWITCHBOARD_TOKEN=ada),
+                                 stdout=subprocess.PIPE, text=True)
+        assert json.loads(agent.stdout.readline()) == {"frame": "active"}
+        assert json.loads(agent.stdout.readline())["item"]["content"] == "waiting"
+        send(base, bo, conversation, "live")
+        lines = [json.loads(line) for line in agent.stdout]
+        assert agent.wait(30) == 0
+        inbox = httpx.get(f"{base}/v0/me/inbox", headers=bearer(ada)).json()["items"]
+    assert [line["item"]["content"] for line in lines if "item" in line] == ["live"]
+    assert inbox == []  # both acknowledged

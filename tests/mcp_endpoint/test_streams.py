@@ -1,0 +1,49 @@
+"""Stream bookkeeping: how many a member may hold, and who owns an inbox stream."""
+import asyncio
+
+import pytest
+
+from mcp_endpoint import sources
+from mcp_endpoint.streams import MAX_PER_MEMBER, StreamOwner, TooManyStreams
+
+
+class Member:
+    def __init__(self, pk):
+        self.pk, self.public_id = pk, f"mem_{pk:016d}"
+
+
+def test_a_member_holds_at_most_so_many_streams_per_process():
+    async def story():
+        work = sources.SOURCES["spaces.work.available"]
+        owners = [StreamOwner(Member(1), work, {"space": "lab"}) for _ in range(MAX_PER_MEMBER)]
+        for owner in owners:
+            await owner.start()
+        with pytest.raises(TooManyStreams):
+            await StreamOwner(Member(1), work, {"space": "lab"}).start()
+        other = StreamOwner(Member(2), work, {"space": "lab"})
+        await other.start()  # another member is not affected
+        await owners[0].stop()
+        again = StreamOwner(Member(1), work, {"space": "lab"})
+        await again.start()  # a stopped stream frees its place
+        for owner in [*owners[1:], other, again]:
+            await owner.stop()
+
+    asyncio.run(story())
+
+
+def test_of_two_inbox_streams_the_newer_owns_it_and_the_older_is_told():
+    async def story():
+        item = sources.SOURCES["org.switchboard/inbox.item"]
+        older, newer = StreamOwner(Member(3), item, {}), StreamOwner(Member(3), item, {})
+        await older.start()
+        await newer.start()
+        replaced = await older.wait(asyncio.Event(), 2.0)
+        kept = await newer.wait(asyncio.Event(), 0.2)
+        await older.stop()  # the older one's cleanup leaves the newer one alone
+        await asyncio.sleep(0.05)
+        still = not newer.replaced.is_set()
+        await newer.stop()
+        return replaced, kept, still
+
+    replaced, kept, still = asyncio.run(story())
+    assert replaced is True and kept is False and still is True
