@@ -5,12 +5,13 @@ sockets and polls split between them and the sends going to both. The
 periodic re-read is pushed past the test, so only the nudges can deliver."""
 import asyncio
 import contextlib
-import re
 
 import aiohttp
 import httpx
 import pytest
 
+from bench.live import PASSWORD
+from bench.live import _sign_in as sign_in
 from tests.servers import manage, serving
 from tests.test_server import member_with_token
 
@@ -19,18 +20,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 SENDERS, PER_SENDER = 8, 15
 SOCKETS, LONG_POLLS = 8, 4
 DEADLINE = 30.0  # seconds after the last send for every reader to have everything
-PASSWORD = "live-load-password-0123456789"
-CSRF_FIELD = re.compile(r'name="csrfmiddlewaretoken" value="([^"]+)"')
-
-
-async def sign_in(base: str, handle: str) -> str:
-    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
-        async with http.get(f"{base}/app/login/") as response:
-            form = CSRF_FIELD.search(await response.text()).group(1)
-        async with http.post(f"{base}/app/login/", allow_redirects=False, headers={"Referer": f"{base}/app/login/"},
-                             data={"username": handle, "password": PASSWORD, "csrfmiddlewaretoken": form}) as response:
-            assert response.status == 302, response.status
-            return response.cookies["sessionid"].value
 
 
 async def exchange(nodes: list[str], senders: list[dict], reader: dict, conversation: str, cursor: str) -> dict:
