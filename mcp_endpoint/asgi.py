@@ -14,28 +14,38 @@ import asyncio
 import json
 import logging
 
+from urllib.parse import urlsplit
+
 from django.conf import settings
+from django.http.request import split_domain_port, validate_host
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
 from controlplane.api.authentication import credential_for_bearer
 from controlplane.db import db_call
-from controlplane.errors import ApiError, RateLimited
+from controlplane.errors import ApiError, Forbidden, InvalidRequest, RateLimited
 from controlplane.ratelimit import member_request_wait
 from mcp_endpoint.server import MEMBER_KEY
 
 log = logging.getLogger(__name__)
 
 
-def transport_security() -> TransportSecuritySettings:
-    """The SDK's Host and Origin checks, from the hosts Django allows."""
-    hosts = [h for h in settings.ALLOWED_HOSTS if h]
-    if "*" in hosts:
-        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
-    allowed = [pattern for host in hosts for pattern in (host.lstrip("."), f"{host.lstrip('.')}:*")]
-    origins = [f"{scheme}://{pattern}" for scheme in ("http", "https") for pattern in allowed]
-    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=allowed,
-                                     allowed_origins=origins)
+def _allowed(host: str | None) -> bool:
+    return bool(host) and validate_host(host, settings.ALLOWED_HOSTS)
+
+
+def host_check(headers: dict) -> ApiError | None:
+    """Django's own Host check (ALLOWED_HOSTS, with its subdomain and
+    wildcard forms) for `Host`, and for `Origin` when a browser sends one:
+    the DNS-rebinding protection the MCP transport asks for, from the
+    setting the rest of the server uses."""
+    domain, _ = split_domain_port(headers.get(b"host", b"").decode("latin-1"))
+    if not _allowed(domain):
+        return InvalidRequest("This host is not served here.", details={"reason": "host"})
+    origin = headers.get(b"origin")
+    if origin is not None and not _allowed(urlsplit(origin.decode("latin-1")).hostname):
+        return Forbidden("Requests from this origin are not accepted.", details={"reason": "origin"})
+    return None
 
 
 def _authenticate(header: str):
@@ -68,8 +78,10 @@ class McpEndpoint:
     async def start(self) -> None:
         """Start the session manager on this loop (once); returns when it runs."""
         if self._running is None:
+            # Host and Origin are checked by `host_check`, the way Django checks them.
             self.manager = StreamableHTTPSessionManager(app=self.server, stateless=True,
-                                                        security_settings=transport_security(),
+                                                        security_settings=TransportSecuritySettings(
+                                                            enable_dns_rebinding_protection=False),
                                                         max_request_body_size=settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
             self._running = asyncio.get_running_loop().create_task(self._run(), name="mcp-session-manager")
         await self._started.wait()
@@ -87,6 +99,8 @@ class McpEndpoint:
     async def __call__(self, scope, receive, send):
         await self.start()
         headers = dict(scope.get("headers") or [])
+        if (refused := host_check(headers)) is not None:
+            return await _refuse(send, refused)
         try:
             member = await db_call(_authenticate)(headers.get(b"authorization", b"").decode("latin-1"))
         except ApiError as error:

@@ -1,0 +1,45 @@
+"""The /mcp endpoint in-process: its Host and Origin checks are Django's (ALLOWED_HOSTS)."""
+import asyncio
+
+import httpx
+import pytest
+
+from mcp_endpoint import events
+from mcp_endpoint.asgi import McpEndpoint
+from mcp_endpoint.server import build_server
+
+pytestmark = pytest.mark.django_db(transaction=True)
+DISCOVER = {"jsonrpc": "2.0", "id": 1, "method": "server/discover",
+            "params": {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                                 "io.modelcontextprotocol/clientCapabilities": {}}}}
+HEADERS = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2026-07-28",
+           "Mcp-Method": "server/discover"}
+
+
+def discover(host: str, token: str, origin: str | None = None) -> httpx.Response:
+    async def go():
+        endpoint = McpEndpoint(build_server(events.METHODS, {events.EXTENSION: events.extension_settings()}))
+        try:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=endpoint), base_url=f"http://{host}") as http:
+                headers = {**HEADERS, "Authorization": f"Bearer {token}", **({"Origin": origin} if origin else {})}
+                return await http.post("/mcp", json=DISCOVER, headers=headers)
+        finally:
+            await endpoint.stop()
+    return asyncio.run(go())
+
+
+def test_hosts_and_origins_are_checked_as_django_checks_them(settings, make_member):
+    # given: a production-like host list, with a domain and its subdomains
+    from controlplane import services
+    _, token = services.issue_credential(make_member("ada"), actor=None)
+    settings.ALLOWED_HOSTS = ["switchboard.example", ".agents.example"]
+    # when
+    allowed = discover("switchboard.example", token)
+    subdomain = discover("eu.agents.example:8443", token)
+    other = discover("evil.example", token)
+    foreign = discover("switchboard.example", token, origin="https://evil.example")
+    # then
+    assert allowed.status_code == 200 and subdomain.status_code == 200
+    assert allowed.json()["result"]["capabilities"]["extensions"] == {events.EXTENSION: {"listChanged": False}}
+    assert other.status_code == 400 and other.json()["error"]["details"] == {"reason": "host"}
+    assert foreign.status_code == 403 and foreign.json()["error"]["details"] == {"reason": "origin"}
