@@ -360,3 +360,41 @@ def test_the_example_client_drains_the_inbox_then_follows_the_stream():
         inbox = httpx.get(f"{base}/v0/me/inbox", headers=bearer(ada)).json()["items"]
     assert [line["item"]["content"] for line in lines if "item" in line] == ["live"]
     assert inbox == []  # both acknowledged
+
+
+def test_under_uvicorn_the_lifespan_starts_and_stops_the_transport():
+    import signal
+    import subprocess
+    import sys
+
+    from tests.servers import ROOT, free_port, server_env
+
+    ada = token_for("ada")
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "uvicorn", "controlplane.asgi:application", "--host", "127.0.0.1",
+                               "--port", str(port), "--lifespan", "on"], cwd=ROOT, env=server_env(),
+                              stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert server.poll() is None, server.stderr.read()
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+
+        async def story():
+            async with connect(base, ada) as (client, _):
+                return [tool.name for tool in (await client.list_tools()).tools]
+
+        tools = asyncio.run(story())
+    finally:
+        server.send_signal(signal.SIGINT)
+        _, stderr = server.communicate(timeout=20)
+    assert "read_inbox" in tools
+    assert "Application startup complete" in stderr and "Application shutdown complete" in stderr
+    assert "Traceback" not in stderr
