@@ -18,6 +18,9 @@ One run, every figure beside its baseline from the same run:
    channel-layer round trip (bench/live.py).
 6. mentions: mention parsing of the costliest 8 KiB bodies beside ordinary
    prose, and its growth from 2 to 8 KiB (bench/mentions.py).
+7. mcp: send → MCP `events/stream` event latency beside send → WebSocket
+   frame on the same server, and pushed inbox items/s over 100 `inbox.item`
+   subscriptions beside raw signed POSTs/s to the same receiver (bench/mcp.py).
 
 It creates the database `switchboard_bench` from scratch (dropped at the end
 unless --keep), migrates it, starts every server as a subprocess on a free
@@ -39,13 +42,14 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# Run as a script, bench/ itself is first on sys.path, where bench/mcp.py
+# would shadow the `mcp` SDK: the project root takes its place.
+sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
 
 import psycopg  # noqa: E402
 import redis  # noqa: E402
 
-from bench import feeds, fixture, inbox, live, load, mentions, webhooks  # noqa: E402
+from bench import feeds, fixture, inbox, live, load, mcp, mentions, webhooks  # noqa: E402
 from bench.report import LOG_GROUP_KEY, markdown  # noqa: E402
 from bench.servers import PY, SETUPS, Server  # noqa: E402
 
@@ -55,7 +59,7 @@ DSN = f"{PG}/{DB_NAME}"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 # A fixed root key for the run: cursors built here must verify in the servers.
 ADMIN_KEY = "bench-only-server-admin-key-0123456789abcdefghijklmnopqrstuvwxyz"
-PHASES = ("baseline", "feeds", "inbox", "sends", "webhooks", "live", "mentions")
+PHASES = ("baseline", "feeds", "inbox", "sends", "webhooks", "live", "mentions", "mcp")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -88,6 +92,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="sends, one at a time, for the send-to-frame latency (default 200)")
     p.add_argument("--live-gap", type=float, default=0.02,
                    help="seconds between one send's last frame and the next send (default 0.02)")
+    p.add_argument("--mcp-sends", type=int, default=200,
+                   help="sends, one at a time, for the send-to-stream-event latency and its baseline (default 200)")
+    p.add_argument("--mcp-items", type=int, default=5,
+                   help="pending items per pushed inbox.item subscription (100 subscriptions; default 5)")
     p.add_argument("--keep", action="store_true", help=f"keep the {DB_NAME} database afterwards")
     args = p.parse_args(argv)
     args.phases = [ph for ph in PHASES if not args.only or ph in args.only]
@@ -95,6 +103,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--clients, --seconds and --ack-seconds must be positive; --feed-requests 1..4000")
     if args.live_clients < 1 or args.live_sends < 1 or args.live_gap < 0:
         p.error("--live-clients and --live-sends must be positive, --live-gap not negative")
+    if not 1 <= args.mcp_sends <= 2000 or not 1 <= args.mcp_items <= 100 or args.webhook_workers < 1:
+        p.error("--mcp-sends 1..2000, --mcp-items 1..100, --webhook-workers positive")
     if not 10_000 <= args.inbox_items <= 10_000_000:
         p.error("--inbox-items 10,000..10,000,000")
     return args
@@ -244,6 +254,7 @@ def main(argv=None) -> int:
                          "ack_seconds": args.ack_seconds, "webhook_workers": args.webhook_workers,
                          "webhook_sends": args.webhook_sends, "live_clients": args.live_clients,
                          "live_sends": args.live_sends, "live_gap": args.live_gap,
+                         "mcp_sends": args.mcp_sends, "mcp_items": args.mcp_items,
                          "redis": None if args.no_redis else args.redis_url,
                          "idempotency_keys": not args.no_idempotency_key, "database": DB_NAME,
                          "argv": sys.argv[1:]},
@@ -270,6 +281,10 @@ def main(argv=None) -> int:
                                                   latency_sends=args.webhook_sends)
                 elif phase == "mentions":
                     results[phase] = mentions.run()
+                elif phase == "mcp":
+                    results[phase] = mcp.run(env, DSN, out_dir, sends=args.mcp_sends, gap=args.live_gap,
+                                             items=args.mcp_items, workers=args.webhook_workers,
+                                             seconds=args.seconds)
                 elif phase == "live":
                     results[phase] = live.run(env, out_dir, clients=args.live_clients, sends=args.live_sends,
                                               gap=args.live_gap)

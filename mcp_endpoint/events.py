@@ -30,6 +30,11 @@ EXTENSION = "io.modelcontextprotocol/events"
 SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
 FORBIDDEN, RESOURCE_EXHAUSTED, UNSUPPORTED = -32024, -32025, -32026
 POLL_INTERVAL_MS = 5000
+ENDINGS = {  # why a stream ends, as its `terminated` frame says
+    "replaced": {"code": RESOURCE_EXHAUSTED, "message": "A newer consumer took over.",
+                 "data": {"limit": "consumers", "max": 1, "reason": "replaced"}},
+    "suspended": {"code": FORBIDDEN, "message": "The member was suspended.", "data": {"reason": "suspended"}},
+}
 
 
 def extension_settings() -> dict:
@@ -165,9 +170,9 @@ async def stream(ctx, params: StreamParams) -> dict:
             if beat_in <= 0:
                 await send("heartbeat", cursor=batch.cursor)
                 last_beat, beat_in = time.monotonic(), settings.MCP_HEARTBEAT_SECONDS
-            if await owner.wait(log_watcher.mark(), min(beat_in, settings.FEED_RECHECK_SECONDS)):
-                await send("terminated", error={"code": RESOURCE_EXHAUSTED, "message": "A newer consumer took over.",
-                                                "data": {"limit": "consumers", "max": 1, "reason": "replaced"}})
+            ended = await owner.wait(log_watcher.mark(), min(beat_in, settings.FEED_RECHECK_SECONDS))
+            if ended is not None:
+                await send("terminated", error=ENDINGS[ended])
                 return {"_meta": meta}
             try:
                 batch = await db_call(sources.read)(member, source, arguments, batch.cursor, sources.MAX_EVENTS)

@@ -1,7 +1,8 @@
 """What an `events/stream` consumer listens to while it waits: its inbox's
 nudges (the mailbox announces every admission and acknowledgement to the
-member's inbox group), and, for the inbox events, whether a newer consumer
-took over.
+member's inbox group), the member's suspension (`session.ended` to the
+member's group, as for their live pages), and, for the inbox events,
+whether a newer consumer took over.
 
 One consumer owns a member's stream of an inbox event at a time, on any
 server process: a new one announces a claim (its start time and a random
@@ -22,7 +23,7 @@ import time
 
 from channels.layers import get_channel_layer
 
-from controlplane.live import log_watcher
+from controlplane.live import log_watcher, member_group
 from inbox.mailbox import inbox_group
 from webhooks.mcp import ITEM, PENDING
 
@@ -42,13 +43,14 @@ class StreamOwner:
         self.inbox = source.name in (ITEM, PENDING)
         digest = hashlib.sha256(source.stream_key(arguments).encode()).hexdigest()[:16]
         self.owner_group = f"mcp-stream.{member.public_id}.{digest}"
-        self.groups = [self.owner_group, inbox_group(member)] if self.inbox else []
+        self.groups = [member_group(member)] + ([self.owner_group, inbox_group(member)] if self.inbox else [])
         self.member_pk = member.pk
         self.counted = False
         self.claim = (time.time_ns(), secrets.token_hex(8))
         self.replaced = asyncio.Event()
+        self.suspended = asyncio.Event()
         self.nudged = asyncio.Event()
-        self._layer = get_channel_layer() if self.inbox else None
+        self._layer = get_channel_layer()
         self._channel: str | None = None
         self._listener: asyncio.Task | None = None
 
@@ -64,7 +66,9 @@ class StreamOwner:
         for group in self.groups:
             await self._layer.group_add(group, self._channel)
         self._listener = asyncio.get_running_loop().create_task(self._listen())
-        await self._layer.group_send(self.owner_group, {"type": CLAIM, "at": self.claim[0], "token": self.claim[1]})
+        if self.inbox:
+            await self._layer.group_send(self.owner_group, {"type": CLAIM, "at": self.claim[0],
+                                                            "token": self.claim[1]})
 
     async def _listen(self) -> None:
         while True:
@@ -72,13 +76,16 @@ class StreamOwner:
             if message.get("type") == CLAIM:
                 if (message["at"], message["token"]) > self.claim:
                     self.replaced.set()
+            elif message.get("type") == "session.ended":
+                self.suspended.set()
             else:
                 self.nudged.set()
 
-    async def wait(self, mark: asyncio.Event, timeout: float) -> bool:
+    async def wait(self, mark: asyncio.Event, timeout: float) -> str | None:
         """Until something may have changed (a nudge; for space events, any
-        commit) or `timeout`; True once a newer consumer took over."""
-        waiters = [asyncio.ensure_future(e.wait()) for e in (self.replaced, self.nudged)]
+        commit) or `timeout`. Then why the stream must end, if it must:
+        "replaced" (a newer consumer took over) or "suspended"."""
+        waiters = [asyncio.ensure_future(e.wait()) for e in (self.replaced, self.suspended, self.nudged)]
         if not self.inbox:
             waiters.append(asyncio.ensure_future(log_watcher.wait(mark, timeout)))
         try:
@@ -87,7 +94,7 @@ class StreamOwner:
             for waiter in waiters:
                 waiter.cancel()
         self.nudged.clear()
-        return self.replaced.is_set()
+        return "replaced" if self.replaced.is_set() else "suspended" if self.suspended.is_set() else None
 
     async def stop(self) -> None:
         if self.counted:

@@ -46,4 +46,21 @@ def test_of_two_inbox_streams_the_newer_owns_it_and_the_older_is_told():
         return replaced, kept, still
 
     replaced, kept, still = asyncio.run(story())
-    assert replaced is True and kept is False and still is True
+    assert replaced == "replaced" and kept is None and still is True
+
+
+def test_a_suspension_ends_every_stream_of_the_member():
+    from channels.layers import get_channel_layer
+
+    from controlplane.live import member_group
+
+    async def story():
+        work = sources.SOURCES["spaces.work.available"]
+        owner = StreamOwner(Member(4), work, {"space": "lab"})
+        await owner.start()
+        await get_channel_layer().group_send(member_group(Member(4)), {"type": "session.ended"})
+        ended = await owner.wait(asyncio.Event(), 2.0)
+        await owner.stop()
+        return ended
+
+    assert asyncio.run(story()) == "suspended"

@@ -1,0 +1,357 @@
+"""MCP: send → `events/stream` event latency, and pushed inbox items/s.
+
+1. stream: one `manage.py serve --no-worker` (Daphne) on PostgreSQL and
+   Redis; a sender (agent), a reader (human, signed in for a session
+   cookie) and an agent share an open space, and the sender has a direct
+   conversation with each. The agent holds an `events/stream` of
+   `org.switchboard/inbox.item` through the official SDK client
+   (tests/mcp_endpoint/client.py). `sends` direct messages to the agent, one
+   at a time: t0 just before `POST …/messages`; stopped when the stream's
+   `event` frame carrying that message arrives (stamped by a task that reads
+   the SDK's frame queue); the next send starts once it did (or after 5 s)
+   and `gap` later. Baseline on the same server, just before: bench/live.py's
+   send → WebSocket frame measurement with one client, the reader's socket
+   on its direct conversation with the sender (the same kind of send).
+2. push: PUSH_SUBSCRIPTIONS agent members, each with `items` pending items
+   (bulk-loaded as in bench/inbox.py) and an `inbox.item` subscription
+   (webhooks.mcp.subscribe, in this process: the receiver answers the
+   verification challenge) to a local HTTPS receiver (`python -m bench.mcp
+   receive`, its own process, a throwaway CA); `workers` worker processes
+   run the delivery engine (engine.pump) from a go signal; items/s is the
+   items received over the time from the go signal to the last receipt.
+   Each 2xx acknowledges its item and only then is the subscription's next
+   item offered, so each subscription is sequential. Baseline in the same
+   run: raw signed POSTs/s to the same receiver (bench/webhooks.py).
+
+The engine's kicks (django-q2 tasks queued after each commit, for a
+cluster that this phase does not run) go to a queue of the bench's own
+(KICK_QUEUE, same Redis, same cost), deleted at the end, so no stale tasks
+are left for the next `serve`.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import secrets
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import aiohttp
+import redis
+
+from bench import inbox, live
+from bench.load import latency_summary
+from bench.servers import PY, ROOT, free_port
+from bench.webhooks import _raw, _reset, _stats
+
+ITEM = "org.switchboard/inbox.item"
+PUSH_SUBSCRIPTIONS = 100
+KICK_QUEUE = "switchboard-bench-mcp"  # django-q2 cluster (queue) name for the engine's kicks
+PUSH_TIMEOUT = 120.0
+WORKER_SCRIPT = """
+import asyncio, os, time
+from django_q.conf import Conf
+from webhooks import engine
+from webhooks.models import Delivery
+Conf.CLUSTER_NAME = {queue!r}
+go = os.environ["BENCH_MCP_GO"]
+Delivery.objects.exists()  # connected before the go
+open(go + ".ready." + str(os.getpid()), "w").close()
+deadline = time.monotonic() + {timeout}
+while not os.path.exists(go) and time.monotonic() < deadline:
+    time.sleep(0.005)
+while not os.path.exists(go + ".stop") and time.monotonic() < deadline:
+    asyncio.run(engine.pump(seconds=2, wait=False))
+    time.sleep(0.01)
+"""
+
+
+# --- 1. send → stream event beside send → WebSocket frame -------------------------------
+
+async def _stream(base: str, slug: str, conversation: str, sender: str, agent: str, *, sends: int,
+                  gap: float) -> dict:
+    from tests.mcp_endpoint.client import call, connect
+
+    arrivals: dict[str, list[float]] = defaultdict(list)
+    seen: dict[str, asyncio.Event] = defaultdict(asyncio.Event)
+    other_frames: Counter = Counter()
+    sent: list[tuple[str, float, float]] = []  # (message id, t0, response)
+    timeouts = 0
+    async with connect(base, agent) as (client, events):
+        stream = asyncio.ensure_future(call(client, "events/stream", name=ITEM))
+        kind, _ = await events.next(30)
+        assert kind == "active", f"stream: {kind}"
+
+        async def reader() -> None:
+            while True:
+                kind, frame = await events.frames.get()
+                arrived = time.perf_counter()
+                if kind == "event":
+                    post = frame["data"].get("item", {}).get("postId")
+                    arrivals[post].append(arrived)
+                    seen[post].set()
+                else:
+                    other_frames[kind] += 1
+
+        frames = asyncio.create_task(reader())
+        url = f"{base}/v0/spaces/{slug}/conversations/{conversation}/messages"
+        headers = {"Authorization": f"Bearer {sender}", "Content-Type": "application/json"}
+        async with aiohttp.ClientSession() as http:
+            for n in range(sends):
+                body = f'{{"body": "live frame {n}: status nominal, queue drained, nothing to report"}}'
+                t0 = time.perf_counter()
+                async with http.post(url, data=body, headers=headers) as response:
+                    data = await response.json(content_type=None)
+                    assert response.status == 201, f"send {n}: {response.status} {data}"
+                sent.append((data["message"]["id"], t0, time.perf_counter()))
+                try:
+                    await asyncio.wait_for(seen[sent[-1][0]].wait(), live.FRAME_TIMEOUT)
+                except TimeoutError:
+                    timeouts += 1
+                await asyncio.sleep(gap)
+        await asyncio.sleep(1.0)  # late or duplicate frames
+        frames.cancel()
+        stream.cancel()
+        await asyncio.gather(frames, stream, return_exceptions=True)
+    ids = {m for m, _, _ in sent}
+    missing = sum(not arrivals.get(m) for m in ids)
+    duplicates = sum(max(0, len(arrivals.get(m, [])) - 1) for m in ids)
+    unknown = len(set(arrivals) - ids)
+    return {"sends": len(sent), "events": sum(len(arrivals[m]) for m in ids if m in arrivals),
+            "missing": missing, "duplicates": duplicates, "unknown_events": unknown, "timeouts": timeouts,
+            "errors": missing + duplicates + unknown, "other_frames": dict(other_frames),
+            "event": latency_summary([arrivals[m][0] - t0 for m, t0, _ in sent if arrivals.get(m)]),
+            "send_response": latency_summary([done - t0 for _, t0, done in sent])}
+
+
+def _stream_phase(env: dict, out_dir: Path, *, sends: int, gap: float) -> dict:
+    stamp = time.strftime("%H%M%S")
+    sender, reader, reader_token = live._members(env, f"m{stamp}")
+    agent = inbox.create_member(f"mcp{stamp}a")
+    server = live._serve(env, out_dir, "mcp")
+    with server:
+        base = server.base_url
+
+        async def prepare() -> tuple[str, str, str, str]:
+            async with aiohttp.ClientSession() as http:
+                slug = f"mcp{stamp}"
+                await live._api(http, base, sender, "POST", "/v0/spaces",
+                                {"slug": slug, "name": slug, "visibility": "open", "send_policy": "open"})
+                directs = []
+                for handle, token in ((reader, reader_token), (agent.handle, agent.token)):
+                    await live._api(http, base, token, "POST", f"/v0/spaces/{slug}/join")
+                    data = await live._api(http, base, sender, "POST", f"/v0/spaces/{slug}/direct",
+                                           {"member": f"@{handle}"})
+                    directs.append(data["conversation"]["id"])
+            return slug, *directs, await live._sign_in(base, reader)
+
+        slug, to_reader, to_agent, session_id = asyncio.run(prepare())
+        server.memory.start()
+        started = time.monotonic()
+        websocket = asyncio.run(live._measure([base], slug, to_reader, session_id, sender, clients=1,
+                                              sends=sends, gap=gap))
+        stream = asyncio.run(_stream(base, slug, to_agent, sender, agent.token, sends=sends, gap=gap))
+        wall = time.monotonic() - started
+        processes = server.memory.stop()
+    daphne = [p for p in processes if "daphne" in p["cmdline"]]
+    ratios = {q: round(stream["event"][f"{q}_ms"] / websocket["frame"][f"{q}_ms"], 2)
+              for q in ("p50", "p99") if stream["event"][f"{q}_ms"] and websocket["frame"][f"{q}_ms"]}
+    return {"sends": sends, "gap_ms": round(gap * 1000), "stream": stream, "websocket": websocket,
+            "ratios": ratios, "command": " ".join(server.argv),
+            "daphne_peak_rss_mib": max((p["peak_rss_mib"] for p in daphne), default=None),
+            "server_cpu_cores": round(sum(p["cpu_seconds"] for p in processes) / wall, 2),
+            "server_log": server.log_summary()}
+
+
+# --- 2. pushed items/s beside raw signed POSTs/s ---------------------------------------
+
+def receive(cert: str, key: str, port: int) -> None:
+    """The push receiver (its own process): answers the verification
+    challenge, every other POST with 204, recording (webhook-id,
+    subscription id, receipt time); `GET /stats`, `POST /reset` as
+    bench/receiver.py."""
+    from aiohttp import web
+
+    received: list[tuple[str, str, float]] = []
+
+    async def hook(request: web.Request) -> web.Response:
+        body = await request.read()
+        at = time.time()
+        try:
+            event = json.loads(body)
+        except ValueError:
+            event = {}
+        if event.get("type") == "verification":
+            return web.json_response({"challenge": event["challenge"]})
+        received.append((request.headers.get("webhook-id", ""), request.headers.get("X-MCP-Subscription-Id", ""), at))
+        return web.Response(status=204)
+
+    async def stats(request: web.Request) -> web.Response:
+        return web.json_response({"received": received})
+
+    async def reset(request: web.Request) -> web.Response:
+        received.clear()
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/hook/{n}", hook)
+    app.router.add_post("/hook", hook)
+    app.router.add_get("/stats", stats)
+    app.router.add_post("/reset", reset)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    web.run_app(app, host="127.0.0.1", port=port, ssl_context=context, print=None, access_log=None, backlog=1024)
+
+
+@contextlib.contextmanager
+def _receiver(out_dir: Path):
+    """(receiver base URL, CA bundle), with this process's settings trusting it."""
+    from django.conf import settings
+
+    from webhooks.example_receiver import make_ca_and_certificate
+
+    ca, cert, key = (str(p) for p in make_ca_and_certificate(Path(tempfile.mkdtemp())))
+    port = free_port()
+    base = f"https://localhost:{port}"
+    proc = subprocess.Popen([PY, "-m", "bench.mcp", "receive", cert, key, str(port)], cwd=ROOT,
+                            stderr=open(out_dir / "mcp-receiver.stderr", "w"))
+    saved = settings.WEBHOOK_CA_BUNDLE, settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS
+    settings.WEBHOOK_CA_BUNDLE, settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS = ca, True
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                _stats(base, ca)
+                break
+            except Exception:
+                assert proc.poll() is None and time.monotonic() < deadline, "the receiver did not start"
+                time.sleep(0.1)
+        yield base, ca
+    finally:
+        settings.WEBHOOK_CA_BUNDLE, settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS = saved
+        proc.terminate()
+        proc.wait(10)
+
+
+@contextlib.contextmanager
+def _kicks_to_bench_queue():
+    """This process's django-q2 kicks go to KICK_QUEUE while inside."""
+    from django_q.conf import Conf
+
+    saved, Conf.CLUSTER_NAME = Conf.CLUSTER_NAME, KICK_QUEUE
+    try:
+        yield
+    finally:
+        Conf.CLUSTER_NAME = saved
+
+
+def _push(env: dict, dsn: str, out_dir: Path, base: str, ca: str, *, items: int, workers: int) -> dict:
+    from django.db.models import Count
+
+    from controlplane.models import Member
+    from inbox.models import InboxItem
+    from webhooks import mcp as pushes
+    from webhooks.models import Attempt, Delivery, Subscription
+
+    prefix = f"push{time.strftime('%H%M%S')}"
+    members = [inbox.create_member(f"{prefix}{n:03d}") for n in range(PUSH_SUBSCRIPTIONS)]
+    loaded = inbox.load_items(dsn, {m.pk: items for m in members})
+    secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+    started = time.monotonic()
+    with _kicks_to_bench_queue():
+        for n, m in enumerate(members):
+            pushes.subscribe(Member.objects.get(pk=m.pk), ITEM, {}, f"{base}/hook/{n}", secret, ttl_ms=None)
+    subscribe_seconds = time.monotonic() - started
+    subscriptions = Subscription.objects.filter(owner__handle__startswith=prefix, mcp_name=ITEM)
+    assert subscriptions.filter(status=Subscription.Status.ACTIVE).count() == PUSH_SUBSCRIPTIONS
+
+    go = Path(tempfile.mkdtemp()) / "go"
+    script = WORKER_SCRIPT.format(queue=KICK_QUEUE, timeout=PUSH_TIMEOUT + 60)
+    worker_env = {**env, "WEBHOOK_CA_BUNDLE": ca, "WEBHOOK_ALLOW_PRIVATE_NETWORKS": "1", "BENCH_MCP_GO": str(go)}
+    procs = [subprocess.Popen([PY, "manage.py", "shell", "-c", script], cwd=ROOT, env=worker_env,
+                              stdout=subprocess.DEVNULL, stderr=open(out_dir / f"mcp-worker-{i}.stderr", "w"))
+             for i in range(workers)]
+    expected = PUSH_SUBSCRIPTIONS * items
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(go.parent.glob("go.ready.*"))) < workers:
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "workers did not start"
+            time.sleep(0.05)
+        _reset(base, ca)
+        started = time.time()
+        go.touch()
+        deadline = time.monotonic() + PUSH_TIMEOUT
+        while True:
+            received = _stats(base, ca)
+            if len({i for i, _, _ in received}) >= expected or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        time.sleep(1.0)  # room for duplicates, and for what the workers do once the inboxes are empty
+        received = _stats(base, ca)
+    finally:
+        (go.parent / "go.stop").touch()
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+    first_at: dict[str, float] = {}
+    for delivery_id, _, at in received:
+        first_at[delivery_id] = min(at, first_at.get(delivery_id, at))
+    per = Counter(s for _, s, _ in received)
+    seconds = max(max(first_at.values(), default=started) - started, 1e-6)
+    deliveries = Delivery.objects.filter(subscription__in=subscriptions)
+    return {"subscriptions": PUSH_SUBSCRIPTIONS, "items_each": items, "items": expected, "workers": workers,
+            "received": len(received), "unique": len(first_at), "duplicates": len(received) - len(first_at),
+            "per_subscription_min_max": [min(per.values(), default=0), max(per.values(), default=0)],
+            "seconds": round(seconds, 3), "items_per_s": round(len(first_at) / seconds, 1),
+            "first_receipt_s": round(min(first_at.values(), default=started) - started, 3),
+            "pending_left": InboxItem.objects.filter(member__handle__startswith=prefix,
+                                                     state=InboxItem.State.PENDING).count(),
+            "attempts": Attempt.objects.filter(delivery__subscription__in=subscriptions).count(),
+            "deliveries": dict(deliveries.values_list("state").annotate(n=Count("id")).order_by()),
+            "subscribe_seconds": round(subscribe_seconds, 2), "load_seconds": loaded.get("load_seconds"),
+            "worker_exit_codes": [p.returncode for p in procs]}
+
+
+def _push_phase(env: dict, dsn: str, out_dir: Path, *, items: int, workers: int, seconds: float) -> dict:
+    kicks = redis.Redis.from_url(env["REDIS_URL"], socket_timeout=5) if env.get("REDIS_URL") else None
+    try:
+        with _receiver(out_dir) as (base, ca):
+            result = {"raw": asyncio.run(_raw(f"{base}/hook", seconds))}
+            result["push"] = _push(env, dsn, out_dir, base, ca, items=items, workers=workers)
+    finally:
+        if kicks is not None:  # without Redis they went to the ORM broker, in the bench database
+            queued = kicks.llen(f"django_q:{KICK_QUEUE}:q")
+            kicks.delete(f"django_q:{KICK_QUEUE}:q")
+            kicks.close()
+    result["kicks_queued"] = queued if kicks is not None else None
+    result["ratio_push_to_raw"] = round(result["push"]["items_per_s"] / result["raw"]["posts_per_s"], 2)
+    return result
+
+
+def run(env: dict, dsn: str, out_dir: Path, *, sends: int, gap: float, items: int, workers: int,
+        seconds: float) -> dict:
+    results = {}
+    for name, phase in (("stream", lambda: _stream_phase(env, out_dir, sends=sends, gap=gap)),
+                        ("push", lambda: _push_phase(env, dsn, out_dir, items=items, workers=workers,
+                                                     seconds=seconds))):
+        print(f"  mcp: {name} …", file=sys.stderr, flush=True)
+        try:
+            results[name] = phase()
+        except Exception as exc:  # one broken figure must not hide the other
+            results[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+    return results
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["receive"]:
+    receive(sys.argv[2], sys.argv[3], int(sys.argv[4]))
