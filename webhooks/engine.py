@@ -152,13 +152,19 @@ def claim_due(limit: int) -> list[Job]:
                 break
         # The rows are locked (PostgreSQL) or the database is (SQLite's
         # BEGIN IMMEDIATE), so what was read is what gets claimed.
-        cancelled = [d.pk for d in due if not may_receive(d.subscription) or not _item_ready(d)]
+        cancelled, superseded = [], set()
+        for delivery in due:
+            if not may_receive(delivery.subscription) or not _item_ready(delivery):
+                cancelled.append(delivery.pk)
+                if delivery.item_id is not None and delivery.body is not None:
+                    # A retry whose item was acknowledged meanwhile makes way for
+                    # the next pending item; one that found nothing to carry ends.
+                    superseded.add(delivery.subscription_id)
         if cancelled:
             Delivery.objects.filter(pk__in=cancelled).update(state=Delivery.State.CANCELLED, finished_at=at,
                                                               claimed_until=None)
-            for delivery in due:
-                if delivery.pk in cancelled and delivery.subscription.kind == Subscription.Kind.ITEM:
-                    mcp.offer(delivery.subscription_id)  # the next pending item, if any
+            for subscription_id in superseded:
+                mcp.offer(subscription_id, only_if_pending=True)
         due = [d for d in due if d.pk not in cancelled]
         frozen = [d for d in due if d.body is None]
         for delivery in frozen:
@@ -266,7 +272,7 @@ def _hand_off_items(deliveries: list[Delivery]) -> None:
         pk__in=[d.item_id for d in deliveries])}
     for delivery in deliveries:
         settle_acknowledged(items[delivery.item_id])
-        mcp.offer(delivery.subscription_id)
+        mcp.offer(delivery.subscription_id, only_if_pending=True)
 
 
 def _record_or_leave(results: list[Result]) -> None:

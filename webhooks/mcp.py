@@ -182,12 +182,20 @@ def offer_waiting() -> int:
     return len(waiting)
 
 
-def offer(subscription_id_: int) -> None:
+def offer(subscription_id_: int, *, only_if_pending: bool = False) -> None:
     """Make sure an `item` subscription has a delivery to send: an open one,
     due now, unless one is unfinished already (one item in flight). Which
-    item it carries is chosen when it is first claimed. In the caller's
-    transaction; the kick after commit is a nudge, the sweep the guarantee."""
+    item it carries is chosen when it is first claimed (a delivery that finds
+    none is cancelled, and offers nothing more). `only_if_pending`: only if
+    its owner has a pending item now (after a hand-off; an append hook may
+    run before its notice's item exists, so it offers regardless). In the
+    caller's transaction; the kick after commit is a nudge, the sweep the
+    guarantee."""
     if Delivery.objects.filter(subscription_id=subscription_id_, state__in=Delivery.UNFINISHED).exists():
+        return
+    if only_if_pending and not InboxItem.objects.filter(
+            member__in=Subscription.objects.filter(pk=subscription_id_).values("owner"),
+            admission=InboxItem.Admission.ADMITTED, state=InboxItem.State.PENDING).exists():
         return
     Delivery.objects.create(subscription_id=subscription_id_, after_position=0, through_position=0, due_at=now())
     kick_on_commit("webhooks.tasks.deliver")

@@ -210,3 +210,15 @@ def test_an_item_too_large_for_an_event_is_a_reference(world):
     assert reference["data"] == {"kind": "reference", "itemKind": "direct", "bytes": row.content_bytes,
                                  "deliveryToken": row.token}
     assert reference["eventId"] == "evt_" + row.token[4:]
+
+
+def test_a_subscription_with_nothing_pending_is_offered_nothing_more(world, receiver):
+    # given: a delivery offered for an event that carries no item (a grant notice, say)
+    created = subscribe(world)
+    subscription = Subscription.objects.get(public_id=created["id"])
+    mcp.offer(subscription.pk)
+    # when
+    pump()
+    # then: it found nothing, ended, and no new one took its place
+    assert pushes(receiver) == []
+    assert list(Delivery.objects.filter(subscription=subscription).values_list("state", flat=True)) == ["cancelled"]
