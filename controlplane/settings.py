@@ -29,6 +29,10 @@ def env_int(name: str, default: int) -> int:
 DEBUG = env_bool("DEBUG", development_checkout(VAR_DIR))
 SERVER_ADMIN_KEY = load_root_key(debug=DEBUG, var_dir=VAR_DIR)
 SECRET_KEY = derive_key(SERVER_ADMIN_KEY, "django-secret-key", 48).hex()
+# Every Redis name of this deployment (channel layer, cache, task queue) is
+# under this prefix: deployments that share a Redis server (each with its own
+# root key) never see each other's messages or take each other's tasks.
+REDIS_NAMESPACE = "switchboard-" + derive_key(SERVER_ADMIN_KEY, "redis-namespace", 6).hex()
 
 SWITCHBOARD_BIND = os.environ.get("SWITCHBOARD_BIND", "127.0.0.1:8000")
 SWITCHBOARD_PUBLIC_URL = os.environ.get("SWITCHBOARD_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
@@ -166,14 +170,14 @@ if REDIS_URL:
             "BACKEND": "channels_redis.core.RedisChannelLayer",
             # channels-redis blocks 5 s per receive; redis-py's default 5 s
             # read timeout would cut every idle receive short.
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "prefix": "switchboard"},
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "prefix": REDIS_NAMESPACE},
         }
     }
     CACHES = {
         "default": {
             "BACKEND": "django.core.cache.backends.redis.RedisCache",
             "LOCATION": REDIS_URL,
-            "KEY_PREFIX": "switchboard",
+            "KEY_PREFIX": REDIS_NAMESPACE,
         }
     }
 else:
@@ -181,7 +185,7 @@ else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 Q_CLUSTER = {
-    "name": "switchboard",
+    "name": REDIS_NAMESPACE,
     "workers": env_int("Q_WORKERS", 2),
     # django-q2's `retry` is a redelivery timeout, not a backoff: keep
     # timeout < retry; our own retry policy lives in our rows.
