@@ -164,7 +164,7 @@ def claim_due(limit: int) -> list[Job]:
             Delivery.objects.filter(pk__in=cancelled).update(state=Delivery.State.CANCELLED, finished_at=at,
                                                               claimed_until=None)
             for subscription_id in superseded:
-                mcp.offer(subscription_id, only_if_pending=True)
+                mcp.offer(subscription_id, only_if_pending=True, kick=False)
         due = [d for d in due if d.pk not in cancelled]
         frozen = [d for d in due if d.body is None]
         for delivery in frozen:
@@ -272,7 +272,7 @@ def _hand_off_items(deliveries: list[Delivery]) -> None:
         pk__in=[d.item_id for d in deliveries])}
     for delivery in deliveries:
         settle_acknowledged(items[delivery.item_id])
-        mcp.offer(delivery.subscription_id, only_if_pending=True)
+        mcp.offer(delivery.subscription_id, only_if_pending=True, kick=False)
 
 
 def _record_or_leave(results: list[Result]) -> None:

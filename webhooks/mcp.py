@@ -182,7 +182,7 @@ def offer_waiting() -> int:
     return len(waiting)
 
 
-def offer(subscription_id_: int, *, only_if_pending: bool = False) -> None:
+def offer(subscription_id_: int, *, only_if_pending: bool = False, kick: bool = True) -> None:
     """Make sure an `item` subscription has a delivery to send: an open one,
     due now, unless one is unfinished already (one item in flight). Which
     item it carries is chosen when it is first claimed (a delivery that finds
@@ -190,7 +190,8 @@ def offer(subscription_id_: int, *, only_if_pending: bool = False) -> None:
     its owner has a pending item now (after a hand-off; an append hook may
     run before its notice's item exists, so it offers regardless). In the
     caller's transaction; the kick after commit is a nudge, the sweep the
-    guarantee."""
+    guarantee. The engine itself offers with `kick=False`: its own pump
+    claims what is due as soon as it records."""
     if Delivery.objects.filter(subscription_id=subscription_id_, state__in=Delivery.UNFINISHED).exists():
         return
     if only_if_pending and not InboxItem.objects.filter(
@@ -198,7 +199,8 @@ def offer(subscription_id_: int, *, only_if_pending: bool = False) -> None:
             admission=InboxItem.Admission.ADMITTED, state=InboxItem.State.PENDING).exists():
         return
     Delivery.objects.create(subscription_id=subscription_id_, after_position=0, through_position=0, due_at=now())
-    kick_on_commit("webhooks.tasks.deliver")
+    if kick:
+        kick_on_commit("webhooks.tasks.deliver")
 
 
 def body(delivery: Delivery) -> str:
