@@ -33,7 +33,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import datetime as dt
 import json
+import os
 import secrets
 import ssl
 import subprocess
@@ -45,6 +47,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import aiohttp
+import httpx
 import redis
 
 from bench import inbox, live
@@ -56,13 +59,29 @@ ITEM = "org.switchboard/inbox.item"
 PUSH_SUBSCRIPTIONS = 100
 KICK_QUEUE = "switchboard-bench-mcp"  # django-q2 cluster (queue) name for the engine's kicks
 PUSH_TIMEOUT = 120.0
+WARMUP_SENDS = 10
+# A worker: the delivery engine from the go file to the stop file. Every call
+# on the engine's database thread is timed (written to go.calls.<pid> as
+# [name, start (epoch s), seconds] rows) and, with BENCH_MCP_PROFILE=<path
+# prefix>, profiled (<prefix>-<pid>.prof).
 WORKER_SCRIPT = """
-import asyncio, os, time
+import asyncio, cProfile, json, os, time
+from django.conf import settings
 from django_q.conf import Conf
 from webhooks import engine
 from webhooks.models import Delivery
 Conf.CLUSTER_NAME = {queue!r}
-go = os.environ["BENCH_MCP_GO"]
+settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS = True  # the receiver is on loopback; the env flag needs DEBUG=1
+go, profile = os.environ["BENCH_MCP_GO"], os.environ.get("BENCH_MCP_PROFILE")
+profiler, calls = cProfile.Profile() if profile else None, []
+def timed(fn, *args):
+    started, wall = time.perf_counter(), time.time()
+    try:
+        return profiler.runcall(fn, *args) if profiler else fn(*args)
+    finally:
+        calls.append((fn.__name__, wall, time.perf_counter() - started))
+engine._Database.__call__ = lambda self, fn, *args: asyncio.get_running_loop().run_in_executor(
+    self._executor, timed, fn, *args)
 Delivery.objects.exists()  # connected before the go
 open(go + ".ready." + str(os.getpid()), "w").close()
 deadline = time.monotonic() + {timeout}
@@ -71,6 +90,10 @@ while not os.path.exists(go) and time.monotonic() < deadline:
 while not os.path.exists(go + ".stop") and time.monotonic() < deadline:
     asyncio.run(engine.pump(seconds=2, wait=False))
     time.sleep(0.01)
+with open(go + ".calls." + str(os.getpid()), "w") as f:
+    json.dump(calls, f)
+if profiler:
+    profiler.dump_stats(profile + "-" + str(os.getpid()) + ".prof")
 """
 
 
@@ -140,7 +163,7 @@ def _stream_phase(env: dict, out_dir: Path, *, sends: int, gap: float) -> dict:
     with server:
         base = server.base_url
 
-        async def prepare() -> tuple[str, str, str, str]:
+        async def prepare() -> tuple[str, ...]:
             async with aiohttp.ClientSession() as http:
                 slug = f"mcp{stamp}"
                 await live._api(http, base, sender, "POST", "/v0/spaces",
@@ -151,14 +174,24 @@ def _stream_phase(env: dict, out_dir: Path, *, sends: int, gap: float) -> dict:
                     data = await live._api(http, base, sender, "POST", f"/v0/spaces/{slug}/direct",
                                            {"member": f"@{handle}"})
                     directs.append(data["conversation"]["id"])
-            return slug, *directs, await live._sign_in(base, reader)
+                # A socket replays its conversation from the start: the warm-up sends go elsewhere.
+                data = await live._api(http, base, sender, "POST", f"/v0/spaces/{slug}/channels", {"name": "warm"})
+            return slug, *directs, data["conversation"]["id"], await live._sign_in(base, reader)
 
-        slug, to_reader, to_agent, session_id = asyncio.run(prepare())
+        slug, to_reader, to_agent, warm, session_id = asyncio.run(prepare())
+
+        def measure_websocket(conversation: str, n: int) -> dict:
+            return asyncio.run(live._measure([base], slug, conversation, session_id, sender, clients=1, sends=n,
+                                             gap=gap))
+
+        def measure_stream(n: int) -> dict:
+            return asyncio.run(_stream(base, slug, to_agent, sender, agent.token, sends=n, gap=gap))
+
+        measure_websocket(warm, WARMUP_SENDS)  # first requests, connections and code paths: not counted
+        measure_stream(WARMUP_SENDS)
         server.memory.start()
         started = time.monotonic()
-        websocket = asyncio.run(live._measure([base], slug, to_reader, session_id, sender, clients=1,
-                                              sends=sends, gap=gap))
-        stream = asyncio.run(_stream(base, slug, to_agent, sender, agent.token, sends=sends, gap=gap))
+        websocket, stream = measure_websocket(to_reader, sends), measure_stream(sends)
         wall = time.monotonic() - started
         processes = server.memory.stop()
     daphne = [p for p in processes if "daphne" in p["cmdline"]]
@@ -231,7 +264,7 @@ def _receiver(out_dir: Path):
             try:
                 _stats(base, ca)
                 break
-            except Exception:
+            except httpx.TransportError:
                 assert proc.poll() is None and time.monotonic() < deadline, "the receiver did not start"
                 time.sleep(0.1)
         yield base, ca
@@ -253,7 +286,26 @@ def _kicks_to_bench_queue():
         Conf.CLUSTER_NAME = saved
 
 
-def _push(env: dict, dsn: str, out_dir: Path, base: str, ca: str, *, items: int, workers: int) -> dict:
+def _cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine so far (/proc/stat)."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:9]]
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)  # idle, iowait
+
+
+def _db_thread(calls: list, start: float, end: float) -> dict:
+    """Seconds each kind of call kept a worker's database thread busy within [start, end]."""
+    busy = Counter()
+    for name, at, seconds in calls:
+        busy[name] += max(0.0, min(at + seconds, end) - max(at, start))
+    total = sum(busy.values())
+    return {"busy_share": round(total / max(end - start, 1e-6), 2),
+            "seconds": {k: round(v, 3) for k, v in busy.most_common()},
+            "calls": dict(Counter(name for name, at, _ in calls if start <= at <= end))}
+
+
+def _push(env: dict, dsn: str, out_dir: Path, base: str, ca: str, *, items: int, workers: int,
+          profile: bool) -> dict:
     from django.db.models import Count
 
     from controlplane.models import Member
@@ -275,7 +327,9 @@ def _push(env: dict, dsn: str, out_dir: Path, base: str, ca: str, *, items: int,
 
     go = Path(tempfile.mkdtemp()) / "go"
     script = WORKER_SCRIPT.format(queue=KICK_QUEUE, timeout=PUSH_TIMEOUT + 60)
-    worker_env = {**env, "WEBHOOK_CA_BUNDLE": ca, "WEBHOOK_ALLOW_PRIVATE_NETWORKS": "1", "BENCH_MCP_GO": str(go)}
+    worker_env = {**env, "WEBHOOK_CA_BUNDLE": ca, "BENCH_MCP_GO": str(go)}
+    if profile:
+        worker_env["BENCH_MCP_PROFILE"] = str(out_dir / "mcp-worker")
     procs = [subprocess.Popen([PY, "manage.py", "shell", "-c", script], cwd=ROOT, env=worker_env,
                               stdout=subprocess.DEVNULL, stderr=open(out_dir / f"mcp-worker-{i}.stderr", "w"))
              for i in range(workers)]
@@ -286,17 +340,19 @@ def _push(env: dict, dsn: str, out_dir: Path, base: str, ca: str, *, items: int,
             assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "workers did not start"
             time.sleep(0.05)
         _reset(base, ca)
-        started = time.time()
+        cpu_before, started = _cpu_ticks(), time.time()
         go.touch()
         deadline = time.monotonic() + PUSH_TIMEOUT
         while True:
             received = _stats(base, ca)
             if len({i for i, _, _ in received}) >= expected or time.monotonic() > deadline:
                 break
-            time.sleep(0.05)
+            time.sleep(0.2)  # each look is a TLS request to the receiver, on the same cores
+        cpu_after = _cpu_ticks()
         time.sleep(1.0)  # room for duplicates, and for what the workers do once the inboxes are empty
         received = _stats(base, ca)
     finally:
+        stopped = time.time()
         (go.parent / "go.stop").touch()
         for proc in procs:
             try:
@@ -308,8 +364,10 @@ def _push(env: dict, dsn: str, out_dir: Path, base: str, ca: str, *, items: int,
     for delivery_id, _, at in received:
         first_at[delivery_id] = min(at, first_at.get(delivery_id, at))
     per = Counter(s for _, s, _ in received)
-    seconds = max(max(first_at.values(), default=started) - started, 1e-6)
+    last = max(first_at.values(), default=started)
+    seconds = max(last - started, 1e-6)
     deliveries = Delivery.objects.filter(subscription__in=subscriptions)
+    threads = [_db_thread(json.loads(path.read_text()), started, last) for path in go.parent.glob("go.calls.*")]
     return {"subscriptions": PUSH_SUBSCRIPTIONS, "items_each": items, "items": expected, "workers": workers,
             "received": len(received), "unique": len(first_at), "duplicates": len(received) - len(first_at),
             "per_subscription_min_max": [min(per.values(), default=0), max(per.values(), default=0)],
@@ -319,16 +377,24 @@ def _push(env: dict, dsn: str, out_dir: Path, base: str, ca: str, *, items: int,
                                                      state=InboxItem.State.PENDING).count(),
             "attempts": Attempt.objects.filter(delivery__subscription__in=subscriptions).count(),
             "deliveries": dict(deliveries.values_list("state").annotate(n=Count("id")).order_by()),
+            # Item subscriptions with nothing left to send, after the last item (see docs/benchmarks.md).
+            "cancelled_after_last": deliveries.filter(state=Delivery.State.CANCELLED,
+                                                      finished_at__gt=dt.datetime.fromtimestamp(last, dt.UTC)).count(),
+            "seconds_after_last": round(stopped - last, 2),
+            "machine_cpu_cores": round((cpu_after[0] - cpu_before[0]) / max(cpu_after[1] - cpu_before[1], 1)
+                                       * os.cpu_count(), 2),
+            "db_threads": threads, "profiles": sorted(str(p.relative_to(ROOT)) for p in out_dir.glob("mcp-worker-*.prof")),
             "subscribe_seconds": round(subscribe_seconds, 2), "load_seconds": loaded.get("load_seconds"),
             "worker_exit_codes": [p.returncode for p in procs]}
 
 
-def _push_phase(env: dict, dsn: str, out_dir: Path, *, items: int, workers: int, seconds: float) -> dict:
+def _push_phase(env: dict, dsn: str, out_dir: Path, *, items: int, workers: int, seconds: float,
+                profile: bool) -> dict:
     kicks = redis.Redis.from_url(env["REDIS_URL"], socket_timeout=5) if env.get("REDIS_URL") else None
     try:
         with _receiver(out_dir) as (base, ca):
             result = {"raw": asyncio.run(_raw(f"{base}/hook", seconds))}
-            result["push"] = _push(env, dsn, out_dir, base, ca, items=items, workers=workers)
+            result["push"] = _push(env, dsn, out_dir, base, ca, items=items, workers=workers, profile=profile)
     finally:
         if kicks is not None:  # without Redis they went to the ORM broker, in the bench database
             queued = kicks.llen(f"django_q:{KICK_QUEUE}:q")
@@ -340,11 +406,11 @@ def _push_phase(env: dict, dsn: str, out_dir: Path, *, items: int, workers: int,
 
 
 def run(env: dict, dsn: str, out_dir: Path, *, sends: int, gap: float, items: int, workers: int,
-        seconds: float) -> dict:
+        seconds: float, profile: bool = False) -> dict:
     results = {}
     for name, phase in (("stream", lambda: _stream_phase(env, out_dir, sends=sends, gap=gap)),
                         ("push", lambda: _push_phase(env, dsn, out_dir, items=items, workers=workers,
-                                                     seconds=seconds))):
+                                                     seconds=seconds, profile=profile))):
         print(f"  mcp: {name} …", file=sys.stderr, flush=True)
         try:
             results[name] = phase()

@@ -1,13 +1,20 @@
 """The Markdown report of a benchmark run (results.json → tables)."""
 from __future__ import annotations
 
+from controlplane.keys import redis_namespace
+
+# A fixed root key for the run (bench/run.py gives it to every server):
+# cursors built here must verify in the servers, and the Redis names are its.
+ADMIN_KEY = "bench-only-server-admin-key-0123456789abcdefghijklmnopqrstuvwxyz"
 # channels_redis keeps a group as a sorted set of channel names; stale names
 # left by earlier processes make every group_send on commit fan out to them.
-LOG_GROUP_KEY = "switchboard:group:switchboard.log"
+LOG_GROUP_KEY = f"{redis_namespace(ADMIN_KEY)}:group:switchboard.log"
 TARGET_SENDS_PER_S = 500
 TARGET_RSS_MIB = 155
 TARGET_FEED_RATIO = 1.3
 TARGET_FRAME_P50_MS, TARGET_FRAME_P99_MS = 17, 37
+TARGET_STREAM_TO_FRAME = 1.5  # MCP stream event latency / WebSocket frame latency, p50 and p99
+TARGET_PUSH_TO_RAW = 0.5      # pushed inbox items/s / raw signed POSTs/s
 
 
 def fmt(value, digits: int = 1) -> str:
@@ -109,6 +116,8 @@ def markdown(report: dict) -> str:
         lines += live_markdown(res["live"])
     if "mentions" in res:
         lines += mentions_markdown(res["mentions"])
+    if "mcp" in res:
+        lines += mcp_markdown(res["mcp"])
 
     problems = []
     servers = [(f"sends, {name}", r) for name, r in res.get("sends", {}).items()]
@@ -138,7 +147,21 @@ def markdown(report: dict) -> str:
         for log in r.get("server_logs", []):
             for line, count in list(log.get("exceptions", {}).items())[:4]:
                 problems.append(f"- live, {name}: traceback ending `{line[:160]}` ×{count} ({log['stderr']})")
-    for phase in ("baseline", "feeds", "inbox", "live"):
+    for name, r in res.get("mcp", {}).items():
+        if isinstance(r, dict) and "error" in r:
+            problems.append(f"- mcp, {name} failed: {r['error']}")
+    stream = res.get("mcp", {}).get("stream", {})
+    for label, r in (("stream", stream.get("stream", {})), ("WebSocket baseline", stream.get("websocket", {}))):
+        if r.get("errors") or r.get("timeouts"):
+            problems.append(f"- mcp, {label}: {r['missing']} missing, {r['duplicates']} duplicate, "
+                            f"{r.get('unknown_events', r.get('unknown_frames'))} unknown, {r['timeouts']} timeouts")
+    for line, count in list(stream.get("server_log", {}).get("exceptions", {}).items())[:4]:
+        problems.append(f"- mcp, stream: traceback ending `{line[:160]}` ×{count} ({stream['server_log']['stderr']})")
+    push = res.get("mcp", {}).get("push", {}).get("push", {})
+    if push and (push["unique"] < push["items"] or push["duplicates"] or push["pending_left"]):
+        problems.append(f"- mcp, push: {push['unique']} of {push['items']} items received, {push['duplicates']} "
+                        f"duplicates, {push['pending_left']} still pending")
+    for phase in ("baseline", "feeds", "inbox", "live", "mcp"):
         if "error" in res.get(phase, {}):
             problems.append(f"- {phase} failed: {res[phase]['error']}")
     if problems:
@@ -254,4 +277,57 @@ def live_markdown(r: dict) -> list[str]:
               f"channel in another task of the bench process, {layer['count']} rounds): p50 "
               f"{fmt(layer['p50_ms'], 2)} ms, p99 {fmt(layer['p99_ms'], 2)} ms. Send response: t0 → HTTP response "
               "of the same sends.", ""]
+    return lines
+
+
+def mcp_markdown(r: dict) -> list[str]:
+    if "error" in r:
+        return [f"### MCP: failed: {r['error']}", ""]
+    lines = ["### MCP: send → `events/stream` event, and pushed inbox items", "",
+             "| figure | value | baseline in the same run | ratio | target | met |",
+             "| --- | ---: | --- | ---: | --- | --- |"]
+    s = r.get("stream", {})
+    if "error" in s:
+        lines.append(f"| send → stream event | failed: {s['error'][:120]} | | | | |")
+    elif s:
+        e, f, ratios = s["stream"]["event"], s["websocket"]["frame"], s["ratios"]
+        ok = (len(ratios) == 2 and max(ratios.values()) <= TARGET_STREAM_TO_FRAME
+              and not s["stream"]["errors"] and not s["stream"]["timeouts"])
+        lines.append(f"| send → `events/stream` event of `inbox.item` (SDK client), p50 / p99 ms, {s['sends']} direct "
+                     f"messages one at a time | {fmt(e['p50_ms'])} / {fmt(e['p99_ms'])} | send → WebSocket frame, "
+                     f"1 client, same server and kind of send: {fmt(f['p50_ms'])} / {fmt(f['p99_ms'])} | "
+                     f"{fmt(ratios.get('p50'), 2)} / {fmt(ratios.get('p99'), 2)} | ≤ {TARGET_STREAM_TO_FRAME} | "
+                     f"{verdict(ok)} |")
+    p = r.get("push", {})
+    if "error" in p:
+        lines.append(f"| pushed items/s | failed: {p['error'][:120]} | | | | |")
+    elif p:
+        push, raw = p["push"], p["raw"]
+        ok = p["ratio_push_to_raw"] >= TARGET_PUSH_TO_RAW and push["unique"] == push["items"]
+        lines.append(f"| pushed `inbox.item` items/s, {push['subscriptions']} subscriptions × {push['items_each']} "
+                     f"items, {push['workers']} worker processes{' (profiled: slower)' if push['profiles'] else ''} | "
+                     f"{fmt(push['items_per_s'])} | raw signed POSTs/s to "
+                     f"the same receiver, one process, 64 in flight: {fmt(raw['posts_per_s'])} | "
+                     f"{fmt(p['ratio_push_to_raw'], 2)} | ≥ {TARGET_PUSH_TO_RAW} | {verdict(ok)} |")
+    lines.append("")
+    if s and "error" not in s:
+        st, ws = s["stream"], s["websocket"]
+        lines += [f"Send response p50 / p99: {fmt(st['send_response']['p50_ms'])} / {fmt(st['send_response']['p99_ms'])}"
+                  f" ms (stream) and {fmt(ws['send_response']['p50_ms'])} / {fmt(ws['send_response']['p99_ms'])} ms "
+                  f"(WebSocket). Stream: {st['events']} events for {st['sends']} sends ({st['missing']} missing, "
+                  f"{st['duplicates']} duplicate, {st['timeouts']} timeouts); WebSocket: {ws['frames']} frames. "
+                  f"Daphne peak RSS {fmt(s['daphne_peak_rss_mib'], 0)} MiB, server CPU {s['server_cpu_cores']:.2f} "
+                  "cores.", ""]
+    if p and "error" not in p:
+        push = p["push"]
+        busy = "; ".join(f"{100 * t['busy_share']:.0f}% (" + ", ".join(f"{k} {v:.2f} s" for k, v in
+                                                                        list(t["seconds"].items())[:2]) + ")"
+                         for t in push["db_threads"])
+        lines += [f"Pushes: {push['unique']:,} of {push['items']:,} items in {push['seconds']} s from the go signal "
+                  f"(first after {push['first_receipt_s']} s), {push['duplicates']} duplicates, "
+                  f"{push['pending_left']} left pending, {push['attempts']:,} attempts; deliveries by state "
+                  f"{push['deliveries']}; {push['cancelled_after_last']} cancelled in the "
+                  f"{push['seconds_after_last']} s after the last item; kicks queued {p['kicks_queued']}. "
+                  f"Machine CPU busy {push['machine_cpu_cores']:.2f} cores; the workers' database threads busy "
+                  f"{busy}.", ""]
     return lines

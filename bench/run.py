@@ -50,15 +50,13 @@ import psycopg  # noqa: E402
 import redis  # noqa: E402
 
 from bench import feeds, fixture, inbox, live, load, mcp, mentions, webhooks  # noqa: E402
-from bench.report import LOG_GROUP_KEY, markdown  # noqa: E402
+from bench.report import ADMIN_KEY, LOG_GROUP_KEY, markdown  # noqa: E402
 from bench.servers import PY, SETUPS, Server  # noqa: E402
 
 DB_NAME = "switchboard_bench"
 PG = "postgresql://postgres@127.0.0.1:5432"
 DSN = f"{PG}/{DB_NAME}"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-# A fixed root key for the run: cursors built here must verify in the servers.
-ADMIN_KEY = "bench-only-server-admin-key-0123456789abcdefghijklmnopqrstuvwxyz"
 PHASES = ("baseline", "feeds", "inbox", "sends", "webhooks", "live", "mentions", "mcp")
 
 
@@ -96,6 +94,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="sends, one at a time, for the send-to-stream-event latency and its baseline (default 200)")
     p.add_argument("--mcp-items", type=int, default=5,
                    help="pending items per pushed inbox.item subscription (100 subscriptions; default 5)")
+    p.add_argument("--mcp-profile", action="store_true",
+                   help="profile the push workers' database threads (bench/results/<stamp>/mcp-worker-*.prof)")
     p.add_argument("--keep", action="store_true", help=f"keep the {DB_NAME} database afterwards")
     args = p.parse_args(argv)
     args.phases = [ph for ph in PHASES if not args.only or ph in args.only]
@@ -284,7 +284,7 @@ def main(argv=None) -> int:
                 elif phase == "mcp":
                     results[phase] = mcp.run(env, DSN, out_dir, sends=args.mcp_sends, gap=args.live_gap,
                                              items=args.mcp_items, workers=args.webhook_workers,
-                                             seconds=args.seconds)
+                                             seconds=args.seconds, profile=args.mcp_profile)
                 elif phase == "live":
                     results[phase] = live.run(env, out_dir, clients=args.live_clients, sends=args.live_sends,
                                               gap=args.live_gap)

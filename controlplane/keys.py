@@ -70,3 +70,8 @@ def purpose_key(purpose: str, length: int = 32) -> bytes:
     from django.conf import settings
 
     return derive_key(settings.SERVER_ADMIN_KEY, purpose, length)
+
+
+def redis_namespace(root_key: str) -> str:
+    """The prefix of every Redis name of the deployment with this root key."""
+    return "switchboard-" + derive_key(root_key, "redis-namespace", 6).hex()

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from controlplane.keys import derive_key, development_checkout, load_root_key
+from controlplane.keys import derive_key, development_checkout, load_root_key, redis_namespace
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("SWITCHBOARD_VAR_DIR", BASE_DIR / "var"))
@@ -32,7 +32,7 @@ SECRET_KEY = derive_key(SERVER_ADMIN_KEY, "django-secret-key", 48).hex()
 # Every Redis name of this deployment (channel layer, cache, task queue) is
 # under this prefix: deployments that share a Redis server (each with its own
 # root key) never see each other's messages or take each other's tasks.
-REDIS_NAMESPACE = "switchboard-" + derive_key(SERVER_ADMIN_KEY, "redis-namespace", 6).hex()
+REDIS_NAMESPACE = redis_namespace(SERVER_ADMIN_KEY)
 
 SWITCHBOARD_BIND = os.environ.get("SWITCHBOARD_BIND", "127.0.0.1:8000")
 SWITCHBOARD_PUBLIC_URL = os.environ.get("SWITCHBOARD_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
