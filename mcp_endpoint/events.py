@@ -57,7 +57,7 @@ class SelectParams(_Params):
 
 class PollParams(SelectParams):
     cursor: str | None = None
-    max_events: int | None = Field(default=None, alias="maxEvents")
+    max_events: int = Field(default=sources.MAX_EVENTS, alias="maxEvents", ge=1, le=100)
     max_age_ms: int | None = Field(default=None, alias="maxAgeMs")
 
 
@@ -119,12 +119,8 @@ async def list_events(ctx, params: ListParams) -> dict:
 async def poll(ctx, params: PollParams) -> dict:
     member = caller(ctx)
     source, arguments = _select(params)
-    try:
-        max_events = sources.validate_max_events(params.max_events)
-    except ApiError as error:
-        raise _as_mcp(error) from None
     await _db(sources.check, member, source, arguments)
-    batch = await _db(sources.read, member, source, arguments, params.cursor, max_events)
+    batch = await _db(sources.read, member, source, arguments, params.cursor, params.max_events)
     return {"events": [{k: v for k, v in e.items() if k != "cursor"} for e in batch.events],
             "cursor": batch.cursor, "truncated": batch.truncated, "hasMore": batch.has_more,
             "nextPollMs": 0 if batch.has_more else POLL_INTERVAL_MS}

@@ -24,7 +24,7 @@ from django.conf import settings
 from controlplane.access import get_readable_space
 from controlplane.clock import now, rfc3339
 from controlplane.cursors import caller_id, pack_cursor, unpack_cursor
-from controlplane.errors import InvalidRequest, ResyncRequired
+from controlplane.errors import ResyncRequired
 from controlplane.log import log_head
 from controlplane.models import Member, Space
 from inbox import delivery, feeds
@@ -171,12 +171,3 @@ def _work(member: Member, source: Source, arguments: dict, after: int) -> Batch:
                  "event_range": {"after": pack_cursor((after,), caller=caller, stream=stream),
                                  "through": pack_cursor((through,), caller=caller, stream=stream)}},
         "cursor": cursor}], cursor, has_more=page.has_more)
-
-
-def validate_max_events(value) -> int:
-    if value is None:
-        return MAX_EVENTS
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 100:
-        raise InvalidRequest("maxEvents must be 1–100.")
-    return value
-
