@@ -1,0 +1,54 @@
+"""What events/poll and events/stream read, in-process: the inbox feed's
+items, held ones only once admitted, acknowledged ones skipped."""
+import pytest
+
+from controlplane import services
+from inbox import firewall
+from inbox.delivery import acknowledge_delivery
+from inbox.models import InboxItem
+from inbox.services import send_message
+from mcp_endpoint import sources
+
+ITEM = sources.SOURCES["org.switchboard/inbox.item"]
+
+
+@pytest.fixture
+def pair(make_member):
+    ada, bo = make_member("ada"), make_member("bo")
+    space = services.create_space(slug="lab", name="Lab", visibility="open", send_policy="open", actor=bo)
+    services.join_space(space, actor=ada)
+    direct, _ = services.get_or_create_direct(space, ada, actor=bo)
+    return ada, bo, direct
+
+
+def contents(batch) -> list[str]:
+    return [e["data"]["item"]["content"] for e in batch.events]
+
+
+def test_held_items_appear_only_once_released_after_the_cursor_moved_on(pair):
+    # given: ada's firewall holds secrets; she has read past both sends
+    ada, bo, direct = pair
+    firewall.set_rules(ada, [{"action": "hold", "content_pattern": "secret"}], actor=ada)
+    start = sources.read(ada, ITEM, {}, None, 50)
+    send_message(direct, body="the secret", actor=bo)
+    send_message(direct, body="hello", actor=bo)
+    firewall.classify_pending(ada.pk)
+    first = sources.read(ada, ITEM, {}, start.cursor, 50)
+    # when: the held one is released
+    held = InboxItem.objects.get(member=ada, admission=InboxItem.Admission.HELD)
+    firewall.release_item(ada, held.token, actor=ada)
+    later = sources.read(ada, ITEM, {}, first.cursor, 50)
+    # then
+    assert start.events == [] and contents(first) == ["hello"] and contents(later) == ["the secret"]
+
+
+def test_acknowledged_items_are_skipped_and_pages_continue(pair):
+    ada, bo, direct = pair
+    start = sources.read(ada, ITEM, {}, None, 50)
+    for n in range(3):
+        send_message(direct, body=f"m{n}", actor=bo)
+    acknowledge_delivery(ada, InboxItem.objects.get(member=ada, payload__content="m1").token, actor=ada)
+    first = sources.read(ada, ITEM, {}, start.cursor, 1)
+    rest = sources.read(ada, ITEM, {}, first.cursor, 50)
+    assert contents(first) == ["m0"] and first.has_more is True
+    assert contents(rest) == ["m2"] and rest.has_more is False
