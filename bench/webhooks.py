@@ -202,7 +202,9 @@ def run(env: dict, out_dir: Path, *, seconds: float, workers: int, latency_sends
 
     tls = Path(tempfile.mkdtemp())
     ca, cert, key = (str(p) for p in make_ca_and_certificate(tls))
-    env = {**env, "WEBHOOK_CA_BUNDLE": ca, "WEBHOOK_ALLOW_PRIVATE_NETWORKS": "1"}
+    # Loopback receivers are a development setting, which production settings
+    # refuse: this phase's processes run with DEBUG on (its query log is bounded).
+    env = {**env, "WEBHOOK_CA_BUNDLE": ca, "WEBHOOK_ALLOW_PRIVATE_NETWORKS": "1", "DEBUG": "1"}
     os.environ.update({"WEBHOOK_CA_BUNDLE": ca, "WEBHOOK_ALLOW_PRIVATE_NETWORKS": "1"})
     from django.conf import settings
     settings.WEBHOOK_CA_BUNDLE, settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS = ca, True
