@@ -15,8 +15,8 @@
 2. push: PUSH_SUBSCRIPTIONS agent members, each with `items` pending items
    (bulk-loaded as in bench/inbox.py) and an `inbox.item` subscription
    (webhooks.mcp.subscribe, in this process: the receiver answers the
-   verification challenge) to a local HTTPS receiver (`python -m bench.mcp
-   receive`, its own process, a throwaway CA); `workers` worker processes
+   verification challenge) to the local HTTPS receiver of the webhook phase
+   (bench/receiver.py, its own process, a throwaway CA); `workers` worker processes
    run the delivery engine (engine.pump) from a go signal; items/s is the
    items received over the time from the go signal to the last receipt.
    Each 2xx acknowledges its item and only then is the subscription's next
@@ -37,7 +37,6 @@ import datetime as dt
 import json
 import os
 import secrets
-import ssl
 import subprocess
 import sys
 import tempfile
@@ -206,44 +205,6 @@ def _stream_phase(env: dict, out_dir: Path, *, sends: int, gap: float) -> dict:
 
 # --- 2. pushed items/s beside raw signed POSTs/s ---------------------------------------
 
-def receive(cert: str, key: str, port: int) -> None:
-    """The push receiver (its own process): answers the verification
-    challenge, every other POST with 204, recording (webhook-id,
-    subscription id, receipt time); `GET /stats`, `POST /reset` as
-    bench/receiver.py."""
-    from aiohttp import web
-
-    received: list[tuple[str, str, float]] = []
-
-    async def hook(request: web.Request) -> web.Response:
-        body = await request.read()
-        at = time.time()
-        try:
-            event = json.loads(body)
-        except ValueError:
-            event = {}
-        if event.get("type") == "verification":
-            return web.json_response({"challenge": event["challenge"]})
-        received.append((request.headers.get("webhook-id", ""), request.headers.get("X-MCP-Subscription-Id", ""), at))
-        return web.Response(status=204)
-
-    async def stats(request: web.Request) -> web.Response:
-        return web.json_response({"received": received})
-
-    async def reset(request: web.Request) -> web.Response:
-        received.clear()
-        return web.json_response({})
-
-    app = web.Application()
-    app.router.add_post("/hook/{n}", hook)
-    app.router.add_post("/hook", hook)
-    app.router.add_get("/stats", stats)
-    app.router.add_post("/reset", reset)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
-    web.run_app(app, host="127.0.0.1", port=port, ssl_context=context, print=None, access_log=None, backlog=1024)
-
-
 @contextlib.contextmanager
 def _receiver(out_dir: Path):
     """(receiver base URL, CA bundle), with this process's settings trusting it."""
@@ -254,7 +215,7 @@ def _receiver(out_dir: Path):
     ca, cert, key = (str(p) for p in make_ca_and_certificate(Path(tempfile.mkdtemp())))
     port = free_port()
     base = f"https://localhost:{port}"
-    proc = subprocess.Popen([PY, "-m", "bench.mcp", "receive", cert, key, str(port)], cwd=ROOT,
+    proc = subprocess.Popen([PY, "-m", "bench.receiver", cert, key, str(port)], cwd=ROOT,
                             stderr=open(out_dir / "mcp-receiver.stderr", "w"))
     saved = settings.WEBHOOK_CA_BUNDLE, settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS
     settings.WEBHOOK_CA_BUNDLE, settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS = ca, True
@@ -417,7 +378,3 @@ def run(env: dict, dsn: str, out_dir: Path, *, sends: int, gap: float, items: in
         except Exception as exc:  # one broken figure must not hide the other
             results[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
     return results
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["receive"]:
-    receive(sys.argv[2], sys.argv[3], int(sys.argv[4]))

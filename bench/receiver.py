@@ -1,6 +1,9 @@
-"""A fast HTTPS receiver for the webhook benchmark (its own process):
-answers the verification challenge, every wake with 202, and records the delivery id, the wake's
-`through` cursor and the receipt time; `GET /stats` returns them.
+"""A fast HTTPS receiver for the webhook benchmarks (its own process):
+answers verification challenges (Switchboard's and the MCP Events
+extension's), every other POST with 202, and records the delivery id
+(`Webhook-Id`), what the POST names (a wake's `through` cursor, or an MCP
+push's `X-MCP-Subscription-Id`) and the receipt time; `GET /stats` returns
+them, `POST /reset` forgets them.
 
     python -m bench.receiver CERT KEY PORT
 """
@@ -24,10 +27,10 @@ def main(cert: str, key: str, port: int) -> None:
             wake = json.loads(body)
         except ValueError:
             wake = {}
-        if wake.get("type") == "spaces.webhook.challenge":
+        if wake.get("type") in ("spaces.webhook.challenge", "verification"):
             return web.json_response({"challenge": wake["challenge"]})
-        through = wake.get("event_range", {}).get("through")
-        received.append((request.headers.get("Webhook-Id", ""), through, at))
+        named = wake.get("event_range", {}).get("through") or request.headers.get("X-MCP-Subscription-Id")
+        received.append((request.headers.get("Webhook-Id", ""), named, at))
         return web.Response(status=202, text="{}", content_type="application/json")
 
     async def stats(request: web.Request) -> web.Response:
