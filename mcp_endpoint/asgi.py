@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 
 from urllib.parse import urlsplit
 
@@ -26,9 +25,6 @@ from controlplane.db import db_call
 from controlplane.errors import ApiError, Forbidden, InvalidRequest, RateLimited
 from controlplane.ratelimit import member_request_wait
 from mcp_endpoint.server import MEMBER_KEY
-
-log = logging.getLogger(__name__)
-
 
 def _allowed(host: str | None) -> bool:
     return bool(host) and validate_host(host, settings.ALLOWED_HOSTS)

@@ -6,7 +6,6 @@ Every handler finds its caller in the ASGI scope, where the endpoint
 work runs in a worker thread and gives its connection back."""
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import mcp_types as types
@@ -19,8 +18,6 @@ from controlplane.errors import ApiError
 from controlplane.models import Member
 from mcp_endpoint import errors
 from mcp_endpoint.tools import TOOLS, check_arguments
-
-log = logging.getLogger(__name__)
 
 MEMBER_KEY = "switchboard.member"
 
