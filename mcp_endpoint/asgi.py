@@ -20,7 +20,7 @@ from django.http.request import split_domain_port, validate_host
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
-from controlplane.api.authentication import credential_for_bearer
+from controlplane.api.authentication import WWW_AUTHENTICATE, credential_for_bearer
 from controlplane.db import db_call
 from controlplane.errors import ApiError, Forbidden, InvalidRequest, RateLimited
 from controlplane.ratelimit import member_request_wait
@@ -57,7 +57,7 @@ async def _refuse(send, error: ApiError) -> None:
     body = json.dumps(error.body()).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if error.status == 401:
-        headers.append((b"www-authenticate", b'Bearer realm="switchboard"'))
+        headers.append((b"www-authenticate", WWW_AUTHENTICATE.encode()))
     headers += [(name.lower().encode(), str(value).encode()) for name, value in error.headers.items()]
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

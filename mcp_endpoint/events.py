@@ -119,7 +119,6 @@ async def list_events(ctx, params: ListParams) -> dict:
 async def poll(ctx, params: PollParams) -> dict:
     member = caller(ctx)
     source, arguments = _select(params)
-    await _db(sources.check, member, source, arguments)
     batch = await _db(sources.read, member, source, arguments, params.cursor, params.max_events)
     return {"events": [{k: v for k, v in e.items() if k != "cursor"} for e in batch.events],
             "cursor": batch.cursor, "truncated": batch.truncated, "hasMore": batch.has_more,
@@ -134,7 +133,6 @@ async def stream(ctx, params: StreamParams) -> dict:
     FEED_RECHECK_SECONDS in case a nudge was lost."""
     member = caller(ctx)
     source, arguments = _select(params)
-    await _db(sources.check, member, source, arguments)
     meta = {SUBSCRIPTION_ID: ctx.request_id}
 
     async def send(method: str, **fields) -> None:

@@ -98,12 +98,6 @@ def _position(member: Member, source: Source, arguments: dict, cursor: str | Non
     return position, False
 
 
-def check(member: Member, source: Source, arguments: dict) -> None:
-    """Refuse arguments the caller may not use (an unreadable space is 404)."""
-    if source.name == WORK:
-        _space(member, arguments)
-
-
 def read(member: Member, source: Source, arguments: dict, cursor: str | None, max_events: int) -> Batch:
     if source.name == PENDING:
         return Batch([pending_occurrence(delivery.pending_count(member))])

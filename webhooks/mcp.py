@@ -77,15 +77,6 @@ def lease_for(ttl_ms: int | None) -> dt.timedelta:
     return min(max(dt.timedelta(milliseconds=ttl_ms), MIN_LEASE), MAX_LEASE)
 
 
-def signing_secrets(endpoint_secret: str | None, previous: str | None, previous_until) -> list[str]:
-    """The secrets a delivery is signed with: the current one, and during a
-    rotation's overlap the previous one too."""
-    found = [crypto.open_secret(endpoint_secret)] if endpoint_secret else []
-    if previous and previous_until is not None and previous_until > now():
-        found.append(crypto.open_secret(previous))
-    return found
-
-
 def subscribe(member: Member, name: str, arguments: dict, url: str, secret: str, *, ttl_ms: int | None,
               resolver=None) -> dict:
     """Create or refresh the subscription for this identity; verify the

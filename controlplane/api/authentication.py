@@ -12,6 +12,8 @@ from controlplane.models import Credential, Member
 from controlplane.tokens import TOKEN_RE, hash_token
 
 
+# The challenge of a 401 on every surface that takes bearer credentials.
+WWW_AUTHENTICATE = 'Bearer realm="switchboard"'
 _MEMBER_FIELDS = ["id", "public_id", "handle", "display_name", "kind", "status", "is_admin", "user_id"]
 
 
@@ -62,7 +64,7 @@ class BearerTokenAuthentication(BaseAuthentication):
         return credential.member, credential
 
     def authenticate_header(self, request):
-        return 'Bearer realm="switchboard"'
+        return WWW_AUTHENTICATE
 
 
 class MemberSessionAuthentication(SessionAuthentication):

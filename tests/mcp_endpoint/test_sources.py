@@ -52,3 +52,14 @@ def test_acknowledged_items_are_skipped_and_pages_continue(pair):
     rest = sources.read(ada, ITEM, {}, first.cursor, 50)
     assert contents(first) == ["m0"] and first.has_more is True
     assert contents(rest) == ["m2"] and rest.has_more is False
+
+
+def test_space_events_need_a_space_the_caller_can_read(pair, make_member):
+    from controlplane.errors import NotFound
+
+    ada, bo, _ = pair
+    services.create_space(slug="vault", name="Vault", visibility="private", send_policy="open", actor=bo)
+    work = sources.SOURCES["spaces.work.available"]
+    assert sources.read(bo, work, {"space": "vault"}, None, 50).events == []
+    with pytest.raises(NotFound):
+        sources.read(ada, work, {"space": "vault"}, None, 50)
