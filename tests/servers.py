@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -58,6 +59,18 @@ def start_serving(*args, **env) -> subprocess.Popen:
                                start_new_session=True)
     process.base_url = f"http://127.0.0.1:{port}"
     return process
+
+
+def read_until(process: subprocess.Popen, marker: str) -> list[str]:
+    """The lines `process` printed up to `marker`; the rest keeps being read
+    into the same list (a full pipe would stall the process)."""
+    seen = []
+    for line in process.stdout:
+        seen.append(line)
+        if marker in line:
+            threading.Thread(target=lambda: seen.extend(process.stdout), daemon=True).start()
+            return seen
+    raise AssertionError(f"exited before printing {marker!r}:\n{''.join(seen)}")
 
 
 @contextlib.contextmanager

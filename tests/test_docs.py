@@ -19,14 +19,13 @@ import re
 import shlex
 import signal
 import subprocess
-import threading
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from controlplane.processes import in_session
-from tests.servers import ROOT, free_port
+from tests.servers import ROOT, free_port, read_until
 from tests.servers import test_database_url as suite_database_url  # not collected as a test
 
 WALK_THROUGHS = ["docs/api.md", "docs/inbox.md", "docs/grants.md", "docs/webhooks.md", "docs/web.md"]
@@ -55,18 +54,6 @@ def missing_output(expected: list[str], output: str) -> str | None:
             return text
         at += 1
     return None
-
-
-def read_until(process: subprocess.Popen, marker: str) -> list[str]:
-    """The lines `process` printed up to `marker`; the rest keeps being read
-    into the same list (a full pipe would stall the process)."""
-    seen = []
-    for line in process.stdout:
-        seen.append(line)
-        if marker in line:
-            threading.Thread(target=lambda: seen.extend(process.stdout), daemon=True).start()
-            return seen
-    raise AssertionError(f"exited before printing {marker!r}:\n{''.join(seen)}")
 
 
 def fresh_database() -> tuple[str | None, callable]:

@@ -12,7 +12,7 @@ import pytest
 
 from controlplane.processes import descendants, in_session
 from tests.inbox.test_firewall import inbox_paths
-from tests.servers import manage, serving, start_serving
+from tests.servers import manage, read_until, serving, start_serving
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -44,11 +44,13 @@ def test_serve_answers_and_stops_cleanly_on_ctrl_c():
         assert httpx.get(f"{base}/healthz").json() == {"status": "ok"}
         # the ASGI server and the django-q2 cluster, each leading its own process group
         assert len(group_leaders_below(process)) == 2
+        # serve announces its address once its own readiness check passes,
+        # which may come a moment after the test's
+        assert f"serving at {base}/" in read_until(process, "serving at")[-1]
         # when
         process.send_signal(signal.SIGINT)
         # then
         assert process.wait(30) == 0
-        assert "http://127.0.0.1:" in process.stdout.read()
     assert left_behind(process) == []
 
 
