@@ -92,8 +92,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="seconds between one send's last frame and the next send (default 0.02)")
     p.add_argument("--mcp-sends", type=int, default=200,
                    help="sends, one at a time, for the send-to-stream-event latency and its baseline (default 200)")
-    p.add_argument("--mcp-items", type=int, default=5,
-                   help="pending items per pushed inbox.item subscription (100 subscriptions; default 5)")
+    p.add_argument("--mcp-items", type=int, default=20,
+                   help="pending items per pushed inbox.item subscription (100 subscriptions; default 20)")
     p.add_argument("--mcp-profile", action="store_true",
                    help="profile the push workers' database threads (bench/results/<stamp>/mcp-worker-*.prof)")
     p.add_argument("--keep", action="store_true", help=f"keep the {DB_NAME} database afterwards")

@@ -1,4 +1,5 @@
-"""Database calls from long-lived async code (sockets, streams, MCP handlers)."""
+"""Database helpers: calls from long-lived async code (sockets, streams, MCP
+handlers), and derived tables for set-based updates."""
 from __future__ import annotations
 
 import functools
@@ -22,3 +23,12 @@ def db_call(fn):
             close_old_connections()
 
     return database_sync_to_async(call)
+
+
+def rows_sql(rows: list[tuple], columns: list[str]) -> tuple[str, list]:
+    """`rows` as a derived table with `columns` (SQL, params), for one
+    `UPDATE … FROM (…) v` instead of a statement per row: a portable
+    `SELECT … UNION ALL SELECT …` (PostgreSQL and SQLite alike)."""
+    first = "SELECT " + ", ".join(f"%s AS {column}" for column in columns)
+    rest = " UNION ALL SELECT " + ", ".join(["%s"] * len(columns))
+    return first + rest * (len(rows) - 1), [value for row in rows for value in row]

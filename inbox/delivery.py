@@ -5,10 +5,11 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, OuterRef, Q, Subquery
 
 from controlplane.clock import now
 from controlplane.errors import InvalidEventId, UnknownDelivery, UnknownEvent
@@ -37,7 +38,7 @@ def _pending_in_order(member: Member, bound: int | None, after: tuple[int, int])
     position, last_id = after
     # An item a revocation barrier withholds holds back its conversation's
     # later items until the barrier settles it (almost always: none).
-    withheld_before = InboxItem.objects.filter(member=member, admission=InboxItem.Admission.WITHHELD,
+    withheld_before = InboxItem.objects.filter(member_id=OuterRef("member_id"), admission=InboxItem.Admission.WITHHELD,
                                                state=InboxItem.State.PENDING, conversation=OuterRef("conversation"),
                                                position__lt=OuterRef("position"))
     rows = InboxItem.objects.filter(member=member, admission=InboxItem.Admission.ADMITTED,
@@ -50,10 +51,13 @@ def _pending_in_order(member: Member, bound: int | None, after: tuple[int, int])
             .filter(~Exists(withheld_before)).order_by("position", "id"))
 
 
-def oldest_pending(member: Member) -> InboxItem | None:
-    """The item `read_inbox` would show `member` first (what a push
-    subscription of their inbox offers next)."""
-    return _pending_in_order(member, None, (0, 0)).first()
+def oldest_pending(member_ids: Iterable[int]) -> dict[int, InboxItem]:
+    """For each of `member_ids` with a pending item, the item `read_inbox`
+    would show them first (what a push subscription of their inbox offers
+    next): one statement however many members."""
+    first = _pending_in_order(OuterRef("pk"), None, (0, 0)).values("pk")[:1]
+    firsts = Member.objects.filter(pk__in=member_ids).annotate(first=Subquery(first)).values("first")
+    return {item.member_id: item for item in InboxItem.objects.filter(pk__in=firsts)}
 
 
 def read_inbox(member: Member, *, bound: int | None = None, after: tuple[int, int] = (0, 0)) -> InboxPage:
@@ -96,20 +100,26 @@ def acknowledge_delivery(member: Member, token: str, *, actor: Member) -> None:
                 .filter(member=member, token=token, admission=InboxItem.Admission.ADMITTED).first())
         if item is None:
             raise UnknownDelivery()
-        settle_acknowledged(item)
+        settle_acknowledged([item])
 
 
-def settle_acknowledged(item: InboxItem) -> bool:
-    """Acknowledge a pending item locked by the caller (its owner's own
-    acknowledgement, or a push receiver's 2xx): the tombstone state, the
-    mailbox's bytes, the live count. False if it was no longer pending."""
-    if item.state != InboxItem.State.PENDING:
-        return False
-    item.state, item.acknowledged_at = InboxItem.State.ACKNOWLEDGED, now()
-    item.save(update_fields=["state", "acknowledged_at"])
-    mailbox.debit(item.member_id, item.content_bytes, sender_id=item.sender_id)
-    mailbox.announce_acknowledged(item.member)
-    return True
+def settle_acknowledged(items: list[InboxItem]) -> list[InboxItem]:
+    """Acknowledge the pending ones of `items`, locked by the caller (an
+    owner's own acknowledgement, or push receivers' 2xx): the tombstone
+    state, the mailboxes' bytes, the live counts, in a few statements
+    however many. Returns those that were still pending."""
+    settled = [item for item in items if item.state == InboxItem.State.PENDING]
+    if not settled:
+        return []
+    at = now()
+    InboxItem.objects.filter(pk__in=[item.pk for item in settled]).update(
+        state=InboxItem.State.ACKNOWLEDGED, acknowledged_at=at)
+    for item in settled:
+        item.state, item.acknowledged_at = InboxItem.State.ACKNOWLEDGED, at
+    mailbox.debit_many([(item.member_id, item.sender_id, item.content_bytes) for item in settled])
+    for member in {item.member_id: item.member for item in settled}.values():
+        mailbox.announce_acknowledged(member)
+    return settled
 
 
 def token_for_event_id(event_id: str) -> str:

@@ -21,9 +21,14 @@ through the inbox feed. They are sent after commit, never before.
 """
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
+
 from django.conf import settings
+from django.db import connection
 from django.db.models import F
 
+from controlplane.db import rows_sql
 from controlplane.errors import MailboxFull
 from controlplane.live import group_send_on_commit
 from controlplane.models import Member
@@ -84,10 +89,34 @@ def credit(member_id: int, size: int, *, sender_id: int | None) -> None:
 
 def debit(member_id: int, size: int, *, sender_id: int | None) -> None:
     """Uncount `size` bytes that stopped being pending."""
-    Mailbox.objects.filter(member_id=member_id).update(pending_bytes=F("pending_bytes") - size)
-    if sender_id is not None:
-        MailboxShare.objects.filter(member_id=member_id, sender_id=sender_id).update(
-            pending_bytes=F("pending_bytes") - size)
+    debit_many([(member_id, sender_id, size)])
+
+
+def debit_many(entries: Iterable[tuple[int, int | None, int]]) -> None:
+    """Uncount (member id, sender id or None, bytes) entries: two statements
+    however many. The mailboxes are locked in member order first, as
+    `reserve` takes them, so a batch never deadlocks with a send."""
+    mine, shares = Counter(), Counter()
+    for member_id, sender_id, size in entries:
+        mine[member_id] += size
+        if sender_id is not None:
+            shares[member_id, sender_id] += size
+    if not mine:
+        return
+    list(Mailbox.objects.select_for_update().filter(member_id__in=mine).order_by("member_id").values_list("pk"))
+    _subtract(Mailbox, ["member_id"], [(m, n) for m, n in mine.items()])
+    if shares:
+        _subtract(MailboxShare, ["member_id", "sender_id"], [(m, s, n) for (m, s), n in shares.items()])
+
+
+def _subtract(model, keys: list[str], rows: list[tuple]) -> None:
+    """pending_bytes -= n for each (*keys, n) of `rows`, in one statement."""
+    table = connection.ops.quote_name(model._meta.db_table)
+    values, params = rows_sql(rows, [*keys, "n"])
+    match = " AND ".join(f"{table}.{key} = v.{key}" for key in keys)
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET pending_bytes = {table}.pending_bytes - v.n FROM ({values}) v "
+                       f"WHERE {match}", params)
 
 
 def inbox_group(member: Member) -> str:

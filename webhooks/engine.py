@@ -30,12 +30,13 @@ import time
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import connections, transaction
-from django.db.models import Count, Exists, F, OuterRef, Q
+from django.db import connection, connections, transaction
+from django.db.models import F, Q
 
 from controlplane.access import can_read_space
 from controlplane.clock import now, rfc3339, timestamp
 from controlplane.cursors import caller_id, pack_cursor
+from controlplane.db import rows_sql
 from controlplane.models import Member, Space
 from inbox import notices
 from inbox.delivery import oldest_pending, settle_acknowledged
@@ -124,35 +125,55 @@ def sendable(at) -> Q:
         Q(subscription__lease_expires_at__isnull=True) | Q(subscription__lease_expires_at__gt=at))
 
 
+def _due_sql(ready: str) -> str:
+    """Due deliveries (`ready`) whose subscription may send (see `sendable`),
+    that are their subscription's oldest unfinished one, whose endpoint has
+    fewer than PER_ENDPOINT in flight: oldest due first, skipping rows other
+    workers hold. Plain SQL: this runs for every batch a worker claims, and
+    compiling it through the ORM cost more than running it."""
+    quote = connection.ops.quote_name
+    deliveries, subscriptions = quote(Delivery._meta.db_table), quote(Subscription._meta.db_table)
+    lock = " FOR UPDATE OF d SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
+    return (f"SELECT d.id FROM {deliveries} d JOIN {subscriptions} s ON s.id = d.subscription_id "
+            f"WHERE {ready} AND s.status = 'active' AND (s.lease_expires_at IS NULL OR s.lease_expires_at > %(at)s) "
+            f"AND NOT EXISTS (SELECT 1 FROM {deliveries} o WHERE o.subscription_id = d.subscription_id "
+            f"AND o.id < d.id AND o.state IN ('pending', 'sending')) "
+            f"AND s.endpoint_id NOT IN (SELECT bs.endpoint_id FROM {deliveries} b "
+            f"JOIN {subscriptions} bs ON bs.id = b.subscription_id "
+            f"WHERE b.state = 'sending' AND b.claimed_until >= %(at)s "
+            f"GROUP BY bs.endpoint_id HAVING COUNT(*) >= %(per_endpoint)s) "
+            f"ORDER BY d.due_at, d.id LIMIT %(limit)s{lock}")
+
+
+# Two index-backed reads (due wakes; claims whose lease ran out) rather than
+# one OR, which would scan the whole delivery history.
+_READY = ("d.state IN ('open', 'pending') AND d.due_at <= %(at)s",
+          "d.state = 'sending' AND d.claimed_until < %(at)s")
+
+
 def claim_due(limit: int) -> list[Job]:
     """Take up to `limit` due deliveries for this worker."""
     if limit <= 0:
         return []
     at = now()
-    older_unfinished = Delivery.objects.filter(subscription_id=OuterRef("subscription_id"), id__lt=OuterRef("id"),
-                                               state__in=[Delivery.State.PENDING, Delivery.State.SENDING])
-    busy = (Delivery.objects.filter(state=Delivery.State.SENDING, claimed_until__gte=at)
-            .values("subscription__endpoint_id").annotate(n=Count("id")).filter(n__gte=PER_ENDPOINT)
-            .values("subscription__endpoint_id"))
     jobs = []
     with transaction.atomic():
-        # Two index-backed reads (due wakes; claims whose lease ran out) rather
-        # than one OR, which would scan the whole delivery history.
-        due = []
-        for ready in (Q(state__in=[Delivery.State.OPEN, Delivery.State.PENDING], due_at__lte=at),
-                      Q(state=Delivery.State.SENDING, claimed_until__lt=at)):
-            due += list(Delivery.objects.select_for_update(skip_locked=True, of=("self",))
-                        .filter(ready, sendable(at))
-                        .exclude(Exists(older_unfinished))
-                        .exclude(subscription__endpoint_id__in=busy)
-                        .select_related("subscription__owner", "subscription__space", "subscription__endpoint",
-                                        "item")
-                        .order_by("due_at", "id")[:limit - len(due)])
-            if len(due) >= limit:
-                break
+        ids = []
+        with connection.cursor() as cursor:
+            for ready in _READY:
+                cursor.execute(_due_sql(ready), {"at": connection.ops.adapt_datetimefield_value(at),
+                                                 "per_endpoint": PER_ENDPOINT, "limit": limit - len(ids)})
+                ids += [row[0] for row in cursor.fetchall()]
+                if len(ids) >= limit:
+                    break
+        order = {pk: n for n, pk in enumerate(ids)}
+        due = sorted(Delivery.objects.filter(pk__in=ids).select_related(
+            "subscription__owner", "subscription__space", "subscription__endpoint", "item"),
+            key=lambda d: order[d.pk])
         # The rows are locked (PostgreSQL) or the database is (SQLite's
         # BEGIN IMMEDIATE), so what was read is what gets claimed.
         cancelled, superseded = [], set()
+        _bind_items([d for d in due if d.subscription.kind == Subscription.Kind.ITEM and d.item_id is None])
         for delivery in due:
             if not may_receive(delivery.subscription) or not _item_ready(delivery):
                 cancelled.append(delivery.pk)
@@ -163,15 +184,14 @@ def claim_due(limit: int) -> list[Job]:
         if cancelled:
             Delivery.objects.filter(pk__in=cancelled).update(state=Delivery.State.CANCELLED, finished_at=at,
                                                               claimed_until=None)
-            for subscription_id in superseded:
-                mcp.offer(subscription_id, only_if_pending=True, kick=False)
+            mcp.offer(superseded, only_if_pending=True, kick=False)
         due = [d for d in due if d.pk not in cancelled]
         frozen = [d for d in due if d.body is None]
         for delivery in frozen:
             delivery.body = mcp.body(delivery) if delivery.subscription.managed else wake_body(delivery)
             delivery.first_attempt_at = at
         if frozen:
-            Delivery.objects.bulk_update(frozen, ["body", "first_attempt_at", "item"])
+            _freeze(frozen, at)
         Delivery.objects.filter(pk__in=[d.pk for d in due]).update(
             state=Delivery.State.SENDING, attempts=F("attempts") + 1, claimed_until=at + lease())
         for delivery in due:
@@ -192,17 +212,34 @@ def _job(delivery: Delivery) -> Job:
                                message_id=message_id)
 
 
+def _freeze(deliveries: list[Delivery], at) -> None:
+    """Store the bodies (and bound items) of first claims: one statement."""
+    table = connection.ops.quote_name(Delivery._meta.db_table)
+    values, params = rows_sql([(d.pk, d.body, d.item_id) for d in deliveries], ["id", "body", "item_id"])
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET body = v.body, item_id = CAST(v.item_id AS BIGINT), "
+                       f"first_attempt_at = %s FROM ({values}) v WHERE {table}.id = v.id",
+                       [connection.ops.adapt_datetimefield_value(at), *params])
+
+
+def _bind_items(deliveries: list[Delivery]) -> None:
+    """At an `item` subscription's first claim: bind its owner's oldest
+    pending item (none left: the delivery is cancelled)."""
+    oldest = oldest_pending({d.subscription.owner_id for d in deliveries})
+    for delivery in deliveries:
+        delivery.item = oldest.get(delivery.subscription.owner_id)
+
+
 def _item_ready(delivery: Delivery) -> bool:
-    """For an `item` subscription's delivery: bind the owner's oldest pending
-    item at the first claim; on a retry, the bound item must still be
-    pending (acknowledged by other means meanwhile: the delivery is done
-    with, and the next item is offered)."""
+    """For an `item` subscription's delivery: an item is bound (see
+    `_bind_items`), and still pending (on a retry it may have been
+    acknowledged by other means meanwhile: the delivery is done with, and
+    the next item is offered)."""
     if delivery.subscription.kind != Subscription.Kind.ITEM:
         return True
-    if delivery.item_id is None:
-        delivery.item = oldest_pending(delivery.subscription.owner)
-        return delivery.item is not None
-    return delivery.item.state == InboxItem.State.PENDING and delivery.item.admission == InboxItem.Admission.ADMITTED
+    item = delivery.item
+    return (item is not None and item.state == InboxItem.State.PENDING
+            and item.admission == InboxItem.Admission.ADMITTED)
 
 
 def _finish(delivery: Delivery, state: str) -> None:
@@ -268,11 +305,9 @@ def record(results: list[Result]) -> None:
 def _hand_off_items(deliveries: list[Delivery]) -> None:
     """A 2xx for a pushed inbox item acknowledges it, in the transaction that
     records the attempt, and the next pending item is offered at once."""
-    items = {item.pk: item for item in InboxItem.objects.select_for_update().select_related("member").filter(
-        pk__in=[d.item_id for d in deliveries])}
-    for delivery in deliveries:
-        settle_acknowledged(items[delivery.item_id])
-        mcp.offer(delivery.subscription_id, only_if_pending=True, kick=False)
+    settle_acknowledged(list(InboxItem.objects.select_for_update().select_related("member")
+                             .filter(pk__in=[d.item_id for d in deliveries]).order_by("pk")))
+    mcp.offer({d.subscription_id for d in deliveries}, only_if_pending=True, kick=False)
 
 
 def _record_or_leave(results: list[Result]) -> None:

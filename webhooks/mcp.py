@@ -27,6 +27,7 @@ import datetime as dt
 import hashlib
 import hmac
 import json
+from collections.abc import Iterable
 
 from django.conf import settings
 from django.db import transaction
@@ -120,7 +121,7 @@ def subscribe(member: Member, name: str, arguments: dict, url: str, secret: str,
         if not live:
             _activate(row)
         if row.kind == Subscription.Kind.ITEM:
-            offer(row.pk)
+            offer([row.pk])
     return {"id": public_id, "refreshBefore": rfc3339(lease_until), "cursor": None, "truncated": False}
 
 
@@ -168,28 +169,35 @@ def offer_waiting() -> int:
                    .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__gt=at))
                    .filter(Exists(pending)).exclude(Exists(unfinished)).values_list("pk", flat=True))
     with transaction.atomic():
-        for pk in waiting:
-            offer(pk)
+        offer(waiting)
     return len(waiting)
 
 
-def offer(subscription_id_: int, *, only_if_pending: bool = False, kick: bool = True) -> None:
-    """Make sure an `item` subscription has a delivery to send: an open one,
-    due now, unless one is unfinished already (one item in flight). Which
-    item it carries is chosen when it is first claimed (a delivery that finds
-    none is cancelled, and offers nothing more). `only_if_pending`: only if
-    its owner has a pending item now (after a hand-off; an append hook may
-    run before its notice's item exists, so it offers regardless). In the
-    caller's transaction; the kick after commit is a nudge, the sweep the
-    guarantee. The engine itself offers with `kick=False`: its own pump
-    claims what is due as soon as it records."""
-    if Delivery.objects.filter(subscription_id=subscription_id_, state__in=Delivery.UNFINISHED).exists():
+def offer(subscription_ids: Iterable[int], *, only_if_pending: bool = False, kick: bool = True) -> None:
+    """Make sure each `item` subscription has a delivery to send: an open
+    one, due now, unless one is unfinished already (one item in flight).
+    Which item it carries is chosen when it is first claimed (a delivery
+    that finds none is cancelled, and offers nothing more).
+    `only_if_pending`: only if its owner has a pending item now (after a
+    hand-off; an append hook may run before its notice's item exists, so it
+    offers regardless). In the caller's transaction, three statements
+    however many; the kick after commit is a nudge, the sweep the guarantee.
+    The engine itself offers with `kick=False`: its own pump claims what is
+    due as soon as it records."""
+    ids = set(subscription_ids)
+    if not ids:
         return
-    if only_if_pending and not InboxItem.objects.filter(
-            member__in=Subscription.objects.filter(pk=subscription_id_).values("owner"),
-            admission=InboxItem.Admission.ADMITTED, state=InboxItem.State.PENDING).exists():
+    ids -= set(Delivery.objects.filter(subscription_id__in=ids, state__in=Delivery.UNFINISHED)
+               .values_list("subscription_id", flat=True))
+    if ids and only_if_pending:
+        pending = InboxItem.objects.filter(member=OuterRef("owner"), admission=InboxItem.Admission.ADMITTED,
+                                           state=InboxItem.State.PENDING)
+        ids = set(Subscription.objects.filter(pk__in=ids).filter(Exists(pending)).values_list("pk", flat=True))
+    if not ids:
         return
-    Delivery.objects.create(subscription_id=subscription_id_, after_position=0, through_position=0, due_at=now())
+    at = now()
+    Delivery.objects.bulk_create(Delivery(subscription_id=pk, after_position=0, through_position=0, due_at=at)
+                                 for pk in sorted(ids))
     if kick:
         kick_on_commit("webhooks.tasks.deliver")
 

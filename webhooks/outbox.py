@@ -76,7 +76,7 @@ def enqueue_wakes(entries: Iterable[tuple[int, NewEvent]]) -> None:
     for row in rows:
         positions = [position for position, event in entries if _qualifies(row, event, readers)]
         if positions and row[1] == Subscription.Kind.ITEM:
-            mcp.offer(row[0])  # one pending item at a time, chosen when claimed
+            mcp.offer([row[0]])  # one pending item at a time, chosen when claimed
         elif positions:
             extend_or_open(row[0], max(positions), debounce_ms=row[6])
 

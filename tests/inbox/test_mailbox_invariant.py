@@ -1,7 +1,8 @@
 """The mailbox counter is exactly the bytes of its owner's pending items
 (and each sender's share counter the bytes of that sender's pending items),
 whatever happens in whatever order: sends (some refused for a full mailbox
-or a missing grant), acknowledgements, firewall holds and releases, grant
+or a missing grant), acknowledgements (one at a time, and in batches as
+push receivers' 2xx settle them), firewall holds and releases, grant
 revocations and control-plane notices."""
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from controlplane.log import NewEvent
 from grants.models import Grant
 from grants.services import create_grant, revoke_grant
 from inbox import firewall, mailbox, notices
-from inbox.delivery import acknowledge_delivery
+from inbox.delivery import acknowledge_delivery, oldest_pending, settle_acknowledged
 from inbox.models import InboxItem, Mailbox, MailboxShare
 from inbox.services import send_message
 
@@ -29,6 +30,7 @@ OPERATIONS = st.one_of(
     st.tuples(st.just("grant"), st.booleans(), person, person),
     st.tuples(st.just("revoke"), pick),
     st.tuples(st.just("ack"), person, pick),
+    st.tuples(st.just("ack_batch"), st.lists(person, min_size=1, max_size=3)),
     st.tuples(st.just("rules"), person, st.one_of(st.none(), person)),
     st.tuples(st.just("classify"), person),
     st.tuples(st.just("release"), person, pick),
@@ -88,6 +90,13 @@ class World:
         if admitted:
             acknowledge_delivery(member, admitted[k % len(admitted)].token, actor=member)
 
+    def ack_batch(self, who):
+        """What a batch of push receivers' 2xx does: the oldest pending item
+        of each, acknowledged together (one of them perhaps twice)."""
+        chosen = oldest_pending({self.people[w].pk for w in who})
+        settle_acknowledged(list(InboxItem.objects.select_related("member").filter(
+            pk__in=[item.pk for item in chosen.values()])))
+
     def rules(self, who, hold_from):
         rules = [] if hold_from is None else [{"action": "hold", "sender": hold_from}]
         firewall.set_rules(self.people[who], rules, actor=self.people[who])
@@ -117,6 +126,9 @@ class World:
 @example(operations=[("rules", "ben", "ann"), ("grant", True, "ann", "ben"), ("send", "ann", 1, True, 100),
                      ("classify", "ben"), ("revoke", 0), ("release", "ben", 0)])
 @example(operations=[("send", "ann", 1, False, 1500)] * 3 + [("notice", "ben"), ("ack", "ben", 0)])
+@example(operations=[("send", "ann", 1, False, 300), ("send", "cat", 2, False, 200), ("notice", "ben"),
+                     ("send", "ben", 1, False, 100), ("ack_batch", ["ben", "cat", "ben"]),
+                     ("ack_batch", ["ben"])])
 def test_each_mailbox_counts_exactly_its_pending_bytes(db, monkeypatch, operations):
     # given: mailboxes small enough to fill (a few bodies each)
     monkeypatch.setattr(mailbox, "MAILBOX_LIMIT_BYTES", 4000)

@@ -216,7 +216,7 @@ def test_a_subscription_with_nothing_pending_is_offered_nothing_more(world, rece
     # given: a delivery offered for an event that carries no item (a grant notice, say)
     created = subscribe(world)
     subscription = Subscription.objects.get(public_id=created["id"])
-    mcp.offer(subscription.pk)
+    mcp.offer([subscription.pk])
     # when
     pump()
     # then: it found nothing, ended, and no new one took its place
