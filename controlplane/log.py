@@ -30,6 +30,9 @@ class NewEvent:
     actor_id: int | None = None
     restricted: bool = False
     addressees: tuple[int, ...] = field(default_factory=tuple)
+    # The members whose space subscriptions it may wake (a check-in is the
+    # claimant's business); None: every subscriber who may read it.
+    targets: tuple[int, ...] | None = None
 
 
 AppendHook = Callable[[list[tuple[int, NewEvent]]], None]

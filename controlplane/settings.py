@@ -99,6 +99,7 @@ INSTALLED_APPS = [
     "controlplane",
     "inbox",
     "grants",
+    "coordination",
     "webhooks",
     "web",
     "mcp_endpoint",

@@ -22,6 +22,7 @@ urlpatterns = [
     path("v0/", include("controlplane.api.urls")),
     path("v0/", include("inbox.api.urls")),
     path("v0/", include("grants.api.urls")),
+    path("v0/", include("coordination.api.urls")),
     path("v0/", include("webhooks.api.urls")),
     # Unknown routes answer in the error shape, in DEBUG too (Django's debug
     # 404 page would be HTML and list every route).

@@ -15,7 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-APPS = ["controlplane", "inbox", "grants", "webhooks", "web", "mcp_endpoint"]
+APPS = ["controlplane", "inbox", "grants", "coordination", "webhooks", "web", "mcp_endpoint"]
 COMPOSITION_ROOT = {"controlplane/settings.py", "controlplane/urls.py", "controlplane/asgi.py",
                     "controlplane/wsgi.py", "web/routing.py"}
 # What each app may import: the diagram in docs/architecture.md.
@@ -23,9 +23,10 @@ ALLOWED = {
     "controlplane": set(),
     "inbox": {"controlplane"},
     "grants": {"controlplane", "inbox"},
-    "webhooks": {"controlplane", "inbox"},
-    "web": {"controlplane", "inbox", "grants", "webhooks"},
-    "mcp_endpoint": {"controlplane", "inbox", "grants", "webhooks"},
+    "coordination": {"controlplane", "inbox"},
+    "webhooks": {"controlplane", "inbox", "coordination"},
+    "web": {"controlplane", "inbox", "grants", "coordination", "webhooks"},
+    "mcp_endpoint": {"controlplane", "inbox", "grants", "coordination", "webhooks"},
 }
 DOTTED = re.compile(rf"^({'|'.join(APPS)})\.([a-z_]+)(\.[a-z_]+)*$")
 

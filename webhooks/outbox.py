@@ -55,6 +55,8 @@ def _qualifies(row: tuple, event: NewEvent, readers: dict[int, set[int]]) -> boo
         return owner in event.addressees
     if event.space_id != space_id or (exclude_self and event.actor_id == owner):
         return False
+    if event.targets is not None and owner not in event.targets:
+        return False
     if conversation_ids is not None and event.conversation_id not in conversation_ids:
         return False
     # Direct and group events only for subscribers who may read them.

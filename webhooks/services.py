@@ -20,6 +20,7 @@ from controlplane.live import kick_on_commit
 from controlplane.models import Conversation, LogHead, Member, Space
 from controlplane.ratelimit import hit
 from controlplane.tokens import public_id
+from coordination.models import Task
 from webhooks import crypto
 from webhooks.engine import feed_cursor, lease
 from webhooks.models import Delivery, Endpoint, SigningKey, Subscription
@@ -166,8 +167,14 @@ def _conversation_subjects(space: Space, subjects: list[dict], owner: Member) ->
         raise InvalidRequest(f"At most {MAX_SUBJECTS} subjects.")
     ids = []
     for subject in subjects:
+        if subject.get("type") == "task":  # a task's events and its discussion are on its channel
+            task = Task.objects.select_related("conversation").filter(space=space, public_id=subject.get("id")).first()
+            if task is None:
+                raise NotFound("No such task in this space.", details={"subject": subject})
+            ids.append(task.conversation_id)
+            continue
         if subject.get("type") != "conversation":
-            raise InvalidRequest("This server supports conversation subjects only.", details={"subject": subject})
+            raise InvalidRequest("Subjects are conversations or tasks.", details={"subject": subject})
         conversation = Conversation.objects.filter(space=space, public_id=subject.get("id")).first()
         restricted = conversation is not None and conversation.kind != Conversation.Kind.CHANNEL
         if conversation is None or (restricted and not conversation.participants.filter(member=owner).exists()):

@@ -141,7 +141,7 @@ def test_access_rules(alice, bob, as_alice, as_bob, receiver, api_for, make_memb
 
 
 @pytest.mark.parametrize("body", [
-    {"subjects": [{"type": "task", "id": "tsk_aaaaaaaaaaaaaaaa"}]},
+    {"subjects": [{"type": "project", "id": "tsk_aaaaaaaaaaaaaaaa"}]},
     {"debounce_ms": 60_001}, {"debounce_ms": -1}, {"debounce_ms": "100"}, {"exclude_self": "yes"},
     {"subjects": [{"type": "conversation"}]}, {"filter": "all"},
 ])

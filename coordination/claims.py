@@ -1,0 +1,144 @@
+"""Claims and their silence (SPEC §10): check-ins and expiry.
+
+A claim's silence starts at the later of the task's update time and the
+claimant's latest message in the task's discussion. After 75% of
+CLAIM_TTL_HOURS of silence the sweep emits one `task_claim_checkin` per
+(task, claimant, update time), to the claimant's subscriptions only; after
+the full timeout the claim expires and the task reopens
+(`task_claim_expired`). `in_review` is exempt (only `claimed` tasks are
+swept); CLAIM_TTL_HOURS=0 disables both. Nothing here renews a claim:
+only a task update or a claimant message moves the silence.
+
+The scan is bounded: `Task.sweep_at` (indexed over claimed tasks) says when
+a claim could next be due, so each scan reads at most SCAN_LIMIT rows from
+the front of that index however many claims exist. A task whose claimant
+spoke since is read, found not due, and moved on; none stays at the front.
+Each task is then decided in its own short transaction with the row
+locked, re-reading the claimant's latest message there, so one committed
+after the scan began still counts.
+"""
+from __future__ import annotations
+
+import datetime as dt
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from controlplane.clock import now, rfc3339
+from controlplane.log import append_events
+from controlplane.models import Space
+from coordination.events import task_event
+from coordination.models import CheckinReceipt, SweepMark, Task
+from inbox.models import Message
+
+CHECKIN_AT = 0.75  # of the timeout
+SCAN_LIMIT = 100
+SCAN_EVERY = dt.timedelta(minutes=1)
+SWEEP_MARK = "claims"
+
+
+def timeout() -> dt.timedelta | None:
+    hours = settings.CLAIM_TTL_HOURS
+    return dt.timedelta(hours=hours) if hours > 0 else None
+
+
+def schedule(task: Task) -> None:
+    """Set when the sweep first looks at the task's claim (after a change
+    of the task row: a fresh update time is a fresh check-in key)."""
+    limit = timeout()
+    task.sweep_at = task.updated_at + limit * CHECKIN_AT if task.status == Task.Status.CLAIMED and limit else None
+
+
+def silent_since(task: Task) -> dt.datetime:
+    """The later of the task's update and its claimant's latest message in
+    the task's discussion."""
+    spoke = (Message.objects.filter(conversation_id=task.conversation_id, author_id=task.claimant_id)
+             .order_by("-position").values_list("created_at", flat=True).first())
+    return max(task.updated_at, spoke) if spoke else task.updated_at
+
+
+def _decide(task_pk: int, at: dt.datetime, *, checkins: bool) -> str | None:
+    """Check in on, or expire, one claim, with its row locked. Returns
+    "checkin", "expired" or None."""
+    limit = timeout()
+    with transaction.atomic():
+        task = (Task.objects.select_for_update(of=("self",)).select_related("space", "conversation", "claimant")
+                .filter(pk=task_pk, status=Task.Status.CLAIMED).first())
+        if task is None or limit is None:
+            return None
+        if task.space.archived:  # only active spaces' claims are swept; unarchiving reschedules nothing
+            Task.objects.filter(pk=task.pk).update(sweep_at=at + limit)
+            return None
+        start = silent_since(task)
+        if at >= start + limit:
+            claimant = task.claimant
+            task.status, task.claimant, task.claimed_at, task.updated_at, task.sweep_at = (
+                Task.Status.OPEN, None, None, at, None)
+            task.save(update_fields=["status", "claimant", "claimed_at", "updated_at", "sweep_at"])
+            append_events([task_event("task_claim_expired", task, actor=None,
+                                      extra={"claimant": f"@{claimant.handle}", "silent_since": rfc3339(start)})])
+            return "expired"
+        key = {"task": task, "claimant_id": task.claimant_id, "task_updated_at": task.updated_at}
+        checked_in = CheckinReceipt.objects.filter(**key).exists()
+        outcome = None
+        if checkins and not checked_in and at >= start + limit * CHECKIN_AT:
+            try:
+                with transaction.atomic():
+                    CheckinReceipt.objects.create(**key, created_at=at)
+            except IntegrityError:  # a concurrent scan's; it emitted the check-in
+                pass
+            else:
+                append_events([task_event(
+                    "task_claim_checkin", task, actor=None, targets=(task.claimant_id,),
+                    extra={"claimant": f"@{task.claimant.handle}", "silent_since": rfc3339(start),
+                           "expires_at": rfc3339(start + limit),
+                           "asks": "Post progress and your next checkpoint, a blocker, or release the task."})])
+                outcome = "checkin"
+            checked_in = True
+        if checkins:  # the scan moves the claim on in its index; a read leaves it
+            task.sweep_at = start + (limit if checked_in else limit * CHECKIN_AT)
+            Task.objects.filter(pk=task.pk).update(sweep_at=task.sweep_at)
+        return outcome
+
+
+def expire_if_due(space: Space, task_id: str) -> bool:
+    """Reads and claim attempts sweep the task's expiry themselves (on hosts
+    with no worker too). Cheap when nothing is due: the silence cannot have
+    run longer than the time since the task's update."""
+    limit = timeout()
+    if limit is None:
+        return False
+    at = now()
+    pk = (Task.objects.filter(space=space, public_id=task_id, status=Task.Status.CLAIMED,
+                              updated_at__lte=at - limit).values_list("pk", flat=True).first())
+    return pk is not None and _decide(pk, at, checkins=False) == "expired"
+
+
+def due_claims(at: dt.datetime) -> list[int]:
+    """The scan's one read: up to SCAN_LIMIT claims that may be due, from
+    the front of the sweep index."""
+    return list(Task.objects.filter(status=Task.Status.CLAIMED, sweep_at__lte=at)
+                .order_by("sweep_at", "id").values_list("pk", flat=True)[:SCAN_LIMIT])
+
+
+def scan() -> dict[str, int]:
+    """One bounded pass: check-ins and expiries of claims due now."""
+    if timeout() is None:
+        return {"checkins": 0, "expired": 0, "looked_at": 0}
+    at = now()
+    due = due_claims(at)
+    outcomes = [_decide(pk, at, checkins=True) for pk in due]
+    return {"checkins": outcomes.count("checkin"), "expired": outcomes.count("expired"), "looked_at": len(due)}
+
+
+def sweep() -> dict[str, int] | None:
+    """`scan`, at most once a minute across every worker (None when the last
+    scan was less than a minute ago)."""
+    if timeout() is None:
+        return None
+    at = now()
+    with transaction.atomic():
+        SweepMark.objects.get_or_create(name=SWEEP_MARK, defaults={"last_at": at - SCAN_EVERY})
+        if not SweepMark.objects.filter(name=SWEEP_MARK, last_at__lte=at - SCAN_EVERY).update(last_at=at):
+            return None
+    return scan()

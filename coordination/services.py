@@ -1,0 +1,182 @@
+"""Tasks (SPEC §10): create, update, and the status changes, each with its
+event in the space feed. Claims and their silence are in coordination.claims.
+
+Who may do what (the contract names the completers; the rest follows):
+- create, claim: members who may write in the space (not observers); a task
+  with an assignee is claimed by the assignee only (or a space admin);
+- update: the creator, the assignee, or a space admin;
+- release, submit: the claimant (release: or a space admin);
+- complete, reopen: the reviewer, the assignee, or a space admin.
+A space admin is an owner of the space or a server admin.
+"""
+from __future__ import annotations
+
+from django.db import transaction
+
+from controlplane.access import active_membership, can_read_space, is_active_admin
+from controlplane.clock import now
+from controlplane.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from controlplane.log import append_events
+from controlplane.models import Conversation, Member, Membership, Space
+from controlplane.services import member_for_handle, require_sender
+from coordination import claims
+from coordination.models import Task
+from coordination.events import task_event
+
+TITLE_MAX = 200
+DESCRIPTION_MAX = 8 * 1024
+RELATED = ("space", "conversation", "assignee", "reviewer", "claimant", "created_by")
+
+
+def is_space_admin(space: Space, member: Member) -> bool:
+    if is_active_admin(member):
+        return True
+    membership = active_membership(space, member)
+    return membership is not None and membership.role == Membership.Role.OWNER
+
+
+def _text(value, field: str, limit: int) -> str:
+    if not isinstance(value, str) or len(value.encode()) > limit:
+        raise InvalidRequest(f"`{field}` is a string of at most {limit} bytes.", details={"field": field})
+    return value
+
+
+def _member_of(space: Space, handle: str | None, field: str) -> Member | None:
+    if handle is None:
+        return None
+    member = member_for_handle(handle)
+    if not member.is_active or not can_read_space(space, member):
+        raise InvalidRequest(f"`{field}` must be an active member who can read the space.",
+                             details={"field": field, "member": handle})
+    return member
+
+
+def create_task(space: Space, *, title: str, description: str = "", assignee: str | None = None,
+                reviewer: str | None = None, actor: Member) -> Task:
+    require_sender(space, actor)
+    title = _text(title, "title", TITLE_MAX).strip()
+    if not title:
+        raise InvalidRequest("A task needs a title.", details={"field": "title"})
+    description = _text(description, "description", DESCRIPTION_MAX)
+    assignee_member, reviewer_member = _member_of(space, assignee, "assignee"), _member_of(space, reviewer,
+                                                                                          "reviewer")
+    with transaction.atomic():
+        task = Task(space=space, title=title, description=description, assignee=assignee_member,
+                    reviewer=reviewer_member, created_by=actor)
+        name = f"task:{task.public_id}"
+        task.conversation = Conversation.objects.create(space=space, kind=Conversation.Kind.CHANNEL, name=name,
+                                                        address=f"#{name}", created_by=actor)
+        task.save()
+        append_events([task_event("task.created", task, actor=actor)])
+    return task
+
+
+def visible_task(space: Space, task_id: str, member: Member | None, *, lock: bool = False) -> Task:
+    """The task, if `member` can read its space: 404 otherwise. Reading a
+    task sweeps its claim's expiry first (SPEC §10)."""
+    if not can_read_space(space, member):
+        raise NotFound()
+    claims.expire_if_due(space, task_id)
+    rows = Task.objects.select_related(*RELATED).filter(space=space, public_id=task_id)
+    task = (rows.select_for_update(of=("self",)) if lock else rows).first()
+    if task is None:
+        raise NotFound("No such task in this space.")
+    return task
+
+
+def _changed(task: Task, kind: str, actor: Member, fields: list[str]) -> Task:
+    task.updated_at = now()
+    claims.schedule(task)
+    task.save(update_fields=[*fields, "updated_at", "sweep_at"])
+    append_events([task_event(kind, task, actor=actor)])
+    return task
+
+
+def update_task(space: Space, task_id: str, changes: dict, *, actor: Member) -> Task:
+    require_sender(space, actor)
+    with transaction.atomic():
+        task = visible_task(space, task_id, actor, lock=True)
+        if not (task.created_by_id == actor.pk or task.assignee_id == actor.pk or is_space_admin(space, actor)):
+            raise Forbidden("Only the task's creator, its assignee or an admin of the space may change it.")
+        if "title" in changes:
+            task.title = _text(changes["title"], "title", TITLE_MAX).strip()
+            if not task.title:
+                raise InvalidRequest("A task needs a title.", details={"field": "title"})
+        if "description" in changes:
+            task.description = _text(changes["description"], "description", DESCRIPTION_MAX)
+        for field in ("assignee", "reviewer"):
+            if field in changes:
+                setattr(task, field, _member_of(space, changes[field], field))
+        return _changed(task, "task.updated", actor, [f for f in ("title", "description", "assignee", "reviewer")
+                                                      if f in changes])
+
+
+def _conflict(task: Task, message: str) -> Conflict:
+    return Conflict(message, details={"status": task.status,
+                                      "claimant": f"@{task.claimant.handle}" if task.claimant else None})
+
+
+def claim_task(space: Space, task_id: str, *, actor: Member) -> Task:
+    """Claim an open task, or one whose claim has expired (in the same
+    request: the expiry is swept first). Claiming one's own claim again
+    changes nothing."""
+    require_sender(space, actor)
+    with transaction.atomic():
+        task = visible_task(space, task_id, actor, lock=True)
+        if task.status == Task.Status.CLAIMED and task.claimant_id == actor.pk:
+            return task
+        if task.status != Task.Status.OPEN:
+            raise _conflict(task, "The task is not open: it is claimed by another member, in review, or done.")
+        if task.assignee_id not in (None, actor.pk) and not is_space_admin(space, actor):
+            raise Forbidden("The task is assigned to another member.")
+        task.status, task.claimant, task.claimed_at = Task.Status.CLAIMED, actor, now()
+        return _changed(task, "task.claimed", actor, ["status", "claimant", "claimed_at"])
+
+
+def release_task(space: Space, task_id: str, *, actor: Member) -> Task:
+    with transaction.atomic():
+        task = visible_task(space, task_id, actor, lock=True)
+        if task.status != Task.Status.CLAIMED:
+            raise _conflict(task, "Only a claimed task can be released.")
+        if task.claimant_id != actor.pk and not is_space_admin(space, actor):
+            raise Forbidden("Only the claimant or an admin of the space may release the task.")
+        task.status, task.claimant, task.claimed_at = Task.Status.OPEN, None, None
+        return _changed(task, "task.released", actor, ["status", "claimant", "claimed_at"])
+
+
+def submit_task(space: Space, task_id: str, *, actor: Member) -> Task:
+    with transaction.atomic():
+        task = visible_task(space, task_id, actor, lock=True)
+        if task.status != Task.Status.CLAIMED:
+            raise _conflict(task, "Only a claimed task can be submitted for review.")
+        if task.claimant_id != actor.pk:
+            raise Forbidden("Only the claimant may submit the task.")
+        task.status = Task.Status.IN_REVIEW
+        return _changed(task, "task.submitted", actor, ["status"])
+
+
+def _require_decider(task: Task, actor: Member) -> None:
+    if not (actor.pk in (task.reviewer_id, task.assignee_id) or is_space_admin(task.space, actor)):
+        raise Forbidden("Only the task's reviewer, its assignee or an admin of the space may do this.")
+
+
+def complete_task(space: Space, task_id: str, *, actor: Member) -> Task:
+    with transaction.atomic():
+        task = visible_task(space, task_id, actor, lock=True)
+        _require_decider(task, actor)
+        if task.status == Task.Status.DONE:
+            raise _conflict(task, "The task is done already.")
+        task.status = Task.Status.DONE
+        return _changed(task, "task.completed", actor, ["status"])
+
+
+def reopen_task(space: Space, task_id: str, *, actor: Member) -> Task:
+    """Back to open, unclaimed: work sent back from review, or done work
+    that was not."""
+    with transaction.atomic():
+        task = visible_task(space, task_id, actor, lock=True)
+        _require_decider(task, actor)
+        if task.status not in (Task.Status.IN_REVIEW, Task.Status.DONE):
+            raise _conflict(task, "Only a task in review or done can be reopened.")
+        task.status, task.claimant, task.claimed_at = Task.Status.OPEN, None, None
+        return _changed(task, "task.reopened", actor, ["status", "claimant", "claimed_at"])

@@ -1,0 +1,185 @@
+"""Claims, silence, check-ins and expiry (SPEC §10), on the injected clock."""
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from controlplane import services
+from controlplane.clock import freeze, now
+from controlplane.log import Event
+from coordination import claims
+from coordination import services as tasks
+from coordination.models import CheckinReceipt, Task
+from inbox.services import send_message
+
+HOUR = dt.timedelta(hours=1)
+
+
+@pytest.fixture
+def start():
+    return now().replace(microsecond=0)
+
+
+@pytest.fixture
+def claimed(space, alice, bob, start):
+    """A task bob claimed at `start` (CLAIM_TTL_HOURS is 24: check-in from
+    18 h of silence, expiry at 24 h)."""
+    with freeze(start):
+        task = tasks.create_task(space, title="Report", actor=alice)
+        return tasks.claim_task(space, task.public_id, actor=bob)
+
+
+def at(moment):
+    """Run `claims.scan` with the clock at `moment`."""
+    with freeze(moment):
+        return claims.scan()
+
+
+def events(kind: str) -> list[Event]:
+    return list(Event.objects.filter(kind=kind).order_by("position"))
+
+
+def say(task: Task, member, moment, body="progress"):
+    with freeze(moment):
+        send_message(task.conversation, body=body, actor=member)
+
+
+def test_silence_then_one_checkin_then_expiry(claimed, bob, start):
+    # when / then: nothing before 75% of the timeout
+    assert at(start + 17 * HOUR)["checkins"] == 0
+    # one check-in at 18 h, however often the sweep looks
+    assert at(start + 18 * HOUR)["checkins"] == 1
+    assert at(start + 20 * HOUR)["checkins"] == 0
+    (checkin,) = events("task_claim_checkin")
+    assert checkin.data["claimant"] == "@bob" and checkin.data["task"]["status"] == "claimed"
+    assert checkin.data["expires_at"].startswith((start + 24 * HOUR).strftime("%Y-%m-%dT%H:%M:%S"))
+    # the claim expires at the full timeout, and the task reopens
+    assert at(start + 24 * HOUR)["expired"] == 1
+    task = Task.objects.get()
+    assert task.status == "open" and task.claimant is None
+    (expired,) = events("task_claim_expired")
+    assert expired.data["claimant"] == "@bob" and expired.data["task"]["status"] == "open"
+
+
+def test_a_claimant_message_postpones_the_silence_but_not_the_receipt(claimed, bob, start):
+    # given: checked in at 18 h, then bob reports progress at 19 h
+    at(start + 18 * HOUR)
+    say(claimed, bob, start + 19 * HOUR)
+    # when / then: no second check-in for the same task update
+    assert at(start + 19 * HOUR + 18 * HOUR)["checkins"] == 0
+    # the claim lives until 24 h after the message
+    assert at(start + 19 * HOUR + 23 * HOUR)["expired"] == 0
+    assert at(start + 19 * HOUR + 24 * HOUR)["expired"] == 1
+
+
+def test_messages_by_others_are_not_the_claimants_progress(claimed, carol, start):
+    # given
+    say(claimed, carol, start + 10 * HOUR, "any news?")
+    # when / then
+    assert at(start + 24 * HOUR)["expired"] == 1
+
+
+def test_a_task_update_is_a_fresh_checkin_key(claimed, space, alice, start):
+    # given: checked in once, then the task row changes
+    at(start + 18 * HOUR)
+    with freeze(start + 20 * HOUR):
+        tasks.update_task(space, claimed.public_id, {"description": "More detail."}, actor=alice)
+    # when / then: silence runs from the update, and a second check-in is due
+    assert at(start + 20 * HOUR + 17 * HOUR)["checkins"] == 0
+    assert at(start + 20 * HOUR + 18 * HOUR)["checkins"] == 1
+    assert CheckinReceipt.objects.count() == 2
+
+
+def test_in_review_is_exempt(claimed, space, bob, start):
+    # given
+    with freeze(start + HOUR):
+        tasks.submit_task(space, claimed.public_id, actor=bob)
+    # when
+    outcome = at(start + 100 * HOUR)
+    # then
+    assert outcome == {"checkins": 0, "expired": 0, "looked_at": 0}
+    assert Task.objects.get().status == "in_review"
+
+
+def test_zero_disables_both(claimed, settings, start):
+    # given
+    settings.CLAIM_TTL_HOURS = 0
+    # when
+    outcome = at(start + 1000 * HOUR)
+    with freeze(start + 1000 * HOUR):
+        read = tasks.visible_task(claimed.space, claimed.public_id, claimed.claimant)
+    # then
+    assert outcome == {"checkins": 0, "expired": 0, "looked_at": 0} and read.status == "claimed"
+    assert events("task_claim_checkin") == [] and events("task_claim_expired") == []
+
+
+def test_reads_sweep_expiry_and_a_new_claimant_takes_expired_work_at_once(claimed, space, bob, carol, start):
+    # when: no sweep ran at all; carol's claim attempt finds the claim expired
+    with freeze(start + 25 * HOUR):
+        taken = tasks.claim_task(space, claimed.public_id, actor=carol)
+    # then
+    assert taken.claimant == carol and taken.status == "claimed"
+    assert [e.kind for e in Event.objects.filter(kind__startswith="task").order_by("position")] == [
+        "task.created", "task.claimed", "task_claim_expired", "task.claimed"]
+
+
+def test_a_read_before_the_timeout_changes_nothing(claimed, space, bob, start):
+    # when
+    with freeze(start + 23 * HOUR):
+        read = tasks.visible_task(space, claimed.public_id, bob)
+    # then: reads never renew a claim either
+    assert read.status == "claimed" and read.updated_at == claimed.updated_at
+    assert at(start + 24 * HOUR)["expired"] == 1
+
+
+def test_a_claimant_message_committed_during_a_sweep_preserves_the_claim(claimed, bob, start, monkeypatch):
+    # given: the scan's read finds the claim due, then bob's message commits
+    read = claims.due_claims
+
+    def read_then_bob_speaks(moment):
+        due = read(moment)
+        say(claimed, bob, start + 24 * HOUR - dt.timedelta(seconds=1), "still on it")
+        return due
+
+    monkeypatch.setattr(claims, "due_claims", read_then_bob_speaks)
+    # when
+    outcome = at(start + 24 * HOUR)
+    # then
+    assert outcome["looked_at"] == 1 and outcome["expired"] == 0
+    assert Task.objects.get().status == "claimed"
+
+
+def test_scans_are_bounded_101_due_claims_take_two_scans(space, alice, bob, start):
+    # given
+    with freeze(start):
+        for n in range(101):
+            task = tasks.create_task(space, title=f"t{n}", actor=alice)
+            tasks.claim_task(space, task.public_id, actor=bob)
+    # when
+    first, second = at(start + 18 * HOUR), at(start + 18 * HOUR)
+    # then
+    assert (first["checkins"], second["checkins"]) == (100, 1)
+    assert len(events("task_claim_checkin")) == 101
+
+
+def test_the_sweep_runs_at_most_once_a_minute(claimed, start):
+    # when
+    with freeze(start + 18 * HOUR):
+        first = claims.sweep()
+        second = claims.sweep()
+    with freeze(start + 18 * HOUR + dt.timedelta(minutes=1)):
+        third = claims.sweep()
+    # then
+    assert first["checkins"] == 1 and second is None and third == {"checkins": 0, "expired": 0, "looked_at": 0}
+
+
+def test_archived_spaces_are_not_swept(claimed, space, alice, start):
+    # given
+    space.archived = True
+    space.save()
+    # when
+    outcome = at(start + 30 * HOUR)
+    # then
+    assert outcome["checkins"] == outcome["expired"] == 0
+    assert Task.objects.get().status == "claimed"
