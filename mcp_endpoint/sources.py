@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from django.conf import settings
 
 from controlplane.access import get_readable_space
 from controlplane.clock import now, rfc3339
@@ -30,7 +29,7 @@ from controlplane.models import Member, Space
 from inbox import delivery, feeds
 from inbox.models import InboxItem, Message
 from inbox.render import item_occurrence
-from webhooks.mcp import ITEM, PENDING, WORK
+from webhooks.mcp import ITEM, PENDING, WORK, work_data, work_task
 
 FEED_PAGE = 100
 MAX_EVENTS = 50
@@ -55,7 +54,7 @@ class Source:
     delivery: tuple[str, ...] = ("poll", "push", "webhook")
 
     def stream_key(self, arguments: dict) -> str:
-        return f"mcp:{self.name}" + (f":{arguments['space']}" if "space" in arguments else "")
+        return f"mcp:{self.name}" + "".join(f":{arguments[k]}" for k in ("space", "task_id") if arguments.get(k))
 
 
 SOURCES = {source.name: source for source in [
@@ -71,9 +70,11 @@ SOURCES = {source.name: source for source in [
            {"type": "object", "required": ["pendingCount"], "properties": {"pendingCount": {"type": "integer"}}}),
     Source(WORK, "Events you may see arrived in a space's feed: read them from event_range.after at url.",
            {"type": "object", "required": ["space"], "additionalProperties": False,
-            "properties": {"space": {"type": "string", "maxLength": 64, "description": "The space's slug."}}},
+            "properties": {"space": {"type": "string", "maxLength": 64, "description": "The space's slug."},
+                           "task_id": {"type": "string", "pattern": "^tsk_[a-z2-7]{16}$",
+                                       "description": "Only this task's events and discussion."}}},
            {"type": "object", "required": ["space", "event_range", "url"], "properties": {
-               "space": {"type": "string"}, "url": {"type": "string"},
+               "space": {"type": "string"}, "url": {"type": "string"}, "task_id": {"type": "string"},
                "event_range": {"type": "object", "required": ["after", "through"],
                                "properties": {"after": {"type": "string"}, "through": {"type": "string"}}}}}),
 ]}
@@ -152,16 +153,14 @@ def _items(member: Member, source: Source, after: int, max_events: int) -> Batch
 
 def _work(member: Member, source: Source, arguments: dict, after: int) -> Batch:
     space = _space(member, arguments)
+    task = work_task(space, arguments)
     page = feeds.space_feed(space, member, after, FEED_PAGE)
     cursor = _cursor(member, source, arguments, page.position)
-    if not page.events:
-        return Batch([], cursor)
-    stream = f"space:{space.public_id}"
-    caller = caller_id(member)
+    seen = [e for e in page.events if task is None or e.conversation_id == task.conversation_id]
+    if not seen:
+        return Batch([], cursor, has_more=page.has_more)
     through = page.position
     return Batch([{
-        "eventId": f"wrk_{space.public_id[4:]}_{through}", "name": WORK, "timestamp": rfc3339(page.events[-1].created_at),
-        "data": {"space": space.slug, "url": f"{settings.SWITCHBOARD_PUBLIC_URL}/v0/spaces/{space.slug}/events",
-                 "event_range": {"after": pack_cursor((after,), caller=caller, stream=stream),
-                                 "through": pack_cursor((through,), caller=caller, stream=stream)}},
-        "cursor": cursor}], cursor, has_more=page.has_more)
+        "eventId": f"wrk_{space.public_id[4:]}_{through}", "name": WORK, "timestamp": rfc3339(seen[-1].created_at),
+        "data": work_data(space, member, after, through, arguments), "cursor": cursor}], cursor,
+        has_more=page.has_more)

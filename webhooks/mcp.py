@@ -36,10 +36,11 @@ from django.db.models import Exists, OuterRef, Q
 from controlplane.access import get_readable_space
 from controlplane.clock import now, rfc3339
 from controlplane.cursors import caller_id, pack_cursor
-from controlplane.errors import Conflict, InvalidUrl
+from controlplane.errors import Conflict, InvalidUrl, NotFound
 from controlplane.keys import purpose_key
 from controlplane.live import kick_on_commit
-from controlplane.models import Member
+from controlplane.models import Member, Space
+from coordination.models import Task
 from inbox.delivery import pending_count
 from inbox.models import InboxItem
 from inbox.render import item_occurrence
@@ -93,6 +94,7 @@ def subscribe(member: Member, name: str, arguments: dict, url: str, secret: str,
     url = validate_url(url)
     crypto.parse_secret(secret)
     space = get_readable_space(arguments["space"], member) if name == WORK else None
+    task = work_task(space, arguments) if name == WORK else None
     public_id = subscription_id(member, url, name, arguments)
     row = Subscription.objects.filter(public_id=public_id, owner=member).first()
     live = row is not None and row.status != Subscription.Status.DELETED
@@ -110,7 +112,8 @@ def subscribe(member: Member, name: str, arguments: dict, url: str, secret: str,
             candidate.save()
             row = Subscription.objects.create(public_id=public_id, owner=member, endpoint=candidate,
                                               kind=KINDS[name], space=space, debounce_ms=0, mcp_name=name,
-                                              mcp_arguments=arguments)
+                                              mcp_arguments=arguments,
+                                              conversation_ids=[task.conversation_id] if task else None)
         _store_secret(row.endpoint_id, candidate.secret, verified_at, rotate=live)
         fields = {"lease_expires_at": lease_until}
         if not live:  # new, or deleted before: starts afresh from now
@@ -217,9 +220,30 @@ def body(delivery: Delivery) -> str:
     return json.dumps({**occurrence, "cursor": None}, separators=(",", ":"), ensure_ascii=False)
 
 
+def work_task(space: Space, arguments: dict) -> Task | None:
+    """The task `spaces.work.available`'s optional `task_id` narrows it to
+    (its events and its discussion), which must be one of `space`'s."""
+    if arguments.get("task_id") is None:
+        return None
+    task = Task.objects.filter(space=space, public_id=arguments["task_id"]).first()
+    if task is None:
+        raise NotFound("No such task in this space.", details={"task_id": arguments["task_id"]})
+    return task
+
+
+def work_data(space: Space, owner: Member, after: int, through: int, arguments: dict) -> dict:
+    """`spaces.work.available`'s data: the range of the space feed to read,
+    as the owner's own cursors, and the task it is narrowed to, if any."""
+    stream, caller = f"space:{space.public_id}", caller_id(owner)
+    data = {"space": space.slug, "url": f"{settings.SWITCHBOARD_PUBLIC_URL}/v0/spaces/{space.slug}/events",
+            "event_range": {"after": pack_cursor((after,), caller=caller, stream=stream),
+                            "through": pack_cursor((through,), caller=caller, stream=stream)}}
+    if arguments.get("task_id"):
+        data["task_id"] = arguments["task_id"]
+    return data
+
+
 def _work(delivery: Delivery) -> dict:
-    space = delivery.subscription.space
-    stream, caller = f"space:{space.public_id}", caller_id(delivery.subscription.owner)
-    return {"space": space.slug, "url": f"{settings.SWITCHBOARD_PUBLIC_URL}/v0/spaces/{space.slug}/events",
-            "event_range": {"after": pack_cursor((delivery.after_position,), caller=caller, stream=stream),
-                            "through": pack_cursor((delivery.through_position,), caller=caller, stream=stream)}}
+    subscription = delivery.subscription
+    return work_data(subscription.space, subscription.owner, delivery.after_position, delivery.through_position,
+                     subscription.mcp_arguments or {})

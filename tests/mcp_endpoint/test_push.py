@@ -201,6 +201,28 @@ def test_range_events_push_in_the_extension_shape(world, receiver):
     assert work["data"]["url"].endswith("/v0/spaces/lab/events")
 
 
+def test_work_pushed_for_one_task_carries_its_id_and_nothing_else_wakes_it(world, receiver):
+    from coordination import services as tasks
+
+    # given: bo watches one task of the space
+    space = world["direct"].space
+    mine, other = (tasks.create_task(space, title=t, actor=world["bo"]) for t in ("mine", "other"))
+    mcp.subscribe(world["bo"], mcp.WORK, {"space": "lab", "task_id": mine.public_id}, receiver.url("/task"), SECRET,
+                  ttl_ms=None)
+    # when: a message elsewhere, the other task claimed, then this one
+    send_message(world["direct"], body="to bo", actor=world["ada"])
+    tasks.claim_task(space, other.public_id, actor=world["ada"])
+    while pump():
+        pass
+    quiet = len(pushes(receiver))
+    tasks.claim_task(space, mine.public_id, actor=world["ada"])
+    while pump():
+        pass
+    # then
+    (pushed,) = [r.json() for r in pushes(receiver)]
+    assert quiet == 0 and pushed["data"]["task_id"] == mine.public_id
+
+
 def test_an_item_too_large_for_an_event_is_a_reference(world):
     item = send_message(world["direct"], body="small", actor=world["bo"]).message
     row = InboxItem.objects.get(message=item)

@@ -63,3 +63,31 @@ def test_space_events_need_a_space_the_caller_can_read(pair, make_member):
     assert sources.read(bo, work, {"space": "vault"}, None, 50).events == []
     with pytest.raises(NotFound):
         sources.read(ada, work, {"space": "vault"}, None, 50)
+
+
+def test_work_narrowed_to_a_task_sees_only_that_task(pair):
+    from controlplane.errors import NotFound
+    from coordination import services as tasks
+
+    # given
+    ada, bo, direct = pair
+    space = direct.space
+    mine, other = (tasks.create_task(space, title=t, actor=bo) for t in ("mine", "other"))
+    work = sources.SOURCES["spaces.work.available"]
+    narrowed = {"space": "lab", "task_id": mine.public_id}
+    start = sources.read(ada, work, narrowed, None, 50)
+    # when: only the other task moves
+    tasks.claim_task(space, other.public_id, actor=ada)
+    quiet = sources.read(ada, work, narrowed, start.cursor, 50)
+    tasks.claim_task(space, mine.public_id, actor=ada)
+    woken = sources.read(ada, work, narrowed, quiet.cursor, 50)
+    # then
+    assert quiet.events == []
+    (event,) = woken.events
+    assert event["data"]["task_id"] == mine.public_id and event["data"]["space"] == "lab"
+    # a cursor of the whole space's stream is not this one's
+    whole = sources.read(ada, work, {"space": "lab"}, None, 50)
+    with pytest.raises(Exception, match="cursor"):
+        sources.read(ada, work, narrowed, whole.cursor, 50)
+    with pytest.raises(NotFound):
+        sources.read(ada, work, {"space": "lab", "task_id": "tsk_aaaaaaaaaaaaaaaa"}, None, 50)
