@@ -9,6 +9,11 @@ from controlplane.models import Conversation, Member, Space
 from controlplane.tokens import public_id
 
 
+# A task's discussion is a channel named `task:<task id>`: a name no one can
+# give a channel (channel names have no colon), so no one can take it first.
+TASK_CHANNEL_PREFIX = "task:"
+
+
 def new_task_id() -> str:
     return public_id("tsk")
 
@@ -22,8 +27,7 @@ class Task(models.Model):
 
     public_id = models.CharField(max_length=40, unique=True, default=new_task_id, editable=False)
     space = models.ForeignKey(Space, on_delete=models.CASCADE, related_name="+")
-    # Its discussion: a channel of the space named `task:<id>` (a name no one
-    # can give a channel, so no one can take it first).
+    # Its discussion (see TASK_CHANNEL_PREFIX).
     conversation = models.OneToOneField(Conversation, on_delete=models.PROTECT, related_name="task")
     title = models.CharField(max_length=200)
     description = models.TextField(blank=True, default="")

@@ -20,7 +20,7 @@ from controlplane.log import append_events
 from controlplane.models import Conversation, Member, Membership, Space
 from controlplane.services import member_for_handle, require_sender
 from coordination import claims
-from coordination.models import Task
+from coordination.models import TASK_CHANNEL_PREFIX, Task
 from coordination.events import task_event
 
 TITLE_MAX = 200
@@ -63,7 +63,7 @@ def create_task(space: Space, *, title: str, description: str = "", assignee: st
     with transaction.atomic():
         task = Task(space=space, title=title, description=description, assignee=assignee_member,
                     reviewer=reviewer_member, created_by=actor)
-        name = f"task:{task.public_id}"
+        name = f"{TASK_CHANNEL_PREFIX}{task.public_id}"
         task.conversation = Conversation.objects.create(space=space, kind=Conversation.Kind.CHANNEL, name=name,
                                                         address=f"#{name}", created_by=actor)
         task.save()

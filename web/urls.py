@@ -3,7 +3,7 @@ from django.urls import path
 
 from controlplane.ratelimit import throttle_signin
 from web.forms import MemberLoginForm
-from web.views import conversations, inbox, subscriptions
+from web.views import conversations, inbox, subscriptions, tasks
 
 urlpatterns = [
     path("login/", throttle_signin(auth_views.LoginView.as_view(
@@ -12,6 +12,9 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="web-logout"),
     path("", conversations.home, name="web-home"),
     path("spaces/<space:slug>/join", conversations.join, name="web-join"),
+    path("spaces/<space:slug>/tasks/", tasks.tasks_page, name="web-tasks"),
+    path("spaces/<space:slug>/tasks/new", tasks.create_task, name="web-task-create"),
+    path("spaces/<space:slug>/tasks/<pid:task_id>/<str:action>", tasks.task_action, name="web-task-action"),
     path("spaces/<space:slug>/<pid:conversation_id>/", conversations.conversation_page, name="web-conversation"),
     path("spaces/<space:slug>/<pid:conversation_id>/history", conversations.history, name="web-history"),
     path("spaces/<space:slug>/<pid:conversation_id>/send", conversations.send, name="web-send"),

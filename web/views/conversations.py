@@ -21,14 +21,19 @@ from controlplane.api.parsers import parse_json_object
 from controlplane.errors import ApiError, GrantRequired, InvalidIdempotencyKey, InvalidRequest, NotFound
 from controlplane.idempotency import is_valid_key
 from controlplane.models import Conversation, Membership
+from coordination.models import TASK_CHANNEL_PREFIX, Task
 from inbox import services
 from web import messages
 from web.pages import member_page, wants_json
 
 
 def conversation_label(conversation: Conversation, viewer) -> str:
-    """`#name` for a channel; the other members' handles otherwise."""
+    """`#name` for a channel, the title for a task's discussion; the other
+    members' handles otherwise."""
     if conversation.kind == Conversation.Kind.CHANNEL:
+        if conversation.name.startswith(TASK_CHANNEL_PREFIX):
+            title = Task.objects.filter(conversation=conversation).values_list("title", flat=True).first()
+            return f"Task: {title}"
         return f"#{conversation.name}"
     others = [f"@{p.member.handle}" for p in conversation.participants.all() if p.member_id != viewer.pk]
     return ", ".join(others) or "just you"
@@ -41,7 +46,8 @@ def home(request, member):
     spaces_ = []
     for space in readable_spaces(member).order_by("slug"):
         conversations = (readable_conversations(space, member).prefetch_related("participants__member")
-                         .order_by("kind", "name", "created_at"))
+                         .exclude(kind=Conversation.Kind.CHANNEL, name__startswith=TASK_CHANNEL_PREFIX)
+                         .order_by("kind", "name", "created_at"))  # task discussions: on the tasks page
         spaces_.append({"space": space, "role": roles.get(space.pk),
                         "conversations": [(c, conversation_label(c, member)) for c in conversations]})
     return render(request, "web/home.html", {"spaces": spaces_})
