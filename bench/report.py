@@ -118,6 +118,8 @@ def markdown(report: dict) -> str:
         lines += mentions_markdown(res["mentions"])
     if "mcp" in res:
         lines += mcp_markdown(res["mcp"])
+    if "tasks" in res:
+        lines += tasks_markdown(res["tasks"])
 
     problems = []
     servers = [(f"sends, {name}", r) for name, r in res.get("sends", {}).items()]
@@ -229,6 +231,19 @@ def inbox_markdown(r: dict, cfg: dict, base16: float | None) -> list[str]:
 
 LIVE_SETUPS = {"1proc": "1 process (`serve --no-worker`)", "2proc": "2 processes, clients split, sends to the first",
                "1proc-1client": "1 process, 1 client (no fan-out)"}
+
+
+def tasks_markdown(r: dict) -> list[str]:
+    lines = ["### Claim sweeps: one scan (100 check-ins) over 1,000 and 100,000 claimed tasks (in-process)", "",
+             "| claimed tasks | scan ms median (min–max) | check-ins per scan | load s |", "| ---: | ---: | --- | ---: |"]
+    if "error" in r:
+        return lines + [f"| failed: {r['error'][:120]} | | | |", ""]
+    for size, row in r["sizes"].items():
+        lines.append(f"| {int(size):,} | {fmt(row['scan_ms_median'])} ({fmt(row['scan_ms_min'])}–"
+                     f"{fmt(row['scan_ms_max'])}) | {row['checkins_per_scan']} | {fmt(row['load_seconds'])} |")
+    ratio = r["ratio_100k_to_1k"]
+    return lines + ["", f"Ratio 100,000 : 1,000 = {fmt(ratio, 2)} (target ≤ {r['target']}: "
+                        f"{verdict(ratio <= r['target'])}).", ""]
 
 
 def mentions_markdown(r: dict) -> list[str]:

@@ -21,6 +21,8 @@ One run, every figure beside its baseline from the same run:
 7. mcp: send → MCP `events/stream` event latency beside send → WebSocket
    frame on the same server, and pushed inbox items/s over 100 `inbox.item`
    subscriptions beside raw signed POSTs/s to the same receiver (bench/mcp.py).
+8. tasks: the claim sweep's time per scan over 1,000 and over 100,000 claimed
+   tasks (bench/tasks.py).
 
 It creates the database `switchboard_bench` from scratch (dropped at the end
 unless --keep), migrates it, starts every server as a subprocess on a free
@@ -49,7 +51,7 @@ sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not
 import psycopg  # noqa: E402
 import redis  # noqa: E402
 
-from bench import feeds, fixture, inbox, live, load, mcp, mentions, webhooks  # noqa: E402
+from bench import feeds, fixture, inbox, live, load, mcp, mentions, tasks, webhooks  # noqa: E402
 from bench.report import ADMIN_KEY, LOG_GROUP_KEY, markdown  # noqa: E402
 from bench.servers import PY, SETUPS, Server  # noqa: E402
 
@@ -57,7 +59,7 @@ DB_NAME = "switchboard_bench"
 PG = "postgresql://postgres@127.0.0.1:5432"
 DSN = f"{PG}/{DB_NAME}"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-PHASES = ("baseline", "feeds", "inbox", "sends", "webhooks", "live", "mentions", "mcp")
+PHASES = ("baseline", "feeds", "inbox", "sends", "webhooks", "live", "mentions", "mcp", "tasks")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -281,6 +283,8 @@ def main(argv=None) -> int:
                                                   latency_sends=args.webhook_sends)
                 elif phase == "mentions":
                     results[phase] = mentions.run()
+                elif phase == "tasks":
+                    results[phase] = tasks.run(DSN)
                 elif phase == "mcp":
                     results[phase] = mcp.run(env, DSN, out_dir, sends=args.mcp_sends, gap=args.live_gap,
                                              items=args.mcp_items, workers=args.webhook_workers,
