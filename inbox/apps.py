@@ -4,4 +4,12 @@ from django.apps import AppConfig
 class InboxConfig(AppConfig):
     name = "inbox"
     verbose_name = "Messages and inbox"
-    schedules = [("classify-inbox-items", "inbox.tasks.classify_all", 1)]
+    schedules = [("classify-inbox-items", "inbox.tasks.classify_all", 1),
+                 ("finish-collectives", "inbox.tasks.finish_collectives", 1)]
+
+    def ready(self):
+        from controlplane.log import register_append_hook
+        from inbox import collectives
+
+        # Removals fail the collective operations that count on the member.
+        register_append_hook(collectives.hook)

@@ -12,9 +12,11 @@ def content_bytes(payload: dict) -> int:
     return len(json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode())
 
 
-def message_items(message: Message, recipients: list[Member]) -> list[InboxItem]:
+def message_items(message: Message, recipients: list[Member], *, collective: dict | None = None) -> list[InboxItem]:
     """One unsaved item per recipient, classified by conversation kind:
-    `direct`, `group` (with the exact ordered membership) or `mention`."""
+    `direct`, `group` (with the exact ordered membership) or `mention`; a
+    group message that asks for answers is a `collective.request` carrying
+    `collective` (its op and deadline)."""
     if not recipients:
         return []
     conversation = message.conversation
@@ -25,6 +27,8 @@ def message_items(message: Message, recipients: list[Member]) -> list[InboxItem]
     elif conversation.kind == Conversation.Kind.GROUP:
         members = [f"@{p.member.handle}" for p in conversation.participants.select_related("member")]
         payload = {"kind": "group", **common, "group": conversation.public_id, "members": members}
+        if collective is not None:
+            payload = {**payload, "kind": "collective.request", "collective": collective}
     else:
         payload = {"kind": "mention", **common, "space": message.space.slug}
     size = content_bytes(payload)

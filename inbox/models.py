@@ -193,3 +193,41 @@ class FirewallRule(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["member", "ordinal"], name="firewallrule_order")]
         ordering = ["member", "ordinal"]
+
+
+class Collective(models.Model):
+    """A collective request (SPEC §7b): a group message whose other members
+    answer; one result when all have answered or the deadline passed."""
+
+    class Op(models.TextChoices):
+        GATHER = "gather"
+        ALL_GATHER = "all_gather"
+
+    class State(models.TextChoices):
+        PENDING = "pending"
+        COMPLETED = "completed"
+        FAILED = "failed"
+
+    message = models.OneToOneField(Message, on_delete=models.CASCADE, related_name="collective")
+    op = models.CharField(max_length=16, choices=Op.choices)
+    requester = models.ForeignKey(Member, on_delete=models.PROTECT, related_name="+")
+    members = models.JSONField()  # the answering members' ids, in membership order
+    deadline_at = models.DateTimeField()
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    reason = models.CharField(max_length=32, null=True, blank=True)  # why it failed
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["deadline_at"], name="collective_due", condition=Q(state="pending"))]
+
+
+class CollectiveAnswer(models.Model):
+    """One member's answer: consumed by the result, delivered to nobody else."""
+
+    collective = models.ForeignKey(Collective, on_delete=models.CASCADE, related_name="answers")
+    member = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="+")
+    body = models.TextField()
+    answered_at = models.DateTimeField(default=now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["collective", "member"], name="one_answer_per_member")]

@@ -112,3 +112,9 @@ def render_rules(rules) -> dict:
     for rule in rendered:
         rule["sender"] = f"@{rule['sender']}" if rule["sender"] else None
     return {"rules": rendered}
+
+
+def render_answer(answer) -> dict:
+    """A member's answer to a collective request, as shown to that member."""
+    return {"message": answer.collective.message.public_id, "member": f"@{answer.member.handle}",
+            "body": answer.body, "answered_at": rfc3339(answer.answered_at)}

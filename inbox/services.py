@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from django.db import IntegrityError, connection, transaction
@@ -14,32 +15,16 @@ from controlplane.errors import (AuthorityRevoked, BodyTooLarge, Conflict, Forbi
 from controlplane.log import append_events
 from controlplane.models import Conversation, Member, Membership, Space
 from controlplane.services import LOOK_UP_ROLE, require_sender
-from inbox import authority, events
+from inbox import authority, collectives, events
 from inbox.mentions import parse_mentions
 from inbox.models import Message, Recipient
+from inbox.text import encode_text
 from inbox.writes import insert_message
 
 MAX_BODY_BYTES = 8 * 1024
 MAX_RESULT_BYTES = 2 * 1024
 MAX_RELATED_PATHS = 64
 MAX_RELATED_PATH_CHARS = 1024
-
-
-def encode_text(value: str, *, field: str, max_bytes: int, too_large=BodyTooLarge) -> bytes:
-    """UTF-8 bytes of `value`: 422 for lone surrogates or NUL, 413 (or
-    `too_large`) over `max_bytes`, 422 when empty."""
-    try:
-        raw = value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidBody(f"{field} is not valid UTF-8 text (lone surrogate).", details={"field": field}) from None
-    if "\x00" in value:
-        raise InvalidBody(f"{field} must not contain NUL.", details={"field": field})
-    if not raw:
-        raise InvalidBody(f"{field} must not be empty.", details={"field": field})
-    if len(raw) > max_bytes:
-        raise too_large(f"{field} is {len(raw)} bytes; the limit is {max_bytes}.",
-                        details={"field": field, "bytes": len(raw), "max_bytes": max_bytes})
-    return raw
 
 
 def _validate_related_paths(paths: list[str]) -> list[str]:
@@ -52,9 +37,10 @@ def _validate_related_paths(paths: list[str]) -> list[str]:
     return paths
 
 
-def send_fingerprint(conversation: Conversation, body: str, related_paths: list[str], reply_to: str | None) -> str:
-    canonical = json.dumps([conversation.public_id, body, related_paths, reply_to], ensure_ascii=False,
-                           separators=(",", ":"))
+def send_fingerprint(conversation: Conversation, body: str, related_paths: list[str], reply_to: str | None,
+                     collective: dict | None = None) -> str:
+    parts = [conversation.public_id, body, related_paths, reply_to] + ([collective] if collective else [])
+    canonical = json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -103,8 +89,9 @@ def _recipients(conversation: Conversation, space: Space, mentioned: list[str], 
 
 def send_message(conversation: Conversation, *, body: str, reply_to: str | None = None,
                  related_paths: list[str] | None = None, idempotency_key: str | None = None,
-                 request_approval: bool = False, actor: Member) -> SendResult:
-    """Send a message.
+                 request_approval: bool = False, collective: dict | None = None, actor: Member) -> SendResult:
+    """Send a message; with `collective` (`{"op", "deadline_ms"}`, group
+    conversations only) a collective request (inbox.collectives).
 
     Atomic: the message, its recipients and its `message.created` event
     commit together or not at all. Idempotent per sender and key: the same
@@ -118,7 +105,9 @@ def send_message(conversation: Conversation, *, body: str, reply_to: str | None 
     space = conversation.space
     raw = encode_text(body, field="body", max_bytes=MAX_BODY_BYTES)
     related_paths = _validate_related_paths(related_paths or [])
-    fingerprint = send_fingerprint(conversation, body, related_paths, reply_to)
+    if collective is not None:
+        collective = collectives.validate(conversation, collective)
+    fingerprint = send_fingerprint(conversation, body, related_paths, reply_to, collective)
     # A retry answers with the original before any check runs again: what
     # authorized the first send (a one-message grant, say) may be used up.
     if idempotency_key and (replay := _replay(actor, idempotency_key, fingerprint)):
@@ -138,17 +127,23 @@ def send_message(conversation: Conversation, *, body: str, reply_to: str | None 
     message = Message(space=space, conversation=conversation, author=actor, body=body, body_bytes=len(raw),
                       reply_to=parent, related_paths=related_paths, mentions=mentions,
                       idempotency_key=idempotency_key or None, fingerprint=fingerprint)
+    request = collectives.request_fields(collective, message.created_at) if collective else None
+    # An open space's plain send is one statement on PostgreSQL: no
+    # transaction around it, which would cost two more round trips.
+    guard = transaction.atomic() if collective or space.send_policy != Space.SendPolicy.OPEN else nullcontext()
     try:
-        if space.send_policy == Space.SendPolicy.OPEN:
-            insert_message(message, recipients)
-        else:
-            # The send policy (grants, registered with inbox.authority)
-            # decides; its grants stay locked from the decision to the commit.
-            policy = authority.send_policy()
-            with transaction.atomic():
+        with guard:
+            if space.send_policy == Space.SendPolicy.OPEN:
+                insert_message(message, recipients, collective=request)
+            else:
+                # The send policy (grants, registered with inbox.authority)
+                # decides; its grants stay locked from the decision to the commit.
+                policy = authority.send_policy()
                 granted = policy.authorize(space, actor, recipients, idempotency_key=idempotency_key)
-                insert_message(message, recipients, granted)
+                insert_message(message, recipients, granted, collective=request)
                 policy.consume(granted, message)
+            if collective:
+                collectives.start(message, recipients, collective)
     except IntegrityError:
         # A concurrent send with the same key committed first.
         if idempotency_key and (replay := _replay(actor, idempotency_key, fingerprint)):

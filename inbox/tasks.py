@@ -1,7 +1,7 @@
 """django-q2 entry points: thin wrappers over services."""
 from __future__ import annotations
 
-from inbox import firewall
+from inbox import collectives, firewall
 
 
 def classify_pending(member_id: int) -> int:
@@ -11,3 +11,8 @@ def classify_pending(member_id: int) -> int:
 def classify_all() -> int:
     """The sweep: settles whatever a lost kick left unclassified."""
     return sum(firewall.classify_pending(member_id) for member_id in firewall.members_with_unclassified_items())
+
+
+def finish_collectives() -> int:
+    """The minute schedule: collective requests whose deadline has passed."""
+    return collectives.finish_due()

@@ -41,7 +41,7 @@ def _after_commit(message: Message, recipients: list[Member], firewalled: set[in
 
 
 def insert_message(message: Message, recipients: list[Member],
-                   authority: dict[int, Authority] | None = None) -> Message:
+                   authority: dict[int, Authority] | None = None, *, collective: dict | None = None) -> Message:
     """Insert `message` (unsaved; every field but `position` set) with, per
     member of `recipients`, a handling row and an inbox item bound to its
     delivery token, both recording the authority (and its generation) in
@@ -51,7 +51,7 @@ def insert_message(message: Message, recipients: list[Member],
     Either path ends in controlplane.log.appended: the registered append
     hooks (the webhook outbox) in the transaction, the log message after it."""
     authority = authority or {}
-    items = message_items(message, recipients)
+    items = message_items(message, recipients, collective=collective)
     for item in items:
         item.grant_id = authority[item.member_id].pk if item.member_id in authority else None
     insert = _insert_in_one_statement if connection.vendor == "postgresql" else _insert_with_orm

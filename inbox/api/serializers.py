@@ -2,9 +2,28 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from controlplane.api.fields import QueryIntegerField, StrictBooleanField, StrictCharField, StrictSerializer
+from controlplane.api.fields import (QueryIntegerField, StrictBooleanField, StrictCharField, StrictChoiceField,
+                                     StrictIntegerField, StrictSerializer)
 from controlplane.api.pagination import DEFAULT_LIMIT, MAX_LIMIT
+from inbox.collectives import MAX_DEADLINE_MS, MIN_DEADLINE_MS
+from inbox.models import Collective
 from inbox.services import MAX_BODY_BYTES
+
+
+class CollectiveIn(StrictSerializer):
+    op = StrictChoiceField(choices=Collective.Op.choices)
+    deadline_ms = StrictIntegerField(help_text=f"{MIN_DEADLINE_MS}–{MAX_DEADLINE_MS}")
+
+
+class AnswerIn(StrictSerializer):
+    body = StrictCharField(allow_blank=True, help_text="UTF-8 text, at most 8 KiB encoded.")
+
+
+class AnswerOut(serializers.Serializer):
+    message = serializers.CharField()
+    member = serializers.CharField()
+    body = serializers.CharField()
+    answered_at = serializers.DateTimeField()
 
 
 class SendMessageIn(StrictSerializer):
@@ -14,6 +33,8 @@ class SendMessageIn(StrictSerializer):
     request_approval = StrictBooleanField(required=False, default=False,
                                           help_text="Without authority, retain the message for an admin to approve "
                                                     "(needs an Idempotency-Key).")
+    collective = CollectiveIn(required=False, help_text="Group conversations: ask every other member for an answer "
+                                                        "(SPEC §7b).")
 
 
 class ResolveIn(StrictSerializer):

@@ -14,11 +14,11 @@ from controlplane.api.serializers import EmptyIn, envelope
 from controlplane.cursors import caller_id, pack_cursor, unpack_cursor
 from controlplane.errors import NotFound
 from controlplane.idempotency import idempotency_key, idempotent
-from inbox import feeds, reads, services
-from inbox.api.serializers import (BodyPageOut, BodyParams, FeedPageOut, FeedParams, MessageOut, MessageStatusOut,
-                                   ResolveIn, SendMessageIn, SnapshotOut, SnapshotParams)
+from inbox import collectives, feeds, reads, services
+from inbox.api.serializers import (AnswerIn, AnswerOut, BodyPageOut, BodyParams, FeedPageOut, FeedParams, MessageOut,
+                                   MessageStatusOut, ResolveIn, SendMessageIn, SnapshotOut, SnapshotParams)
 from inbox.models import Message
-from inbox.render import render_events, render_message, render_message_status
+from inbox.render import render_answer, render_events, render_message, render_message_status
 
 
 
@@ -42,7 +42,8 @@ class SendMessageView(APIView):
         target = get_conversation_to_write(slug, conversation, request.user)
         result = services.send_message(target, body=data["body"], reply_to=data.get("reply_to"),
                                        related_paths=data.get("related_paths"), idempotency_key=key,
-                                       request_approval=data["request_approval"], actor=request.user)
+                                       request_approval=data["request_approval"],
+                                       collective=data.get("collective"), actor=request.user)
         return Response({"message": render_message(result.message)}, status=201 if result.created else 200)
 
 
@@ -50,7 +51,21 @@ class MessageView(APIView):
     @extend_schema(operation_id="get_message", responses={200: envelope("message", MessageStatusOut),
                                                           **errors("NOT_FOUND")})
     def get(self, request, message_id):
-        return Response({"message": render_message_status(visible_message(request, message_id))})
+        message = visible_message(request, message_id)
+        collectives.touch(message)  # a deadline passed: finished on read too
+        return Response({"message": render_message_status(message)})
+
+
+class AnswerView(APIView):
+    @extend_schema(operation_id="answer_collective", request=AnswerIn, parameters=[IDEMPOTENCY_KEY],
+                   responses={201: envelope("answer", AnswerOut), 200: envelope("answer", AnswerOut),
+                              **errors("INVALID_REQUEST", "FORBIDDEN", "NOT_FOUND", "CONFLICT", "BODY_TOO_LARGE",
+                                       "INVALID_BODY", "INVALID_IDEMPOTENCY_KEY", "IDEMPOTENCY_CONFLICT")})
+    @idempotent
+    def post(self, request, message_id):
+        data = validated(AnswerIn, request.data)
+        answer, created = collectives.answer(visible_message(request, message_id), data["body"], actor=request.user)
+        return Response({"answer": render_answer(answer)}, status=201 if created else 200)
 
 
 class MessageBodyView(APIView):

@@ -15,7 +15,8 @@ def test_schedules_are_created_once(db):
     ensure_schedules()
     assert set(Schedule.objects.values_list("name", flat=True)) == {"prune-event-log", "purge-idempotency-records",
                                                                    "classify-inbox-items", "expire-grants",
-                                                                   "deliver-webhooks"}
+                                                                   "deliver-webhooks", "sweep-claims",
+                                                                   "finish-collectives"}
 
 
 def test_prune_event_log_honours_retention_days(settings, general, alice):

@@ -1,0 +1,209 @@
+"""Collective requests (SPEC §7b): `gather` and `all_gather` over a group
+conversation.
+
+A group message that carries `"collective": {"op", "deadline_ms"}` is sent
+like any other (the same checks, grants, limits and idempotency), but each
+other member's item is a `collective.request`. Members answer with
+`answer()`; answers are stored here and never delivered to anyone but in
+the result. When every member has answered, or the deadline has passed, the
+operation finishes once: one `collective.result` item, answers in
+membership order and missing ones marked, to the requester (`gather`) or to
+the requester and every member (`all_gather`). One that cannot complete
+(a member or the requester removed from the space or suspended, the
+message's authority revoked) ends with an `operationFailed` item saying
+why, to the same people.
+
+Everything is in the database: a restart loses nothing. Deadlines are
+finished by the worker's minute schedule (`finish_due`) and whenever the
+operation is touched (an answer, a read of the message), so a result comes
+at most about a minute after its deadline.
+"""
+from __future__ import annotations
+
+import datetime as dt
+
+from django.db import transaction
+
+from controlplane.access import can_read_space
+from controlplane.clock import now, rfc3339
+from controlplane.errors import Conflict, Forbidden, InvalidRequest
+from controlplane.log import NewEvent
+from controlplane.models import Conversation, Member, Participant
+from inbox import authority, notices
+from inbox.models import Collective, CollectiveAnswer, Message, Recipient
+from inbox.text import encode_text
+
+MIN_DEADLINE_MS = 1_000
+MAX_DEADLINE_MS = 86_400_000
+MAX_ANSWER_BYTES = 8 * 1024
+DUE_PER_RUN = 100
+
+
+def validate(conversation: Conversation, spec) -> dict:
+    """The `collective` field of a send: `{"op", "deadline_ms"}` on a group
+    conversation, else 400 INVALID_REQUEST."""
+    if not isinstance(spec, dict) or set(spec) != {"op", "deadline_ms"}:
+        raise InvalidRequest('`collective` is {"op": "gather" | "all_gather", "deadline_ms": …}.')
+    if spec["op"] not in Collective.Op.values:
+        raise InvalidRequest("`collective.op` is gather or all_gather.", details={"op": spec["op"]})
+    deadline = spec["deadline_ms"]
+    if type(deadline) is not int or not MIN_DEADLINE_MS <= deadline <= MAX_DEADLINE_MS:
+        raise InvalidRequest(f"`collective.deadline_ms` is an integer of {MIN_DEADLINE_MS}–{MAX_DEADLINE_MS}.")
+    if conversation.kind != Conversation.Kind.GROUP:
+        raise InvalidRequest("A collective request goes to a group conversation.")
+    return {"op": spec["op"], "deadline_ms": deadline}
+
+
+def request_fields(spec: dict, at: dt.datetime) -> dict:
+    """What a `collective.request` item carries beside the group message."""
+    return {"op": spec["op"], "deadline": rfc3339(at + dt.timedelta(milliseconds=spec["deadline_ms"]))}
+
+
+def start(message: Message, recipients: list[Member], spec: dict) -> Collective:
+    """Record the operation of a collective message just inserted, in its
+    transaction. The members are the group's others, in membership order."""
+    order = list(Participant.objects.filter(conversation=message.conversation).order_by("ordinal")
+                 .values_list("member_id", flat=True))
+    answering = [pk for pk in order if pk in {r.pk for r in recipients}]
+    return Collective.objects.create(message=message, op=spec["op"], requester_id=message.author_id,
+                                     members=answering,
+                                     deadline_at=message.created_at + dt.timedelta(milliseconds=spec["deadline_ms"]))
+
+
+def _locked(message: Message) -> Collective | None:
+    return (Collective.objects.select_for_update().select_related("message__space", "message__conversation",
+                                                                   "requester")
+            .filter(message=message).first())
+
+
+def answer(message: Message, body: str, *, actor: Member) -> tuple[CollectiveAnswer, bool]:
+    """`actor`'s answer (idempotent: the same answer again returns it; a
+    different one is 409 CONFLICT). Finishes the operation when it was the
+    last one. Returns (answer, created)."""
+    encode_text(body, field="body", max_bytes=MAX_ANSWER_BYTES)
+    with transaction.atomic():
+        collective = _locked(message)
+        if collective is None:
+            raise InvalidRequest("This message is not a collective request.")
+        if actor.pk not in collective.members:
+            raise Forbidden("Only the group's other members answer a collective request.")
+        existing = CollectiveAnswer.objects.filter(collective=collective, member=actor).first()
+        if existing is not None:
+            if existing.body != body:
+                raise Conflict("You answered already, with a different answer.",
+                               details={"state": collective.state})
+            return existing, False
+        _settle(collective)  # one that cannot complete any more fails now, and that commits
+        created = None
+        if collective.state == Collective.State.PENDING:
+            created = CollectiveAnswer.objects.create(collective=collective, member=actor, body=body)
+            _settle(collective)
+    if created is None:
+        raise Conflict("The operation has finished.", details={"state": collective.state, "reason": collective.reason})
+    return created, True
+
+
+def touch(message: Message) -> None:
+    """A read of the message finishes its operation if it is due."""
+    if Collective.objects.filter(message=message, state=Collective.State.PENDING, deadline_at__lte=now()).exists():
+        with transaction.atomic():
+            collective = _locked(message)
+            if collective is not None:
+                _settle(collective)
+
+
+def finish_due() -> int:
+    """The minute schedule: finish operations whose deadline has passed.
+    Returns how many finished."""
+    due = list(Collective.objects.filter(state=Collective.State.PENDING, deadline_at__lte=now())
+               .order_by("deadline_at").values_list("message_id", flat=True)[:DUE_PER_RUN])
+    finished = 0
+    for message_id in due:
+        with transaction.atomic():
+            collective = (Collective.objects.select_for_update(skip_locked=True)
+                          .select_related("message__space", "message__conversation", "requester")
+                          .filter(message_id=message_id, state=Collective.State.PENDING).first())
+            if collective is not None:
+                _settle(collective)
+                finished += collective.state != Collective.State.PENDING
+    return finished
+
+
+def fail_for_removed(space_id: int, member_id: int) -> None:
+    """A member left or was removed from a space: its pending operations
+    that count on them fail (in the removal's transaction)."""
+    for collective in (Collective.objects.select_for_update().select_related("message__space", "requester")
+                       .filter(state=Collective.State.PENDING, message__space_id=space_id)):
+        if collective.requester_id == member_id:
+            _fail(collective, "requester_gone")
+        elif member_id in collective.members:
+            _fail(collective, "member_removed")
+
+
+def _problem(collective: Collective) -> str | None:
+    """Why the operation can no longer complete, if it cannot."""
+    space = collective.message.space
+    if not collective.requester.is_active or not can_read_space(space, collective.requester):
+        return "requester_gone"
+    active = set(Member.objects.filter(pk__in=collective.members, status=Member.Status.ACTIVE)
+                 .values_list("pk", flat=True))
+    if len(active) < len(collective.members) or not all(
+            can_read_space(space, m) for m in Member.objects.filter(pk__in=collective.members)):
+        return "member_removed"
+    if Recipient.objects.filter(message=collective.message).filter(authority.inactive()).exists():
+        return "authority_revoked"
+    return None
+
+
+def _settle(collective: Collective) -> None:
+    """Finish a locked pending operation if it can or must be."""
+    if collective.state != Collective.State.PENDING:
+        return
+    if problem := _problem(collective):
+        _fail(collective, problem)
+        return
+    answers = {a.member_id: a for a in CollectiveAnswer.objects.filter(collective=collective)}
+    everyone = len(answers) == len(collective.members)
+    if not everyone and now() < collective.deadline_at:
+        return
+    handles = dict(Member.objects.filter(pk__in=collective.members).values_list("pk", "handle"))
+    results = [{"member": f"@{handles[pk]}", "answer": answers[pk].body, "answered_at": rfc3339(answers[pk].answered_at)}
+               if pk in answers else {"member": f"@{handles[pk]}", "missing": True} for pk in collective.members]
+    _finish(collective, Collective.State.COMPLETED, None, {
+        "kind": "collective.result", "ended": "all_answered" if everyone else "deadline", "answers": results})
+
+
+def _fail(collective: Collective, reason: str) -> None:
+    _finish(collective, Collective.State.FAILED, reason, {"kind": "operationFailed", "reason": reason})
+
+
+def _finish(collective: Collective, state: str, reason: str | None, outcome: dict) -> None:
+    """Mark the operation finished and tell who is owed the outcome (the
+    requester, and for all_gather every member who can still read the space)."""
+    collective.state, collective.reason, collective.finished_at = state, reason, now()
+    collective.save(update_fields=["state", "reason", "finished_at"])
+    message = collective.message
+    payload = {**outcome, "collective": {"message": message.public_id, "op": collective.op,
+                                         "conversation": message.conversation.public_id,
+                                         "space": message.space.slug}}
+    owed = [collective.requester_id]
+    if collective.op == Collective.Op.ALL_GATHER:
+        owed += collective.members
+    for member in Member.objects.filter(pk__in=owed, status=Member.Status.ACTIVE):
+        if member.pk != collective.requester_id and not can_read_space(message.space, member):
+            continue
+        if member.pk == collective.requester_id and reason == "requester_gone":
+            continue
+        event = notices.private_event(f"collective.{'completed' if reason is None else 'failed'}",
+                                      {"message": message.public_id, "reason": reason}, member,
+                                      space_id=message.space_id)
+        notices.post_notice(member, payload, event, conversation_id=message.conversation_id)
+
+
+def hook(entries: list[tuple[int, NewEvent]]) -> None:
+    """The append hook: removals fail the operations that count on the member."""
+    for _, event in entries:
+        if event.kind == "member.removed" and event.space_id:
+            member = Member.objects.filter(handle=event.data["member"].lstrip("@")).first()
+            if member is not None:
+                fail_for_removed(event.space_id, member.pk)

@@ -1,0 +1,164 @@
+"""Collective requests (SPEC §7b): gather and all_gather, deadlines,
+failures, answers that go to nobody else."""
+import datetime as dt
+
+import pytest
+
+from controlplane import services
+from controlplane.clock import freeze, now
+from controlplane.log import Event
+from inbox import collectives
+from inbox.models import Collective, InboxItem
+from tests.conftest import error_code
+
+
+@pytest.fixture
+def group(space, alice, bob, carol):
+    conversation, _ = services.get_or_create_group(space, [alice, bob, carol], actor=alice)
+    return conversation
+
+
+def ask(api, group, op="gather", deadline_ms=60_000, body="Your estimate?"):
+    return api.post(f"/v0/spaces/lab/conversations/{group.public_id}/messages",
+                    {"body": body, "collective": {"op": op, "deadline_ms": deadline_ms}})
+
+
+def items(member, kind):
+    return [i.payload for i in InboxItem.objects.filter(member=member, kind=kind).order_by("position")]
+
+
+def test_gather_with_every_answer_goes_to_the_requester_only(group, alice, bob, carol, as_alice, as_bob,
+                                                            as_carol):
+    # given
+    sent = ask(as_alice, group)
+    message = sent.json()["message"]["id"]
+    # each other member has a request item
+    (request,) = items(bob, "collective.request")
+    assert request["collective"]["op"] == "gather" and request["content"] == "Your estimate?"
+    assert items(carol, "collective.request") and not items(alice, "collective.request")
+    # when: answered out of order
+    carol_says = as_carol.post(f"/v0/messages/{message}/answer", {"body": "3 days"})
+    bob_says = as_bob.post(f"/v0/messages/{message}/answer", {"body": "2 days"})
+    # then
+    assert sent.status_code == 201 and carol_says.status_code == bob_says.status_code == 201
+    (result,) = items(alice, "collective.result")
+    assert result["ended"] == "all_answered" and result["collective"]["message"] == message
+    assert [(a["member"], a["answer"]) for a in result["answers"]] == [("@bob", "2 days"), ("@carol", "3 days")]
+    assert items(bob, "collective.result") == items(carol, "collective.result") == []
+    # answers are never anyone else's content: no item, no feed event carries them
+    assert not InboxItem.objects.filter(member__in=[bob, carol], payload__content="3 days").exists()
+    assert not any("2 days" in str(e.data) for e in Event.objects.exclude(kind="collective.completed"))
+    assert Collective.objects.get().state == "completed"
+
+
+def test_all_gather_goes_to_everyone(group, alice, bob, carol, as_alice, as_bob, as_carol):
+    # given
+    message = ask(as_alice, group, op="all_gather").json()["message"]["id"]
+    # when
+    as_bob.post(f"/v0/messages/{message}/answer", {"body": "yes"})
+    as_carol.post(f"/v0/messages/{message}/answer", {"body": "no"})
+    # then
+    for member in (alice, bob, carol):
+        (result,) = items(member, "collective.result")
+        assert [a["answer"] for a in result["answers"]] == ["yes", "no"]
+
+
+def test_a_missing_answer_is_marked_at_the_deadline(group, alice, bob, as_alice, as_bob):
+    # given
+    message = ask(as_alice, group, deadline_ms=5_000).json()["message"]["id"]
+    as_bob.post(f"/v0/messages/{message}/answer", {"body": "here"})
+    # when: before the deadline nothing finishes; after it the schedule does
+    early = collectives.finish_due()
+    with freeze(now() + dt.timedelta(seconds=6)):
+        late = collectives.finish_due()
+        again = collectives.finish_due()
+    # then
+    assert (early, late, again) == (0, 1, 0)
+    (result,) = items(alice, "collective.result")
+    assert result["ended"] == "deadline"
+    assert result["answers"] == [{"member": "@bob", "answer": "here", "answered_at": result["answers"][0]["answered_at"]},
+                                 {"member": "@carol", "missing": True}]
+
+
+def test_a_read_of_the_message_finishes_a_due_operation(group, alice, as_alice):
+    # given
+    message = ask(as_alice, group, deadline_ms=1_000).json()["message"]["id"]
+    # when
+    with freeze(now() + dt.timedelta(seconds=2)):
+        read = as_alice.get(f"/v0/messages/{message}")
+    # then
+    assert read.status_code == 200
+    assert items(alice, "collective.result")[0]["answers"][1] == {"member": "@carol", "missing": True}
+
+
+def test_a_member_removed_mid_operation_fails_it_with_a_reason(space, group, alice, bob, carol, as_alice, as_bob):
+    # given
+    message = ask(as_alice, group, op="all_gather").json()["message"]["id"]
+    as_bob.post(f"/v0/messages/{message}/answer", {"body": "yes"})
+    # when
+    services.remove_member(space, carol, actor=alice)
+    late = as_bob.post(f"/v0/messages/{message}/answer", {"body": "yes"})
+    # then
+    (failed,) = items(alice, "operationFailed")
+    assert failed["reason"] == "member_removed" and failed["collective"]["message"] == message
+    assert items(bob, "operationFailed") == [failed]  # all_gather: the members were owed a result too
+    assert items(alice, "collective.result") == []
+    assert Collective.objects.get().state == "failed"
+    assert late.status_code == 200  # the same answer again is still the same answer
+
+
+def test_answers_are_idempotent_bounded_and_only_the_others_answer(group, alice, bob, as_alice, as_bob, as_carol,
+                                                                  make_member, api_for, space):
+    # given
+    message = ask(as_alice, group).json()["message"]["id"]
+    stranger = make_member("dan")
+    services.join_space(space, actor=stranger)
+    # when
+    first = as_bob.post(f"/v0/messages/{message}/answer", {"body": "A"})
+    same = as_bob.post(f"/v0/messages/{message}/answer", {"body": "A"})
+    changed = as_bob.post(f"/v0/messages/{message}/answer", {"body": "B"})
+    own = as_alice.post(f"/v0/messages/{message}/answer", {"body": "me"})
+    outsider = api_for(stranger).post(f"/v0/messages/{message}/answer", {"body": "me"})
+    too_big = as_carol.post(f"/v0/messages/{message}/answer", {"body": "x" * (8 * 1024 + 1)})
+    empty = as_carol.post(f"/v0/messages/{message}/answer", {"body": ""})
+    # then
+    assert first.status_code == 201 and same.status_code == 200 and same.json() == first.json()
+    assert changed.status_code == 409 and error_code(changed) == "CONFLICT"
+    assert own.status_code == 403 and error_code(own) == "FORBIDDEN"
+    assert outsider.status_code == 404  # not a participant: the message is not visible to them
+    assert too_big.status_code == 413 and error_code(too_big) == "BODY_TOO_LARGE"
+    assert empty.status_code == 422 and error_code(empty) == "INVALID_BODY"
+    assert Collective.objects.get().state == "pending"
+
+
+@pytest.mark.parametrize("collective", [
+    {"op": "scatter", "deadline_ms": 5000}, {"op": "gather", "deadline_ms": 999},
+    {"op": "gather", "deadline_ms": 86_400_001}, {"op": "gather", "deadline_ms": "5000"}, {"op": "gather"},
+    {"op": "gather", "deadline_ms": 5000, "extra": 1},
+])
+def test_bad_collectives_are_400_and_send_nothing(group, as_alice, collective):
+    # when
+    response = as_alice.post(f"/v0/spaces/lab/conversations/{group.public_id}/messages",
+                             {"body": "q", "collective": collective})
+    # then
+    assert response.status_code == 400 and error_code(response) == "INVALID_REQUEST"
+    assert not Collective.objects.exists() and not InboxItem.objects.exists()
+
+
+def test_a_collective_needs_a_group_conversation(general, as_alice):
+    # when
+    response = as_alice.post("/v0/spaces/lab/conversations/%23general/messages",
+                             {"body": "q @bob", "collective": {"op": "gather", "deadline_ms": 5000}})
+    # then
+    assert response.status_code == 400 and error_code(response) == "INVALID_REQUEST"
+    assert not Collective.objects.exists()
+
+
+def test_a_plain_message_is_not_answerable(group, as_alice, as_bob):
+    # given
+    message = as_alice.post(f"/v0/spaces/lab/conversations/{group.public_id}/messages",
+                            {"body": "hi"}).json()["message"]["id"]
+    # when
+    response = as_bob.post(f"/v0/messages/{message}/answer", {"body": "hello"})
+    # then
+    assert response.status_code == 400 and error_code(response) == "INVALID_REQUEST"
