@@ -9,12 +9,12 @@ import secrets
 
 from controlplane.clock import now, rfc3339
 from controlplane.cursors import caller_id, pack_cursor, unpack_cursor
-from controlplane.errors import InvalidRequest, ResyncRequired
+from controlplane.errors import InvalidRequest, NotFound, ResyncRequired
 from controlplane.log import log_head
 from controlplane.models import Member
-from inbox import delivery, feeds
-from inbox.models import InboxItem
-from inbox.render import render_entry, render_message, withheld_bodies
+from inbox import collectives, delivery, feeds
+from inbox.models import InboxItem, Message
+from inbox.render import render_answer, render_entry, render_message, withheld_bodies
 
 INBOX_STREAM = "read_inbox"
 SNAPSHOT_TTL_SECONDS = 3600
@@ -85,3 +85,13 @@ def snapshot(member: Member, page: str | None) -> dict:
         "next_page": next_page,
         "cursor": pack_cursor((high_watermark,), caller=caller, stream="inbox"),
     }
+
+
+def answer(member: Member, message_id: str, body: str) -> tuple[dict, bool]:
+    """(`{"answer": …}`, created): `member`'s answer to a collective request
+    they can see (404 otherwise)."""
+    message = Message.objects.visible_to(member).filter(public_id=message_id).first()
+    if message is None:
+        raise NotFound()
+    given, created = collectives.answer(message, body, actor=member)
+    return {"answer": render_answer(given)}, created

@@ -7,6 +7,7 @@ answers with the same shape.
 | `acknowledge_delivery {deliveryToken}` | `POST /v0/me/inbox/acknowledge` |
 | `read_event {eventId}` | `GET /v0/inbox-events/{eventId}` |
 | `send_message {space, conversation, body, …}` | `POST /v0/spaces/{slug}/conversations/{conv}/messages` |
+| `answer {messageId, body}` | `POST /v0/messages/{id}/answer` |
 | `get_coordination_context {page?}` | `GET /v0/me/snapshot` |
 """
 from __future__ import annotations
@@ -20,7 +21,8 @@ from controlplane.access import get_conversation_to_write
 from controlplane.errors import InvalidIdempotencyKey, InvalidRequest
 from controlplane.idempotency import is_valid_key
 from controlplane.models import Member
-from inbox import reads, services
+from inbox import collectives, reads, services
+from inbox.models import Collective
 from inbox.render import render_message
 
 TOKEN = {"type": "string", "pattern": r"^dlv_[A-Za-z0-9_-]{43}$",
@@ -52,8 +54,14 @@ def _send(member: Member, arguments: dict) -> dict:
     target = get_conversation_to_write(arguments["space"], arguments["conversation"], member)
     result = services.send_message(target, body=arguments["body"], reply_to=arguments.get("reply_to"),
                                    related_paths=arguments.get("related_paths"), idempotency_key=key,
-                                   request_approval=arguments.get("request_approval", False), actor=member)
+                                   request_approval=arguments.get("request_approval", False),
+                                   collective=arguments.get("collective"), actor=member)
     return {"message": render_message(result.message), "created": result.created}
+
+
+def _answer(member: Member, arguments: dict) -> dict:
+    answered, created = reads.answer(member, arguments["messageId"], arguments["body"])
+    return {**answered, "created": created}
 
 
 def _read_inbox(member: Member, arguments: dict) -> dict:
@@ -106,10 +114,24 @@ TOOLS = {tool.name: tool for tool in [
                   "related_paths": {"type": "array", "items": {"type": "string"}},
                   "idempotency_key": {"type": "string", "minLength": 8, "maxLength": 128},
                   "request_approval": {"type": "boolean", "description": "Without authority, retain the "
-                                       "message for an admin to approve (needs idempotency_key)."}},
+                                       "message for an admin to approve (needs idempotency_key)."},
+                  "collective": _object({"op": {"enum": Collective.Op.values},
+                                         "deadline_ms": {"type": "integer", "minimum": collectives.MIN_DEADLINE_MS,
+                                                         "maximum": collectives.MAX_DEADLINE_MS}},
+                                        ("op", "deadline_ms"))
+                  | {"description": "Group conversations: ask every other member for an answer; one "
+                                    "collective.result comes back (to everyone with all_gather)."}},
                  ("space", "conversation", "body")),
          _object({"message": OBJECT, "created": {"type": "boolean"}}, ("message", "created")),
          _send, read_only=False),
+    Tool("answer",
+         "Answer a collective request (an inbox item of kind collective.request) by its message id. Your "
+         "answer goes into the result only; the same answer again returns it, a different one is refused.",
+         _object({"messageId": {"type": "string", "maxLength": 40},
+                  "body": {"type": "string", "description": "UTF-8 text, at most 8 KiB encoded."}},
+                 ("messageId", "body")),
+         _object({"answer": OBJECT, "created": {"type": "boolean"}}, ("answer", "created")),
+         _answer, read_only=False),
     Tool("get_coordination_context",
          "A snapshot of your unresolved and unacknowledged messages as of one moment, with a feed cursor "
          "at its high watermark; pass next_page for the rest of the same snapshot.",

@@ -18,7 +18,7 @@ from inbox import collectives, feeds, reads, services
 from inbox.api.serializers import (AnswerIn, AnswerOut, BodyPageOut, BodyParams, FeedPageOut, FeedParams, MessageOut,
                                    MessageStatusOut, ResolveIn, SendMessageIn, SnapshotOut, SnapshotParams)
 from inbox.models import Message
-from inbox.render import render_answer, render_events, render_message, render_message_status
+from inbox.render import render_events, render_message, render_message_status
 
 
 
@@ -64,8 +64,8 @@ class AnswerView(APIView):
     @idempotent
     def post(self, request, message_id):
         data = validated(AnswerIn, request.data)
-        answer, created = collectives.answer(visible_message(request, message_id), data["body"], actor=request.user)
-        return Response({"answer": render_answer(answer)}, status=201 if created else 200)
+        answered, created = reads.answer(request.user, message_id, data["body"])
+        return Response(answered, status=201 if created else 200)
 
 
 class MessageBodyView(APIView):

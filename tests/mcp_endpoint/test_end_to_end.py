@@ -80,7 +80,7 @@ def test_tools_read_send_acknowledge_and_errors_through_serve(mode):
         tools, entry, event, reply, again, acked, after, context, refused, errors = asyncio.run(story())
         api_inbox = httpx.get(f"{base}/v0/me/inbox", headers=bearer(bo)).json()["items"]
     # then: the same shapes as the API, and the API's rules
-    assert set(tools) == {"read_inbox", "acknowledge_delivery", "read_event", "send_message",
+    assert set(tools) == {"read_inbox", "acknowledge_delivery", "read_event", "send_message", "answer",
                           "get_coordination_context"}
     assert all(tool.input_schema["type"] == "object" and tool.output_schema for tool in tools.values())
     assert entry["item"]["content"] == "hello ada" and entry["item"]["sender"] == "@bo"
