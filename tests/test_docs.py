@@ -28,7 +28,7 @@ from controlplane.processes import in_session
 from tests.servers import ROOT, free_port, read_until
 from tests.servers import test_database_url as suite_database_url  # not collected as a test
 
-WALK_THROUGHS = ["docs/api.md", "docs/inbox.md", "docs/grants.md", "docs/tasks.md", "docs/webhooks.md", "docs/web.md"]
+WALK_THROUGHS = ["docs/api.md", "docs/inbox.md", "docs/grants.md", "docs/tasks.md", "docs/collectives.md", "docs/webhooks.md", "docs/web.md"]
 STEP_TIMEOUT = 120
 
 
