@@ -39,8 +39,9 @@ AppendHook = Callable[[list[tuple[int, NewEvent]]], None]
 
 # Work that must commit with the events, run by `appended` in the appending
 # transaction after the positions are taken. Apps above this one register
-# here from their AppConfig.ready(); today the only hook is the webhook
-# outbox (webhooks.outbox.enqueue_wakes, registered in webhooks/apps.py).
+# here from their AppConfig.ready(): the webhook outbox
+# (webhooks.outbox.enqueue_wakes) and the collective requests' removal check
+# (inbox.collectives.hook).
 _APPEND_HOOKS: list[AppendHook] = []
 
 

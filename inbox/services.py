@@ -10,8 +10,7 @@ from django.db import IntegrityError, connection, transaction
 
 from controlplane.access import readers_of
 from controlplane.clock import now
-from controlplane.errors import (AuthorityRevoked, BodyTooLarge, Conflict, Forbidden, GrantRequired,
-                                 IdempotencyConflict, InvalidBody, InvalidRequest)
+from controlplane.errors import AuthorityRevoked, Conflict, Forbidden, GrantRequired, IdempotencyConflict, InvalidRequest
 from controlplane.log import append_events
 from controlplane.models import Conversation, Member, Membership, Space
 from controlplane.services import LOOK_UP_ROLE, require_sender

@@ -128,3 +128,21 @@ def test_others_subscriptions_and_unreadable_targets_are_404(ann, ben, human, ro
     assert response.status_code == 404
     response = browser_of(ben).post(f"/app/subscriptions/receivers/{endpoint.public_id}/delete")
     assert response.status_code == 404 and Endpoint.objects.filter(pk=endpoint.pk).exists()
+
+
+def test_the_inbox_page_shows_collective_requests_and_results(room, ann, ben, browser_of):
+    from controlplane import services as spaces
+    from inbox import collectives
+    from inbox.services import send_message
+
+    # given: ann asks ben; ben answers
+    space, _ = room
+    group, _ = spaces.get_or_create_group(space, [ann, ben], actor=ann)
+    message = send_message(group, body="Lunch?", collective={"op": "gather", "deadline_ms": 60_000}, actor=ann).message
+    asked = browser_of(ben).get("/app/inbox/").content.decode()
+    collectives.answer(message, "Yes, at one", actor=ben)
+    # when
+    page = browser_of(ann).get("/app/inbox/").content.decode()
+    # then
+    assert "collective.request" in asked and f"/v0/messages/{message.public_id}/answer" in asked
+    assert "collective.result" in page and "@ben: Yes, at one" in page

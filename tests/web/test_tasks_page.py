@@ -45,3 +45,4 @@ def test_a_refused_action_is_a_clear_error_and_changes_nothing(room, ann, ben, h
     assert response.status_code == 403 and Task.objects.get().status == "claimed"
     assert outsider.status_code == 404 and unknown.status_code == 404
     assert empty.status_code == 400 and Task.objects.count() == 1
+
