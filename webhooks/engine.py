@@ -120,7 +120,8 @@ def lease() -> dt.timedelta:
 
 def sendable(at) -> Q:
     """Deliveries whose subscription may send now: active, and within its
-    lease (MCP-managed ones have one; past it nothing is sent, nothing lost)."""
+    lease (MCP-managed ones have one; past it nothing is sent, nothing lost).
+    The claim's plain SQL (`_due_sql`) states the same condition."""
     return Q(subscription__status=Subscription.Status.ACTIVE) & (
         Q(subscription__lease_expires_at__isnull=True) | Q(subscription__lease_expires_at__gt=at))
 
