@@ -3,7 +3,8 @@ from django.contrib import admin
 from controlplane.admin import ReadOnlyAdmin
 from controlplane.errors import ApiError
 from inbox import firewall
-from inbox.models import FirewallRule, InboxItem, Mailbox, MailboxShare, Message, Recipient
+from inbox.models import (Collective, CollectiveAnswer, FirewallRule, InboxItem, Mailbox, MailboxShare, Message,
+                          Recipient)
 
 
 class RecipientInline(admin.TabularInline):
@@ -88,3 +89,14 @@ class MailboxAdmin(ReadOnlyAdmin):
 class MailboxShareAdmin(ReadOnlyAdmin):
     list_display = ["member", "sender", "pending_bytes"]
     search_fields = ["member__handle", "sender__handle"]
+
+
+@admin.register(Collective)
+class CollectiveAdmin(ReadOnlyAdmin):
+    list_display = ["message", "op", "requester", "state", "reason", "deadline_at", "finished_at"]
+    list_filter = ["op", "state"]
+
+
+@admin.register(CollectiveAnswer)
+class CollectiveAnswerAdmin(ReadOnlyAdmin):
+    list_display = ["collective", "member", "answered_at"]

@@ -17,17 +17,25 @@ def staff_client(make_member):
 
 
 def test_every_model_is_registered():
-    for app in ("controlplane", "inbox", "grants", "webhooks"):
+    for app in ("controlplane", "inbox", "grants", "coordination", "webhooks"):
         for model in apps.get_app_config(app).get_models():
             assert admin.site.is_registered(model), model
 
 
-def test_changelists_render_without_secrets(staff_client, general, alice):
-    # given
+def test_changelists_render_without_secrets(staff_client, general, alice, bob):
+    # given: a row in every kind of list
+    from coordination import services as tasks
+    from inbox import collectives
+
     _, token = services.issue_credential(alice, actor=None)
     send_message(general, body="hello", actor=alice)
+    task = tasks.create_task(general.space, title="t", actor=alice)
+    tasks.claim_task(general.space, task.public_id, actor=bob)
+    group, _ = services.get_or_create_group(general.space, [alice, bob], actor=alice)
+    asked = send_message(group, body="q", collective={"op": "gather", "deadline_ms": 5000}, actor=alice).message
+    collectives.answer(asked, "a", actor=bob)
     # when / then
-    for app in ("controlplane", "inbox", "grants", "webhooks"):
+    for app in ("controlplane", "inbox", "grants", "coordination", "webhooks"):
         for model in apps.get_app_config(app).get_models():
             url = f"/admin/{app}/{model._meta.model_name}/"
             response = staff_client.get(url)
