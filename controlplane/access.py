@@ -59,6 +59,14 @@ def readable_spaces(member: Member | None) -> QuerySet[Space]:
     return Space.objects.filter(Q(visibility=Space.Visibility.OPEN) | Q(id__in=mine))
 
 
+def may_administer(space: Space, member: Member | None) -> bool:
+    """Owners of the space, and active admins, administer it."""
+    if is_active_admin(member):
+        return True
+    membership = active_membership(space, member)
+    return membership is not None and membership.role == Membership.Role.OWNER
+
+
 def can_read_space(space: Space, member: Member | None) -> bool:
     if member is not None and not _reader(member):
         return False

@@ -12,7 +12,7 @@ from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 
 from controlplane import audit, events
-from controlplane.access import active_membership, is_active_admin
+from controlplane.access import active_membership, may_administer
 from controlplane.clock import now
 from controlplane.errors import Conflict, Forbidden, InvalidRequest, LimitExceeded, NotFound
 from controlplane.live import group_send_on_commit, member_group
@@ -202,8 +202,7 @@ def join_space(space: Space, *, actor: Member) -> MembershipChange:
 
 
 def require_owner(space: Space, actor: Member) -> None:
-    membership = active_membership(space, actor)
-    if not is_active_admin(actor) and (membership is None or membership.role != Membership.Role.OWNER):
+    if not may_administer(space, actor):
         raise Forbidden("Only the space's owners may do this.")
 
 

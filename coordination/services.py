@@ -13,31 +13,32 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from controlplane.access import active_membership, can_read_space, is_active_admin
+from controlplane.access import can_read_space, may_administer
 from controlplane.clock import now
 from controlplane.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from controlplane.log import append_events
-from controlplane.models import Conversation, Member, Membership, Space
+from controlplane.models import Conversation, Member, Space
 from controlplane.services import member_for_handle, require_sender
 from coordination import claims
-from coordination.models import TASK_CHANNEL_PREFIX, Task
 from coordination.events import task_event
+from coordination.models import TASK_CHANNEL_PREFIX, Task
+from inbox.text import encode_text
 
 TITLE_MAX = 200
 DESCRIPTION_MAX = 8 * 1024
 RELATED = ("space", "conversation", "assignee", "reviewer", "claimant", "created_by")
 
 
-def is_space_admin(space: Space, member: Member) -> bool:
-    if is_active_admin(member):
-        return True
-    membership = active_membership(space, member)
-    return membership is not None and membership.role == Membership.Role.OWNER
-
-
-def _text(value, field: str, limit: int) -> str:
-    if not isinstance(value, str) or len(value.encode()) > limit:
-        raise InvalidRequest(f"`{field}` is a string of at most {limit} bytes.", details={"field": field})
+def _text(value, field: str, limit: int, *, strip: bool = False) -> str:
+    """A title or description: text (no NUL, no lone surrogate: 422) of at
+    most `limit` bytes (400); a title must not be blank (400)."""
+    if not isinstance(value, str):
+        raise InvalidRequest(f"`{field}` is a string.", details={"field": field})
+    value = value.strip() if strip else value
+    if strip and not value:
+        raise InvalidRequest(f"A task needs a {field}.", details={"field": field})
+    if value:
+        encode_text(value, field=field, max_bytes=limit, too_large=InvalidRequest)
     return value
 
 
@@ -54,9 +55,7 @@ def _member_of(space: Space, handle: str | None, field: str) -> Member | None:
 def create_task(space: Space, *, title: str, description: str = "", assignee: str | None = None,
                 reviewer: str | None = None, actor: Member) -> Task:
     require_sender(space, actor)
-    title = _text(title, "title", TITLE_MAX).strip()
-    if not title:
-        raise InvalidRequest("A task needs a title.", details={"field": "title"})
+    title = _text(title, "title", TITLE_MAX, strip=True)
     description = _text(description, "description", DESCRIPTION_MAX)
     assignee_member, reviewer_member = _member_of(space, assignee, "assignee"), _member_of(space, reviewer,
                                                                                           "reviewer")
@@ -96,12 +95,10 @@ def update_task(space: Space, task_id: str, changes: dict, *, actor: Member) -> 
     require_sender(space, actor)
     with transaction.atomic():
         task = visible_task(space, task_id, actor, lock=True)
-        if not (task.created_by_id == actor.pk or task.assignee_id == actor.pk or is_space_admin(space, actor)):
+        if not (task.created_by_id == actor.pk or task.assignee_id == actor.pk or may_administer(space, actor)):
             raise Forbidden("Only the task's creator, its assignee or an admin of the space may change it.")
         if "title" in changes:
-            task.title = _text(changes["title"], "title", TITLE_MAX).strip()
-            if not task.title:
-                raise InvalidRequest("A task needs a title.", details={"field": "title"})
+            task.title = _text(changes["title"], "title", TITLE_MAX, strip=True)
         if "description" in changes:
             task.description = _text(changes["description"], "description", DESCRIPTION_MAX)
         for field in ("assignee", "reviewer"):
@@ -127,7 +124,7 @@ def claim_task(space: Space, task_id: str, *, actor: Member) -> Task:
             return task
         if task.status != Task.Status.OPEN:
             raise _conflict(task, "The task is not open: it is claimed by another member, in review, or done.")
-        if task.assignee_id not in (None, actor.pk) and not is_space_admin(space, actor):
+        if task.assignee_id not in (None, actor.pk) and not may_administer(space, actor):
             raise Forbidden("The task is assigned to another member.")
         task.status, task.claimant, task.claimed_at = Task.Status.CLAIMED, actor, now()
         return _changed(task, "task.claimed", actor, ["status", "claimant", "claimed_at"])
@@ -138,7 +135,7 @@ def release_task(space: Space, task_id: str, *, actor: Member) -> Task:
         task = visible_task(space, task_id, actor, lock=True)
         if task.status != Task.Status.CLAIMED:
             raise _conflict(task, "Only a claimed task can be released.")
-        if task.claimant_id != actor.pk and not is_space_admin(space, actor):
+        if task.claimant_id != actor.pk and not may_administer(space, actor):
             raise Forbidden("Only the claimant or an admin of the space may release the task.")
         task.status, task.claimant, task.claimed_at = Task.Status.OPEN, None, None
         return _changed(task, "task.released", actor, ["status", "claimant", "claimed_at"])
@@ -156,7 +153,7 @@ def submit_task(space: Space, task_id: str, *, actor: Member) -> Task:
 
 
 def _require_decider(task: Task, actor: Member) -> None:
-    if not (actor.pk in (task.reviewer_id, task.assignee_id) or is_space_admin(task.space, actor)):
+    if not (actor.pk in (task.reviewer_id, task.assignee_id) or may_administer(task.space, actor)):
         raise Forbidden("Only the task's reviewer, its assignee or an admin of the space may do this.")
 
 

@@ -17,7 +17,7 @@ from coordination.models import Task
 from coordination.render import render_task
 
 STATUS = OpenApiParameter("status", str, enum=list(Task.Status.values), description="only tasks in this status")
-WRITE_ERRORS = ("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "FORBIDDEN", "NOT_FOUND", "CONFLICT",
+WRITE_ERRORS = ("INVALID_REQUEST", "INVALID_BODY", "INVALID_IDEMPOTENCY_KEY", "FORBIDDEN", "NOT_FOUND", "CONFLICT",
                 "IDEMPOTENCY_CONFLICT")
 
 

@@ -168,3 +168,15 @@ def test_a_retried_claim_with_its_key_answers_the_same(space, as_bob, task):
     # then
     assert first.status_code == replay.status_code == 200 and replay.json() == first.json()
     assert kinds_in_feed() == ["task.created", "task.claimed"]
+
+
+@pytest.mark.parametrize("body", [{"title": "nul\x00here"}, {"title": "lone \ud800"},
+                                  {"title": "ok", "description": "nul\x00"}])
+def test_text_a_database_would_refuse_is_422_invalid_body(space, as_alice, task, body):
+    # when
+    created = as_alice.post(TASKS, body)
+    updated = as_alice.patch(task_url(task["id"]), body)
+    # then
+    assert created.status_code == updated.status_code == 422
+    assert error_code(created) == error_code(updated) == "INVALID_BODY"
+    assert Task.objects.count() == 1 and Task.objects.get().title == "Write the report"
