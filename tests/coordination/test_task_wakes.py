@@ -2,6 +2,8 @@
 subjects, and check-ins that wake the claimant's subscriptions only."""
 import datetime as dt
 
+import pytest
+
 from controlplane.clock import freeze, now
 from coordination import claims
 from coordination import services as tasks
@@ -34,10 +36,11 @@ def test_a_task_subject_wakes_for_that_task_and_its_discussion_only(space, gener
     assert wake.after_position < said.position
 
 
-def test_an_unknown_task_subject_is_404(space, as_alice, endpoint):
+@pytest.mark.parametrize("subject", ["tsk_aaaaaaaaaaaaaaaa", "TSK_AAAAAAAAAAAAAAAA"])
+def test_an_unknown_task_subject_is_404(space, as_alice, endpoint, subject):
     # when
     response = as_alice.post("/v0/spaces/lab/webhook-subscriptions",
-                             {"endpoint_id": endpoint, "subjects": [{"type": "task", "id": "tsk_aaaaaaaaaaaaaaaa"}]})
+                             {"endpoint_id": endpoint, "subjects": [{"type": "task", "id": subject}]})
     # then
     assert response.status_code == 404 and error_code(response) == "NOT_FOUND"
 
