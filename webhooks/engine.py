@@ -36,12 +36,12 @@ from django.db.models import F, Q
 from controlplane.access import can_read_space
 from controlplane.clock import now, rfc3339, timestamp
 from controlplane.cursors import caller_id, pack_cursor
-from controlplane.db import rows_sql
 from controlplane.models import Member, Space
 from inbox import notices
 from inbox.delivery import oldest_pending, settle_acknowledged
 from inbox.models import InboxItem
 from webhooks import crypto, mcp
+from webhooks.due import READY, due_sql, freeze
 from webhooks.models import Attempt, Delivery, Subscription
 from webhooks.transport import Outcome, Transport
 
@@ -121,35 +121,9 @@ def lease() -> dt.timedelta:
 def sendable(at) -> Q:
     """Deliveries whose subscription may send now: active, and within its
     lease (MCP-managed ones have one; past it nothing is sent, nothing lost).
-    The claim's plain SQL (`_due_sql`) states the same condition."""
+    The claim's plain SQL (`webhooks.due.due_sql`) states the same condition."""
     return Q(subscription__status=Subscription.Status.ACTIVE) & (
         Q(subscription__lease_expires_at__isnull=True) | Q(subscription__lease_expires_at__gt=at))
-
-
-def _due_sql(ready: str) -> str:
-    """Due deliveries (`ready`) whose subscription may send (see `sendable`),
-    that are their subscription's oldest unfinished one, whose endpoint has
-    fewer than PER_ENDPOINT in flight: oldest due first, skipping rows other
-    workers hold. Plain SQL: this runs for every batch a worker claims, and
-    compiling it through the ORM cost more than running it."""
-    quote = connection.ops.quote_name
-    deliveries, subscriptions = quote(Delivery._meta.db_table), quote(Subscription._meta.db_table)
-    lock = " FOR UPDATE OF d SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
-    return (f"SELECT d.id FROM {deliveries} d JOIN {subscriptions} s ON s.id = d.subscription_id "
-            f"WHERE {ready} AND s.status = 'active' AND (s.lease_expires_at IS NULL OR s.lease_expires_at > %(at)s) "
-            f"AND NOT EXISTS (SELECT 1 FROM {deliveries} o WHERE o.subscription_id = d.subscription_id "
-            f"AND o.id < d.id AND o.state IN ('pending', 'sending')) "
-            f"AND s.endpoint_id NOT IN (SELECT bs.endpoint_id FROM {deliveries} b "
-            f"JOIN {subscriptions} bs ON bs.id = b.subscription_id "
-            f"WHERE b.state = 'sending' AND b.claimed_until >= %(at)s "
-            f"GROUP BY bs.endpoint_id HAVING COUNT(*) >= %(per_endpoint)s) "
-            f"ORDER BY d.due_at, d.id LIMIT %(limit)s{lock}")
-
-
-# Two index-backed reads (due wakes; claims whose lease ran out) rather than
-# one OR, which would scan the whole delivery history.
-_READY = ("d.state IN ('open', 'pending') AND d.due_at <= %(at)s",
-          "d.state = 'sending' AND d.claimed_until < %(at)s")
 
 
 def claim_due(limit: int) -> list[Job]:
@@ -161,8 +135,8 @@ def claim_due(limit: int) -> list[Job]:
     with transaction.atomic():
         ids = []
         with connection.cursor() as cursor:
-            for ready in _READY:
-                cursor.execute(_due_sql(ready), {"at": connection.ops.adapt_datetimefield_value(at),
+            for ready in READY:
+                cursor.execute(due_sql(ready), {"at": connection.ops.adapt_datetimefield_value(at),
                                                  "per_endpoint": PER_ENDPOINT, "limit": limit - len(ids)})
                 ids += [row[0] for row in cursor.fetchall()]
                 if len(ids) >= limit:
@@ -192,7 +166,7 @@ def claim_due(limit: int) -> list[Job]:
             delivery.body = mcp.body(delivery) if delivery.subscription.managed else wake_body(delivery)
             delivery.first_attempt_at = at
         if frozen:
-            _freeze(frozen, at)
+            freeze(frozen, at)
         Delivery.objects.filter(pk__in=[d.pk for d in due]).update(
             state=Delivery.State.SENDING, attempts=F("attempts") + 1, claimed_until=at + lease())
         for delivery in due:
@@ -211,16 +185,6 @@ def _job(delivery: Delivery) -> Job:
     message_id = "evt_" + delivery.item.token[4:] if delivery.item_id else delivery.public_id
     return dataclasses.replace(job, mcp_subscription_id=subscription.public_id, mcp_secrets=tuple(secrets),
                                message_id=message_id)
-
-
-def _freeze(deliveries: list[Delivery], at) -> None:
-    """Store the bodies (and bound items) of first claims: one statement."""
-    table = connection.ops.quote_name(Delivery._meta.db_table)
-    values, params = rows_sql([(d.pk, d.body, d.item_id) for d in deliveries], ["id", "body", "item_id"])
-    with connection.cursor() as cursor:
-        cursor.execute(f"UPDATE {table} SET body = v.body, item_id = CAST(v.item_id AS BIGINT), "
-                       f"first_attempt_at = %s FROM ({values}) v WHERE {table}.id = v.id",
-                       [connection.ops.adapt_datetimefield_value(at), *params])
 
 
 def _bind_items(deliveries: list[Delivery]) -> None:

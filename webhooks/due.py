@@ -1,0 +1,45 @@
+"""The delivery claim's statements in plain SQL (webhooks.engine.claim_due):
+they run for every batch a worker claims, where compiling the ORM's
+equivalents cost more than running them."""
+from __future__ import annotations
+
+from django.db import connection
+
+from controlplane.db import rows_sql
+from webhooks.models import Delivery, Subscription
+
+
+def due_sql(ready: str) -> str:
+    """Due deliveries (`ready`) whose subscription may send (see `sendable`),
+    that are their subscription's oldest unfinished one, whose endpoint has
+    fewer than PER_ENDPOINT in flight: oldest due first, skipping rows other
+    workers hold. Plain SQL: this runs for every batch a worker claims, and
+    compiling it through the ORM cost more than running it."""
+    quote = connection.ops.quote_name
+    deliveries, subscriptions = quote(Delivery._meta.db_table), quote(Subscription._meta.db_table)
+    lock = " FOR UPDATE OF d SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
+    return (f"SELECT d.id FROM {deliveries} d JOIN {subscriptions} s ON s.id = d.subscription_id "
+            f"WHERE {ready} AND s.status = 'active' AND (s.lease_expires_at IS NULL OR s.lease_expires_at > %(at)s) "
+            f"AND NOT EXISTS (SELECT 1 FROM {deliveries} o WHERE o.subscription_id = d.subscription_id "
+            f"AND o.id < d.id AND o.state IN ('pending', 'sending')) "
+            f"AND s.endpoint_id NOT IN (SELECT bs.endpoint_id FROM {deliveries} b "
+            f"JOIN {subscriptions} bs ON bs.id = b.subscription_id "
+            f"WHERE b.state = 'sending' AND b.claimed_until >= %(at)s "
+            f"GROUP BY bs.endpoint_id HAVING COUNT(*) >= %(per_endpoint)s) "
+            f"ORDER BY d.due_at, d.id LIMIT %(limit)s{lock}")
+
+
+# Two index-backed reads (due wakes; claims whose lease ran out) rather than
+# one OR, which would scan the whole delivery history.
+READY = ("d.state IN ('open', 'pending') AND d.due_at <= %(at)s",
+          "d.state = 'sending' AND d.claimed_until < %(at)s")
+
+
+def freeze(deliveries: list[Delivery], at) -> None:
+    """Store the bodies (and bound items) of first claims: one statement."""
+    table = connection.ops.quote_name(Delivery._meta.db_table)
+    values, params = rows_sql([(d.pk, d.body, d.item_id) for d in deliveries], ["id", "body", "item_id"])
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET body = v.body, item_id = CAST(v.item_id AS BIGINT), "
+                       f"first_attempt_at = %s FROM ({values}) v WHERE {table}.id = v.id",
+                       [connection.ops.adapt_datetimefield_value(at), *params])
