@@ -9,8 +9,8 @@ ADMIN_KEY = "bench-only-server-admin-key-0123456789abcdefghijklmnopqrstuvwxyz"
 # channels_redis keeps a group as a sorted set of channel names; stale names
 # left by earlier processes make every group_send on commit fan out to them.
 LOG_GROUP_KEY = f"{redis_namespace(ADMIN_KEY)}:group:switchboard.log"
-TARGET_SENDS_PER_S = 500
-TARGET_RSS_MIB = 155
+TARGET_SENDS_SHARE = 0.08  # sends/s / 16-client insert tx/s (issue: ≥ 8%)
+TARGET_RSS_MIB = 120
 TARGET_FEED_RATIO = 1.3
 TARGET_FRAME_P50_MS, TARGET_FRAME_P99_MS = 17, 37
 TARGET_STREAM_TO_FRAME = 1.5  # MCP stream event latency / WebSocket frame latency, p50 and p99
@@ -59,7 +59,7 @@ def markdown(report: dict) -> str:
         lines += [f"### Sends through the HTTP API ({cfg['clients']} aiohttp clients, {fmt(cfg['seconds'])} s "
                   f"measured after {fmt(cfg['warmup'])} s warm-up, PostgreSQL)", "",
                   "| server | sends/s | vs insert tx/s | p50 ms | p99 ms | errors | peak RSS per process, MiB "
-                  "| CPU cores server / client | tracebacks | ≥ 500/s | ≤ 155 MiB |",
+                  "| CPU cores server / client / machine | tracebacks | ≥ 8% | ≤ 120 MiB |",
                   "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | --- |"]
         for name, r in res["sends"].items():
             if "error" in r:
@@ -70,8 +70,9 @@ def markdown(report: dict) -> str:
             share = f"{100 * r['sends_per_s'] / base16:.1f}%" if base16 else "–"
             lines.append(f"| {name} | {fmt(r['sends_per_s'])} | {share} | {fmt(r['p50_ms'], 1)} | "
                          f"{fmt(r['p99_ms'], 1)} | {r['errors']} | {rss_text} | "
-                         f"{r['server_cpu_cores']:.2f} / {r['client_cpu_cores']:.2f} | {r['server_log']['tracebacks']} | "
-                         f"{verdict(r['sends_per_s'] >= TARGET_SENDS_PER_S)} | "
+                         f"{r['server_cpu_cores']:.2f} / {r['client_cpu_cores']:.2f} / {r.get('machine_cpu_cores', 0):.2f} | "
+                         f"{r['server_log']['tracebacks']} | "
+                         f"{verdict(bool(base16) and r['sends_per_s'] >= TARGET_SENDS_SHARE * base16)} | "
                          f"{verdict(max(rss, default=0) <= TARGET_RSS_MIB)} |")
         groups = [r["log_group_channels"]["before"] for r in res["sends"].values() if "log_group_channels" in r]
         groups = [g for g in groups if g is not None]
@@ -80,7 +81,7 @@ def markdown(report: dict) -> str:
                       + ", ".join(map(str, groups)) + " (each one gets a copy of every send's nudge)."]
         lines += ["", "RSS: m = main process (the only one for Daphne), w = worker, h = helper (multiprocessing resource tracker); "
                   "peak of VmRSS sampled every 0.1 s. CPU cores: CPU time used during warm-up + measurement / wall time "
-                  "(server: all its processes; client: this process).", ""]
+                  "(server: all its processes; client: this process; machine: every process, PostgreSQL and Redis included).", ""]
 
     if "feeds" in res:
         f = res["feeds"]

@@ -68,6 +68,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds before each send measurement")
     p.add_argument("--baseline-seconds", type=float, default=5.0, help="seconds per insert baseline (default 5)")
     p.add_argument("--clients", type=int, default=16, help="concurrent clients (default 16)")
+    p.add_argument("--profile-sends", action="store_true",
+                   help="record each send setup with py-spy (collapsed stacks and a flame graph beside the results)")
     p.add_argument("--only", action="append", choices=PHASES, help="run only this phase (repeatable)")
     p.add_argument("--setups", nargs="+", choices=list(SETUPS), default=list(SETUPS), metavar="SETUP",
                    help="server setups for the send benchmark (default: all)")
@@ -204,6 +206,24 @@ def run_inbox(args, env, out_dir: Path, baseline: dict | None) -> dict:
     return result
 
 
+def busy_jiffies() -> int:
+    """CPU time the whole machine has spent busy (every core, every process:
+    the servers, PostgreSQL, Redis and this client), in clock ticks."""
+    with open("/proc/stat") as f:
+        user, nice, system, idle, iowait, irq, softirq, steal = (int(v) for v in f.readline().split()[1:9])
+    return user + nice + system + irq + softirq + steal
+
+
+def profile_start(server: Server, path: Path, seconds: float) -> subprocess.Popen:
+    """py-spy over the server's process tree for `seconds`: collapsed stacks
+    (one line per stack and its sample count, the input of any flame graph
+    tool) at `path`; `bench/profile.py` summarizes them."""
+    return subprocess.Popen([str(ROOT / ".venv" / "bin" / "py-spy"), "record", "--pid", str(server.proc.pid),
+                             "--subprocesses", "--nonblocking", "--gil", "--rate", "250", "--duration", str(max(1, round(seconds))),
+                             "--format", "raw", "--output", str(path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def run_sends(args, env, fx, out_dir: Path, run_id: str) -> dict:
     results = {}
     senders = fx.members[: args.clients]
@@ -214,7 +234,9 @@ def run_sends(args, env, fx, out_dir: Path, run_id: str) -> dict:
                 asyncio.run(fixture.ensure_spaces(server.base_url, fx))
                 group_before = None if args.no_redis else log_group_size(args.redis_url)
                 server.memory.start()
-                client_cpu = time.process_time()
+                profiler = profile_start(server, out_dir / f"sends-{name}.collapsed",
+                                         args.warmup + args.seconds) if args.profile_sends else None
+                client_cpu, machine_busy = time.process_time(), busy_jiffies()
                 try:
                     figures = asyncio.run(load.send_load(
                         server.base_url, fixture.SEND_SPACE, [m.token for m in senders], [m.handle for m in fx.members],
@@ -223,11 +245,15 @@ def run_sends(args, env, fx, out_dir: Path, run_id: str) -> dict:
                 finally:
                     processes = server.memory.stop()
                     client_cpu = time.process_time() - client_cpu
+                    machine_busy = busy_jiffies() - machine_busy
+                    if profiler:
+                        profiler.wait(timeout=60)
             window = args.warmup + args.seconds
             results[name] = {**figures, "command": " ".join(server.argv), "startup_seconds": server.startup_seconds,
                              "processes": processes, "server_log": server.log_summary(),
                              "server_cpu_cores": round(sum(p["cpu_seconds"] for p in processes) / window, 2),
                              "client_cpu_cores": round(client_cpu / window, 2),
+                             "machine_cpu_cores": round(machine_busy / os.sysconf("SC_CLK_TCK") / window, 2),
                              "log_group_channels": {"before": group_before, "after": None if args.no_redis
                                                     else log_group_size(args.redis_url)}}
         except Exception as exc:  # one broken setup must not hide the others

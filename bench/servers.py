@@ -28,6 +28,8 @@ SAMPLE_INTERVAL = 0.1
 
 # name -> argv with {port}; the commands are those documented in bench/README.md.
 SETUPS: dict[str, list[str]] = {
+    # What `manage.py serve` starts by default (the HTTP server and the worker cluster).
+    "serve": [PY, str(ROOT / "manage.py"), "serve", "--bind", "127.0.0.1:{port}"],
     "daphne-1": [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", "{port}", "controlplane.asgi:application"],
     "uvicorn-2w": [PY, "-m", "uvicorn", "controlplane.asgi:application", "--host", "127.0.0.1", "--port", "{port}",
                    "--workers", "2", "--no-access-log", "--log-level", "warning"],
@@ -35,6 +37,15 @@ SETUPS: dict[str, list[str]] = {
     # (see bench/README.md, "uvicorn and TCP_NODELAY").
     "uvicorn-1w": [PY, "-m", "uvicorn", "controlplane.asgi:application", "--host", "127.0.0.1", "--port", "{port}",
                    "--no-access-log", "--log-level", "warning"],
+    # uvicorn with its fast parts named (uvloop, httptools, websockets), and granian (Rust HTTP, ASGI).
+    "uvicorn-fast-2w": [PY, "-m", "uvicorn", "controlplane.asgi:application", "--host", "127.0.0.1", "--port",
+                        "{port}", "--workers", "2", "--loop", "uvloop", "--http", "httptools", "--ws", "websockets",
+                        "--no-access-log", "--log-level", "warning"],
+    "granian-1w": [PY, "-m", "granian", "--interface", "asgi", "--host", "127.0.0.1", "--port", "{port}",
+                   "--loop", "uvloop", "--log-level", "warning", "--no-access-log", "controlplane.asgi:application"],
+    "granian-2w": [PY, "-m", "granian", "--interface", "asgi", "--host", "127.0.0.1", "--port", "{port}",
+                   "--workers", "2", "--loop", "uvloop", "--log-level", "warning", "--no-access-log",
+                   "controlplane.asgi:application"],
     "gunicorn-2w": [PY, "-m", "gunicorn", "controlplane.wsgi:application", "-b", "127.0.0.1:{port}", "-w", "2",
                     "--log-level", "warning"],
     "gunicorn-4w": [PY, "-m", "gunicorn", "controlplane.wsgi:application", "-b", "127.0.0.1:{port}", "-w", "4",
