@@ -2,10 +2,44 @@
 handlers), and derived tables for set-based updates."""
 from __future__ import annotations
 
+import contextvars
 import functools
+from concurrent.futures import ThreadPoolExecutor
 
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
+from django.conf import settings
 from django.db import close_old_connections
+
+_pool: ThreadPoolExecutor | None = None
+# Set by controlplane.handlers for the requests it serves: elsewhere (the
+# test client, management commands) sync work stays on asgiref's
+# thread-sensitive thread, where a test's transaction is visible.
+pooled = contextvars.ContextVar("switchboard_pooled", default=False)
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=settings.SYNC_THREADS, thread_name_prefix="switchboard-sync")
+    return _pool
+
+
+def in_pool(fn):
+    """`fn` as a coroutine function. In a request of the ASGI server it runs
+    on the process's pool of SYNC_THREADS long-lived threads (each keeps its
+    Django connection object; the connection itself goes back to the
+    database pool when the caller closes it): no thread is made per call,
+    and calls overlap their database waits. Elsewhere, `sync_to_async(fn)`."""
+    shared = sync_to_async(fn)
+
+    @functools.wraps(fn)
+    async def call(*args, **kwargs):
+        if not pooled.get():
+            return await shared(*args, **kwargs)
+        return await sync_to_async(fn, thread_sensitive=False, executor=_executor())(*args, **kwargs)
+
+    return call
 
 
 def db_call(fn):

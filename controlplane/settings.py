@@ -35,6 +35,10 @@ SECRET_KEY = derive_key(SERVER_ADMIN_KEY, "django-secret-key", 48).hex()
 REDIS_NAMESPACE = redis_namespace(SERVER_ADMIN_KEY)
 
 SWITCHBOARD_BIND = os.environ.get("SWITCHBOARD_BIND", "127.0.0.1:8000")
+# `serve`: the ASGI server (uvicorn, granian or daphne) and its processes
+# (0: one per core with REDIS_URL, else 1).
+SERVE_SERVER = os.environ.get("SERVE_SERVER", "uvicorn")
+SERVE_WORKERS = env_int("SERVE_WORKERS", 0)
 SWITCHBOARD_PUBLIC_URL = os.environ.get("SWITCHBOARD_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
 WEBHOOK_ALLOW_PRIVATE_NETWORKS = env_bool("WEBHOOK_ALLOW_PRIVATE_NETWORKS", False)
 WEBHOOK_CA_BUNDLE = os.environ.get("WEBHOOK_CA_BUNDLE") or None
@@ -83,7 +87,6 @@ if WEBHOOK_ALLOW_PRIVATE_NETWORKS and not DEBUG:
                                "unset it, or set DEBUG=1 on a development machine.")
 
 INSTALLED_APPS = [
-    "daphne",
     "controlplane.admin_app.SwitchboardAdminConfig",  # django.contrib.admin, for active admin members only
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -161,6 +164,9 @@ elif _db["ENGINE"] == "django.db.backends.postgresql":
         "timeout": 10,
     }
 DATABASES = {"default": _db}
+# Threads per server process for sync request work (controlplane.handlers):
+# calls overlap their database waits; Python itself runs one at a time.
+SYNC_THREADS = env_int("SYNC_THREADS", 8)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 IS_POSTGRES = _db["ENGINE"] == "django.db.backends.postgresql"
 

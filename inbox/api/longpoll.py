@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connections
 
+from controlplane.db import in_pool
 from controlplane.live import log_watcher
 
 MAX_WAIT_MS = 30_000
@@ -41,7 +41,7 @@ def long_polling(sync_view):
         finally:
             _release_connections()
 
-    read = sync_to_async(read_once)
+    read = in_pool(read_once)
 
     async def view(request, *args, **kwargs):
         wait_ms = _wait_ms(request)
