@@ -4,16 +4,18 @@ A message's rows: the message, per recipient a handling row and an inbox
 item, and its event with addressee rows.
 
 On PostgreSQL the whole write is one statement (data-modifying CTEs from the
-log head UPDATE through every insert), sent in one round trip and committed
-on its own unless the caller holds a transaction; the log head lock is then
-held for that statement alone. Elsewhere (SQLite) the same rows are written
-through the ORM in one transaction. Both give the same rows and the same
-commit-order guarantee (controlplane.log).
+log head UPDATE through every insert), sent in one round trip. Unless the
+caller holds a transaction, concurrent writes of one process share one
+(group commit, `_GroupCommit`): one log head lock, one run of the append
+hooks and one COMMIT for the lot. Elsewhere (SQLite) the same rows are
+written through the ORM in one transaction. Both give the same rows and the
+same commit-order guarantee (controlplane.log).
 """
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+import threading
+from dataclasses import dataclass, field, replace
 
 from django.db import connection, transaction
 
@@ -144,22 +146,117 @@ SELECT (SELECT id FROM msg), (SELECT position FROM msg), ARRAY(SELECT member_id 
 """
 
 
+@dataclass
+class _Write:
+    """One message's statement, waiting for its turn in a group commit."""
+    params: dict
+    recipients: list[Member]
+    event: NewEvent
+    done: threading.Event = field(default_factory=threading.Event)
+    lead: bool = False   # set instead of a result: this thread commits the next group
+    alone: bool = False  # set instead of a result: the group failed, write on your own
+    result: tuple[int, int, set[int]] | None = None
+
+
+def _execute(write: _Write) -> tuple[int, int, set[int], NewEvent]:
+    """The statement, in the caller's transaction: (message id, position,
+    screened members, the event as appended). Raises MAILBOX_FULL."""
+    with connection.cursor() as cursor:
+        cursor.execute(_one_statement_sql(), write.params)
+        message_id, position, roomy, firewalled, shared = cursor.fetchone()
+    recipients = write.recipients
+    if len(roomy) < len(recipients) or len(shared) < len(recipients):
+        everyone = {r.pk for r in recipients}
+        raise mailbox.full(recipients, everyone - set(roomy), everyone - set(shared))
+    if message_id is None:
+        raise _MissingLogHead()
+    screened = set(firewalled)
+    event = replace(write.event, addressees=tuple(a for a in write.event.addressees if a not in screened))
+    return message_id, position, screened, event
+
+
 def _run_one_statement(params: dict, recipients: list[Member], event: NewEvent) -> tuple[int, int, set[int]]:
+    write = _Write(params, recipients, event)
+    return _write_alone(write) if connection.in_atomic_block else _group_commit.write(write)
+
+
+def _write_alone(write: _Write) -> tuple[int, int, set[int]]:
     with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(_one_statement_sql(), params)
-            message_id, position, roomy, firewalled, shared = cursor.fetchone()
-        if len(roomy) < len(recipients) or len(shared) < len(recipients):
-            everyone = {r.pk for r in recipients}
-            raise mailbox.full(recipients, everyone - set(roomy), everyone - set(shared))
-        if message_id is None:
-            raise _MissingLogHead()
-        screened = set(firewalled)
-        event = replace(event, addressees=tuple(a for a in event.addressees if a not in screened))
+        message_id, position, screened, event = _execute(write)
         # Statements of their own, under the log head lock the first one
         # took: they see every subscription activated before this position.
         appended([(position, event)])
     return message_id, position, screened
+
+
+class _GroupCommit:
+    """Concurrent writes of one process commit together.
+
+    The log head row is locked from a write's statement to its COMMIT, so
+    one write at a time holds it, and every other waits out the holder's
+    append hooks and its COMMIT (in a busy process, most of that wait is the
+    holder's thread waiting for its turn to run Python). Here the first
+    writer to arrive leads: it takes every write queued by then (up to
+    MAX_GROUP), runs their statements in one transaction, the append hooks
+    once for all of them, and one COMMIT; then it hands the lead to the
+    first write queued meanwhile. The statements run in arrival order, so
+    positions follow it, and commit order is the log's guarantee as before:
+    the lock is held from the group's first position to its COMMIT.
+
+    A group either commits whole or not at all: if any write in it fails
+    (a full mailbox, a duplicate idempotency key raced in, anything), the
+    transaction rolls back and every write of the group runs again on its
+    own, in its own thread, where it succeeds or fails as it would have
+    alone. Guarded by tests/inbox/test_group_commit.py.
+    """
+
+    MAX_GROUP = 32
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queue: list[_Write] = []
+        self._leading = False
+
+    def write(self, write: _Write) -> tuple[int, int, set[int]]:
+        with self._lock:
+            if self._leading:
+                self._queue.append(write)
+            else:
+                self._leading = write.lead = True
+        if not write.lead:
+            write.done.wait()
+        if write.lead:
+            self._lead(write)
+        return _write_alone(write) if write.alone else write.result
+
+    def _lead(self, write: _Write) -> None:
+        with self._lock:
+            group = [write, *self._queue[: self.MAX_GROUP - 1]]
+            del self._queue[: self.MAX_GROUP - 1]
+        try:
+            with transaction.atomic():
+                done = [_execute(w) for w in group]
+                appended([(position, event) for _, position, _, event in done])
+            for w, (message_id, position, screened, _) in zip(group, done):
+                w.result = (message_id, position, screened)
+        except Exception:
+            pass  # rolled back: each write runs again alone (below)
+        finally:
+            for w in group:
+                w.alone = w.result is None
+            with self._lock:
+                successor = self._queue.pop(0) if self._queue else None
+                if successor is None:
+                    self._leading = False
+                else:
+                    successor.lead = True
+            for w in group[1:]:
+                w.done.set()
+            if successor is not None:
+                successor.done.set()
+
+
+_group_commit = _GroupCommit()
 
 
 def _insert_in_one_statement(message: Message, recipients: list[Member], items: list[InboxItem],
