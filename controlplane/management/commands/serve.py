@@ -32,15 +32,51 @@ def split_bind(bind: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+APP = "controlplane.asgi:application"
+SERVERS = ("uvicorn", "granian", "daphne")
+
+
+def server_command(server: str, host: str, port: int, workers: int) -> list[str]:
+    """The ASGI server's command line (docs/benchmarks.md compares them)."""
+    if server == "uvicorn":
+        return [sys.executable, "-m", "uvicorn", APP, "--host", host, "--port", str(port), "--workers", str(workers),
+                "--loop", "uvloop", "--http", "httptools", "--ws", "websockets", "--lifespan", "on",
+                "--timeout-graceful-shutdown", "5", "--no-access-log", "--log-level", "warning"]
+    if server == "granian":
+        return [sys.executable, "-m", "granian", "--interface", "asgi", "--host", host, "--port", str(port),
+                "--workers", str(workers), "--loop", "uvloop", "--no-access-log", "--log-level", "warning", APP]
+    if workers != 1:
+        raise CommandError("Daphne serves from one process: use --workers 1, or --server uvicorn")
+    return [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "-v", "0", APP]
+
+
+def default_workers() -> int:
+    """One server process per core where processes can share the channel
+    layer (Redis); one otherwise, as the in-memory layer lives in a process."""
+    return (os.cpu_count() or 1) if settings.REDIS_URL else 1
+
+
 class Command(BaseCommand):
-    help = "Serve Switchboard: the ASGI server (Daphne) and the django-q2 worker cluster."
+    help = "Serve Switchboard: the ASGI server (uvicorn by default) and the django-q2 worker cluster."
 
     def add_arguments(self, parser):
         parser.add_argument("--bind", default=settings.SWITCHBOARD_BIND, help="HOST:PORT (default SWITCHBOARD_BIND)")
+        parser.add_argument("--server", choices=SERVERS, default=settings.SERVE_SERVER,
+                            help="the ASGI server (default SERVE_SERVER, else uvicorn)")
+        parser.add_argument("--workers", type=int, default=settings.SERVE_WORKERS or None,
+                            help="server processes (default SERVE_WORKERS, else one per core with REDIS_URL, else 1)")
         parser.add_argument("--no-worker", action="store_true", help="do not start the django-q2 cluster")
 
-    def handle(self, *args, bind, no_worker, **options):
+    def handle(self, *args, bind, server, workers, no_worker, **options):
         host, port = split_bind(bind)
+        if server not in SERVERS:
+            raise CommandError(f"--server (SERVE_SERVER) must be one of {', '.join(SERVERS)}, not {server!r}")
+        workers = workers or default_workers()
+        if workers < 1:
+            raise CommandError("--workers must be at least 1")
+        if workers > 1 and not settings.REDIS_URL:
+            raise CommandError("several server processes share live updates through Redis: set REDIS_URL, "
+                               "or use --workers 1")
         call_command("recover")  # persisted barriers finish before anything is served
         # Listen first: a signal between two spawns must not leave a child
         # behind. Each child leads its own process group, so Ctrl-C reaches
@@ -48,8 +84,7 @@ class Command(BaseCommand):
         # spawned (the cluster's sentinel and workers) can be found and
         # killed even after the child is gone.
         stop = StopRequest()
-        commands = [[sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "-v", "0",
-                     "controlplane.asgi:application"]]
+        commands = [server_command(server, host, port, workers)]
         if not no_worker:
             commands.append([sys.executable, os.path.join(settings.BASE_DIR, "manage.py"), "worker"])
         children = []
