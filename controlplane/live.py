@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 
 from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
@@ -188,47 +189,60 @@ class LogWatcher:
                 interest.event.set()
 
     async def _listen(self) -> None:
-        layer = get_channel_layer()
-        if layer is None:
-            return
-        while True:
-            channel = None
-            try:
-                channel = await layer.new_channel()
-                await layer.group_add(LOG_GROUP, channel)
-                joined = time.monotonic()
-                while True:
-                    try:
-                        self._wake(await asyncio.wait_for(layer.receive(channel), GROUP_READD_SECONDS))
-                    except (asyncio.TimeoutError, TimeoutError):
-                        pass
-                    # Group memberships expire (a day by default) however busy
-                    # the group is: renew by the clock, not only when idle.
-                    if time.monotonic() - joined >= GROUP_READD_SECONDS:
-                        await layer.group_add(LOG_GROUP, channel)
-                        joined = time.monotonic()
-            except asyncio.CancelledError:
-                await _leave(layer, channel)
+        await listen(LOG_GROUP, self._wake)
+
+
+async def listen(group: str, on_message: Callable[[dict], None]) -> None:
+    """Call `on_message` with every message sent to `group`, until
+    cancelled: a channel of its own in the group, renewed by the clock, and
+    rejoined after a lost layer. Returns at once without a channel layer."""
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    while True:
+        channel = None
+        try:
+            channel = await layer.new_channel()
+            await layer.group_add(group, channel)
+            joined = time.monotonic()
+            while True:
+                try:
+                    on_message(await asyncio.wait_for(layer.receive(channel), GROUP_READD_SECONDS))
+                except (asyncio.TimeoutError, TimeoutError):
+                    pass
+                # Group memberships expire (a day by default) however busy
+                # the group is: renew by the clock, not only when idle.
+                if time.monotonic() - joined >= GROUP_READD_SECONDS:
+                    await layer.group_add(group, channel)
+                    joined = time.monotonic()
+        except asyncio.CancelledError:
+            await _leave(layer, group, channel)
+            raise
+        except Exception:
+            # Some layers turn a cancellation (the loop shutting down)
+            # into their own errors: stop rather than retry then.
+            await _leave(layer, group, channel)
+            if asyncio.current_task().cancelling():
                 raise
-            except Exception:
-                # Some layers turn a cancellation (the loop shutting down)
-                # into their own errors: stop rather than retry then.
-                await _leave(layer, channel)
-                if asyncio.current_task().cancelling():
-                    raise
-                logger.warning("log watcher lost its channel layer; retrying", exc_info=True)
-                await asyncio.sleep(1.0)
+            logger.warning("lost the channel layer while listening to %s; retrying", group, exc_info=True)
+            await asyncio.sleep(1.0)
 
 
-async def _leave(layer, channel: str | None) -> None:
-    """Leave the log group, best effort: a channel left behind would get a
-    copy of every commit's message until its membership expires."""
+async def _leave(layer, group: str, channel: str | None) -> None:
+    """Leave the group, best effort: a channel left behind would get a copy
+    of every message until its membership expires."""
     if channel is None:
         return
     try:
-        await asyncio.wait_for(layer.group_discard(LOG_GROUP, channel), 1.0)
+        await asyncio.wait_for(layer.group_discard(group, channel), 1.0)
     except Exception:
         pass
+
+
+def shared_layer() -> bool:
+    """Whether the channel layer reaches other processes (Redis), not only this one."""
+    layer = get_channel_layer()
+    return layer is not None and not isinstance(layer, InMemoryChannelLayer)
 
 
 log_watcher = LogWatcher()

@@ -5,8 +5,25 @@ from __future__ import annotations
 
 from django.db import connection
 
+from controlplane import live
 from controlplane.db import rows_sql
 from webhooks.models import Delivery, Subscription
+
+# The running delivery timer listens here (webhooks.engine.pump): a new due
+# delivery reaches it at once instead of at its next poll.
+DUE_GROUP = "switchboard.webhooks.due"
+
+
+def kick_on_commit() -> None:
+    """Once the current transaction commits: a delivery task for the
+    workers, and a nudge to the timer (both nudges: the rows are the truth,
+    and the timer's poll and the minute sweep find what a lost one left)."""
+    live.kick_on_commit("webhooks.tasks.deliver")
+    nudge_timer_on_commit()
+
+
+def nudge_timer_on_commit() -> None:
+    live.group_send_on_commit(DUE_GROUP, {"type": "webhooks.due"})
 
 
 def due_sql(ready: str) -> str:

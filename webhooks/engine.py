@@ -33,6 +33,7 @@ from django.conf import settings
 from django.db import connection, connections, transaction
 from django.db.models import F, Q
 
+from controlplane import live
 from controlplane.access import can_read_space
 from controlplane.clock import now, rfc3339, timestamp
 from controlplane.cursors import caller_id, pack_cursor
@@ -41,7 +42,7 @@ from inbox import notices
 from inbox.delivery import oldest_pending, settle_acknowledged
 from inbox.models import InboxItem
 from webhooks import crypto, mcp
-from webhooks.due import READY, due_sql, freeze
+from webhooks.due import DUE_GROUP, READY, due_sql, freeze
 from webhooks.models import Attempt, Delivery, Subscription
 from webhooks.transport import Outcome, Transport
 
@@ -380,6 +381,11 @@ async def pump(*, seconds: float, wait: bool, resolver=None) -> int:
     db = _Database()
     in_flight: set[asyncio.Task] = set()
     sent = 0
+    # The timer hears of new due deliveries at once (webhooks.due.DUE_GROUP)
+    # where the channel layer reaches the processes that commit them.
+    nudged = asyncio.Event()
+    listener = asyncio.create_task(live.listen(DUE_GROUP, lambda _: nudged.set())) \
+        if wait and live.shared_layer() else None
     try:
         signer = crypto.Signer(await db(crypto.active_signing_key))
         async with Transport(resolver=resolver, limit=MAX_IN_FLIGHT) as transport:
@@ -400,18 +406,31 @@ async def pump(*, seconds: float, wait: bool, resolver=None) -> int:
                     timeout = POLL_SECONDS if soonest is None else min(max(soonest, 0.01), POLL_SECONDS)
                 else:
                     break
-                if in_flight:
-                    done, in_flight = await asyncio.wait(in_flight, timeout=timeout,
-                                                         return_when=asyncio.FIRST_COMPLETED)
-                    if done and in_flight:  # what else finishes within a few ms shares the transaction
-                        more, in_flight = await asyncio.wait(in_flight, timeout=RECORD_WINDOW)
-                        done |= more
+                done = await _first_of(in_flight, nudged, timeout)
+                in_flight -= done
+                if done and in_flight:  # what else finishes within a few ms shares the transaction
+                    more, in_flight = await asyncio.wait(in_flight, timeout=RECORD_WINDOW)
+                    done |= more
+                if done:
                     await db(_record_or_leave, [task.result() for task in done])
-                else:
-                    await asyncio.sleep(timeout)
     finally:
         if in_flight:  # cancelled mid-run: the leases bring these back
             for task in in_flight:
                 task.cancel()
+        if listener:
+            listener.cancel()
+            await asyncio.gather(listener, return_exceptions=True)
         await db.close()
     return sent
+
+
+async def _first_of(in_flight: set[asyncio.Task], nudged: asyncio.Event, timeout: float) -> set[asyncio.Task]:
+    """Wait until a send finishes, a nudge comes or `timeout` passes; the
+    finished sends. A nudge is used up here."""
+    nudge = asyncio.ensure_future(nudged.wait())
+    try:
+        done, _ = await asyncio.wait({*in_flight, nudge}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        nudge.cancel()
+    nudged.clear()
+    return done - {nudge}

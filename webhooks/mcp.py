@@ -38,13 +38,12 @@ from controlplane.clock import now, rfc3339
 from controlplane.cursors import caller_id, pack_cursor
 from controlplane.errors import Conflict, InvalidUrl, NotFound
 from controlplane.keys import purpose_key
-from controlplane.live import kick_on_commit
 from controlplane.models import Member, Space
 from coordination.models import Task
 from inbox.delivery import pending_count
 from inbox.models import InboxItem
 from inbox.render import item_occurrence
-from webhooks import crypto
+from webhooks import crypto, due
 from webhooks.models import Delivery, Endpoint, Subscription
 from webhooks.transport import validate_url
 
@@ -202,7 +201,7 @@ def offer(subscription_ids: Iterable[int], *, only_if_pending: bool = False, kic
     Delivery.objects.bulk_create(Delivery(subscription_id=pk, after_position=0, through_position=0, due_at=at)
                                  for pk in sorted(ids))
     if kick:
-        kick_on_commit("webhooks.tasks.deliver")
+        due.kick_on_commit()
 
 
 def body(delivery: Delivery) -> str:

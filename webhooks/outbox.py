@@ -21,9 +21,8 @@ from django.db.models.functions import Greatest
 
 from controlplane.access import readers_of_conversations
 from controlplane.clock import now
-from controlplane.live import kick_on_commit
 from controlplane.log import NewEvent
-from webhooks import mcp
+from webhooks import due, mcp
 from webhooks.models import Delivery, Subscription
 
 _SUBSCRIPTIONS = connection.ops.quote_name(Subscription._meta.db_table)
@@ -108,4 +107,4 @@ def extend_or_open(subscription_id: int, position: int, *, debounce_ms: int) -> 
         return
     Delivery.objects.create(subscription_id=subscription_id, after_position=after, through_position=position,
                             due_at=now() + dt.timedelta(milliseconds=debounce_ms))
-    kick_on_commit("webhooks.tasks.deliver")
+    due.kick_on_commit()

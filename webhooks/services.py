@@ -16,12 +16,11 @@ from controlplane import audit
 from controlplane.access import can_read_space
 from controlplane.clock import now, rfc3339, timestamp
 from controlplane.errors import Conflict, InvalidRequest, LimitExceeded, NotFound, RateLimited, VerificationFailed
-from controlplane.live import kick_on_commit
 from controlplane.models import Conversation, LogHead, Member, Space
 from controlplane.ratelimit import hit
 from controlplane.tokens import public_id
 from coordination.models import Task
-from webhooks import crypto
+from webhooks import crypto, due
 from webhooks.engine import feed_cursor, lease
 from webhooks.models import Delivery, Endpoint, SigningKey, Subscription
 from webhooks.outbox import extend_or_open, last_through
@@ -349,7 +348,7 @@ def replay(delivery_id: str, owner: Member) -> Delivery:
         copy = Delivery.objects.create(subscription=original.subscription, after_position=original.after_position,
                                        through_position=original.through_position, state=Delivery.State.PENDING,
                                        due_at=now(), replay_of=original)
-        kick_on_commit("webhooks.tasks.deliver")
+        due.kick_on_commit()
     return copy
 
 

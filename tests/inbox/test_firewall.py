@@ -235,7 +235,7 @@ def test_inbox_subscriptions_are_woken_only_by_admitted_items(space, alice, bob,
     # given: bob's active inbox subscription (rows only: no receiver is called here)
     from controlplane.models import LogHead
     from webhooks.models import Delivery, Endpoint, Subscription
-    monkeypatch.setattr("webhooks.outbox.kick_on_commit", lambda *args: None)
+    monkeypatch.setattr("webhooks.due.kick_on_commit", lambda: None)
     endpoint = Endpoint.objects.create(owner=bob, url="https://hooks.example/bob")
     Subscription.objects.create(owner=bob, endpoint=endpoint, kind=Subscription.Kind.INBOX,
                                 status=Subscription.Status.ACTIVE, debounce_ms=0,

@@ -25,8 +25,7 @@ ROTATED = "whsec_" + base64.b64encode(b"b" * 32).decode()
 
 @pytest.fixture(autouse=True)
 def no_kicks(monkeypatch):
-    monkeypatch.setattr("webhooks.mcp.kick_on_commit", lambda *args: None)
-    monkeypatch.setattr("webhooks.outbox.kick_on_commit", lambda *args: None)
+    monkeypatch.setattr("webhooks.due.kick_on_commit", lambda: None)
 
 
 def pump():

@@ -64,7 +64,7 @@ def test_a_receiver_url_that_cannot_be_used_is_a_clear_error(ann, browser_of, ur
 
 @pytest.mark.django_db(transaction=True)
 def test_a_member_saves_verifies_subscribes_and_sees_the_attempt(ann, ben, room, receiver, browser_of, monkeypatch):
-    monkeypatch.setattr("webhooks.outbox.kick_on_commit", lambda *args: None)  # the test runs the engine
+    monkeypatch.setattr("webhooks.due.kick_on_commit", lambda: None)  # the test runs the engine
     space, channel = room
     client = browser_of(ben)
     # when: save with a secret, verify, subscribe to the conversation and activate

@@ -4,17 +4,20 @@ import asyncio
 import base64
 import datetime as dt
 import json
+import threading
+import time
 
 import nacl.signing
 import pytest
-from django.db import transaction
+from django.conf import settings
+from django.db import connections, transaction
 from standardwebhooks.webhooks import Webhook
 
 from controlplane import services
 from controlplane.clock import freeze, now
 from inbox.services import send_message
 from tests.conftest import Api
-from webhooks import engine
+from webhooks import due, engine
 from webhooks.crypto import rotate_signing_key
 from webhooks.models import Attempt, Delivery, Subscription
 from webhooks.receiver import WakeVerifier, fetch_signing_keys
@@ -26,8 +29,7 @@ SECRET = "whsec_" + base64.b64encode(b"s" * 32).decode()
 @pytest.fixture(autouse=True)
 def no_kicks(monkeypatch):
     """The tests run the engine themselves (kicks would run it synchronously)."""
-    monkeypatch.setattr("webhooks.outbox.kick_on_commit", lambda *args: None)
-    monkeypatch.setattr("webhooks.services.kick_on_commit", lambda *args: None)
+    monkeypatch.setattr("webhooks.due.kick_on_commit", lambda: None)
 
 
 def pump(wait=False, seconds=10.0):
@@ -188,6 +190,22 @@ def test_debounce_coalesces_a_burst_into_one_wake(world, receiver):
     events = world["as_alice"].get("/v0/spaces/lab/events",
                                    cursor=wake.json()["event_range"]["after"]).json()["events"]
     assert [e["data"]["message"]["body"] for e in events] == [f"burst {n}" for n in range(5)]
+
+
+@pytest.mark.skipif(not settings.REDIS_URL, reason="needs Redis: the nudge reaches the timer through channels-redis")
+def test_the_running_timer_sends_a_new_wake_when_nudged_not_at_its_next_poll(world, receiver, monkeypatch):
+    # given: a timer whose poll outlasts its run, and sends that nudge it (no worker task)
+    monkeypatch.setattr(engine, "POLL_SECONDS", 3.0)
+    monkeypatch.setattr("webhooks.due.kick_on_commit", due.nudge_timer_on_commit)
+    timer = threading.Thread(target=lambda: (pump(wait=True, seconds=1.5), connections.close_all()))
+    timer.start()
+    time.sleep(0.5)  # the timer is waiting, its channel in the group
+    # when
+    send_message(world["general"], body="now, please", actor=world["bob"])
+    timer.join(10)
+    # then: the timer sent it within its run, long before its poll would have looked
+    (wake,) = receiver.wakes()
+    assert wake.json()["type"] == "spaces.events.available"
 
 
 def test_pause_and_resume_produce_a_catch_up_wake(world, receiver):
