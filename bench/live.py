@@ -66,7 +66,8 @@ def _members(env: dict, stamp: str) -> tuple[str, str, str]:
 def _serve(env: dict, out_dir: Path, label: str) -> Server:
     server = Server("daphne-1", env, out_dir, "live")  # port, start, /healthz, stop, memory: the harness's
     server.name = f"serve-{label}"
-    server.argv = [PY, "manage.py", "serve", "--no-worker", "--bind", f"127.0.0.1:{server.port}"]
+    # One server process per `serve` (its --server: SERVE_SERVER in the environment, uvicorn by default).
+    server.argv = [PY, "manage.py", "serve", "--no-worker", "--workers", "1", "--bind", f"127.0.0.1:{server.port}"]
     server.stdout_path, server.stderr_path = (out_dir / f"live-{label}.{s}.log" for s in ("stdout", "stderr"))
     return server
 
@@ -113,6 +114,26 @@ async def _measure(bases: list[str], slug: str, conversation: str, session_id: s
         if not ending:
             closes.append(f"client {i}: {ws.close_code}")
 
+    polled: dict[str, float] = {}  # message id -> arrival through the long-poll
+
+    async def long_poll(http, cursor: str | None) -> None:
+        """The space feed as a long-polling client reads it (wait_ms), from the end of the log."""
+        url = f"{bases[0]}/v0/spaces/{slug}/events"
+        auth = {"Authorization": f"Bearer {token}"}
+        while not ending:
+            params = {"limit": "100", **({"cursor": cursor, "wait_ms": "30000"} if cursor else {})}
+            async with http.get(url, params=params, headers=auth) as response:
+                page = await response.json(content_type=None)
+            arrived = time.perf_counter()
+            for event in page.get("events", []):
+                if event["kind"] == "message.created" and cursor:
+                    polled.setdefault(event["data"]["message"]["id"], arrived)
+            cursor = page.get("cursor", cursor)
+            while page.get("has_more"):  # catch up to the end before waiting
+                async with http.get(url, params={"limit": "100", "cursor": cursor}, headers=auth) as response:
+                    page = await response.json(content_type=None)
+                cursor = page["cursor"]
+
     path = f"/ws/conversations/{conversation}/?after=0"
     sent: list[tuple[str, float, float]] = []  # (message id, t0, response)
     timeouts = 0
@@ -123,6 +144,8 @@ async def _measure(bases: list[str], slug: str, conversation: str, session_id: s
                    for i in range(clients)]
         tasks = [asyncio.create_task(reader(i, ws)) for i, ws in enumerate(sockets)]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in live)), 30)
+        poller = asyncio.create_task(long_poll(http, None))
+        await asyncio.sleep(0.5)  # the poller has caught up and waits
         url = f"{bases[0]}/v0/spaces/{slug}/conversations/{conversation}/messages"
         headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
         for n in range(sends):
@@ -139,9 +162,10 @@ async def _measure(bases: list[str], slug: str, conversation: str, session_id: s
             await asyncio.sleep(gap)
         await asyncio.sleep(1.0)  # late or duplicate frames
         ending = True
+        poller.cancel()
         for ws in sockets:
             await ws.close()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, poller, return_exceptions=True)
 
     samples, by_server, first, last, missing, duplicates = [], defaultdict(list), [], [], 0, 0
     for message_id, t0, _ in sent:
@@ -163,7 +187,9 @@ async def _measure(bases: list[str], slug: str, conversation: str, session_id: s
               "early_closes": closes,
               "frame": latency_summary(samples), "first_client": latency_summary(first),
               "last_client": latency_summary(last),
-              "send_response": latency_summary([done - t0 for _, t0, done in sent])}
+              "send_response": latency_summary([done - t0 for _, t0, done in sent]),
+              "long_poll": latency_summary([polled[m] - t0 for m, t0, _ in sent if m in polled]),
+              "long_poll_missing": sum(m not in polled for m, _, _ in sent)}
     if len(bases) > 1:
         result["frame_by_server"] = {k: latency_summary(v) for k, v in by_server.items()}
     return result
@@ -242,9 +268,10 @@ def _setup(env: dict, out_dir: Path, label: str, count: int, clients: int, membe
     finally:
         for server in servers:
             server.stop()
-    daphne = [p for p in processes if "daphne" in p["cmdline"]]
     return {**figures, "commands": [" ".join(s.argv) for s in servers], "processes": processes,
-            "daphne_peak_rss_mib": max((p["peak_rss_mib"] for p in daphne), default=None),
+            "server": env.get("SERVE_SERVER", "uvicorn"),
+            "server_peak_rss_mib": max((p["peak_rss_mib"] for p in processes if "controlplane.asgi" in p["cmdline"]
+                                        or "daphne" in p["cmdline"]), default=None),
             "server_cpu_cores": round(sum(p["cpu_seconds"] for p in processes) / wall, 2),
             "log_group_channels_before": group_before, "server_logs": [s.log_summary() for s in servers]}
 

@@ -193,12 +193,11 @@ def _stream_phase(env: dict, out_dir: Path, *, sends: int, gap: float) -> dict:
         websocket, stream = measure_websocket(to_reader, sends), measure_stream(sends)
         wall = time.monotonic() - started
         processes = server.memory.stop()
-    daphne = [p for p in processes if "daphne" in p["cmdline"]]
     ratios = {q: round(stream["event"][f"{q}_ms"] / websocket["frame"][f"{q}_ms"], 2)
               for q in ("p50", "p99") if stream["event"][f"{q}_ms"] and websocket["frame"][f"{q}_ms"]}
     return {"sends": sends, "gap_ms": round(gap * 1000), "stream": stream, "websocket": websocket,
             "ratios": ratios, "command": " ".join(server.argv),
-            "daphne_peak_rss_mib": max((p["peak_rss_mib"] for p in daphne), default=None),
+            "server_peak_rss_mib": max((p["peak_rss_mib"] for p in processes), default=None),
             "server_cpu_cores": round(sum(p["cpu_seconds"] for p in processes) / wall, 2),
             "server_log": server.log_summary()}
 

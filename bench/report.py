@@ -122,6 +122,9 @@ def markdown(report: dict) -> str:
     if "tasks" in res:
         lines += tasks_markdown(res["tasks"])
 
+    if "growth" in res:
+        lines += growth_markdown(res["growth"])
+
     problems = []
     servers = [(f"sends, {name}", r) for name, r in res.get("sends", {}).items()]
     for phase in ("feeds", "inbox"):
@@ -266,12 +269,13 @@ def live_markdown(r: dict) -> list[str]:
              f"sends one at a time, {r['gap_ms']} ms after the previous send's last frame)", "",
              "| setup | frame p50 / p99 / max ms | first / last client p50 ms | last client p99 ms "
              "| send response p50 / p99 ms | ratio p50 / p99 to send | ratio p50 / p99 to layer "
-             "| frames (missing, dup.) | Daphne peak RSS MiB | CPU cores | ≤ 17 / 37 ms |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- |"]
+             "| frames (missing, dup.) | long-poll response p50 / p99 ms (missing) | server peak RSS MiB | CPU cores "
+             "| ≤ 17 / 37 ms |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |"]
     for name, s in r["setups"].items():
         label = LIVE_SETUPS.get(name, name)
         if "error" in s:
-            lines.append(f"| {label} | failed: {s['error'][:120]} | | | | | | | | | |")
+            lines.append(f"| {label} | failed: {s['error'][:120]} | | | | | | | | | | |")
             continue
         f, first, last, post, ratios = s["frame"], s["first_client"], s["last_client"], s["send_response"], s["ratios"]
         ok = (f["p50_ms"] is not None and f["p50_ms"] <= TARGET_FRAME_P50_MS and f["p99_ms"] <= TARGET_FRAME_P99_MS
@@ -282,7 +286,8 @@ def live_markdown(r: dict) -> list[str]:
                  f"{fmt(ratios.get('p50_to_send'))} / {fmt(ratios.get('p99_to_send'))}",
                  f"{fmt(ratios.get('p50_to_layer'))} / {fmt(ratios.get('p99_to_layer'))}",
                  f"{s['frames']:,} of {s['expected_frames']:,} ({s['missing']}, {s['duplicates']})",
-                 fmt(s["daphne_peak_rss_mib"], 0), f"{s['server_cpu_cores']:.2f}", verdict(ok)]
+                 f"{fmt(s['long_poll']['p50_ms'])} / {fmt(s['long_poll']['p99_ms'])} ({s['long_poll_missing']})",
+                 fmt(s["server_peak_rss_mib"], 0), f"{s['server_cpu_cores']:.2f}", verdict(ok)]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     split = r["setups"].get("2proc", {}).get("frame_by_server")
     if split:
@@ -332,7 +337,7 @@ def mcp_markdown(r: dict) -> list[str]:
                   f" ms (stream) and {fmt(ws['send_response']['p50_ms'])} / {fmt(ws['send_response']['p99_ms'])} ms "
                   f"(WebSocket). Stream: {st['events']} events for {st['sends']} sends ({st['missing']} missing, "
                   f"{st['duplicates']} duplicate, {st['timeouts']} timeouts); WebSocket: {ws['frames']} frames. "
-                  f"Daphne peak RSS {fmt(s['daphne_peak_rss_mib'], 0)} MiB, server CPU {s['server_cpu_cores']:.2f} "
+                  f"Server peak RSS {fmt(s['server_peak_rss_mib'], 0)} MiB, server CPU {s['server_cpu_cores']:.2f} "
                   "cores.", ""]
     if p and "error" not in p:
         push = p["push"]
@@ -347,3 +352,21 @@ def mcp_markdown(r: dict) -> list[str]:
                   f"Machine CPU busy {push['machine_cpu_cores']:.2f} cores; the workers' database threads busy "
                   f"{busy}.", ""]
     return lines
+
+
+def growth_markdown(g: dict) -> list[str]:
+    if "error" in g:
+        return [f"### Cost growth: failed: {g['error']}", ""]
+    stages = list(g)
+    clients = list(g[stages[0]]["sends"])
+    lines = ["### Cost growth: sends/s through `serve` by clients and log size", "",
+             "| clients | " + " | ".join(f"{s} log ({fmt(g[s]['events_in_log'])} events): sends/s, p50 / p99 ms"
+                                      for s in stages) + " | ratio " + " / ".join(stages) + " |",
+             "| ---: | " + " | ".join("---" for _ in stages) + " | ---: |"]
+    for c in clients:
+        rows = [g[s]["sends"][c] for s in stages]
+        cells = [f"{fmt(r['sends_per_s'])}, {fmt(r['p50_ms'], 1)} / {fmt(r['p99_ms'], 1)}"
+                 + (f" ({r['errors']} errors)" if r["errors"] else "") for r in rows]
+        ratio = rows[0]["sends_per_s"] / rows[-1]["sends_per_s"] if rows[-1]["sends_per_s"] else None
+        lines.append(f"| {c} | " + " | ".join(cells) + f" | {fmt(ratio, 2) if ratio else '–'} |")
+    return lines + [""]

@@ -59,7 +59,9 @@ DB_NAME = "switchboard_bench"
 PG = "postgresql://postgres@127.0.0.1:5432"
 DSN = f"{PG}/{DB_NAME}"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-PHASES = ("baseline", "feeds", "inbox", "sends", "webhooks", "live", "mentions", "mcp", "tasks")
+PHASES = ("baseline", "feeds", "inbox", "sends", "webhooks", "live", "mentions", "mcp", "tasks", "growth")
+GROWTH_CLIENTS = (1, 4, 16, 64)
+GROWTH_LOGS = {"1M": 1_000_000, "1k": 1_000}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -261,6 +263,41 @@ def run_sends(args, env, fx, out_dir: Path, run_id: str) -> dict:
     return results
 
 
+def fill_log(events: int) -> int:
+    """Empty the event log, then fill it with `events` events of no space
+    (nothing reads them; they are the log a send appends to)."""
+    with psycopg.connect(DSN, autocommit=True) as conn:
+        conn.execute("SET statement_timeout = '600s'")
+        conn.execute("TRUNCATE controlplane_eventaddressee, controlplane_event")
+        head = conn.execute("SELECT position FROM controlplane_loghead WHERE id = 1").fetchone()[0]
+        conn.execute("INSERT INTO controlplane_event (position, kind, restricted, data, created_at) "
+                     "SELECT %s + g, 'bench.filler', false, '{}'::jsonb, now() FROM generate_series(1, %s) g",
+                     (head, events))
+        conn.execute("UPDATE controlplane_loghead SET position = %s WHERE id = 1", (head + events,))
+        conn.execute("VACUUM (ANALYZE) controlplane_event")
+        conn.execute("CHECKPOINT")
+        return conn.execute("SELECT count(*) FROM controlplane_event").fetchone()[0]
+
+
+def run_growth(args, env, fx, out_dir: Path, run_id: str) -> dict:
+    """Sends/s through `serve` with 1, 4, 16 and 64 clients (the 64 share the
+    --clients senders), with a log of 1M and of 1k events."""
+    stages = {}
+    for stage, events in GROWTH_LOGS.items():
+        in_log = fill_log(events)
+        with Server("serve", env, out_dir, f"growth-{stage}") as server:
+            asyncio.run(fixture.ensure_spaces(server.base_url, fx))
+            rows = {}
+            for clients in GROWTH_CLIENTS:
+                print(f"  growth: {stage} log, {clients} clients …", file=sys.stderr, flush=True)
+                rows[str(clients)] = asyncio.run(load.send_load(
+                    server.base_url, fixture.SEND_SPACE, [m.token for m in fx.members[: args.clients]],
+                    [m.handle for m in fx.members], clients=clients, warmup=args.warmup, seconds=args.seconds,
+                    run_id=f"{run_id}-growth-{stage}-{clients}", idempotency_keys=not args.no_idempotency_key))
+        stages[stage] = {"events_in_log": in_log, "sends": rows, "server_log": server.log_summary()}
+    return stages
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     # Turn SIGTERM (e.g. from `timeout`) into SystemExit, so servers are stopped
@@ -315,6 +352,8 @@ def main(argv=None) -> int:
                     results[phase] = mcp.run(env, DSN, out_dir, sends=args.mcp_sends, gap=args.live_gap,
                                              items=args.mcp_items, workers=args.webhook_workers,
                                              seconds=args.seconds, profile=args.mcp_profile)
+                elif phase == "growth":
+                    results[phase] = run_growth(args, env, fx, out_dir, stamp)
                 elif phase == "live":
                     results[phase] = live.run(env, out_dir, clients=args.live_clients, sends=args.live_sends,
                                               gap=args.live_gap)

@@ -19,6 +19,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from controlplane.bodylimit import BodyLimit  # noqa: E402
+from controlplane.db import pooled  # noqa: E402
 from controlplane.live import publisher  # noqa: E402
 from mcp_endpoint.endpoint import mcp_endpoint  # noqa: E402
 from web.routing import websocket_urlpatterns  # noqa: E402
@@ -50,6 +51,7 @@ async def lifespan(receive, send) -> None:
 async def application(scope, receive, send):
     if scope["type"] == "lifespan":
         return await lifespan(receive, send)
+    pooled.set(True)  # sync work of this connection runs on the thread pool (controlplane.db.in_pool)
     # After-commit group messages for the in-memory layer run on this loop.
     publisher.bind_server_loop(asyncio.get_running_loop())
     if scope["type"] == "http" and scope["path"] in MCP_PATHS:

@@ -7,14 +7,13 @@ import functools
 from concurrent.futures import ThreadPoolExecutor
 
 from asgiref.sync import sync_to_async
-from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import close_old_connections
 
 _pool: ThreadPoolExecutor | None = None
-# Set by controlplane.handlers for the requests it serves: elsewhere (the
-# test client, management commands) sync work stays on asgiref's
-# thread-sensitive thread, where a test's transaction is visible.
+# Set by the ASGI application (controlplane.asgi) for everything it serves:
+# elsewhere (the test client, management commands) sync work stays on
+# asgiref's thread-sensitive thread, where a test's transaction is visible.
 pooled = contextvars.ContextVar("switchboard_pooled", default=False)
 
 
@@ -43,12 +42,12 @@ def in_pool(fn):
 
 
 def db_call(fn):
-    """`database_sync_to_async(fn)` that also gives the connection back from
-    inside the call, in the context the call ran in. Channels closes old
-    connections around the call from the worker thread's own context; for
-    the long-lived tasks here that was seen to leave a connection open
-    after the socket had gone (on PostgreSQL, a test database that could
-    not be dropped). Returning it here is cheap: the pool keeps it."""
+    """`fn` as a coroutine function for long-lived async code (sockets,
+    streams, MCP handlers): it runs as `in_pool` says, and gives the
+    connection back from inside the call, in the thread it ran in (Channels'
+    own wrapper closes old connections from another context; for these
+    long-lived tasks that was seen to leave a connection open after the
+    socket had gone). Returning it is cheap: the pool keeps it."""
     @functools.wraps(fn)
     def call(*args, **kwargs):
         try:
@@ -56,7 +55,7 @@ def db_call(fn):
         finally:
             close_old_connections()
 
-    return database_sync_to_async(call)
+    return in_pool(call)
 
 
 def rows_sql(rows: list[tuple], columns: list[str]) -> tuple[str, list]:

@@ -17,7 +17,7 @@ from django.core.handlers.base import BaseHandler
 from django.db import close_old_connections
 from django.urls import Resolver404, get_resolver
 
-from controlplane.db import in_pool, pooled
+from controlplane.db import in_pool
 
 
 class PooledASGIHandler(ASGIHandler):
@@ -33,7 +33,6 @@ class PooledASGIHandler(ASGIHandler):
         # No ThreadSensitiveContext (which would make a thread per request):
         # the little sync work left outside the pool (signal receivers,
         # closing the response) shares asgiref's one long-lived thread.
-        pooled.set(True)
         await self.handle(scope, receive, send)
 
     @staticmethod
