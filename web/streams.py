@@ -4,8 +4,9 @@ However many pages have a conversation open on this process, a commit in it
 costs one pass: one query for which of their members may still read it,
 one read of the messages after the lowest position any of them has seen,
 rendered once. Each socket then gets the frames after its own position, or
-a 4403 close if its member lost access. Passes run on the process's single
-database thread, so work per socket there would add up in series.
+a 4403 close if its member lost access. Passes run on the process's
+request threads (controlplane.db.in_pool), beside every other request's
+database work, so work per socket there would add up.
 """
 from __future__ import annotations
 

@@ -1,0 +1,56 @@
+"""The ASGI handler (controlplane.handlers): a sync view runs with the sync
+middleware chain on the pool of request threads, an async view on the event
+loop, and both get every middleware's effect."""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import pytest
+
+from controlplane.asgi import application
+
+
+def _get(path: str, host: bytes = b"testserver") -> tuple[int, dict, dict]:
+    sent, requests = [], [{"type": "http.request", "body": b"", "more_body": False}]
+
+    async def receive():
+        if requests:
+            return requests.pop()
+        await asyncio.Event().wait()  # the client stays connected
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
+             "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"host", host)], "client": ("127.0.0.1", 5000), "server": ("testserver", 80)}
+    asyncio.run(application(scope, receive, send))
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    headers = {k.decode().lower(): v.decode() for k, v in start["headers"]}
+    return start["status"], headers, json.loads(body) if "json" in headers.get("content-type", "") else body
+
+
+@pytest.fixture
+def thread_urls(settings):
+    settings.ROOT_URLCONF = "tests.controlplane.handler_urls"
+
+
+def test_a_sync_view_runs_on_a_request_thread_with_the_sync_middleware(thread_urls):
+    status, headers, body = _get("/sync")
+    assert status == 200 and body["thread"].startswith("switchboard-sync")
+    assert headers["x-frame-options"] == "DENY"  # the middleware chain ran around it
+
+
+def test_an_async_view_runs_on_the_event_loop_with_the_async_middleware(thread_urls):
+    status, headers, body = _get("/async")
+    assert status == 200 and body["thread"] == threading.current_thread().name  # asyncio.run's loop thread
+    assert headers["x-frame-options"] == "DENY"
+
+
+def test_the_sync_chain_refuses_a_host_not_allowed_and_answers_unknown_paths(thread_urls, settings):
+    settings.ALLOWED_HOSTS = ["testserver"]
+    assert _get("/sync", host=b"elsewhere.example")[0] == 400
+    assert _get("/nowhere")[0] == 404
