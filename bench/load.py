@@ -117,6 +117,22 @@ def message_body(client: int, n: int, handles: list[str]) -> str:
 async def send_load(base_url: str, slug: str, tokens: list[str], handles: list[str], *, clients: int,
                     warmup: float, seconds: float, run_id: str, idempotency_keys: bool = True) -> dict:
     url = f"{base_url}/v0/spaces/{slug}/conversations/%23general/messages"
+
+    def request(i: int, n: int) -> tuple[str, str, dict, str]:
+        headers = {"Authorization": f"Bearer {tokens[i % len(tokens)]}", "Content-Type": "application/json"}
+        if idempotency_keys:
+            headers["Idempotency-Key"] = f"bench-{run_id}-{i}-{n}"
+        return "POST", url, headers, json.dumps({"body": message_body(i, n, handles)})
+
+    result = await request_load(request, clients=clients, warmup=warmup, seconds=seconds, ok="201")
+    return {**result, "idempotency_keys": idempotency_keys}
+
+
+async def request_load(request, *, clients: int, warmup: float, seconds: float, ok: str) -> dict:
+    """`clients` concurrent aiohttp clients on keep-alive connections, each
+    sending one request at a time, `request(client, n)` → (method, url,
+    headers, body), for `warmup + seconds`. Counted: the requests that
+    complete inside the measured window; `ok` is the success status."""
     connector = aiohttp.TCPConnector(limit=clients, limit_per_host=clients)
     timeout = aiohttp.ClientTimeout(total=30)
     latencies: list[float] = []
@@ -130,16 +146,13 @@ async def send_load(base_url: str, slug: str, tokens: list[str], handles: list[s
         measure_to = measure_from + seconds
 
         async def client(i: int) -> None:
-            headers = {"Authorization": f"Bearer {tokens[i % len(tokens)]}", "Content-Type": "application/json"}
             n = 0
             while loop.time() < measure_to:
                 n += 1
-                if idempotency_keys:
-                    headers["Idempotency-Key"] = f"bench-{run_id}-{i}-{n}"
-                payload = json.dumps({"body": message_body(i, n, handles)})
+                method, url, headers, payload = request(i, n)
                 began = loop.time()
                 try:
-                    async with session.post(url, data=payload, headers=headers) as response:
+                    async with session.request(method, url, data=payload, headers=headers) as response:
                         text = await response.text()
                         status = str(response.status)
                 except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
@@ -148,14 +161,14 @@ async def send_load(base_url: str, slug: str, tokens: list[str], handles: list[s
                 if measure_from <= ended <= measure_to:
                     attempted[0] += 1
                     statuses[status] += 1
-                    if status == "201":
+                    if status == ok:
                         latencies.append(ended - began)
                     else:
                         error_samples.setdefault(status, text[:500])
 
         await asyncio.gather(*(client(i) for i in range(clients)))
 
-    ok = statuses.get("201", 0)
-    return {"clients": clients, "seconds": seconds, "warmup_seconds": warmup, "requests": attempted[0], "sends": ok,
-            "sends_per_s": round(ok / seconds, 1), "errors": attempted[0] - ok, "statuses": dict(statuses),
-            "error_samples": error_samples, "idempotency_keys": idempotency_keys, **latency_summary(latencies)}
+    done = statuses.get(ok, 0)
+    return {"clients": clients, "seconds": seconds, "warmup_seconds": warmup, "requests": attempted[0], "sends": done,
+            "sends_per_s": round(done / seconds, 1), "errors": attempted[0] - done, "statuses": dict(statuses),
+            "error_samples": error_samples, **latency_summary(latencies)}

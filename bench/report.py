@@ -125,6 +125,9 @@ def markdown(report: dict) -> str:
     if "growth" in res:
         lines += growth_markdown(res["growth"])
 
+    if "peer" in res:
+        lines += peer_markdown(res["peer"], res.get("sends", {}).get("serve"))
+
     problems = []
     servers = [(f"sends, {name}", r) for name, r in res.get("sends", {}).items()]
     for phase in ("feeds", "inbox"):
@@ -369,4 +372,21 @@ def growth_markdown(g: dict) -> list[str]:
                  + (f" ({r['errors']} errors)" if r["errors"] else "") for r in rows]
         ratio = rows[0]["sends_per_s"] / rows[-1]["sends_per_s"] if rows[-1]["sends_per_s"] else None
         lines.append(f"| {c} | " + " | ".join(cells) + f" | {fmt(ratio, 2) if ratio else '–'} |")
+    return lines + [""]
+
+
+def peer_markdown(p: dict, serve: dict | None) -> list[str]:
+    """matrix-synapse beside `serve`, same client and concurrency (bench/peer.py)."""
+    if "error" in p or "sends" not in p:
+        return [f"### Peer (matrix-synapse): failed: {p.get('error', '?')}", ""]
+    s = p["sends"]
+    lines = [f"### Peer: matrix-synapse {p['version']} beside `serve` ({s['clients']} clients, same client)", "",
+             "| server | sends/s | p50 / p99 ms | errors | peak RSS MiB |", "| --- | ---: | ---: | ---: | ---: |",
+             f"| matrix-synapse (one process, PostgreSQL) | {fmt(s['sends_per_s'])} | {fmt(s['p50_ms'])} / "
+             f"{fmt(s['p99_ms'])} | {s['errors']} | {fmt(p.get('peak_rss_mib'), 0)} |"]
+    if serve and "error" not in serve:
+        lines.append(f"| `serve` | {fmt(serve['sends_per_s'])} | {fmt(serve['p50_ms'])} / {fmt(serve['p99_ms'])} | "
+                     f"{serve['errors']} | {max(q['peak_rss_mib'] for q in serve['processes']):.0f} |")
+        if s["sends_per_s"]:
+            lines += ["", f"`serve` / synapse: **{serve['sends_per_s'] / s['sends_per_s']:.1f}×** (goal 10×)."]
     return lines + [""]

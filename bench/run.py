@@ -51,7 +51,7 @@ sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not
 import psycopg  # noqa: E402
 import redis  # noqa: E402
 
-from bench import feeds, fixture, inbox, live, load, mcp, mentions, tasks, webhooks  # noqa: E402
+from bench import feeds, fixture, inbox, live, load, mcp, mentions, peer, tasks, webhooks  # noqa: E402
 from bench.report import ADMIN_KEY, LOG_GROUP_KEY, markdown  # noqa: E402
 from bench.servers import PY, SETUPS, Server  # noqa: E402
 
@@ -59,7 +59,7 @@ DB_NAME = "switchboard_bench"
 PG = "postgresql://postgres@127.0.0.1:5432"
 DSN = f"{PG}/{DB_NAME}"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-PHASES = ("baseline", "feeds", "inbox", "sends", "webhooks", "live", "mentions", "mcp", "tasks", "growth")
+PHASES = ("baseline", "feeds", "inbox", "sends", "webhooks", "live", "mentions", "mcp", "tasks", "growth", "peer")
 GROWTH_CLIENTS = (1, 4, 16, 64)
 GROWTH_LOGS = {"1M": 1_000_000, "1k": 1_000}
 
@@ -352,6 +352,9 @@ def main(argv=None) -> int:
                     results[phase] = mcp.run(env, DSN, out_dir, sends=args.mcp_sends, gap=args.live_gap,
                                              items=args.mcp_items, workers=args.webhook_workers,
                                              seconds=args.seconds, profile=args.mcp_profile)
+                elif phase == "peer":
+                    results[phase] = peer.run(f"{PG}/postgres", out_dir, clients=args.clients, warmup=args.warmup,
+                                              seconds=args.seconds)
                 elif phase == "growth":
                     results[phase] = run_growth(args, env, fx, out_dir, stamp)
                 elif phase == "live":
