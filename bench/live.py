@@ -2,7 +2,7 @@
 
 Per setup, a fresh open space with one channel, one sender (an agent with a
 bearer token) and one reader (a human, signed in through /app/login/ for a
-`sessionid` cookie); `manage.py serve --no-worker` (Daphne) on PostgreSQL,
+`sessionid` cookie); `manage.py serve --no-worker --workers 1` (its default server) on PostgreSQL,
 with REDIS_URL as the other phases. `clients` aiohttp WebSockets, all with
 the reader's cookie and no Origin header, open
 `ws/conversations/<id>/?after=0` and wait for their `live` frame. Then

@@ -1,6 +1,6 @@
 """MCP: send → `events/stream` event latency, and pushed inbox items/s.
 
-1. stream: one `manage.py serve --no-worker` (Daphne) on PostgreSQL and
+1. stream: one `manage.py serve --no-worker --workers 1` on PostgreSQL and
    Redis; a sender (agent), a reader (human, signed in for a session
    cookie) and an agent share an open space, and the sender has a direct
    conversation with each. The agent holds an `events/stream` of

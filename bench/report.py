@@ -192,9 +192,12 @@ def webhooks_markdown(r: dict, cfg: dict) -> list[str]:
             f"| {fmt(r['ratio_wakes_to_raw'], 2)} |", "",
             f"Rounds: {rounds}; attempts recorded {wakes['attempts']:,}, delivered {wakes['delivered']:,}. "
             f"Raw POSTs: {raw['errors']} errors, p50 {fmt(raw['p50_ms'], 1)} ms.", "",
-            f"Send-to-receipt latency at debounce 0 (`serve`: Daphne and the django-q2 cluster; {lat['sends']} sends, "
+            f"Send-to-receipt latency at debounce 0 (`serve`: its ASGI server and the django-q2 cluster; {lat['sends']} sends, "
             f"one at a time): p50 {fmt(lat['p50_ms'], 1)} ms, p99 {fmt(lat['p99_ms'], 1)} ms "
-            f"({lat['covered']} of {lat['sends']} covered by {lat['wakes']} wakes).", ""]
+            f"({lat['covered']} of {lat['sends']} covered by {lat['wakes']} wakes); the sends' own responses p50 "
+            f"{fmt(lat['send_response']['p50_ms'], 1)} ms, p99 {fmt(lat['send_response']['p99_ms'], 1)} ms: receipt / "
+            f"response **{fmt(lat['ratio_to_send'].get('p50'), 2)} / {fmt(lat['ratio_to_send'].get('p99'), 2)}** "
+            "(target ≤ 2).", ""]
 
 
 def inbox_markdown(r: dict, cfg: dict, base16: float | None) -> list[str]:

@@ -9,10 +9,12 @@ One run, every figure beside its baseline from the same run:
 3. inbox: read_inbox page time for members with 10, 10,000 and 1,000,000
    pending items (ratios, target <= 1.3), and acknowledge_delivery/s with
    --clients concurrent aiohttp clients beside the insert baseline.
-4. sends: sends/s, p50/p99 latency, errors and peak resident memory per
-   server process, through the HTTP API with --clients concurrent aiohttp
-   clients, for Daphne (1 process), uvicorn (2 workers) and gunicorn (2 and
-   4 sync workers).
+4. sends: sends/s, p50/p99 latency, errors, peak resident memory and CPU per
+   server setup (bench/servers.py: what `serve` starts, Daphne, uvicorn,
+   granian, gunicorn), through the HTTP API with --clients concurrent aiohttp
+   clients; growth: the same through `serve` with 1, 4, 16 and 64 clients on
+   a log of 1M and of 1k events; peer: matrix-synapse with the same client
+   (bench/peer.py).
 5. live: send → WebSocket frame latency (p50/p99) with --live-clients sockets
    on one conversation, beside the send's own round trip and a raw
    channel-layer round trip (bench/live.py).
@@ -59,7 +61,8 @@ DB_NAME = "switchboard_bench"
 PG = "postgresql://postgres@127.0.0.1:5432"
 DSN = f"{PG}/{DB_NAME}"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-PHASES = ("baseline", "feeds", "inbox", "sends", "webhooks", "live", "mentions", "mcp", "tasks", "growth", "peer")
+# growth runs before the webhook and MCP phases, whose subscriptions every later send would wake.
+PHASES = ("baseline", "feeds", "inbox", "sends", "growth", "peer", "webhooks", "live", "mentions", "mcp", "tasks")
 GROWTH_CLIENTS = (1, 4, 16, 64)
 GROWTH_LOGS = {"1M": 1_000_000, "1k": 1_000}
 

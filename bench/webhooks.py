@@ -10,7 +10,7 @@ a throwaway CA trusted through WEBHOOK_CA_BUNDLE), in the same run:
    sent by `workers` worker processes running the delivery engine (claim
    with SKIP LOCKED, freeze, sign, POST, record), three rounds; wakes/s is
    wakes over the time from the go signal to the last receipt.
-3. latency: `manage.py serve` (Daphne and the django-q2 cluster, Redis
+3. latency: `manage.py serve` (its ASGI server and the django-q2 cluster, Redis
    broker) and one inbox subscription with debounce 0; `latency_sends`
    direct messages one at a time, 100 ms apart; latency is from just before
    the send request to the receipt of the first wake whose range covers it.
@@ -174,11 +174,12 @@ def _latency(env: dict, url: str, stats_base: str, ca: str, sends: int, out_dir:
                             headers=alice).json()["subscription"]["id"]
             http.post(f"/v0/me/inbox-subscriptions/{sub}/activate", headers=alice)
             _reset(stats_base, ca)
-            sent = []
+            sent, responses = [], []
             for n in range(sends):
                 started = time.time()
                 message = http.post(f"/v0/spaces/{slug}/conversations/{direct}/messages",
                                     json={"body": f"latency {n}"}, headers=bob).json()["message"]
+                responses.append(time.time() - started)
                 sent.append((message["position"], started))
                 time.sleep(0.1)
             time.sleep(3)
@@ -194,7 +195,11 @@ def _latency(env: dict, url: str, stats_base: str, ca: str, sends: int, out_dir:
         covering = [at for through, at in receipts if through >= position]
         if covering:
             latencies.append(min(covering) - started)
-    return {"sends": sends, "wakes": len(received), "covered": len(latencies), **latency_summary(latencies)}
+    result = {"sends": sends, "wakes": len(received), "covered": len(latencies), **latency_summary(latencies),
+              "send_response": latency_summary(responses)}
+    result["ratio_to_send"] = {q: round(result[f"{q}_ms"] / result["send_response"][f"{q}_ms"], 2)
+                               for q in ("p50", "p99") if result[f"{q}_ms"] and result["send_response"][f"{q}_ms"]}
+    return result
 
 
 def run(env: dict, out_dir: Path, *, seconds: float, workers: int, latency_sends: int) -> dict:

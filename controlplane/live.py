@@ -104,19 +104,20 @@ def _log_failure(future) -> None:
 publisher = Publisher()
 
 
+def kick(task: str, *args) -> None:
+    """Queue a django-q2 task now. A nudge: the durable rows are the truth,
+    and a periodic sweep finds what a lost kick left behind."""
+    from django_q.tasks import async_task
+
+    try:
+        async_task(task, *args)
+    except Exception:
+        logger.warning("could not queue %s", task, exc_info=True)
+
+
 def kick_on_commit(task: str, *args) -> None:
-    """Queue a django-q2 task once the current transaction commits. A nudge:
-    the durable rows are the truth, and a periodic sweep finds what a lost
-    kick left behind."""
-    def kick():
-        from django_q.tasks import async_task
-
-        try:
-            async_task(task, *args)
-        except Exception:
-            logger.warning("could not queue %s", task, exc_info=True)
-
-    transaction.on_commit(kick, robust=True)
+    """`kick` once the current transaction commits."""
+    transaction.on_commit(lambda: kick(task, *args), robust=True)
 
 
 def group_send_on_commit(group: str, message: dict) -> None:
@@ -207,9 +208,16 @@ async def listen(group: str, on_message: Callable[[dict], None]) -> None:
             joined = time.monotonic()
             while True:
                 try:
-                    on_message(await asyncio.wait_for(layer.receive(channel), GROUP_READD_SECONDS))
+                    message = await asyncio.wait_for(layer.receive(channel), GROUP_READD_SECONDS)
                 except (asyncio.TimeoutError, TimeoutError):
-                    pass
+                    message = None
+                if asyncio.current_task().cancelling():
+                    # Python 3.11's wait_for returns a result that was ready
+                    # when the cancellation came, and drops the cancellation:
+                    # under a steady stream of messages it would never stop.
+                    raise asyncio.CancelledError()
+                if message is not None:
+                    on_message(message)
                 # Group memberships expire (a day by default) however busy
                 # the group is: renew by the clock, not only when idle.
                 if time.monotonic() - joined >= GROUP_READD_SECONDS:

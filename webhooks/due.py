@@ -3,7 +3,8 @@ they run for every batch a worker claims, where compiling the ORM's
 equivalents cost more than running them."""
 from __future__ import annotations
 
-from django.db import connection
+from django.core.cache import cache
+from django.db import connection, transaction
 
 from controlplane import live
 from controlplane.db import rows_sql
@@ -12,18 +13,30 @@ from webhooks.models import Delivery, Subscription
 # The running delivery timer listens here (webhooks.engine.pump): a new due
 # delivery reaches it at once instead of at its next poll.
 DUE_GROUP = "switchboard.webhooks.due"
+# Held in the cache by the worker that is the timer (webhooks.tasks.deliver).
+TIMER_KEY = "webhooks:timer"
 
 
 def kick_on_commit() -> None:
-    """Once the current transaction commits: a delivery task for the
-    workers, and a nudge to the timer (both nudges: the rows are the truth,
-    and the timer's poll and the minute sweep find what a lost one left)."""
-    live.kick_on_commit("webhooks.tasks.deliver")
+    """Once the current transaction commits, have the new due deliveries
+    sent: nudge the running timer, and queue a delivery task unless a timer
+    is running where this process can tell (a shared channel layer and
+    cache: Redis). Both are nudges: the rows are the truth, and the timer's
+    poll and the minute sweep find what a lost one left. A timer that ends
+    just then looks again after it gave up the key, and queues the next
+    run for anything due (webhooks.tasks.deliver)."""
     nudge_timer_on_commit()
+    transaction.on_commit(_kick_unless_timed, robust=True)
 
 
 def nudge_timer_on_commit() -> None:
     live.group_send_on_commit(DUE_GROUP, {"type": "webhooks.due"})
+
+
+def _kick_unless_timed() -> None:
+    if live.shared_layer() and cache.get(TIMER_KEY):
+        return  # a queued task would race the timer for the same rows, from a cold start
+    live.kick("webhooks.tasks.deliver")
 
 
 def due_sql(ready: str) -> str:

@@ -339,6 +339,10 @@ def next_due_in(horizon: float) -> float | None:
 # --- the pump ---------------------------------------------------------------------
 
 POLL_SECONDS = 0.05
+# A timer that hears of new deliveries (webhooks.due.DUE_GROUP) looks on its
+# own only for what no nudge announces: retry times and expired leases, which
+# next_due_in finds, and anything a lost nudge left.
+NUDGED_POLL_SECONDS = 0.5
 RECORD_WINDOW = 0.01
 
 
@@ -370,8 +374,9 @@ async def _send(transport: Transport, signer: crypto.Signer, job: Job) -> Result
     return Result(job, await transport.post(job.url, job.body, headers), key_id, started_at)
 
 
-async def pump(*, seconds: float, wait: bool, resolver=None) -> int:
+async def pump(*, seconds: float, wait: bool, resolver=None, renew=None) -> int:
     """Send due wakes for up to `seconds`; returns how many were attempted.
+    `renew` (the timer's key) is called about once a second.
 
     With `wait` (the timer), stay for the whole run, sending each wake as it
     falls due (debounce windows, retry times, new wakes); otherwise stop as
@@ -386,10 +391,15 @@ async def pump(*, seconds: float, wait: bool, resolver=None) -> int:
     nudged = asyncio.Event()
     listener = asyncio.create_task(live.listen(DUE_GROUP, lambda _: nudged.set())) \
         if wait and live.shared_layer() else None
+    poll = NUDGED_POLL_SECONDS if listener else POLL_SECONDS
     try:
         signer = crypto.Signer(await db(crypto.active_signing_key))
         async with Transport(resolver=resolver, limit=MAX_IN_FLIGHT) as transport:
+            renewed = time.monotonic()
             while True:
+                if renew and time.monotonic() - renewed >= 1.0:
+                    await db(renew)
+                    renewed = time.monotonic()
                 remaining = deadline - time.monotonic()
                 capacity = MAX_IN_FLIGHT - len(in_flight)
                 jobs = await db(claim_due, capacity) if remaining > 0 and capacity > 0 else []
@@ -398,15 +408,15 @@ async def pump(*, seconds: float, wait: bool, resolver=None) -> int:
                 if jobs:
                     timeout = 0.002  # record what finished, then claim more
                 elif in_flight:
-                    timeout = POLL_SECONDS  # until the first request finishes
+                    timeout = poll  # until the first request finishes
                 elif wait and remaining > 0:
                     # The timer stays for its run, looking for new and newly
                     # due wakes (due but held by another worker: soon again).
                     soonest = await db(next_due_in, remaining)
-                    timeout = POLL_SECONDS if soonest is None else min(max(soonest, 0.01), POLL_SECONDS)
+                    timeout = poll if soonest is None else min(max(soonest, 0.01), poll)
                 else:
                     break
-                done = await _first_of(in_flight, nudged, timeout)
+                done = await _first_of(in_flight, nudged, min(timeout, max(remaining, 0.001)))
                 in_flight -= done
                 if done and in_flight:  # what else finishes within a few ms shares the transaction
                     more, in_flight = await asyncio.wait(in_flight, timeout=RECORD_WINDOW)

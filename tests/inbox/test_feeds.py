@@ -275,6 +275,36 @@ async def test_log_watcher_renews_its_group_membership_under_steady_traffic(monk
     assert wakes == 25
 
 
+@pytest.mark.asyncio
+async def test_a_group_listener_stops_when_cancelled_under_a_stream_of_messages(monkeypatch):
+    # given: a layer that always has a message ready (a busy group), and a listener on it
+    from controlplane import live
+
+    class Flooded:
+        async def new_channel(self):
+            return "specific.flooded"
+
+        async def group_add(self, group, channel):
+            pass
+
+        async def group_discard(self, group, channel):
+            pass
+
+        async def receive(self, channel):
+            return {"type": "webhooks.due"}
+
+    monkeypatch.setattr(live, "get_channel_layer", Flooded)
+    heard = []
+    listener = asyncio.create_task(live.listen("busy", heard.append))
+    await asyncio.sleep(0.05)
+    # when
+    listener.cancel()
+    # then: it stops (a cancellation that met a ready message is not lost)
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(listener, 2)
+    assert heard
+
+
 def test_every_snapshot_page_reads_the_moment_it_was_taken(space, alice, bob, as_bob, monkeypatch):
     # given: a snapshot of three unresolved messages, one per page
     monkeypatch.setattr("inbox.feeds.SNAPSHOT_PAGE_MAX", 1)

@@ -10,6 +10,7 @@ import time
 import nacl.signing
 import pytest
 from django.conf import settings
+from django.core.cache import cache
 from django.db import connections, transaction
 from standardwebhooks.webhooks import Webhook
 
@@ -195,7 +196,7 @@ def test_debounce_coalesces_a_burst_into_one_wake(world, receiver):
 @pytest.mark.skipif(not settings.REDIS_URL, reason="needs Redis: the nudge reaches the timer through channels-redis")
 def test_the_running_timer_sends_a_new_wake_when_nudged_not_at_its_next_poll(world, receiver, monkeypatch):
     # given: a timer whose poll outlasts its run, and sends that nudge it (no worker task)
-    monkeypatch.setattr(engine, "POLL_SECONDS", 3.0)
+    monkeypatch.setattr(engine, "NUDGED_POLL_SECONDS", 3.0)
     monkeypatch.setattr("webhooks.due.kick_on_commit", due.nudge_timer_on_commit)
     timer = threading.Thread(target=lambda: (pump(wait=True, seconds=1.5), connections.close_all()))
     timer.start()
@@ -206,6 +207,31 @@ def test_the_running_timer_sends_a_new_wake_when_nudged_not_at_its_next_poll(wor
     # then: the timer sent it within its run, long before its poll would have looked
     (wake,) = receiver.wakes()
     assert wake.json()["type"] == "spaces.events.available"
+
+
+def test_a_new_wake_queues_a_delivery_task_only_when_no_timer_runs(monkeypatch):
+    # given: a channel layer and cache shared between processes, as with Redis
+    kicked = []
+    monkeypatch.setattr("controlplane.live.shared_layer", lambda: True)
+    monkeypatch.setattr("controlplane.live.kick", lambda task, *args: kicked.append(task))
+    cache.delete(due.TIMER_KEY)
+    # when / then: no timer, a task; a timer holding its key, none (it was nudged)
+    due._kick_unless_timed()
+    assert kicked == ["webhooks.tasks.deliver"]
+    cache.add(due.TIMER_KEY, 1, timeout=10)
+    try:
+        due._kick_unless_timed()
+        assert kicked == ["webhooks.tasks.deliver"]
+    finally:
+        cache.delete(due.TIMER_KEY)
+    # and without a shared layer the key says nothing about other processes: always a task
+    monkeypatch.setattr("controlplane.live.shared_layer", lambda: False)
+    cache.add(due.TIMER_KEY, 1, timeout=10)
+    try:
+        due._kick_unless_timed()
+        assert kicked == ["webhooks.tasks.deliver"] * 2
+    finally:
+        cache.delete(due.TIMER_KEY)
 
 
 def test_pause_and_resume_produce_a_catch_up_wake(world, receiver):

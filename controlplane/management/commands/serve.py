@@ -40,7 +40,7 @@ def server_command(server: str, host: str, port: int, workers: int) -> list[str]
     """The ASGI server's command line (docs/benchmarks.md compares them)."""
     if server == "uvicorn":
         return [sys.executable, "-m", "uvicorn", APP, "--host", host, "--port", str(port), "--workers", str(workers),
-                "--loop", "uvloop", "--http", "httptools", "--ws", "websockets", "--lifespan", "on",
+                "--loop", "uvloop", "--http", "httptools", "--ws", "websockets-sansio", "--lifespan", "on",
                 "--timeout-graceful-shutdown", "5", "--no-access-log", "--log-level", "warning"]
     if server == "granian":
         return [sys.executable, "-m", "granian", "--interface", "asgi", "--host", host, "--port", str(port),
