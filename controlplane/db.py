@@ -30,13 +30,16 @@ def in_pool(fn):
     Django connection object; the connection itself goes back to the
     database pool when the caller closes it): no thread is made per call,
     and calls overlap their database waits. Elsewhere, `sync_to_async(fn)`."""
-    shared = sync_to_async(fn)
+    shared, on_pool = sync_to_async(fn), None
 
     @functools.wraps(fn)
     async def call(*args, **kwargs):
+        nonlocal on_pool
         if not pooled.get():
             return await shared(*args, **kwargs)
-        return await sync_to_async(fn, thread_sensitive=False, executor=_executor())(*args, **kwargs)
+        if on_pool is None:
+            on_pool = sync_to_async(fn, thread_sensitive=False, executor=_executor())
+        return await on_pool(*args, **kwargs)
 
     return call
 

@@ -3,7 +3,7 @@
 Django's own handler runs a sync view through the sync hooks of every
 middleware, each a hop between the event loop and a thread made for that
 request: about a dozen hops and a new thread per request, which on two cores
-cost more than the send itself (docs/benchmarks.md, "ASGI handler"). Here a
+cost more than the send itself (docs/benchmarks.md, round two). Here a
 sync view runs with the whole sync middleware chain, exactly as under WSGI,
 in one call on a pool of long-lived threads (`controlplane.db.in_pool`);
 async views (the long-polls) keep Django's async chain. Either way the
