@@ -78,8 +78,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--only", action="append", choices=PHASES, help="run only this phase (repeatable)")
     p.add_argument("--setups", nargs="+", choices=list(SETUPS), default=list(SETUPS), metavar="SETUP",
                    help="server setups for the send benchmark (default: all)")
-    p.add_argument("--feed-server", choices=list(SETUPS), default="daphne-1",
-                   help="server that answers the feed benchmark (default daphne-1; see README)")
+    p.add_argument("--feed-server", choices=list(SETUPS), default="serve",
+                   help="server that answers the feed and inbox benchmarks (default serve; see README)")
     p.add_argument("--feed-events", type=int, default=1_000_000, help="events in the big log (default 1,000,000)")
     p.add_argument("--feed-requests", type=int, default=200, help="sequential requests per feed and stage")
     p.add_argument("--inbox-items", type=int, default=1_000_000,

@@ -39,7 +39,7 @@ SETUPS: dict[str, list[str]] = {
                    "--no-access-log", "--log-level", "warning"],
     # uvicorn with its fast parts named (uvloop, httptools, websockets), and granian (Rust HTTP, ASGI).
     "uvicorn-fast-2w": [PY, "-m", "uvicorn", "controlplane.asgi:application", "--host", "127.0.0.1", "--port",
-                        "{port}", "--workers", "2", "--loop", "uvloop", "--http", "httptools", "--ws", "websockets",
+                        "{port}", "--workers", "2", "--loop", "uvloop", "--http", "httptools", "--ws", "websockets-sansio",
                         "--no-access-log", "--log-level", "warning"],
     "granian-1w": [PY, "-m", "granian", "--interface", "asgi", "--host", "127.0.0.1", "--port", "{port}",
                    "--loop", "uvloop", "--log-level", "warning", "--no-access-log", "controlplane.asgi:application"],
