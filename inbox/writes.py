@@ -13,6 +13,7 @@ same commit-order guarantee (controlplane.log).
 """
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from dataclasses import dataclass, field, replace
@@ -87,6 +88,7 @@ def _table(model) -> str:
     return connection.ops.quote_name(model._meta.db_table)
 
 
+@functools.cache
 def _one_statement_sql() -> str:
     return f"""
 WITH quota AS (
