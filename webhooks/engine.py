@@ -413,10 +413,10 @@ async def pump(*, seconds: float, wait: bool, resolver=None, renew=None) -> int:
                     # The timer stays for its run, looking for new and newly
                     # due wakes (due but held by another worker: soon again).
                     soonest = await db(next_due_in, remaining)
-                    timeout = poll if soonest is None else min(max(soonest, 0.01), poll)
+                    timeout = min(poll if soonest is None else max(soonest, 0.01), poll, remaining)
                 else:
                     break
-                done = await _first_of(in_flight, nudged, min(timeout, max(remaining, 0.001)))
+                done = await _first_of(in_flight, nudged, timeout)
                 in_flight -= done
                 if done and in_flight:  # what else finishes within a few ms shares the transaction
                     more, in_flight = await asyncio.wait(in_flight, timeout=RECORD_WINDOW)
