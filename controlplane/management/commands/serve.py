@@ -87,15 +87,11 @@ class Command(BaseCommand):
         commands = [server_command(server, host, port, workers)]
         if not no_worker:
             commands.append([sys.executable, os.path.join(settings.BASE_DIR, "manage.py"), "worker"])
-        # glibc gives each thread that allocates an arena of its own; with the
-        # request threads of every server process that grew resident memory
-        # by a fifth under load, for no speed (docs/benchmarks.md).
-        env = {"MALLOC_ARENA_MAX": "2", **os.environ}
         children = []
         try:
             for command in commands:
                 if not stop.requested:
-                    children.append(subprocess.Popen(command, process_group=0, preexec_fn=_die_with_parent, env=env))
+                    children.append(subprocess.Popen(command, process_group=0, preexec_fn=_die_with_parent))
             url_host = f"[{host}]" if ":" in host else host
             if self._wait_ready(f"http://{url_host}:{port}/healthz", children, stop):
                 self.stdout.write(f"Switchboard is serving at http://{url_host}:{port}/  (Ctrl-C stops)")
