@@ -236,14 +236,11 @@ class _GroupCommit:
             group = [write, *self._queue[: self.MAX_GROUP - 1]]
             del self._queue[: self.MAX_GROUP - 1]
         try:
-            with transaction.atomic():
-                done = [_execute(w) for w in group]
-                appended([(position, event) for _, position, _, event in done])
-            for w, (message_id, position, screened, _) in zip(group, done):
-                w.result = (message_id, position, screened)
-        except Exception:
-            pass  # rolled back: each write runs again alone (below)
+            for w, result in zip(group, _commit_group(group)):
+                w.result = result
         finally:
+            # A write without a result (the group rolled back, or the leader
+            # was interrupted) runs again alone, in its own thread.
             for w in group:
                 w.alone = w.result is None
             with self._lock:
@@ -256,6 +253,18 @@ class _GroupCommit:
                 w.done.set()
             if successor is not None:
                 successor.done.set()
+
+
+def _commit_group(group: list[_Write]) -> list[tuple[int, int, set[int]]]:
+    """The group's statements, hooks and COMMIT in one transaction: a result
+    per write, or none at all if any of them failed (all rolled back)."""
+    try:
+        with transaction.atomic():
+            done = [_execute(w) for w in group]
+            appended([(position, event) for _, position, _, event in done])
+    except Exception:
+        return []
+    return [(message_id, position, screened) for message_id, position, screened, _ in done]
 
 
 _group_commit = _GroupCommit()
