@@ -61,10 +61,13 @@ def db_call(fn):
     return in_pool(call)
 
 
-def rows_sql(rows: list[tuple], columns: list[str]) -> tuple[str, list]:
-    """`rows` as a derived table with `columns` (SQL, params), for one
+def rows_sql(rows: list[tuple], columns: dict[str, str]) -> tuple[str, list]:
+    """`rows` as a derived table with `columns` (name: SQL type), for one
     `UPDATE … FROM (…) v` instead of a statement per row: a portable
-    `SELECT … UNION ALL SELECT …` (PostgreSQL and SQLite alike)."""
-    first = "SELECT " + ", ".join(f"%s AS {column}" for column in columns)
-    rest = " UNION ALL SELECT " + ", ".join(["%s"] * len(columns))
+    `SELECT … UNION ALL SELECT …` (PostgreSQL and SQLite alike). Every value
+    is cast to its column's type: PostgreSQL types a UNION by its first
+    row, and a NULL there would otherwise make a later number a mismatch."""
+    casts = [f"CAST(%s AS {sql_type})" for sql_type in columns.values()]
+    first = "SELECT " + ", ".join(f"{cast} AS {name}" for cast, name in zip(casts, columns))
+    rest = " UNION ALL SELECT " + ", ".join(casts)
     return first + rest * (len(rows) - 1), [value for row in rows for value in row]

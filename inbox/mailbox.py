@@ -112,7 +112,7 @@ def debit_many(entries: Iterable[tuple[int, int | None, int]]) -> None:
 def _subtract(model, keys: list[str], rows: list[tuple]) -> None:
     """pending_bytes -= n for each (*keys, n) of `rows`, in one statement."""
     table = connection.ops.quote_name(model._meta.db_table)
-    values, params = rows_sql(rows, [*keys, "n"])
+    values, params = rows_sql(rows, {**dict.fromkeys(keys, "BIGINT"), "n": "BIGINT"})
     match = " AND ".join(f"{table}.{key} = v.{key}" for key in keys)
     with connection.cursor() as cursor:
         cursor.execute(f"UPDATE {table} SET pending_bytes = {table}.pending_bytes - v.n FROM ({values}) v "

@@ -68,8 +68,9 @@ READY = ("d.state IN ('open', 'pending') AND d.due_at <= %(at)s",
 def freeze(deliveries: list[Delivery], at) -> None:
     """Store the bodies (and bound items) of first claims: one statement."""
     table = connection.ops.quote_name(Delivery._meta.db_table)
-    values, params = rows_sql([(d.pk, d.body, d.item_id) for d in deliveries], ["id", "body", "item_id"])
+    values, params = rows_sql([(d.pk, d.body, d.item_id) for d in deliveries],
+                              {"id": "BIGINT", "body": "TEXT", "item_id": "BIGINT"})
     with connection.cursor() as cursor:
-        cursor.execute(f"UPDATE {table} SET body = v.body, item_id = CAST(v.item_id AS BIGINT), "
+        cursor.execute(f"UPDATE {table} SET body = v.body, item_id = v.item_id, "
                        f"first_attempt_at = %s FROM ({values}) v WHERE {table}.id = v.id",
                        [connection.ops.adapt_datetimefield_value(at), *params])
