@@ -8,7 +8,11 @@ worker at start) creates or updates one django-q2 schedule per entry.
 from __future__ import annotations
 
 from django.apps import apps
+from django.db import connection, transaction
 from django_q.models import Schedule
+
+# pg_advisory_xact_lock key: workers starting together take turns.
+LOCK = 0x5357_5343  # "SWSC"
 
 
 def declared_schedules() -> list[tuple[str, str, int]]:
@@ -16,7 +20,20 @@ def declared_schedules() -> list[tuple[str, str, int]]:
 
 
 def ensure_schedules() -> None:
-    for name, func, minutes in declared_schedules():
-        Schedule.objects.update_or_create(name=name, defaults={
-            "func": func, "schedule_type": Schedule.MINUTES, "minutes": minutes, "repeats": -1,
-        })
+    """One schedule per entry, however many workers start at once. A
+    schedule's name is not unique in django-q2, so the workers take turns
+    (SQLite's BEGIN IMMEDIATE, an advisory lock on PostgreSQL), and
+    duplicates an earlier race left are removed: `update_or_create` alone let
+    two workers starting together each insert one, and every later start
+    then failed on the pair (found by the fault matrix)."""
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [LOCK])
+        for name, func, minutes in declared_schedules():
+            found = list(Schedule.objects.filter(name=name).order_by("pk"))
+            Schedule.objects.filter(pk__in=[s.pk for s in found[1:]]).delete()
+            schedule = found[0] if found else Schedule(name=name)
+            schedule.func, schedule.schedule_type, schedule.minutes, schedule.repeats = (
+                func, Schedule.MINUTES, minutes, -1)
+            schedule.save()

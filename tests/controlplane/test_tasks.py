@@ -1,6 +1,9 @@
 """The periodic sweeps: scheduled once, and doing what they say."""
 import datetime as dt
+import threading
 
+import pytest
+from django.db import connection
 from django_q.models import Schedule
 
 from controlplane import tasks
@@ -8,6 +11,8 @@ from controlplane.clock import freeze, now
 from controlplane.models import Event, IdempotencyRecord, LogHead
 from controlplane.schedules import ensure_schedules
 from inbox.services import send_message
+
+WORKERS = 6
 
 
 def test_schedules_are_created_once(db):
@@ -17,6 +22,41 @@ def test_schedules_are_created_once(db):
                                                                    "classify-inbox-items", "expire-grants",
                                                                    "deliver-webhooks", "sweep-claims",
                                                                    "finish-collectives"}
+
+
+def test_duplicate_schedules_an_earlier_race_left_are_removed(db):
+    ensure_schedules()
+    Schedule.objects.create(name="deliver-webhooks", func="webhooks.tasks.deliver", schedule_type=Schedule.MINUTES,
+                            minutes=1, repeats=-1)
+    ensure_schedules()
+    assert Schedule.objects.filter(name="deliver-webhooks").count() == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_workers_starting_together_create_each_schedule_once():
+    # given: several workers' start-ups at the same moment
+    start, errors = threading.Barrier(WORKERS), []
+
+    def worker_start():
+        try:
+            start.wait()
+            ensure_schedules()
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=worker_start) for _ in range(WORKERS)]
+    # when
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    # then
+    assert errors == []
+    names = list(Schedule.objects.values_list("name", flat=True))
+    assert len(names) == len(set(names)) == 7
 
 
 def test_prune_event_log_honours_retention_days(settings, general, alice):
