@@ -7,6 +7,7 @@ import logging
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
+from django.db import InterfaceError, OperationalError
 from django.http import Http404, JsonResponse
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
@@ -131,6 +132,17 @@ class RateLimited(ApiError):
         return cls(message, details={"retry_after": seconds}, headers={"Retry-After": str(seconds)})
 
 
+class Unavailable(ApiError):
+    """The database could not be reached (restarting, failing over): nothing
+    was done that a retry would repeat (sends and other writes take an
+    Idempotency-Key for the case where the outcome is unknown)."""
+
+    status, code, message = 503, "UNAVAILABLE", "The service is briefly unavailable; retry."
+
+    def __init__(self):
+        super().__init__(details={"retry_after": 1}, headers={"Retry-After": "1"})
+
+
 def error_body(code: str, message: str, details: dict | None = None) -> dict:
     return {"error": {"code": code, "message": message, "details": details or {}}}
 
@@ -169,6 +181,9 @@ def api_exception_handler(exc, context):
         exc = InvalidRequest("The request was rejected.")
     elif isinstance(exc, drf.APIException):
         exc = _from_drf(exc)
+    elif isinstance(exc, (OperationalError, InterfaceError)):
+        logger.warning("database unavailable: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        exc = Unavailable()
     if not isinstance(exc, ApiError):
         logger.exception("unhandled error in API view", exc_info=exc)
         exc = ApiError("Internal error.", status=500, code="INTERNAL")

@@ -35,6 +35,18 @@ def test_database_url() -> str:
     return f"postgres://{user}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
 
 
+def cut_every_database_connection() -> None:
+    """Terminate every other session of the test database (PostgreSQL), as a
+    database restart or failover does to the processes using it."""
+    import psycopg
+
+    params = connection.get_connection_params()
+    with psycopg.connect(host=params.get("host"), port=params.get("port"), user=params.get("user"),
+                         dbname=params["dbname"], autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                      "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+
+
 def server_env(**extra) -> dict:
     env = {**os.environ, "DATABASE_URL": test_database_url(), "DEBUG": "1",
            "SERVER_ADMIN_KEY": settings.SERVER_ADMIN_KEY, "RATE_LIMIT_PER_MINUTE": "0"}

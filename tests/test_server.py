@@ -9,10 +9,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from django.db import connection
 
 from controlplane.processes import descendants, in_session
 from tests.inbox.test_firewall import inbox_paths
-from tests.servers import manage, read_until, serving, start_serving
+from tests.servers import cut_every_database_connection, manage, read_until, serving, start_serving
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -130,6 +131,30 @@ def test_waiting_long_polls_hold_no_database_connection():
             assert sent.status_code == 201
             bodies = [[e["data"]["message"]["body"] for e in p.result(timeout=40).json()["events"]] for p in polls]
     assert bodies == [["still room"]] * 12
+
+
+@pytest.mark.postgres
+def test_a_lost_database_costs_only_retried_requests_and_nothing_stored_twice():
+    # given: a serving node whose database connections are all cut (a restart, a failover)
+    alice = member_with_token("alice")
+    with serving("--no-worker") as (base, _):
+        httpx.post(f"{base}/v0/spaces", json={"slug": "lab", "name": "Lab"}, headers=alice)
+        httpx.post(f"{base}/v0/spaces/lab/channels", json={"name": "general"}, headers=alice)
+        cut_every_database_connection()
+        connection.close()
+        connection.close_pool()  # this process's own were cut too
+        # when: a client sends, retrying 503s with its key as Retry-After says
+        answers = []
+        for _ in range(10):
+            answers.append(httpx.post(f"{base}/v0/spaces/lab/conversations/%23general/messages",
+                                      json={"body": "once"}, headers={**alice, "Idempotency-Key": "after-cut-1"}))
+            if answers[-1].status_code != 503:
+                break
+            time.sleep(int(answers[-1].headers["Retry-After"]))
+        # then: 503s only until the pool has dropped its broken connections, then the send, stored once
+        assert {a.status_code for a in answers[:-1]} <= {503} and answers[-1].status_code == 201
+        events = httpx.get(f"{base}/v0/spaces/lab/events", headers=alice).json()["events"]
+    assert [e["data"]["message"]["body"] for e in events if e["kind"] == "message.created"] == ["once"]
 
 
 def test_management_commands_print_only_their_result():

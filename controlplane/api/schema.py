@@ -17,6 +17,7 @@ ERROR_STATUS = {
     "BODY_TOO_LARGE": 413,
     "INVALID_BODY": 422, "VERIFICATION_FAILED": 422, "INVALID_URL": 422,
     "RATE_LIMITED": 429,
+    "UNAVAILABLE": 503,
     "MAILBOX_FULL": 507,
 }
 
@@ -33,8 +34,9 @@ class ErrorSerializer(serializers.Serializer):
 
 def errors(*codes: str) -> dict[int, OpenApiResponse]:
     """Error responses for `codes`, plus those every route can give (a bad
-    credential is 401 even where anonymous callers are welcome)."""
-    every = ["RATE_LIMITED", "UNAUTHENTICATED"]
+    credential is 401 even where anonymous callers are welcome; an
+    unreachable database is 503)."""
+    every = ["RATE_LIMITED", "UNAUTHENTICATED", "UNAVAILABLE"]
     by_status: dict[int, list[str]] = {}
     for code in [*codes, *every]:
         by_status.setdefault(ERROR_STATUS[code], [])

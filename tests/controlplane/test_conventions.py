@@ -4,6 +4,7 @@ import pytest
 from controlplane.models import Credential, Member, Space
 from controlplane.tokens import hash_token
 from tests.conftest import Api, error_code
+from tests.servers import cut_every_database_connection
 
 
 def test_healthz(anon):
@@ -284,3 +285,20 @@ def test_stored_fingerprints_are_keyed_hashes(as_alice):
     plain = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     (record,) = IdempotencyRecord.objects.all()
     assert record.fingerprint != plain and len(record.fingerprint) == 64
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_lost_database_is_503_with_retry_after(as_alice):
+    # given: every connection this process holds to the database is cut (as a restart does)
+    from django.db import connection
+
+    cut_every_database_connection()
+    # when
+    response = as_alice.get("/v0/me")
+    # then: retry soon, in the contract's shape (that the retry is served, through a
+    # real server: tests/test_server.py)
+    assert response.status_code == 503 and response["Retry-After"] == "1"
+    assert error_code(response) == "UNAVAILABLE" and response.json()["error"]["details"] == {"retry_after": 1}
+    connection.close()
+    connection.close_pool()  # the pool's other cut connections would fail the test's own teardown
