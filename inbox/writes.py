@@ -260,11 +260,26 @@ def _commit_group(group: list[_Write]) -> list[tuple[int, int, set[int]]]:
     per write, or none at all if any of them failed (all rolled back)."""
     try:
         with transaction.atomic():
+            _lock_mailboxes(group)
             done = [_execute(w) for w in group]
             appended([(position, event) for _, position, _, event in done])
     except Exception:
         return []
     return [(message_id, position, screened) for message_id, position, screened, _ in done]
+
+
+def _lock_mailboxes(group: list[_Write]) -> None:
+    """Lock every mailbox the group's statements count into, in member order,
+    before the first of them. Each statement locks its own recipients' rows
+    in that order, but a group runs several: its lock order would follow
+    arrival order, and a group, another node's group, and an acknowledgement
+    (inbox.mailbox.debit_many) could each hold a row the other wants (found
+    by the fault matrix)."""
+    members = sorted({m for w in group for m in w.params["quota_members"]})
+    if len(group) > 1 and members:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT member_id FROM {_table(Mailbox)} WHERE member_id = ANY(%s) "
+                           f"ORDER BY member_id FOR UPDATE", [members])
 
 
 _group_commit = _GroupCommit()
