@@ -9,10 +9,13 @@ class ControlPlaneConfig(AppConfig):
         ("prune-event-log", "controlplane.tasks.prune_event_log", 60),
         ("purge-idempotency-records", "controlplane.tasks.purge_idempotency_records", 60),
     ]
+    # Each app's backlog figures for manage.py health: see controlplane.health.
+    gauges = "controlplane.health.task_queue"
 
     def ready(self):
-        from controlplane import converters
+        from controlplane import converters, tracing
         from controlplane.api import schema  # noqa: F401  (registers OpenAPI extensions)
 
         converters.register()  # before any URLconf (HTTP or WebSocket) is built
+        tracing.stamp_log_records()
 

@@ -21,6 +21,7 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 from controlplane.bodylimit import BodyLimit  # noqa: E402
 from controlplane.db import pooled  # noqa: E402
 from controlplane.live import publisher  # noqa: E402
+from controlplane.tracing import with_request_id  # noqa: E402
 from mcp_endpoint.endpoint import mcp_endpoint  # noqa: E402
 from web.routing import websocket_urlpatterns  # noqa: E402
 from web.sockets import SameOriginOnly  # noqa: E402
@@ -31,7 +32,8 @@ router = ProtocolTypeRouter({
 })
 
 
-mcp = BodyLimit(mcp_endpoint)
+# Django's requests get their request id from its middleware (RequestId); /mcp here.
+mcp = BodyLimit(with_request_id(mcp_endpoint))
 MCP_PATHS = ("/mcp", "/mcp/")
 
 

@@ -19,6 +19,7 @@ from django.db import connection, transaction
 from controlplane.clock import now
 from controlplane.live import LOG_GROUP, group_send_on_commit
 from controlplane.models import Event, EventAddressee, LogHead
+from controlplane.tracing import current_request_id
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,9 @@ class NewEvent:
     # The members whose space subscriptions it may wake (a check-in is the
     # claimant's business); None: every subscriber who may read it.
     targets: tuple[int, ...] | None = None
+    # The request that appended it (controlplane.tracing), for the wakes it
+    # causes to name; provenance, not content.
+    request_id: str | None = field(default_factory=current_request_id, compare=False, repr=False)
 
 
 AppendHook = Callable[[list[tuple[int, NewEvent]]], None]

@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.conf import settings
+
+from controlplane.tracing import HEADER, begin_request, end_request
 
 
 class HostCheck:
     """Every request must name an allowed host (ALLOWED_HOSTS): Django checks
     it only where something asks for the host, so ask on every request (a
-    wrong host is 400). /healthz is exempt: load balancers probe it by
-    address."""
+    wrong host is 400). The probes (PROBE_PATHS: /healthz, /readyz) are
+    exempt: load balancers probe them by address."""
 
     async_capable = True
     sync_capable = True
@@ -19,6 +22,42 @@ class HostCheck:
             markcoroutinefunction(self)
 
     def __call__(self, request):
-        if request.path != "/healthz":
+        if request.path not in settings.PROBE_PATHS:
             request.get_host()  # DisallowedHost → 400
         return self.get_response(request)
+
+
+class RequestId:
+    """Every request runs under a request id (controlplane.tracing): the
+    client's `X-Request-Id` if it is a safe one, else a new one; the
+    response names it. Its logs, and the events and wakes it causes, carry
+    it. First in the chain, so every answer has it (a refused host too)."""
+
+    async_capable = True
+    sync_capable = True
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request):
+        if self.is_async:
+            return self._acall(request)
+        request_id, token = begin_request(request.headers.get(HEADER))
+        try:
+            response = self.get_response(request)
+        finally:
+            end_request(token)
+        response[HEADER] = request_id
+        return response
+
+    async def _acall(self, request):
+        request_id, token = begin_request(request.headers.get(HEADER))
+        try:
+            response = await self.get_response(request)
+        finally:
+            end_request(token)
+        response[HEADER] = request_id
+        return response

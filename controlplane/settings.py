@@ -64,8 +64,12 @@ MCP_HEARTBEAT_SECONDS = min(30.0, float(os.environ.get("MCP_HEARTBEAT_SECONDS", 
 
 # --- production: hosts, TLS, proxies ------------------------------------------
 _public = urlsplit(SWITCHBOARD_PUBLIC_URL)
-# Requests must name the public host (HostCheck: /healthz is exempt, load
-# balancers probe it by address); in development any host will do.
+# The liveness and readiness probes (controlplane.health): load balancers
+# probe them by address, so neither the host check nor the HTTPS redirect
+# applies to them.
+PROBE_PATHS = ("/healthz", "/readyz")
+# Requests must name the public host (HostCheck: the probes are exempt); in
+# development any host will do.
 ALLOWED_HOSTS = ([h for h in os.environ.get("ALLOWED_HOSTS", "").split(",") if h]
                  or (["*"] if DEBUG else [_public.hostname or "localhost"]))
 CSRF_TRUSTED_ORIGINS = [SWITCHBOARD_PUBLIC_URL]
@@ -77,7 +81,7 @@ if TRUST_PROXY_HEADERS:
 if _public.scheme == "https" and not DEBUG:
     SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
     SECURE_SSL_REDIRECT = True
-    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+    SECURE_REDIRECT_EXEMPT = [f"^{path.lstrip('/')}$" for path in PROBE_PATHS]
     SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 365 * 24 * 3600)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
     SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
@@ -110,6 +114,7 @@ INSTALLED_APPS = [
 
 # Short and async-capable: every sync layer costs a thread hop under ASGI.
 MIDDLEWARE = [
+    "controlplane.middleware.RequestId",
     "controlplane.middleware.HostCheck",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -262,11 +267,17 @@ STATIC_URL = "/static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 CSRF_FAILURE_VIEW = "web.errors.csrf_failure"
 
+# `plain` for people at a terminal; `json` (one object a line, with the
+# request id and structured fields) for log collectors (docs/observability.md).
+LOG_FORMAT = os.environ.get("LOG_FORMAT", "plain").strip().lower()
+if LOG_FORMAT not in {"plain", "json"}:
+    raise ImproperlyConfigured(f"LOG_FORMAT is plain or json, not {LOG_FORMAT!r}.")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+                   "json": {"()": "controlplane.tracing.JsonFormatter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "WARNING")},
     "loggers": {
         "switchboard": {"level": os.environ.get("LOG_LEVEL", "INFO"), "propagate": True},

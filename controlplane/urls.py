@@ -4,15 +4,24 @@ from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from controlplane.health import readiness
 from web.errors import not_found
 
 
 def healthz(request):
+    """Liveness: the process answers. Touches nothing (PROBE_PATHS)."""
     return JsonResponse({"status": "ok"})
+
+
+def readyz(request):
+    """Readiness: the database and Redis answer (controlplane.health)."""
+    ready, report = readiness()
+    return JsonResponse(report, status=200 if ready else 503, headers={"Cache-Control": "no-store"})
 
 
 urlpatterns = [
     path("healthz", healthz),
+    path("readyz", readyz),
     path("admin/", admin.site.urls),
     path("", RedirectView.as_view(url="/app/", permanent=False)),
     path("app/", include("web.urls")),

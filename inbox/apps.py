@@ -6,6 +6,7 @@ class InboxConfig(AppConfig):
     verbose_name = "Messages and inbox"
     schedules = [("classify-inbox-items", "inbox.tasks.classify_all", 1),
                  ("finish-collectives", "inbox.tasks.finish_collectives", 1)]
+    gauges = "inbox.health.gauges"  # manage.py health (controlplane.health)
 
     def ready(self):
         from controlplane.log import register_append_hook

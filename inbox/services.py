@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -19,6 +20,9 @@ from inbox.mentions import parse_mentions
 from inbox.models import Message, Recipient
 from inbox.text import encode_text
 from inbox.writes import insert_message
+
+# One line per accepted send; its request id leads to its wakes (docs/observability.md).
+send_log = logging.getLogger("switchboard.send")
 
 MAX_BODY_BYTES = 8 * 1024
 MAX_RESULT_BYTES = 2 * 1024
@@ -155,6 +159,10 @@ def send_message(conversation: Conversation, *, body: str, reply_to: str | None 
         if request_approval:
             refusal.details["approval_request"] = authority.send_policy().request_approval(message, refusal.uncovered)
         raise
+    send_log.info("sent %s in %s at event %d", message.public_id, space.slug, message.position,
+                  extra={"message_id": message.public_id, "space": space.slug,
+                         "conversation_id": conversation.public_id, "event_position": message.position,
+                         "recipients": len(recipients)})
     return SendResult(message, created=True)
 
 

@@ -21,6 +21,7 @@ class WebhooksConfig(AppConfig):
     name = "webhooks"
     verbose_name = "Webhooks"
     schedules = [("deliver-webhooks", "webhooks.tasks.deliver", 1)]
+    gauges = "webhooks.health.gauges"  # manage.py health (controlplane.health)
 
     def ready(self):
         from django_q.signals import post_spawn

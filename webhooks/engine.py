@@ -47,6 +47,7 @@ from webhooks.models import Attempt, Delivery, Subscription
 from webhooks.transport import Outcome, Transport
 
 log = logging.getLogger(__name__)
+wake_log = logging.getLogger("switchboard.wake")  # every attempt (docs/observability.md)
 
 PER_ENDPOINT = 4
 MAX_IN_FLIGHT = 64
@@ -71,6 +72,11 @@ class Job:
     mcp_subscription_id: str | None = None
     mcp_secrets: tuple[str, ...] = ()
     message_id: str | None = None
+    # For the attempt's log line: the subscription, the range, and the
+    # request ids of the sends it carries (webhooks.outbox).
+    subscription_id: str = ""
+    event_range: tuple[int, int] = (0, 0)
+    request_ids: tuple[str, ...] = ()
 
 
 def feed_cursor(subscription: Subscription, position: int) -> str:
@@ -178,7 +184,9 @@ def claim_due(limit: int) -> list[Job]:
 def _job(delivery: Delivery) -> Job:
     subscription, endpoint = delivery.subscription, delivery.subscription.endpoint
     job = Job(delivery.pk, delivery.public_id, delivery.attempts + 1, endpoint.url, endpoint.secret,
-              delivery.body.encode())
+              delivery.body.encode(), subscription_id=subscription.public_id,
+              event_range=(delivery.after_position, delivery.through_position),
+              request_ids=tuple((delivery.request_ids or "").split()))
     if not subscription.managed:
         return job
     secrets = [endpoint.secret] + ([endpoint.previous_secret] if endpoint.previous_secret_until
@@ -230,6 +238,20 @@ class Result:
     started_at: dt.datetime
 
 
+def _log_attempts(results: list[Result]) -> None:
+    """One line per attempt (never the URL, a header or the body)."""
+    for r in results:
+        job, outcome = r.job, r.outcome
+        result = "delivered" if outcome.ok else "failed"
+        wake_log.info("wake %s attempt %d %s (%s)", job.public_id, job.number, result,
+                      outcome.status_code or outcome.error_class,
+                      extra={"delivery_id": job.public_id, "subscription_id": job.subscription_id,
+                             "attempt": job.number, "outcome": result, "status": outcome.status_code,
+                             "error": outcome.error_class, "duration_ms": outcome.duration_ms,
+                             "after": job.event_range[0], "through": job.event_range[1],
+                             "request_ids": list(job.request_ids)})
+
+
 def record(results: list[Result]) -> None:
     """Store the attempts and apply their outcomes, in one transaction. An
     outcome only changes a delivery that is still its attempt's: one whose
@@ -241,6 +263,7 @@ def record(results: list[Result]) -> None:
     rest of the batch is recorded."""
     if not results:
         return
+    _log_attempts(results)
     with transaction.atomic():
         Attempt.objects.bulk_create(
             Attempt(delivery_id=r.job.delivery_id, number=r.job.number, started_at=r.started_at,

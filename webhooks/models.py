@@ -126,6 +126,9 @@ class Subscription(models.Model):
         return self.public_id
 
 
+REQUEST_IDS_MAX = 512
+
+
 class Delivery(models.Model):
     """One wake: a range of a subscription's feed, from `after` (the previous
     wake's `through`) to `through`.
@@ -161,6 +164,10 @@ class Delivery(models.Model):
     # An `item` subscription's delivery carries one inbox item, chosen at its
     # first claim (the owner's oldest pending one) and acknowledged by a 2xx.
     item = models.ForeignKey("inbox.InboxItem", null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    # The request ids (controlplane.tracing) of the sends whose events it
+    # carries, space-separated, the first ones that fit: for its attempts'
+    # log lines (webhooks.outbox).
+    request_ids = models.CharField(max_length=REQUEST_IDS_MAX, null=True, blank=True, editable=False)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["subscription"], condition=Q(state="open"),

@@ -7,23 +7,24 @@ every active subscription it qualifies for gets its open delivery's
 one's `through` and due after the subscription's debounce window. Both
 happen in the event's own transaction, so a committed event always has its
 wake, and a rolled-back one never does. The kick that follows the commit is
-only a nudge; the once-a-minute sweep is the guarantee.
+only a nudge; the once-a-minute sweep is the guarantee. A wake also keeps
+the request ids of the sends it carries (controlplane.tracing), which its
+attempts' log lines name.
 """
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 from collections.abc import Iterable
 
 from django.db import connection
-from django.db.models import Value
-from django.db.models.functions import Greatest
 
 from controlplane.access import readers_of_conversations
 from controlplane.clock import now
 from controlplane.log import NewEvent
 from webhooks import due, mcp
-from webhooks.models import Delivery, Subscription
+from webhooks.models import REQUEST_IDS_MAX, Delivery, Subscription
 
 _SUBSCRIPTIONS = connection.ops.quote_name(Subscription._meta.db_table)
 
@@ -75,11 +76,12 @@ def enqueue_wakes(entries: Iterable[tuple[int, NewEvent]]) -> None:
     owners = {row[2] for row in rows if row[1] == Subscription.Kind.SPACE}
     readers = readers_of_conversations(restricted, owners) if restricted and owners else {}
     for row in rows:
-        positions = [position for position, event in entries if _qualifies(row, event, readers)]
-        if positions and row[1] == Subscription.Kind.ITEM:
+        qualifying = [(position, event) for position, event in entries if _qualifies(row, event, readers)]
+        if qualifying and row[1] == Subscription.Kind.ITEM:
             mcp.offer([row[0]])  # one pending item at a time, chosen when claimed
-        elif positions:
-            extend_or_open(row[0], max(positions), debounce_ms=row[6])
+        elif qualifying:
+            extend_or_open(row[0], max(position for position, _ in qualifying), debounce_ms=row[6],
+                           request_ids=[event.request_id for _, event in qualifying])
 
 
 def last_through(subscription_id: int) -> int:
@@ -95,16 +97,46 @@ def last_through(subscription_id: int) -> int:
     return Subscription.objects.filter(pk=subscription_id).values_list("activation_position", flat=True).get()
 
 
-def extend_or_open(subscription_id: int, position: int, *, debounce_ms: int) -> None:
+def _fitting(request_ids: Iterable[str | None]) -> str:
+    """The distinct ids, space-separated, as many as fit in the column."""
+    fitting = ""
+    for request_id in dict.fromkeys(filter(None, request_ids)):
+        if len(fitting) + len(request_id) + 1 > REQUEST_IDS_MAX:
+            break
+        fitting = f"{fitting} {request_id}" if fitting else request_id
+    return fitting
+
+
+@functools.cache
+def _extend_sql(with_request_ids: bool) -> str:
+    """The open delivery's `through` moved up to `position`, and its request
+    ids followed by the new ones while they fit (a window's first sends are
+    kept). Plain SQL: it runs for every qualifying append, under the log
+    head lock, where compiling the ORM's equivalent cost more than running it."""
+    table = connection.ops.quote_name(Delivery._meta.db_table)
+    ids = (", request_ids = CASE WHEN request_ids IS NULL THEN %(ids)s "
+           "WHEN LENGTH(request_ids) <= %(room)s THEN request_ids || %(tail)s ELSE request_ids END"
+           if with_request_ids else "")
+    return (f"UPDATE {table} SET through_position = CASE WHEN through_position < %(position)s "
+            f"THEN %(position)s ELSE through_position END{ids} "
+            f"WHERE subscription_id = %(subscription)s AND state = 'open'")
+
+
+def extend_or_open(subscription_id: int, position: int, *, debounce_ms: int,
+                   request_ids: Iterable[str | None] = ()) -> None:
     """Move the open delivery's `through` to `position`, or open a new one
     chained to the last `through`. A delivery a worker has frozen meanwhile
-    is no longer open, so the event goes to a new wake."""
-    if Delivery.objects.filter(subscription_id=subscription_id, state=Delivery.State.OPEN).update(
-            through_position=Greatest("through_position", Value(position))):
-        return
+    is no longer open, so the event goes to a new wake. The wake also
+    records `request_ids` (the sends that caused it), in the same statement."""
+    ids = _fitting(request_ids)
+    with connection.cursor() as cursor:
+        cursor.execute(_extend_sql(bool(ids)), {"position": position, "subscription": subscription_id, "ids": ids,
+                                                "tail": " " + ids, "room": REQUEST_IDS_MAX - len(ids) - 1})
+        if cursor.rowcount:
+            return
     after = last_through(subscription_id)
     if position <= after:
         return
     Delivery.objects.create(subscription_id=subscription_id, after_position=after, through_position=position,
-                            due_at=now() + dt.timedelta(milliseconds=debounce_ms))
+                            due_at=now() + dt.timedelta(milliseconds=debounce_ms), request_ids=ids or None)
     due.kick_on_commit()

@@ -12,7 +12,8 @@ import pytest
 from controlplane.asgi import application
 
 
-def _get(path: str, host: bytes = b"testserver") -> tuple[int, dict, dict]:
+def asgi_get(path: str, host: bytes = b"testserver", headers: tuple = ()) -> tuple[int, dict, dict]:
+    """GET `path` through the ASGI application: (status, headers, JSON body or bytes)."""
     sent, requests = [], [{"type": "http.request", "body": b"", "more_body": False}]
 
     async def receive():
@@ -25,12 +26,12 @@ def _get(path: str, host: bytes = b"testserver") -> tuple[int, dict, dict]:
 
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
              "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-             "headers": [(b"host", host)], "client": ("127.0.0.1", 5000), "server": ("testserver", 80)}
+             "headers": [(b"host", host), *headers], "client": ("127.0.0.1", 5000), "server": ("testserver", 80)}
     asyncio.run(application(scope, receive, send))
     start = next(m for m in sent if m["type"] == "http.response.start")
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    headers = {k.decode().lower(): v.decode() for k, v in start["headers"]}
-    return start["status"], headers, json.loads(body) if "json" in headers.get("content-type", "") else body
+    answered = {k.decode().lower(): v.decode() for k, v in start["headers"]}
+    return start["status"], answered, json.loads(body) if "json" in answered.get("content-type", "") else body
 
 
 @pytest.fixture
@@ -39,18 +40,18 @@ def thread_urls(settings):
 
 
 def test_a_sync_view_runs_on_a_request_thread_with_the_sync_middleware(thread_urls):
-    status, headers, body = _get("/sync")
+    status, headers, body = asgi_get("/sync")
     assert status == 200 and body["thread"].startswith("switchboard-sync")
     assert headers["x-frame-options"] == "DENY"  # the middleware chain ran around it
 
 
 def test_an_async_view_runs_on_the_event_loop_with_the_async_middleware(thread_urls):
-    status, headers, body = _get("/async")
+    status, headers, body = asgi_get("/async")
     assert status == 200 and body["thread"] == threading.current_thread().name  # asyncio.run's loop thread
     assert headers["x-frame-options"] == "DENY"
 
 
 def test_the_sync_chain_refuses_a_host_not_allowed_and_answers_unknown_paths(thread_urls, settings):
     settings.ALLOWED_HOSTS = ["testserver"]
-    assert _get("/sync", host=b"elsewhere.example")[0] == 400
-    assert _get("/nowhere")[0] == 404
+    assert asgi_get("/sync", host=b"elsewhere.example")[0] == 400
+    assert asgi_get("/nowhere")[0] == 404

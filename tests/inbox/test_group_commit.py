@@ -13,9 +13,11 @@ from django.db import connections
 
 from controlplane import log, services
 from controlplane.errors import ApiError
+from controlplane.tracing import begin_request, end_request
 from inbox import mailbox, writes
 from inbox.models import InboxItem, Mailbox, Message, Recipient
 from inbox.services import send_message
+from webhooks.models import Delivery, Endpoint, Subscription
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -130,3 +132,30 @@ def test_one_key_twice_in_a_group_stores_one_message(lab, monkeypatch):
     assert stored.count() == 1
     assert {results[1].message.pk, results[2].message.pk} == {stored.get().pk}
     assert sorted([results[1].created, results[2].created]) == [False, True]
+
+
+def test_a_group_keeps_each_sends_request_id_for_the_wake_it_causes(lab, monkeypatch):
+    # given: the owner's space subscription, and a hook that holds the first group until three sends queue
+    channel, owner, senders = lab
+    endpoint = Endpoint.objects.create(owner=owner, url="https://receiver.example/hook")
+    subscription = Subscription.objects.create(owner=owner, endpoint=endpoint, kind=Subscription.Kind.SPACE,
+                                               space=channel.space, status=Subscription.Status.ACTIVE,
+                                               activation_position=0, debounce_ms=60_000)
+    monkeypatch.setattr("webhooks.due.kick_on_commit", lambda: None)  # nothing is sent here
+    hook = HeldFirstGroup(waiting=3)
+    monkeypatch.setattr(log, "_APPEND_HOOKS", [*log._APPEND_HOOKS, hook])
+
+    def send_under(request_id, member):
+        _, token = begin_request(request_id)
+        try:
+            return send_message(channel, body="status", actor=member)
+        finally:
+            end_request(token)
+
+    # when: four members send at once, each under its own request id
+    results = _send_all([lambda n=n, m=m: send_under(f"req-{n}", m) for n, m in enumerate(senders)])
+    # then: the last three committed together, in the leader's thread, and the wake names every send
+    assert not [r for r in results if isinstance(r, Exception)]
+    assert [len(group) for group in hook.groups] == [1, 3]
+    wake = Delivery.objects.get(subscription=subscription)
+    assert sorted(wake.request_ids.split()) == ["req-0", "req-1", "req-2", "req-3"]

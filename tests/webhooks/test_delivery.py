@@ -4,6 +4,7 @@ import asyncio
 import base64
 import datetime as dt
 import json
+import logging
 import threading
 import time
 
@@ -349,3 +350,35 @@ def test_the_admin_resumes_subscriptions_and_replays_deliveries(world, receiver,
     ranges = [r.json()["event_range"] for r in receiver.wakes()]
     assert ranges.count(ranges[0]) == 2  # the first wake, and its replay
     assert Delivery.objects.filter(replay_of=delivery, state="delivered").exists()
+
+
+def test_each_attempt_is_logged_with_the_request_ids_of_the_sends_it_wakes_for(world, receiver, api_for, caplog):
+    # given: two sends through the API, each under its request id, into one wake; the receiver fails once
+    as_bob = api_for(world["bob"])
+    answers = iter([(500, {}, b""), (202, {}, b"{}")])
+    receiver.respond = lambda received: next(answers)
+    caplog.set_level(logging.INFO, logger="switchboard")
+    path = f"/v0/spaces/lab/conversations/{world['general'].public_id}/messages"
+    sent = [as_bob.post(path, {"body": f"step {n}"}, headers={"X-Request-Id": f"send-{n}"}) for n in (1, 2)]
+    assert [(r.status_code, r["X-Request-Id"]) for r in sent] == [(201, "send-1"), (201, "send-2")], sent[0].json()
+    # when: the first attempt, then the retry
+    start = now()
+    with freeze(start):
+        pump()
+    with freeze(start + dt.timedelta(seconds=7)):
+        pump()
+    # then: a line per send, under its request id...
+    sends = [r for r in caplog.records if r.name == "switchboard.send"]
+    assert [(r.request_id, r.message_id, r.space) for r in sends] == [
+        ("send-1", sent[0].json()["message"]["id"], "lab"), ("send-2", sent[1].json()["message"]["id"], "lab")]
+    # ...and a line per attempt, naming both sends, its range covering their events
+    attempts = [r for r in caplog.records if r.name == "switchboard.wake"]
+    assert [(r.attempt, r.outcome, r.status) for r in attempts] == [(1, "failed", 500), (2, "delivered", 202)]
+    (wake_id,) = {r.headers["Webhook-Id"] for r in receiver.wakes()}
+    for attempt in attempts:
+        assert attempt.request_ids == ["send-1", "send-2"]
+        assert (attempt.delivery_id, attempt.subscription_id) == (wake_id, world["subscription"]["id"])
+        assert attempt.after < sends[0].event_position < sends[1].event_position == attempt.through
+    # nothing secret on any of these lines
+    printed = caplog.text + "".join(str(vars(r)) for r in sends + attempts)
+    assert SECRET not in printed and "step 1" not in printed and "Webhook-Signature" not in printed

@@ -5,6 +5,7 @@ from django.db import transaction
 from controlplane import services
 from controlplane.cursors import caller_id, pack_cursor
 from controlplane.log import log_head
+from controlplane.tracing import begin_request, end_request
 from inbox.services import send_message
 from tests.conftest import error_code
 from webhooks.models import Delivery, Subscription
@@ -237,3 +238,21 @@ def test_the_activation_cursor_reads_the_owners_feed(space, general, alice, as_a
     cursor = activate(as_alice, subscription)
     position = Subscription.objects.get().activation_position
     assert cursor == pack_cursor((position,), caller=caller_id(alice), stream=f"space:{space.public_id}")
+
+
+def test_a_wake_keeps_the_request_ids_of_its_first_sends_that_fit(space, general, alice, as_alice, endpoint):
+    # given
+    subscription = subscribe(as_alice, endpoint)
+    activate(as_alice, subscription)
+    request_ids = [f"{n:02d}-" + "x" * 29 for n in range(40)]  # 32 characters each
+    # when: forty sends in one debounce window, each under its request id
+    for request_id in request_ids:
+        _, token = begin_request(request_id)
+        try:
+            last = send_message(general, body="tick", actor=alice).message
+        finally:
+            end_request(token)
+    # then: one wake through the last event, naming the first fifteen (fifteen fit in 512 characters)
+    (wake,) = wakes(subscription)
+    assert wake.through_position == last.position
+    assert wake.request_ids.split() == request_ids[:15] and len(wake.request_ids) <= 512

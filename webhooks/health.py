@@ -1,0 +1,29 @@
+"""The webhooks' backlog figures for `manage.py health` (controlplane.health)."""
+from __future__ import annotations
+
+from django.db.models import Exists, OuterRef
+
+from controlplane.clock import now
+from webhooks.engine import sendable
+from webhooks.models import Delivery, Subscription
+
+
+def gauges() -> dict[str, int | float | None]:
+    """- wakes_due: wakes a worker could send now (due, their subscription
+      may send, no older wake of it unfinished), and how long the oldest
+      of them has been due (0: none is);
+    - wakes_sending_past_lease: claims whose worker stopped before it
+      recorded the attempt (the next claim takes them again);
+    - subscriptions_suspended."""
+    at = now()
+    blocked = Delivery.objects.filter(subscription_id=OuterRef("subscription_id"), id__lt=OuterRef("id"),
+                                      state__in=[Delivery.State.PENDING, Delivery.State.SENDING])
+    due = (Delivery.objects.filter(sendable(at), state__in=[Delivery.State.OPEN, Delivery.State.PENDING],
+                                   due_at__lte=at).exclude(Exists(blocked)))
+    oldest = due.order_by("due_at").values_list("due_at", flat=True).first()
+    return {
+        "wakes_due": due.count(),
+        "oldest_due_wake_seconds": round((at - oldest).total_seconds(), 1) if oldest is not None else 0.0,
+        "wakes_sending_past_lease": Delivery.objects.filter(state=Delivery.State.SENDING, claimed_until__lt=at).count(),
+        "subscriptions_suspended": Subscription.objects.filter(status=Subscription.Status.SUSPENDED).count(),
+    }
