@@ -238,18 +238,19 @@ class Result:
     started_at: dt.datetime
 
 
-def _log_attempts(results: list[Result]) -> None:
-    """One line per attempt (never the URL, a header or the body)."""
-    for r in results:
-        job, outcome = r.job, r.outcome
-        result = "delivered" if outcome.ok else "failed"
-        wake_log.info("wake %s attempt %d %s (%s)", job.public_id, job.number, result,
-                      outcome.status_code or outcome.error_class,
-                      extra={"delivery_id": job.public_id, "subscription_id": job.subscription_id,
-                             "attempt": job.number, "outcome": result, "status": outcome.status_code,
-                             "error": outcome.error_class, "duration_ms": outcome.duration_ms,
-                             "after": job.event_range[0], "through": job.event_range[1],
-                             "request_ids": list(job.request_ids)})
+def _log_attempt(result: Result) -> Result:
+    """One line per attempt, as its answer comes (never the URL, a header or
+    the body)."""
+    job, outcome = result.job, result.outcome
+    verdict = "delivered" if outcome.ok else "failed"
+    wake_log.info("wake %s attempt %d %s (%s)", job.public_id, job.number, verdict,
+                  outcome.status_code or outcome.error_class,
+                  extra={"delivery_id": job.public_id, "subscription_id": job.subscription_id,
+                         "attempt": job.number, "outcome": verdict, "status": outcome.status_code,
+                         "error": outcome.error_class, "duration_ms": outcome.duration_ms,
+                         "after": job.event_range[0], "through": job.event_range[1],
+                         "request_ids": list(job.request_ids)})
+    return result
 
 
 def record(results: list[Result]) -> None:
@@ -263,7 +264,6 @@ def record(results: list[Result]) -> None:
     rest of the batch is recorded."""
     if not results:
         return
-    _log_attempts(results)
     with transaction.atomic():
         Attempt.objects.bulk_create(
             Attempt(delivery_id=r.job.delivery_id, number=r.job.number, started_at=r.started_at,
@@ -394,7 +394,7 @@ async def _send(transport: Transport, signer: crypto.Signer, job: Job) -> Result
         headers = signer.headers(job.public_id, job.body, secret=crypto.open_secret(job.sealed_secret),
                                  timestamp=int(timestamp()))
         key_id = signer.key_id
-    return Result(job, await transport.post(job.url, job.body, headers), key_id, started_at)
+    return _log_attempt(Result(job, await transport.post(job.url, job.body, headers), key_id, started_at))
 
 
 async def pump(*, seconds: float, wait: bool, resolver=None, renew=None) -> int:
