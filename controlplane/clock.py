@@ -1,15 +1,22 @@
-"""The one clock. Tests move it with `freeze(at)`; nothing else reads the
-time of day (elapsed time is time.monotonic())."""
+"""The one clock. Tests move it with `freeze(at)`, the fault matrix with
+`controlplane.faults.clock_skew`; nothing else reads the time of day
+(elapsed time is time.monotonic())."""
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
 
+from controlplane import faults
+
 _frozen: dt.datetime | None = None
 
 
 def now() -> dt.datetime:
-    return _frozen or dt.datetime.now(dt.timezone.utc)
+    if _frozen is not None:
+        return _frozen
+    if faults.DIRECTORY is None:
+        return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.timezone.utc) + faults.clock_skew()
 
 
 def timestamp() -> float:

@@ -20,6 +20,7 @@ import logging
 
 from django.db import transaction
 
+from controlplane import faults
 from controlplane.clock import now
 from controlplane.log import append_events
 from controlplane.models import Member
@@ -52,6 +53,7 @@ def finish_barrier(grant_pk: int) -> Grant:
     """Settle every item sent under a `revoking` grant, then make the grant
     terminal. Safe to run any number of times, from any process."""
     while True:
+        faults.point("barrier.step")  # between two durable steps
         with transaction.atomic():
             grant = Grant.objects.select_for_update().get(pk=grant_pk)
             if grant.status != Grant.Status.REVOKING:

@@ -30,10 +30,10 @@ import time
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import connection, connections, transaction
+from django.db import InterfaceError, OperationalError, connection, connections, transaction
 from django.db.models import F, Q
 
-from controlplane import live
+from controlplane import faults, live
 from controlplane.access import can_read_space
 from controlplane.clock import now, rfc3339, timestamp
 from controlplane.cursors import caller_id, pack_cursor
@@ -57,6 +57,8 @@ JITTER = 0.2
 SUSPEND_AFTER_ATTEMPTS = 100
 SUSPEND_AFTER = dt.timedelta(hours=1)
 TERMINAL_STATUSES = (410, 413)
+RECORD_TRIES = 4  # over about three seconds: a database restart's length
+RECORD_RETRY_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -269,6 +271,7 @@ def record(results: list[Result]) -> None:
             Attempt(delivery_id=r.job.delivery_id, number=r.job.number, started_at=r.started_at,
                     duration_ms=r.outcome.duration_ms, status_code=r.outcome.status_code,
                     error_class=r.outcome.error_class, key_id=r.key_id) for r in results)
+        faults.point("webhooks.record")  # mid-record: the transaction is lost with the process
         current = {d.pk: d for d in Delivery.objects.select_for_update().select_related("subscription")
                    .filter(pk__in=[r.job.delivery_id for r in results], state=Delivery.State.SENDING)}
         delivered = []
@@ -300,14 +303,26 @@ def _hand_off_items(deliveries: list[Delivery]) -> None:
 
 
 def _record_or_leave(results: list[Result]) -> None:
-    """`record`, for the pump: if the batch cannot be recorded at all (the
-    database is gone, say), its deliveries stay `sending` and their leases
-    bring them back; the pump goes on."""
-    try:
-        record(results)
-    except Exception:
-        log.exception("recording %d webhook attempts failed; they are retried after their leases", len(results))
-        connections.close_all()  # a broken connection is not reused by the next claim
+    """`record`, for the pump. A lost connection (the database restarted) is
+    replaced and the batch recorded again, RECORD_TRIES times in all: the
+    receivers' answers are only in memory. If it still cannot be recorded,
+    its deliveries stay `sending` and their leases bring them back; the pump
+    goes on."""
+    for attempt in range(1, RECORD_TRIES + 1):
+        try:
+            record(results)
+            return
+        except (OperationalError, InterfaceError):
+            connections.close_all()  # a broken connection is not reused
+            if attempt == RECORD_TRIES:
+                log.exception("recording %d webhook attempts failed; they are retried after their leases",
+                              len(results))
+            else:
+                time.sleep(RECORD_RETRY_SECONDS * attempt)
+        except Exception:
+            connections.close_all()
+            log.exception("recording %d webhook attempts failed; they are retried after their leases", len(results))
+            return
 
 
 def _failed(delivery: Delivery, outcome: Outcome) -> None:
@@ -421,6 +436,7 @@ async def pump(*, seconds: float, wait: bool, resolver=None, renew=None) -> int:
             renewed = time.monotonic()
             while True:
                 if renew and time.monotonic() - renewed >= 1.0:
+                    faults.point("webhooks.timer")
                     await db(renew)
                     renewed = time.monotonic()
                 remaining = deadline - time.monotonic()
@@ -445,6 +461,7 @@ async def pump(*, seconds: float, wait: bool, resolver=None, renew=None) -> int:
                     more, in_flight = await asyncio.wait(in_flight, timeout=RECORD_WINDOW)
                     done |= more
                 if done:
+                    faults.point("webhooks.answered")  # sent and answered, not recorded
                     await db(_record_or_leave, [task.result() for task in done])
     finally:
         if in_flight:  # cancelled mid-run: the leases bring these back

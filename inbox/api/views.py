@@ -10,6 +10,7 @@ from controlplane.access import get_conversation_to_write, get_readable_space
 from controlplane.api.fields import validated
 from controlplane.api.permissions import ReadableAnonymously
 from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, LIMIT, MAX_BYTES, SNAPSHOT_PAGE, WAIT_MS, errors
+from controlplane import faults
 from controlplane.api.serializers import EmptyIn, envelope
 from controlplane.cursors import caller_id, pack_cursor, unpack_cursor
 from controlplane.errors import NotFound
@@ -44,6 +45,7 @@ class SendMessageView(APIView):
                                        related_paths=data.get("related_paths"), idempotency_key=key,
                                        request_approval=data["request_approval"],
                                        collective=data.get("collective"), actor=request.user)
+        faults.point("send.committed")
         return Response({"message": render_message(result.message)}, status=201 if result.created else 200)
 
 

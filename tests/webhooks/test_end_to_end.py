@@ -171,3 +171,33 @@ def test_every_outcome_for_inbox_and_space_subscriptions_alike(receiver, https_r
         httpx.post(f"{base}/v0/spaces/lab/conversations/{channel}/messages", json={"body": "again @inbox202"},
                    headers=bob)
         receiver.wait_for(lambda requests: any(r.path == "/inbox202" for r in requests), timeout=30)
+
+
+@pytest.mark.postgres
+def test_wakes_go_on_at_once_after_the_database_cut_every_connection(receiver, https_receiver):
+    # given: wakes flowing, then every database connection of the server and its workers cut
+    from django.db import connection
+
+    from tests.servers import cut_every_database_connection
+
+    alice, bob = member("alice"), member("bob")
+    with serving(**receiver_env(https_receiver[1])) as (base, _):
+        direct = setup_inbox_subscription(base, receiver, alice, bob)
+        for n in range(3):
+            httpx.post(f"{base}/v0/spaces/lab/conversations/{direct}/messages", json={"body": f"before {n}"},
+                       headers=bob)
+            receiver.wait_for(lambda requests, n=n: len(requests) >= n + 2, timeout=30)
+        cut_every_database_connection()
+        connection.close()
+        connection.close_pool()
+        # when: the next sends (retried, with their keys, while the server's pool drops what broke)
+        for n in range(3):
+            key = {"Idempotency-Key": f"after-cut-{n}"}
+            while httpx.post(f"{base}/v0/spaces/lab/conversations/{direct}/messages", json={"body": f"after {n}"},
+                             headers={**bob, **key}).status_code == 503:
+                time.sleep(0.2)
+        # then: their wakes come within seconds, not after a lease or at the minute sweep
+        # (the workers' tasks take live connections, and an attempt that could not be
+        # recorded is recorded again on a fresh one)
+        seen = receiver.wait_for(lambda requests: len(requests) >= 5, timeout=10)
+    assert len(seen) >= 5

@@ -35,6 +35,7 @@ class Command(BaseCommand):
             connection.close()
             if hasattr(connection, "close_pool"):
                 connection.close_pool()
+            _check_pooled_connections(connection)
         cluster = Cluster()
         stop.listen()  # Cluster() put its own handlers in place
         if stop.requested:
@@ -46,3 +47,15 @@ class Command(BaseCommand):
         cluster.sentinel.join(STOP_GRACE_SECONDS)
         kill_all(lambda: descendants(os.getpid()))
         cluster.sentinel.join()
+
+
+def _check_pooled_connections(connection) -> None:
+    """A task takes a pooled connection only after a round trip proves it
+    alive (Django's CONN_HEALTH_CHECKS, which a pool runs at checkout).
+    After a database restart every pooled connection is dead; a request
+    that gets one fails and its client retries (503), but a task that does
+    fails for nobody to see, and the timer, the sweeps and the scheduler went
+    on failing, one dead connection after another, for minutes (found by the
+    fault matrix). Servers skip the check: a round trip per request costs
+    more than the retries."""
+    connection.settings_dict["CONN_HEALTH_CHECKS"] = True
