@@ -54,15 +54,20 @@ def due_sql(ready: str) -> str:
             f"AND o.id < d.id AND o.state IN ('pending', 'sending')) "
             f"AND s.endpoint_id NOT IN (SELECT bs.endpoint_id FROM {deliveries} b "
             f"JOIN {subscriptions} bs ON bs.id = b.subscription_id "
-            f"WHERE b.state = 'sending' AND b.claimed_until >= %(at)s "
+            f"WHERE b.state = 'sending' AND b.claimed_until >= %(at)s AND b.claimed_until <= %(horizon)s "
             f"GROUP BY bs.endpoint_id HAVING COUNT(*) >= %(per_endpoint)s) "
             f"ORDER BY d.due_at, d.id LIMIT %(limit)s{lock}")
 
 
-# Two index-backed reads (due wakes; claims whose lease ran out) rather than
-# one OR, which would scan the whole delivery history.
+# Index-backed reads (due wakes; claims whose lease ran out; claims leased
+# further ahead than any lease runs, by a worker whose clock was ahead)
+# rather than one OR, which would scan the whole delivery history. A claim
+# `horizon` (now + one lease) cannot reach was made by a wrong clock: it
+# would hold its wake, and every later one of its subscription, until that
+# clock's time came.
 READY = ("d.state IN ('open', 'pending') AND d.due_at <= %(at)s",
-          "d.state = 'sending' AND d.claimed_until < %(at)s")
+          "d.state = 'sending' AND d.claimed_until < %(at)s",
+          "d.state = 'sending' AND d.claimed_until > %(horizon)s")
 
 
 def freeze(deliveries: list[Delivery], at) -> None:

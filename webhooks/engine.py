@@ -146,6 +146,7 @@ def claim_due(limit: int) -> list[Job]:
         with connection.cursor() as cursor:
             for ready in READY:
                 cursor.execute(due_sql(ready), {"at": connection.ops.adapt_datetimefield_value(at),
+                                                 "horizon": connection.ops.adapt_datetimefield_value(at + lease()),
                                                  "per_endpoint": PER_ENDPOINT, "limit": limit - len(ids)})
                 ids += [row[0] for row in cursor.fetchall()]
                 if len(ids) >= limit:
@@ -368,6 +369,8 @@ def next_due_in(horizon: float) -> float | None:
         .order_by("due_at").values_list("due_at", flat=True).first(),
         Delivery.objects.filter(state=Delivery.State.SENDING).order_by("claimed_until")
         .values_list("claimed_until", flat=True).first(),
+        # a lease no clock of ours could have given (webhooks.due.READY): due now
+        at if Delivery.objects.filter(state=Delivery.State.SENDING, claimed_until__gt=at + lease()).exists() else None,
     ]
     waits = [max(0.0, (c - at).total_seconds()) for c in candidates if c is not None]
     soonest = min(waits, default=None)

@@ -118,6 +118,24 @@ def test_retries_keep_the_id_and_body_with_a_fresh_signature(world, receiver):
     assert list(Attempt.objects.order_by("number").values_list("status_code", flat=True)) == [500, 503, 202]
 
 
+def test_a_claim_leased_by_a_clock_a_day_ahead_is_taken_again_at_once(world, receiver):
+    # given: a wake claimed by a worker whose clock ran a day ahead, which died
+    # before it recorded anything (found by the fault matrix: its lease held the
+    # wake, and every later one of its subscription, for a day)
+    send_message(world["general"], body="claimed by a bad clock", actor=world["bob"])
+    with freeze(now() + dt.timedelta(days=1)):
+        (claimed,) = engine.claim_due(10)
+    # when: a worker with the right time looks
+    due_in = engine.next_due_in(60)
+    pump()
+    # then: it is due now, and taken again and sent as the same wake
+    assert due_in == 0.0
+    (wake,) = receiver.wakes()
+    assert wake.headers["Webhook-Id"] == claimed.public_id
+    delivery = Delivery.objects.get()
+    assert delivery.state == "delivered" and delivery.attempts == 2
+
+
 def test_backoff_doubles_and_is_capped():
     delays = [engine.retry_delay(n, None) for n in (1, 2, 3, 10, 30)]
     assert 4 <= delays[0] <= 6 and 8 <= delays[1] <= 12 and 16 <= delays[2] <= 24
