@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 VAR := $(or $(SWITCHBOARD_VAR_DIR),var)
 
-.PHONY: run test test-postgres bench migrate schema receiver reset clean
+.PHONY: run test test-postgres bench chaos cluster migrate schema receiver reset clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) and \
@@ -36,6 +36,17 @@ test-postgres: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/run.py $(BENCH_ARGS)
+
+# The fault matrix (docs/reliability.md): a PostgreSQL and a Redis of its own,
+# two nodes, two workers, HTTPS receivers, faults; exits non-zero on any loss.
+chaos: $(STAMP)
+	$(PY) -m bench.chaos $(CHAOS_ARGS)
+
+# The scale-out topology on this machine (docs/deploy.md): needs DATABASE_URL
+# (PostgreSQL) and REDIS_URL.
+cluster: $(STAMP)
+	DEBUG=$${DEBUG:-1} $(PY) manage.py migrate --noinput -v 0
+	DEBUG=$${DEBUG:-1} $(PY) manage.py cluster $(CLUSTER_ARGS)
 
 schema: $(STAMP)
 	DEBUG=1 $(PY) manage.py spectacular --validate --file var/openapi.yaml
