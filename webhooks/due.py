@@ -59,15 +59,17 @@ def due_sql(ready: str) -> str:
             f"ORDER BY d.due_at, d.id LIMIT %(limit)s{lock}")
 
 
-# Index-backed reads (due wakes; claims whose lease ran out; claims leased
-# further ahead than any lease runs, by a worker whose clock was ahead)
-# rather than one OR, which would scan the whole delivery history. A claim
-# `horizon` (now + one lease) cannot reach was made by a wrong clock: it
-# would hold its wake, and every later one of its subscription, until that
-# clock's time came.
+# Index-backed reads (due wakes; claims whose lease ran out; claims and due
+# times set further ahead than any rule sets them, by a worker whose clock
+# was ahead) rather than one OR, which would scan the whole delivery
+# history. A lease past `horizon` (now + one lease) or a due time past
+# `due_horizon` (now + the longest retry delay or debounce window) was set
+# by a wrong clock: it would hold its wake, and every later one of its
+# subscription, until that clock's time came (found by the fault matrix).
 READY = ("d.state IN ('open', 'pending') AND d.due_at <= %(at)s",
           "d.state = 'sending' AND d.claimed_until < %(at)s",
-          "d.state = 'sending' AND d.claimed_until > %(horizon)s")
+          "d.state = 'sending' AND d.claimed_until > %(horizon)s",
+          "d.state IN ('open', 'pending') AND d.due_at > %(due_horizon)s")
 
 
 def freeze(deliveries: list[Delivery], at) -> None:

@@ -57,6 +57,9 @@ JITTER = 0.2
 SUSPEND_AFTER_ATTEMPTS = 100
 SUSPEND_AFTER = dt.timedelta(hours=1)
 TERMINAL_STATUSES = (410, 413)
+# No rule sets a due time further ahead than this (the longest retry delay;
+# debounce windows are shorter): one that is was set by a clock running ahead.
+DUE_HORIZON = dt.timedelta(seconds=MAX_RETRY_SECONDS * (1 + JITTER) + 60)
 RECORD_TRIES = 4  # over about three seconds: a database restart's length
 RECORD_RETRY_SECONDS = 0.5
 
@@ -147,6 +150,8 @@ def claim_due(limit: int) -> list[Job]:
             for ready in READY:
                 cursor.execute(due_sql(ready), {"at": connection.ops.adapt_datetimefield_value(at),
                                                  "horizon": connection.ops.adapt_datetimefield_value(at + lease()),
+                                                 "due_horizon": connection.ops.adapt_datetimefield_value(
+                                                     at + DUE_HORIZON),
                                                  "per_endpoint": PER_ENDPOINT, "limit": limit - len(ids)})
                 ids += [row[0] for row in cursor.fetchall()]
                 if len(ids) >= limit:
@@ -369,8 +374,10 @@ def next_due_in(horizon: float) -> float | None:
         .order_by("due_at").values_list("due_at", flat=True).first(),
         Delivery.objects.filter(state=Delivery.State.SENDING).order_by("claimed_until")
         .values_list("claimed_until", flat=True).first(),
-        # a lease no clock of ours could have given (webhooks.due.READY): due now
-        at if Delivery.objects.filter(state=Delivery.State.SENDING, claimed_until__gt=at + lease()).exists() else None,
+        # a lease or a due time no right clock sets (webhooks.due.READY): due now
+        at if Delivery.objects.filter(state=Delivery.State.SENDING, claimed_until__gt=at + lease()).exists()
+        or Delivery.objects.filter(state__in=[Delivery.State.OPEN, Delivery.State.PENDING],
+                                   due_at__gt=at + DUE_HORIZON).exists() else None,
     ]
     waits = [max(0.0, (c - at).total_seconds()) for c in candidates if c is not None]
     soonest = min(waits, default=None)

@@ -136,6 +136,24 @@ def test_a_claim_leased_by_a_clock_a_day_ahead_is_taken_again_at_once(world, rec
     assert delivery.state == "delivered" and delivery.attempts == 2
 
 
+def test_a_retry_scheduled_by_a_clock_a_day_ahead_is_sent_at_once(world, receiver):
+    # given: a worker whose clock ran a day ahead got a 500 and set the retry by that clock
+    answers = iter([(500, {}, b""), (202, {}, b"{}")])
+    receiver.respond = lambda received: next(answers)
+    send_message(world["general"], body="retried by a bad clock", actor=world["bob"])
+    with freeze(now() + dt.timedelta(days=1)):
+        pump()
+    assert Delivery.objects.get().due_at > now() + dt.timedelta(hours=23)
+    # when: a worker with the right time looks
+    due_in = engine.next_due_in(60)
+    pump()
+    # then: the retry is due now and sent, as the same wake
+    assert due_in == 0.0
+    first, second = receiver.wakes()
+    assert first.headers["Webhook-Id"] == second.headers["Webhook-Id"]
+    assert Delivery.objects.get().state == "delivered"
+
+
 def test_backoff_doubles_and_is_capped():
     delays = [engine.retry_delay(n, None) for n in (1, 2, 3, 10, 30)]
     assert 4 <= delays[0] <= 6 and 8 <= delays[1] <= 12 and 16 <= delays[2] <= 24
