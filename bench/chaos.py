@@ -121,7 +121,6 @@ class Book:
 
     accepted: dict[str, str] = field(default_factory=dict)        # idempotency key -> message id
     targets: dict[str, tuple[str, str]] = field(default_factory=dict)  # key -> (sender, conversation)
-    answers_differ: int = 0      # a retried key answered with another message
     refused: Counter = field(default_factory=Counter)  # 4xx that a correct send never gets
     retries: int = 0
     acked: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))  # member -> tokens
@@ -344,9 +343,8 @@ async def socket(name: str, base: str, session_id: str, conversation: str, book:
 # ---------------------------------------------------------------- faults
 
 class Faults:
-    def __init__(self, work: Path, supervisor: Supervisor, nodes: list[Child], workers: list[Child],
-                 pg: Postgres, redis: Child, book: Book):
-        self.work, self.supervisor, self.nodes, self.workers = work, supervisor, nodes, workers
+    def __init__(self, nodes: list[Child], workers: list[Child], pg: Postgres, redis: Child, book: Book):
+        self.nodes, self.workers = nodes, workers
         self.pg, self.redis, self.book = pg, redis, book
 
     @staticmethod
@@ -503,7 +501,6 @@ def check(book: Book, people: dict, conversations: dict, receiver_log: Path,
             lost["sends"] += 1
         elif stored[key] != [public_id]:
             duplicated["sends"] += 1
-    duplicated["sends"] += book.answers_differ
     duplicated["sends"] += sum(len(ids) - 1 for key, ids in stored.items() if len(ids) > 1 and key in book.accepted)
     lost["sends (never accepted)"] += len(set(book.targets) - set(book.accepted))
 
@@ -641,7 +638,7 @@ async def drive(args, work: Path, env: dict, people: dict, supervisor: Superviso
         started = time.monotonic()
         senders = [asyncio.create_task(sender(api, people, conversations, counter, args.sends))
                    for _ in range(CONCURRENCY)]
-        faults = Faults(work, supervisor, nodes, workers, pg, redis, book)
+        faults = Faults(nodes, workers, pg, redis, book)
         stop_faults = asyncio.Event()
         faults_task = asyncio.create_task(faults.run(args.faults, args.fault_interval, stop_faults))
         progress = asyncio.create_task(_progress(book, args.sends))

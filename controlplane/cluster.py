@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import os
 import signal
 import subprocess
 import sys
@@ -165,7 +164,3 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def environment(**extra: str) -> dict[str, str]:
-    return {**os.environ, **extra}

@@ -299,3 +299,35 @@ def test_a_burst_of_nudges_over_redis_loses_none(monkeypatch, settings):
     received = asyncio.run(collect())
     assert failures == []
     assert received == list(range(300))
+
+
+FORK_SCRIPT = """
+import os, sys
+from django.db import connection
+from controlplane.management.commands import worker
+os.register_at_fork(after_in_child=worker.forget_inherited_connections)
+with connection.cursor() as cursor:   # the parent uses the database (and its pool)
+    cursor.execute("SELECT 1")
+connection.close()
+pid = os.fork()
+if pid == 0:
+    try:   # more connections than the pool keeps idle: the pool must open new ones
+        connection.pool.open()  # as Django does at a connection's start
+        held = [connection.pool.getconn(timeout=3) for _ in range(4)]
+        os._exit(0 if all(c.execute("SELECT 2").fetchone() == (2,) for c in held) else 3)
+    except Exception:
+        os._exit(4)
+_, status = os.waitpid(pid, 0)
+with connection.cursor() as cursor:   # and the parent's own connection still works
+    cursor.execute("SELECT 3")
+    assert cursor.fetchone() == (3,)
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.postgres
+def test_a_worker_forked_after_the_parent_used_the_database_gets_connections():
+    # given: a parent process that used its pool, then forks (as the cluster reincarnates a worker)
+    out = manage("shell", "-c", FORK_SCRIPT)
+    # then: the child queried on connections of its own (an inherited pool has no threads and times out)
+    assert out.strip().splitlines()[-1] == "0"

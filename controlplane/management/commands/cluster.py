@@ -4,6 +4,7 @@ worker processes on PostgreSQL + Redis, behind a round-robin proxy on
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import urllib.request
 
@@ -12,7 +13,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
-from controlplane.cluster import Child, Proxy, Supervisor, environment, free_port, node_command, worker_command
+from controlplane.cluster import Child, Proxy, Supervisor, free_port, node_command, worker_command
 from controlplane.management.commands.serve import split_bind
 from controlplane.processes import StopRequest
 from controlplane.schedules import ensure_schedules
@@ -42,9 +43,9 @@ class Command(BaseCommand):
         supervisor = Supervisor()
         try:
             for n, node_port in enumerate(ports):
-                supervisor.add(Child(f"node{n}", node_command(node_port), environment()))
+                supervisor.add(Child(f"node{n}", node_command(node_port), dict(os.environ)))
             for n in range(workers):
-                supervisor.add(Child(f"worker{n}", worker_command(), environment()))
+                supervisor.add(Child(f"worker{n}", worker_command(), dict(os.environ)))
             asyncio.run(self._run(supervisor, ports, host, port, stop))
         finally:
             supervisor.stop()

@@ -36,6 +36,7 @@ class Command(BaseCommand):
             if hasattr(connection, "close_pool"):
                 connection.close_pool()
             _check_pooled_connections(connection)
+        os.register_at_fork(after_in_child=forget_inherited_connections)
         cluster = Cluster()
         stop.listen()  # Cluster() put its own handlers in place
         if stop.requested:
@@ -59,3 +60,24 @@ def _check_pooled_connections(connection) -> None:
     fault matrix). Servers skip the check: a round trip per request costs
     more than the retries."""
     connection.settings_dict["CONN_HEALTH_CHECKS"] = True
+
+
+_inherited: list = []
+
+
+def forget_inherited_connections() -> None:
+    """In a process the cluster forks later (a worker reincarnated after it
+    died): drop the connection pool and connections inherited from the
+    parent, which had used the database meanwhile (its scheduler). The
+    inherited pool has no threads in the child: every task waited out the
+    pool's timeout and failed, for as long as the worker lived (found by the
+    fault matrix). They are kept referenced, never closed: closing would end
+    the parent's sessions."""
+    from django.db.backends.postgresql.base import DatabaseWrapper
+
+    _inherited.append(dict(DatabaseWrapper._connection_pools))
+    DatabaseWrapper._connection_pools.clear()
+    for connection in connections.all(initialized_only=True):
+        _inherited.append(connection.connection)
+        connection.connection = None
+
