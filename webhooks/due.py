@@ -62,7 +62,7 @@ def due_sql(ready: str) -> str:
 # Index-backed reads (due wakes; claims whose lease ran out; claims and due
 # times set further ahead than any rule sets them, by a worker whose clock
 # was ahead) rather than one OR, which would scan the whole delivery
-# history. A lease past `horizon` (now + one lease) or a due time past
+# history. A lease past `horizon` (now + two leases) or a due time past
 # `due_horizon` (now + the longest retry delay or debounce window) was set
 # by a wrong clock: it would hold its wake, and every later one of its
 # subscription, until that clock's time came (found by the fault matrix).

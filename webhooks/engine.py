@@ -57,6 +57,10 @@ JITTER = 0.2
 SUSPEND_AFTER_ATTEMPTS = 100
 SUSPEND_AFTER = dt.timedelta(hours=1)
 TERMINAL_STATUSES = (410, 413)
+# No claim is leased further ahead than one lease from its claim; twice that
+# leaves room for the clocks of processes that claim at the same moment (one
+# lease exactly made a claim just taken by another worker look too long).
+LEASE_HORIZON = 2
 # No rule sets a due time further ahead than this (the longest retry delay;
 # debounce windows are shorter): one that is was set by a clock running ahead.
 DUE_HORIZON = dt.timedelta(seconds=MAX_RETRY_SECONDS * (1 + JITTER) + 60)
@@ -149,7 +153,8 @@ def claim_due(limit: int) -> list[Job]:
         with connection.cursor() as cursor:
             for ready in READY:
                 cursor.execute(due_sql(ready), {"at": connection.ops.adapt_datetimefield_value(at),
-                                                 "horizon": connection.ops.adapt_datetimefield_value(at + lease()),
+                                                 "horizon": connection.ops.adapt_datetimefield_value(
+                                                     at + LEASE_HORIZON * lease()),
                                                  "due_horizon": connection.ops.adapt_datetimefield_value(
                                                      at + DUE_HORIZON),
                                                  "per_endpoint": PER_ENDPOINT, "limit": limit - len(ids)})
@@ -375,7 +380,8 @@ def next_due_in(horizon: float) -> float | None:
         Delivery.objects.filter(state=Delivery.State.SENDING).order_by("claimed_until")
         .values_list("claimed_until", flat=True).first(),
         # a lease or a due time no right clock sets (webhooks.due.READY): due now
-        at if Delivery.objects.filter(state=Delivery.State.SENDING, claimed_until__gt=at + lease()).exists()
+        at if Delivery.objects.filter(state=Delivery.State.SENDING,
+                                      claimed_until__gt=at + LEASE_HORIZON * lease()).exists()
         or Delivery.objects.filter(state__in=[Delivery.State.OPEN, Delivery.State.PENDING],
                                    due_at__gt=at + DUE_HORIZON).exists() else None,
     ]
