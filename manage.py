@@ -5,6 +5,9 @@ import sys
 
 
 def main():
+    from controlplane.processes import record_early_interrupts
+
+    record_early_interrupts()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
     from django.core.management import execute_from_command_line
 

@@ -57,15 +57,33 @@ def kill_all(find: Callable[[], list[int]], timeout: float = 5.0) -> None:
         time.sleep(0.02)
 
 
+_interrupted_early = False
+
+
+def _interrupt(signum, frame) -> None:
+    global _interrupted_early
+    _interrupted_early = True
+    signal.default_int_handler(signum, frame)
+
+
+def record_early_interrupts() -> None:
+    """From a command's first line: Ctrl-C still raises KeyboardInterrupt,
+    and is remembered too. Python drops a KeyboardInterrupt raised inside an
+    import's lock callback ("Exception ignored in ... cb"); the start-up
+    would then go on as if never interrupted and serve for good."""
+    signal.signal(signal.SIGINT, _interrupt)
+
+
 class StopRequest:
     """Records SIGINT, SIGTERM and SIGHUP, whenever they come; the command
     polls it and stops in its own time. `listen()` again after a library
-    installs handlers of its own."""
+    installs handlers of its own. A Ctrl-C that came before, during the
+    start-up, counts as a request."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self) -> None:
-        self.requested = False
+        self.requested = _interrupted_early
         self.listen()
 
     def listen(self) -> None:
