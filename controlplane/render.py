@@ -25,6 +25,10 @@ def render_membership(membership: Membership) -> dict:
             "updated_at": rfc3339(membership.updated_at)}
 
 
+def render_my_space(membership: Membership) -> dict:
+    return {**render_space(membership.space), "role": membership.role, "status": membership.status}
+
+
 def render_conversation(conversation: Conversation) -> dict:
     data = {"id": conversation.public_id, "kind": conversation.kind, "space": conversation.space.slug}
     if conversation.kind == Conversation.Kind.CHANNEL:

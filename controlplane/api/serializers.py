@@ -94,6 +94,13 @@ class MembershipOut(serializers.Serializer):
     updated_at = serializers.DateTimeField()
 
 
+class MySpaceOut(SpaceOut):
+    """A space of the caller's, with the caller's own membership."""
+    role = serializers.ChoiceField(choices=Membership.Role.choices)
+    status = serializers.ChoiceField(choices=[Membership.Status.ACTIVE, Membership.Status.PENDING],
+                                     help_text="the caller's membership: `pending` while a join request waits")
+
+
 class ConversationOut(serializers.Serializer):
     id = serializers.CharField()
     kind = serializers.ChoiceField(choices=["channel", "direct", "group"])

@@ -6,6 +6,7 @@ urlpatterns = [
     path("me", views.MeView.as_view()),
     path("me/credentials", views.CredentialsView.as_view()),
     path("me/credentials/<pid:credential_id>", views.CredentialView.as_view()),
+    path("me/spaces", views.MySpacesView.as_view()),
     path("members", views.MembersView.as_view()),
     path("spaces", views.SpacesView.as_view()),
     path("spaces/<space:slug>", views.SpaceView.as_view()),

@@ -15,12 +15,13 @@ from controlplane.api.throttling import CredentialCreationThrottle, MemberRateTh
 from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, LIMIT, errors
 from controlplane.api.serializers import (ChannelCreateIn, ConversationOut, CredentialCreatedOut, CredentialOut,
                                           EmptyIn, GroupCreateIn, MemberCreateIn, MemberOut, MemberRefIn,
-                                          MembershipAddIn, MembershipOut, SpaceCreateIn, SpaceOut, envelope)
+                                          MembershipAddIn, MembershipOut, MySpaceOut, SpaceCreateIn, SpaceOut,
+                                          envelope)
 from controlplane.errors import NotFound
 from controlplane.idempotency import idempotent
-from controlplane.models import Credential
+from controlplane.models import Credential, Membership
 from controlplane.render import (render_conversation, render_credential, render_member, render_membership,
-                                 render_space)
+                                 render_my_space, render_space)
 from controlplane.access import get_readable_space, get_space_for, readable_conversations, visible_memberships
 
 
@@ -28,6 +29,19 @@ class MeView(APIView):
     @extend_schema(operation_id="get_me", responses={200: envelope("member", MemberOut), **errors()})
     def get(self, request):
         return Response({"member": render_member(request.user)})
+
+
+class MySpacesView(APIView):
+    @extend_schema(operation_id="list_my_spaces", parameters=[CURSOR, LIMIT],
+                   responses={200: envelope("spaces", MySpaceOut, many=True, paged=True),
+                              **errors("INVALID_REQUEST", "INVALID_CURSOR")})
+    def get(self, request):
+        """The spaces the caller belongs to, and those it asked to join, oldest
+        membership first (a removal takes a space off the list)."""
+        memberships = (Membership.objects.filter(member=request.user)
+                       .exclude(status=Membership.Status.REMOVED).select_related("space"))
+        page = paginate(request, memberships, stream="my-spaces", render=render_my_space)
+        return Response({"spaces": page.pop("items"), **page})
 
 
 class CredentialsView(APIView):

@@ -221,3 +221,26 @@ def test_credentials_are_capped(as_alice, settings):
 def test_query_integers_are_plain_digits(space, as_alice, limit):
     response = as_alice.get("/v0/spaces/lab/conversations", limit=limit)
     assert response.status_code == 400 and error_code(response) == "INVALID_REQUEST"
+
+
+def test_my_spaces_lists_memberships_and_requests_in_pages(space, as_alice, as_bob, as_carol, anon):
+    # given: bob is in lab, asks to join club, leaves attic; alice owns all three
+    as_alice.post("/v0/spaces", {"slug": "club", "name": "Club", "visibility": "request"})
+    as_alice.post("/v0/spaces", {"slug": "attic", "name": "Attic"})
+    as_bob.post("/v0/spaces/club/join")
+    as_bob.post("/v0/spaces/attic/join")
+    as_bob.delete("/v0/spaces/attic/members/bob")
+    # when
+    first = as_bob.get("/v0/me/spaces", limit=1).json()
+    second = as_bob.get("/v0/me/spaces", limit=1, cursor=first["cursor"]).json()
+    # then
+    assert first["has_more"] and not second["has_more"]
+    assert [(s["slug"], s["role"], s["status"]) for s in first["spaces"] + second["spaces"]] == [
+        ("lab", "member", "active"), ("club", "member", "pending")]
+    assert second["spaces"][0] == {"id": second["spaces"][0]["id"], "slug": "club", "name": "Club",
+                                   "visibility": "request", "send_policy": "open", "archived": False,
+                                   "role": "member", "status": "pending"}
+    assert [s["slug"] for s in as_alice.get("/v0/me/spaces").json()["spaces"]] == ["lab", "club", "attic"]
+    # and a cursor is its caller's own; anonymous callers have no spaces
+    assert error_code(as_carol.get("/v0/me/spaces", cursor=first["cursor"])) == "INVALID_CURSOR"
+    assert anon.get("/v0/me/spaces").status_code == 401
