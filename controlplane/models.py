@@ -63,6 +63,7 @@ class Credential(models.Model):
     public_id = models.CharField(max_length=40, unique=True, default=new_credential_id, editable=False)
     member = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="credentials")
     token_hash = models.CharField(max_length=64, unique=True, editable=False)
+    name = models.CharField(max_length=100, blank=True, default="", help_text="its owner's label")
     created_at = models.DateTimeField(default=now, editable=False)
 
     def __str__(self) -> str:

@@ -12,7 +12,7 @@ def render_member(member: Member) -> dict:
 
 
 def render_credential(credential: Credential) -> dict:
-    return {"id": credential.public_id, "created_at": rfc3339(credential.created_at)}
+    return {"id": credential.public_id, "name": credential.name, "created_at": rfc3339(credential.created_at)}
 
 
 def render_space(space: Space) -> dict:

@@ -98,14 +98,14 @@ def update_member(member: Member, *, status: str | None = None, is_admin: bool |
 MAX_CREDENTIALS = 20
 
 
-def issue_credential(member: Member, *, actor: Member | None) -> tuple[Credential, str]:
+def issue_credential(member: Member, *, actor: Member | None, name: str = "") -> tuple[Credential, str]:
     """A new bearer credential; the token is returned here and never again.
     A member holds at most MAX_CREDENTIALS (409 LIMIT_EXCEEDED beyond)."""
     if Credential.objects.filter(member=member).count() >= MAX_CREDENTIALS:
         raise LimitExceeded(f"A member holds at most {MAX_CREDENTIALS} credentials; delete one first.")
     token = new_bearer_token()
     with transaction.atomic():
-        credential = Credential.objects.create(member=member, token_hash=hash_token(token))
+        credential = Credential.objects.create(member=member, token_hash=hash_token(token), name=name)
         audit.record("credential.issued", member.public_id, actor=actor, credential=credential.public_id)
     return credential, token
 

@@ -68,8 +68,14 @@ class MemberOut(serializers.Serializer):
     created_at = serializers.DateTimeField()
 
 
+class CredentialCreateIn(StrictSerializer):
+    name = StrictCharField(required=False, allow_blank=True, max_length=100, default="",
+                           help_text="a label of the owner's, e.g. where the token is used")
+
+
 class CredentialOut(serializers.Serializer):
     id = serializers.CharField()
+    name = serializers.CharField()
     created_at = serializers.DateTimeField()
 
 

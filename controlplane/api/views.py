@@ -13,8 +13,8 @@ from controlplane.api.pagination import paginate
 from controlplane.api.permissions import IsAdmin, ReadableAnonymously
 from controlplane.api.throttling import CredentialCreationThrottle, MemberRateThrottle
 from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, LIMIT, errors
-from controlplane.api.serializers import (ChannelCreateIn, ConversationOut, CredentialCreatedOut, CredentialOut,
-                                          EmptyIn, GroupCreateIn, MemberCreateIn, MemberOut, MemberRefIn,
+from controlplane.api.serializers import (ChannelCreateIn, ConversationOut, CredentialCreateIn, CredentialCreatedOut,
+                                          CredentialOut, EmptyIn, GroupCreateIn, MemberCreateIn, MemberOut, MemberRefIn,
                                           MembershipAddIn, MembershipOut, MySpaceOut, SpaceCreateIn, SpaceOut,
                                           envelope)
 from controlplane.errors import NotFound
@@ -53,14 +53,14 @@ class CredentialsView(APIView):
         credentials = Credential.objects.filter(member=request.user).order_by("id")
         return Response({"credentials": [render_credential(c) for c in credentials]})
 
-    @extend_schema(operation_id="create_credential", request=EmptyIn, parameters=[IDEMPOTENCY_KEY],
+    @extend_schema(operation_id="create_credential", request=CredentialCreateIn, parameters=[IDEMPOTENCY_KEY],
                    responses={201: CredentialCreatedOut,
                               **errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "IDEMPOTENCY_CONFLICT",
                                        "LIMIT_EXCEEDED")})
     @idempotent(secret_fields=("token",))
     def post(self, request):
-        validated(EmptyIn, request.data)
-        credential, token = services.issue_credential(request.user, actor=request.user)
+        name = validated(CredentialCreateIn, request.data)["name"]
+        credential, token = services.issue_credential(request.user, actor=request.user, name=name)
         return Response({**render_credential(credential), "token": token}, status=201)
 
 

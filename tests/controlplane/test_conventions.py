@@ -302,3 +302,14 @@ def test_a_lost_database_is_503_with_retry_after(as_alice):
     assert error_code(response) == "UNAVAILABLE" and response.json()["error"]["details"] == {"retry_after": 1}
     connection.close()
     connection.close_pool()  # the pool's other cut connections would fail the test's own teardown
+
+
+def test_a_credential_carries_its_owners_name(as_alice):
+    created = as_alice.post("/v0/me/credentials", {"name": "laptop CLI"})
+    unnamed = as_alice.post("/v0/me/credentials")
+    too_long = as_alice.post("/v0/me/credentials", {"name": "x" * 101})
+    assert created.status_code == 201 and created.json()["name"] == "laptop CLI"
+    assert unnamed.json()["name"] == ""
+    assert too_long.status_code == 400
+    listed = {c["id"]: c["name"] for c in as_alice.get("/v0/me/credentials").json()["credentials"]}
+    assert listed[created.json()["id"]] == "laptop CLI" and len(listed) == 3
