@@ -8,16 +8,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 
 from controlplane import audit, events
 from controlplane.access import active_membership, may_administer
 from controlplane.clock import now
-from controlplane.errors import Conflict, Forbidden, InvalidRequest, LimitExceeded, NotFound
+from controlplane.errors import Conflict, Forbidden, InvalidRequest, LimitExceeded, NotFound, RateLimited
 from controlplane.live import group_send_on_commit, member_group
 from controlplane.log import append_events
 from controlplane.models import Conversation, Credential, Member, Membership, Participant, Space
+from controlplane.ratelimit import hit
 from controlplane.tokens import hash_token, new_bearer_token
 
 HANDLE_RE = re.compile(r"[a-z0-9][a-z0-9_-]{1,31}")
@@ -100,7 +102,12 @@ MAX_CREDENTIALS = 20
 
 def issue_credential(member: Member, *, actor: Member | None, name: str = "") -> tuple[Credential, str]:
     """A new bearer credential; the token is returned here and never again.
-    A member holds at most MAX_CREDENTIALS (409 LIMIT_EXCEEDED beyond)."""
+    A member holds at most MAX_CREDENTIALS (409 LIMIT_EXCEEDED beyond), and
+    asks for at most CREDENTIALS_PER_HOUR (429), from the API or the web app;
+    an operator's command (no actor) is not counted."""
+    if actor is not None and (wait := hit(f"credentials:{member.public_id}", limit=settings.CREDENTIALS_PER_HOUR,
+                                          window=3600)):
+        raise RateLimited.after(wait, "Too many new credentials this hour.")
     if Credential.objects.filter(member=member).count() >= MAX_CREDENTIALS:
         raise LimitExceeded(f"A member holds at most {MAX_CREDENTIALS} credentials; delete one first.")
     token = new_bearer_token()

@@ -28,12 +28,3 @@ class MemberRateThrottle(_Throttle):
             self._wait = hit(f"ip:{client_address(request)}", limit=settings.RATE_LIMIT_PER_MINUTE, window=60)
         return self._wait is None
 
-
-class CredentialCreationThrottle(_Throttle):
-    """CREDENTIALS_PER_HOUR new credentials per member."""
-
-    def allow_request(self, request, view):
-        if request.method != "POST" or request.user is None:
-            return True
-        self._wait = hit(f"credentials:{request.user.public_id}", limit=settings.CREDENTIALS_PER_HOUR, window=3600)
-        return self._wait is None

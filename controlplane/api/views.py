@@ -11,7 +11,6 @@ from controlplane import services
 from controlplane.api.fields import validated
 from controlplane.api.pagination import paginate
 from controlplane.api.permissions import IsAdmin, ReadableAnonymously
-from controlplane.api.throttling import CredentialCreationThrottle, MemberRateThrottle
 from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, LIMIT, errors
 from controlplane.api.serializers import (ChannelCreateIn, ConversationOut, CredentialCreateIn, CredentialCreatedOut,
                                           CredentialOut, EmptyIn, GroupCreateIn, MemberCreateIn, MemberOut, MemberRefIn,
@@ -45,8 +44,6 @@ class MySpacesView(APIView):
 
 
 class CredentialsView(APIView):
-    throttle_classes = [MemberRateThrottle, CredentialCreationThrottle]
-
     @extend_schema(operation_id="list_credentials",
                    responses={200: envelope("credentials", CredentialOut, many=True), **errors()})
     def get(self, request):
