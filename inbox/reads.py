@@ -7,6 +7,8 @@ from __future__ import annotations
 import datetime as dt
 import secrets
 
+from django.db.models import Q
+
 from controlplane.clock import now, rfc3339
 from controlplane.cursors import caller_id, pack_cursor, unpack_cursor
 from controlplane.errors import InvalidRequest, NotFound, ResyncRequired
@@ -17,20 +19,44 @@ from inbox.models import InboxItem, Message
 from inbox.render import render_answer, render_entry, render_message, withheld_bodies
 
 INBOX_STREAM = "read_inbox"
+HELD_STREAM = "held_items"
 SNAPSHOT_TTL_SECONDS = 3600
 
 
-def inbox_page(member: Member, cursor: str | None) -> dict:
-    """`{"items": [...], "nextCursor"}`: one page of pending items."""
+def pending_items(member: Member, cursor: str | None) -> tuple[list[InboxItem], str | None]:
+    """One page of pending items (`delivery.read_inbox`) and the cursor of the next, if any."""
     caller = caller_id(member)
     bound, after = None, (0, 0)
     if cursor:
         bound, *after = unpack_cursor(cursor, count=3, caller=caller, stream=INBOX_STREAM)
     page = delivery.read_inbox(member, bound=bound, after=tuple(after))
-    return {
-        "items": [render_entry(item) for item in page.items],
-        "nextCursor": pack_cursor(page.next, caller=caller, stream=INBOX_STREAM) if page.next else None,
-    }
+    return page.items, pack_cursor(page.next, caller=caller, stream=INBOX_STREAM) if page.next else None
+
+
+def inbox_page(member: Member, cursor: str | None) -> dict:
+    """`{"items": [...], "nextCursor"}`: one page of pending items."""
+    items, next_cursor = pending_items(member, cursor)
+    return {"items": [render_entry(item) for item in items], "nextCursor": next_cursor}
+
+
+def held_items(member: Member, cursor: str | None) -> tuple[list[InboxItem], str | None]:
+    """One page of the items `member`'s firewall holds, oldest first, and the
+    cursor of the next page, if any."""
+    caller = caller_id(member)
+    position, last_id = unpack_cursor(cursor, count=2, caller=caller, stream=HELD_STREAM) if cursor else (0, 0)
+    rows = list(InboxItem.objects.filter(member=member, admission=InboxItem.Admission.HELD,
+                                         state=InboxItem.State.PENDING, position__gte=position)
+                .filter(Q(position__gt=position) | Q(position=position, id__gt=last_id))
+                .order_by("position", "id")[: delivery.PAGE_ITEMS + 1])
+    page = rows[: delivery.PAGE_ITEMS]
+    more = len(rows) > len(page)
+    return page, pack_cursor((page[-1].position, page[-1].id), caller=caller, stream=HELD_STREAM) if more else None
+
+
+def held_page(member: Member, cursor: str | None) -> dict:
+    """`{"items": [...], "nextCursor"}`: one page of held items."""
+    items, next_cursor = held_items(member, cursor)
+    return {"items": [render_entry(item) for item in items], "nextCursor": next_cursor}
 
 
 def acknowledge(member: Member, token: str) -> dict:

@@ -11,8 +11,8 @@ from controlplane.api.fields import (StrictCharField, StrictChoiceField, StrictI
 from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, errors
 from controlplane.idempotency import idempotent
 from controlplane.services import parse_handle
-from inbox import delivery, firewall, reads
-from inbox.models import FirewallRule, InboxItem
+from inbox import firewall, reads
+from inbox.models import FirewallRule
 from inbox.render import render_entry, render_rules
 
 class AcknowledgeDeliveryIn(StrictSerializer):
@@ -66,21 +66,25 @@ class FirewallView(APIView):
     @extend_schema(operation_id="set_inbox_firewall", request=RulesIn,
                    responses={200: RulesOut, **errors("INVALID_REQUEST")})
     def put(self, request):
-        rules = validated(RulesIn, request.data)["rules"]
-        for rule in rules:
-            if rule.get("sender"):
-                rule["sender"] = parse_handle(rule["sender"])
-        return Response(render_rules(firewall.set_rules(request.user, [dict(r) for r in rules],
+        return Response(render_rules(firewall.set_rules(request.user, parse_rules(request.data),
                                                         actor=request.user)))
 
 
+def parse_rules(data) -> list[dict]:
+    """`{"rules": [...]}` as `firewall.set_rules` takes them (the API's and the web app's)."""
+    rules = validated(RulesIn, data)["rules"]
+    for rule in rules:
+        if rule.get("sender"):
+            rule["sender"] = parse_handle(rule["sender"])
+    return [dict(r) for r in rules]
+
+
 class HeldView(APIView):
-    @extend_schema(operation_id="list_held_items", responses={200: InboxPageOut, **errors()})
+    @extend_schema(operation_id="list_held_items", parameters=[CURSOR],
+                   responses={200: InboxPageOut, **errors("INVALID_REQUEST", "INVALID_CURSOR")})
     def get(self, request):
-        held = InboxItem.objects.filter(member=request.user, admission=InboxItem.Admission.HELD,
-                                        state=InboxItem.State.PENDING).order_by(
-            "position", "id")[:delivery.PAGE_ITEMS]
-        return Response({"items": [render_entry(item) for item in held], "nextCursor": None})
+        params = validated(InboxParams, request.query_params)
+        return Response(reads.held_page(request.user, params.get("cursor")))
 
 
 class ReleaseView(APIView):

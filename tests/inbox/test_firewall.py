@@ -300,3 +300,29 @@ def test_read_event_gives_the_guidance_beside_the_item(space, alice, bob, as_bob
     (entry,) = as_bob.get("/v0/me/inbox").json()["items"]
     read = as_bob.get(f"/v0/inbox-events/evt_{entry['deliveryToken'][4:]}").json()
     assert read == {"item": entry["item"], "guidance": "alice is a reviewer"}
+
+
+def test_every_held_item_can_be_listed_page_by_page(space, alice, bob, as_bob, as_alice,
+                                                    django_capture_on_commit_callbacks, monkeypatch):
+    # given: more held items than one page
+    monkeypatch.setattr("inbox.delivery.PAGE_ITEMS", 3)
+    as_bob.put("/v0/me/inbox/firewall", {"rules": [{"action": "hold"}]})
+    direct, _ = services.get_or_create_direct(space, alice, actor=bob)
+    for i in range(7):
+        with django_capture_on_commit_callbacks(execute=True):
+            send_message(direct, body=f"held {i}", actor=alice)
+    # when
+    seen, cursor, pages = [], None, 0
+    while True:
+        page = as_bob.get("/v0/me/inbox/held", **({"cursor": cursor} if cursor else {})).json()
+        seen += [e["item"]["content"] for e in page["items"]]
+        pages, cursor = pages + 1, page["nextCursor"]
+        if cursor is None:
+            break
+    # then
+    assert seen == [f"held {i}" for i in range(7)] and pages == 3
+    assert error_code(as_alice.get("/v0/me/inbox/held", cursor=page_cursor(as_bob))) == "INVALID_CURSOR"
+
+
+def page_cursor(api) -> str:
+    return api.get("/v0/me/inbox/held").json()["nextCursor"]
