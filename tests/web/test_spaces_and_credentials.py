@@ -1,0 +1,156 @@
+"""The web app does the whole job without the API: spaces, members,
+conversations, the inbox's pages, held items and firewall rules, and
+credentials. Each action goes through the same services as the API, so
+these tests check what the page does and that a refusal changes nothing."""
+import pytest
+
+from controlplane import services
+from controlplane.models import Conversation, Credential, Membership, Space
+from controlplane.tokens import hash_token
+from inbox.models import FirewallRule, InboxItem
+from inbox.services import send_message
+
+pytestmark = pytest.mark.django_db
+
+
+def text(response) -> str:
+    return response.content.decode()
+
+
+def test_a_member_creates_a_space_and_becomes_its_owner(ann, browser_of):
+    client = browser_of(ann)
+    response = client.post("/app/spaces/new", {"slug": "lab", "name": "Lab", "visibility": "request",
+                                               "send_policy": "explicit_only"})
+    assert response.status_code == 302 and response["Location"] == "/app/spaces/lab/"
+    space = Space.objects.get(slug="lab")
+    assert (space.visibility, space.send_policy) == ("request", "explicit_only")
+    assert Membership.objects.get(space=space, member=ann).role == "owner"
+    page = text(client.get("/app/spaces/lab/"))
+    assert "you are owner" in page and "Add a member" in page and "@ann" in page
+    # and bad input is a clear error that creates nothing
+    taken = client.post("/app/spaces/new", {"slug": "lab", "name": "Again", "visibility": "open",
+                                            "send_policy": "open"})
+    bad = client.post("/app/spaces/new", {"slug": "lab2", "name": "Lab", "visibility": "secret",
+                                          "send_policy": "open"})
+    assert taken.status_code == 409 and "CONFLICT" in text(taken)
+    assert bad.status_code == 400 and Space.objects.count() == 1
+
+
+def test_owners_add_admit_change_roles_and_remove(ann, ben, human, browser_of):
+    cat = human("cat")
+    space = services.create_space(slug="club", name="Club", visibility="request", send_policy="open", actor=ann)
+    services.join_space(space, actor=cat)  # a request waiting for an owner
+    owner = browser_of(ann)
+    assert "asked to join" in text(owner.get("/app/spaces/club/"))
+    # when
+    owner.post("/app/spaces/club/members", {"member": "ben", "role": "observer"})
+    owner.post("/app/spaces/club/members", {"member": "@cat", "role": "member"})  # admits
+    owner.post("/app/spaces/club/members", {"member": "@ben", "role": "member"})  # a new role
+    # then
+    roles = {m.member.handle: (m.role, m.status) for m in Membership.objects.filter(space=space)}
+    assert roles == {"ann": ("owner", "active"), "ben": ("member", "active"), "cat": ("member", "active")}
+    # when ann removes cat, and ben (not an owner) tries the same on ann
+    owner.post("/app/spaces/club/members/cat/remove")
+    refused = browser_of(ben).post("/app/spaces/club/members/ann/remove")
+    # then
+    assert Membership.objects.get(space=space, member=cat).status == "removed"
+    assert refused.status_code == 403 and Membership.objects.get(space=space, member=ann).status == "active"
+    assert "Add a member" not in text(browser_of(ben).get("/app/spaces/club/"))
+    # and ben leaves on his own
+    assert browser_of(ben).post("/app/spaces/club/members/ben/remove")["Location"] == "/app/"
+    assert Membership.objects.get(space=space, member=ben).status == "removed"
+
+
+def test_members_open_channels_direct_messages_and_groups(room, ann, ben, human, browser_of):
+    cat = human("cat")
+    space, _ = room
+    services.add_member(space, cat, actor=ann)
+    client = browser_of(ann)
+    # when
+    channel = client.post("/app/spaces/room/channels", {"name": "#ops"})
+    direct = client.post("/app/spaces/room/direct", {"member": "@ben"})
+    again = client.post("/app/spaces/room/direct", {"member": "ben"})
+    group = client.post("/app/spaces/room/groups", {"members": "@cat, @ben"})
+    # then: each opens its conversation's page
+    ops = Conversation.objects.get(space=space, name="ops")
+    pair = Conversation.objects.get(space=space, kind="direct")
+    trio = Conversation.objects.get(space=space, kind="group")
+    assert channel["Location"] == f"/app/spaces/room/{ops.public_id}/"
+    assert direct["Location"] == again["Location"] == f"/app/spaces/room/{pair.public_id}/"
+    assert group["Location"] == f"/app/spaces/room/{trio.public_id}/"
+    assert [p.member.handle for p in trio.participants.order_by("ordinal")] == ["ann", "cat", "ben"]
+    # and the space page lists them
+    page = text(client.get("/app/spaces/room/"))
+    assert "#ops" in page and "@ben" in page
+    # and an unknown handle is a clear 404 that creates nothing
+    unknown = client.post("/app/spaces/room/direct", {"member": "@nobody"})
+    assert unknown.status_code == 404 and Conversation.objects.filter(kind="direct").count() == 1
+
+
+def test_a_private_space_page_is_a_404_to_outsiders(room, human, browser_of):
+    outsider = browser_of(human("eve"))
+    assert outsider.get("/app/spaces/room/").status_code == 404
+    assert outsider.post("/app/spaces/room/members", {"member": "@eve"}).status_code == 404
+    assert not Membership.objects.filter(member__handle="eve").exists()
+
+
+def test_the_inbox_pages_through_every_item(ann, ben, room, browser_of, monkeypatch):
+    monkeypatch.setattr("inbox.delivery.PAGE_ITEMS", 2)
+    space, _ = room
+    direct, _ = services.get_or_create_direct(space, ben, actor=ann)
+    for i in range(5):
+        send_message(direct, body=f"note {i}", actor=ann)
+    client = browser_of(ben)
+    seen, url = [], "/app/inbox/"
+    for _ in range(5):
+        response = client.get(url)
+        page = text(response)
+        seen += [f"note {i}" for i in range(5) if f"note {i}" in page]
+        if "Next page of your inbox" not in page:
+            break
+        url = "/app/inbox/?cursor=" + response.context["next_cursor"]
+    assert seen == [f"note {i}" for i in range(5)]
+
+
+def test_held_items_show_their_guidance_and_are_released(ann, ben, room, browser_of):
+    space, _ = room
+    client = browser_of(ben)
+    # when ben holds everything from ann through the page's form
+    saved = client.post("/app/inbox/firewall", {
+        "rules": "2", "rule-0-action": "hold", "rule-0-sender": "@ann", "rule-0-guidance": "check with ops first",
+        "rule-1-action": ""})
+    assert saved.status_code == 302
+    assert [(r.action, r.sender, r.guidance) for r in FirewallRule.objects.filter(member=ben)] == [
+        ("hold", "ann", "check with ops first")]
+    direct, _ = services.get_or_create_direct(space, ben, actor=ann)
+    send_message(direct, body="rotate the keys", actor=ann)
+    from inbox import firewall
+    firewall.classify_pending(ben.pk)
+    item = InboxItem.objects.get(member=ben)
+    page = text(client.get("/app/inbox/"))
+    assert item.admission == "held" and "rotate the keys" in page and "check with ops first" in page
+    # when
+    client.post("/app/inbox/release", {"token": item.token})
+    # then
+    item.refresh_from_db()
+    assert item.admission == "admitted"
+    # and a rule the API would refuse is refused here too, keeping the old rules
+    bad = client.post("/app/inbox/firewall", {"rules": "1", "rule-0-action": "hold", "rule-0-content_pattern": "("})
+    assert bad.status_code == 400 and FirewallRule.objects.filter(member=ben).count() == 1
+    cleared = client.post("/app/inbox/firewall", {"rules": "1", "rule-0-action": ""})
+    assert cleared.status_code == 302 and not FirewallRule.objects.filter(member=ben).exists()
+
+
+def test_credentials_are_created_named_shown_once_and_revoked(ann, ben, browser_of):
+    client = browser_of(ann)
+    response = client.post("/app/credentials/new", {"name": "laptop CLI"})
+    token = response.context["token"]
+    credential = Credential.objects.get(member=ann, name="laptop CLI")
+    assert credential.token_hash == hash_token(token) and token in text(response)
+    assert "no-store" in response["Cache-Control"]
+    listing = text(client.get("/app/credentials/"))
+    assert "laptop CLI" in listing and token not in listing
+    # someone else's credential is not theirs to revoke
+    assert browser_of(ben).post(f"/app/credentials/{credential.public_id}/revoke").status_code == 404
+    client.post(f"/app/credentials/{credential.public_id}/revoke")
+    assert not Credential.objects.filter(pk=credential.pk).exists()

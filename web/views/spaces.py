@@ -1,0 +1,124 @@
+"""A space's own page: its conversations, its member directory, and what
+its members and owners do there (create channels, start direct messages
+and groups, add and remove members, change roles).
+
+Every action goes through controlplane.services, as the API's routes do,
+so the rules (who may, what is valid) are the same; the page answers with
+a message saying what happened, or the error the API would give."""
+from __future__ import annotations
+
+from django.contrib import messages as flash
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from controlplane import services
+from controlplane.access import (active_membership, get_readable_space, get_space_for, may_administer,
+                                 readable_conversations, visible_memberships)
+from controlplane.errors import InvalidRequest
+from controlplane.models import Conversation, Membership, Space
+from coordination.models import TASK_CHANNEL_PREFIX
+from web.pages import member_page
+from web.views.conversations import conversation_label
+
+DIRECTORY_PAGE = 100
+
+
+@member_page
+@require_POST
+def create_space(request, member):
+    space = services.create_space(slug=request.POST.get("slug", "").strip(), name=request.POST.get("name", "").strip(),
+                                  visibility=_choice(request, "visibility", Space.Visibility.values),
+                                  send_policy=_choice(request, "send_policy", Space.SendPolicy.values), actor=member)
+    flash.success(request, f"Space {space.slug} created; you are its owner.")
+    return redirect("web-space", slug=space.slug)
+
+
+def _choice(request, name: str, choices: list[str]) -> str:
+    value = request.POST.get(name, "")
+    if value not in choices:
+        raise InvalidRequest(f"{name} must be one of {', '.join(choices)}.", details={name: value})
+    return value
+
+
+def _directory(space: Space, member, after: str) -> tuple[list[Membership], str | None]:
+    """One page of the space's members by handle, and the handle the next page starts after."""
+    rows = list(visible_memberships(space, member).filter(member__handle__gt=after)
+                .order_by("member__handle")[: DIRECTORY_PAGE + 1])
+    more = len(rows) > DIRECTORY_PAGE
+    rows = rows[:DIRECTORY_PAGE]
+    return rows, rows[-1].member.handle if more else None
+
+
+@member_page
+def space_page(request, member, slug):
+    space = get_readable_space(slug, member)
+    membership = active_membership(space, member)
+    conversations = (readable_conversations(space, member).prefetch_related("participants__member")
+                     .exclude(kind=Conversation.Kind.CHANNEL, name__startswith=TASK_CHANNEL_PREFIX)
+                     .order_by("kind", "name", "created_at"))
+    directory, next_after = _directory(space, member, request.GET.get("after", "")[:32])
+    return render(request, "web/space.html", {
+        "space": space, "membership": membership,
+        "is_owner": may_administer(space, member),
+        "can_write": membership is not None and membership.role != Membership.Role.OBSERVER and not space.archived,
+        "conversations": [(c, conversation_label(c, member)) for c in conversations],
+        "directory": directory, "next_after": next_after, "roles": Membership.Role.values,
+    })
+
+
+def _handle(value: str) -> str:
+    value = value.strip()
+    return value if value.startswith("@") else f"@{value}"
+
+
+@member_page
+@require_POST
+def add_member(request, member, slug):
+    """Add a member, admit a join request, or change a role (owners)."""
+    space = get_space_for(slug, member)
+    other = services.member_for_handle(_handle(request.POST.get("member", "")))
+    change = services.add_member(space, other, role=request.POST.get("role", Membership.Role.MEMBER), actor=member)
+    verb = "added" if change.created else "is now"
+    flash.success(request, f"@{other.handle} {verb} {change.membership.role} of {slug}.")
+    return redirect("web-space", slug=slug)
+
+
+@member_page
+@require_POST
+def remove_member(request, member, slug, handle):
+    space = get_space_for(slug, member)
+    other = services.member_for_handle(handle)
+    services.remove_member(space, other, actor=member)
+    if other.pk == member.pk:
+        flash.success(request, f"You left {slug}.")
+        return redirect("web-home")
+    flash.success(request, f"@{other.handle} was removed from {slug}.")
+    return redirect("web-space", slug=slug)
+
+
+@member_page
+@require_POST
+def create_channel(request, member, slug):
+    space = get_space_for(slug, member)
+    conversation = services.create_channel(space, request.POST.get("name", "").strip(), actor=member)
+    return redirect("web-conversation", slug=slug, conversation_id=conversation.public_id)
+
+
+@member_page
+@require_POST
+def start_direct(request, member, slug):
+    space = get_space_for(slug, member)
+    other = services.member_for_handle(_handle(request.POST.get("member", "")))
+    conversation, _ = services.get_or_create_direct(space, other, actor=member)
+    return redirect("web-conversation", slug=slug, conversation_id=conversation.public_id)
+
+
+@member_page
+@require_POST
+def start_group(request, member, slug):
+    """A group of the caller and the listed members, in the order given."""
+    space = get_space_for(slug, member)
+    handles = [_handle(h) for h in request.POST.get("members", "").replace(",", " ").split()]
+    others = [services.member_for_handle(h) for h in handles if h != f"@{member.handle}"]
+    conversation, _ = services.get_or_create_group(space, [member, *others], actor=member)
+    return redirect("web-conversation", slug=slug, conversation_id=conversation.public_id)
