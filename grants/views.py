@@ -1,5 +1,7 @@
 """The staff approval queue: every pending request with its whole retained
-message, approved or denied (with a reason) from one page."""
+message, approved or denied (with a reason) from one page; and the grants in
+force, each revocable there (through the same revocation barrier as the
+API's)."""
 from __future__ import annotations
 
 from django.contrib import messages
@@ -8,9 +10,9 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from controlplane.errors import ApiError
-from grants import approvals
+from grants import approvals, services
 from grants.admin import approver
-from grants.models import ApprovalRequest
+from grants.models import ApprovalRequest, Grant
 from grants.render import render_approval_request
 
 QUEUE_PAGE = 100
@@ -23,9 +25,24 @@ def approval_queue(request):
                    .select_related("space", "conversation", "sender").order_by("created_at")[:QUEUE_PAGE])
     decided = list(ApprovalRequest.objects.exclude(status=ApprovalRequest.Status.PENDING)
                    .select_related("sender", "decided_by", "message").order_by("-decided_at")[:20])
+    grants = list(Grant.objects.filter(status__in=[Grant.Status.ACTIVE, Grant.Status.REVOKING])
+                  .select_related("space", "sender", "recipient").order_by("-created_at")[:QUEUE_PAGE])
     return render(request, "staff/approvals.html", {
-        "pending": [(r, render_approval_request(r)) for r in pending], "decided": decided,
+        "pending": [(r, render_approval_request(r)) for r in pending], "decided": decided, "grants": grants,
     })
+
+
+@staff_member_required
+@require_POST
+def revoke(request, grant_id: str):
+    actor = approver(request)
+    grant = get_object_or_404(Grant, public_id=grant_id)
+    try:
+        grant = services.revoke_grant(grant, actor=actor)
+        messages.success(request, f"Grant {grant.public_id} is {grant.status}.")
+    except ApiError as exc:
+        messages.error(request, f"{grant.public_id}: {exc.message}")
+    return redirect("staff-approvals")
 
 
 @staff_member_required

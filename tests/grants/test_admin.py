@@ -103,3 +103,21 @@ def test_the_staff_queue_is_for_staff_only(pending, make_member):
     assert page.status_code == 302 and "/admin/login/" in page["Location"]
     client.post(f"/staff/approvals/{pending.public_id}/approve")
     assert ApprovalRequest.objects.get().status == "pending"
+
+
+def test_the_staff_page_lists_grants_in_force_and_revokes_them(grant, approver, make_member, bob, carol):
+    # given
+    pair = grant("grt_pair-bob-carol", "pair", sender="@bob", recipient="@carol")
+    page = approver.get("/staff/approvals/")
+    assert pair.public_id in page.content.decode()
+    # when a staff user who is not an admin member tries, and then the approver does
+    make_member("walt", kind="human", password="walt-pass-123")
+    other = Client()
+    assert other.login(username="walt", password="walt-pass-123")
+    other.post(f"/staff/grants/{pair.public_id}/revoke")
+    unchanged = Grant.objects.get(pk=pair.pk).status
+    approver.post(f"/staff/grants/{pair.public_id}/revoke", {"csrfmiddlewaretoken": csrf(approver, page)})
+    # then
+    assert unchanged == "active" and Grant.objects.get(pk=pair.pk).status == "revoked"
+    after = approver.get("/staff/approvals/").content.decode()
+    assert f"Grant {pair.public_id} is revoked." in after and "No grant is in force." in after
