@@ -8,12 +8,13 @@ VAR := $(or $(SWITCHBOARD_VAR_DIR),var)
 
 .PHONY: run test test-postgres bench chaos cluster migrate schema receiver reset clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml client/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) and \
 		f"Switchboard needs Python 3.11, and $(PYTHON) is {sys.version.split()[0]}: run make again with PYTHON=/path/to/python3.11")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet '.[dev]'
+	$(PY) -m pip install --quiet -e ./client
 	touch $(STAMP)
 
 run: export DEBUG ?= 1

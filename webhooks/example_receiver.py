@@ -5,10 +5,10 @@
 It keeps a throwaway certificate authority and a certificate for
 `localhost` and 127.0.0.1 in `--dir` (made on first start, kept after, so a
 server that trusts the CA keeps trusting it), serves HTTPS on 127.0.0.1
-only, and prints the settings to start Switchboard with. Every request is
-checked with `webhooks.receiver.WakeVerifier`: a challenge is answered, a
-wake is recorded once in `wakes.jsonl` and answered 202, anything else gets
-400. Needs only `cryptography`, like the helper it shows.
+only, and prints the settings to start Switchboard with. Every request goes
+through `switchboard_client.WakeReceiver` (the client package, `client/`):
+a challenge is answered, a wake is recorded once in `wakes.jsonl` and
+answered 202, anything else is refused (400, or 401 for a bad signature).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from webhooks.receiver import InvalidWake, WakeVerifier, fetch_signing_keys
+from switchboard_client import Wake, WakeReceiver
 
 CERTIFICATE_DAYS = 30
 
@@ -88,28 +88,26 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     ca, chain, key = certificates(args.dir)
     log = args.dir / "wakes.jsonl"
-    verifier = WakeVerifier(lambda: fetch_signing_keys(args.switchboard), issuer=args.switchboard,
-                            secret=args.secret)
+
+    def record(wake: Wake) -> None:
+        with log.open("a") as f:  # persisted before the receiver answers 202
+            f.write(json.dumps(wake.body) + "\n")
+        print(f"{wake.name} {wake.id}: read your feed up to {wake.through}", flush=True)
+
+    receiver = WakeReceiver(base_url=args.switchboard, issuer=args.switchboard, secret=args.secret,
+                            on_inbox_wake=record, on_space_wake=record)
 
     class Hook(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
         def do_POST(self):  # noqa: N802 - the stdlib's name
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            try:
-                wake = verifier.verify(dict(self.headers), body)
-            except InvalidWake as invalid:
-                print(f"refused: {invalid}", flush=True)
-                return self.reply(400, {})
-            if wake["type"] == "spaces.webhook.challenge":
+            answer = receiver.handle(dict(self.headers), body)
+            if answer.status >= 400:
+                print(f"refused: {answer.reason}", flush=True)
+            elif "challenge" in answer.body:
                 print("challenge answered", flush=True)
-                return self.reply(200, {"challenge": wake["challenge"]})
-            if verifier.first_time(wake["id"]):
-                with log.open("a") as f:  # persist before answering
-                    f.write(json.dumps(wake) + "\n")
-                print(f"{wake['type']} {wake['id']}: read your feed up to {wake['event_range']['through']}",
-                      flush=True)
-            self.reply(202, {})
+            self.reply(answer.status, answer.body)
 
         def reply(self, status: int, payload: dict) -> None:
             data = json.dumps(payload).encode()

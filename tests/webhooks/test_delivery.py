@@ -14,6 +14,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db import connections, transaction
 from standardwebhooks.webhooks import Webhook
+from switchboard_client import WakeVerifier, fetch_signing_keys
 
 from controlplane import services
 from controlplane.clock import freeze, now
@@ -22,7 +23,6 @@ from tests.conftest import Api
 from webhooks import due, engine
 from webhooks.crypto import rotate_signing_key
 from webhooks.models import Attempt, Delivery, Subscription
-from webhooks.receiver import WakeVerifier, fetch_signing_keys
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SECRET = "whsec_" + base64.b64encode(b"s" * 32).decode()

@@ -5,11 +5,11 @@ import time
 
 import httpx
 import pytest
+from switchboard_client import WakeVerifier, fetch_signing_keys
 
 from controlplane.processes import in_session, kill_all
 from tests.servers import manage, serving
 from tests.webhooks.receiver import Receiver
-from webhooks.receiver import WakeVerifier, fetch_signing_keys
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

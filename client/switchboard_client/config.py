@@ -1,0 +1,85 @@
+"""Where `switchboard login` keeps tokens: `config.json` in
+`$XDG_CONFIG_HOME/switchboard/` (else `~/.config/switchboard/`), one token
+per host, readable by its owner only (file 0600, folder 0700).
+
+    {"default_host": "https://switchboard.example",
+     "hosts": {"https://switchboard.example": {"token": "sbt_…"}}}
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+DEFAULT_HOST = "http://127.0.0.1:8000"
+
+
+def config_dir() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "switchboard"
+
+
+def config_path() -> Path:
+    return config_dir() / "config.json"
+
+
+def normalize_host(host: str) -> str:
+    """`127.0.0.1:8000` → `http://127.0.0.1:8000`, `example.org` → `https://example.org`."""
+    host = host.strip().rstrip("/")
+    if "://" not in host:
+        local = host.split(":")[0] in ("127.0.0.1", "localhost", "[::1]")
+        host = f"{'http' if local else 'https'}://{host}"
+    return host
+
+
+def load() -> dict:
+    try:
+        data = json.loads(config_path().read_text())
+    except FileNotFoundError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def save(data: dict) -> Path:
+    """Write the whole file, replacing it atomically, never readable by others."""
+    directory = config_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    os.chmod(directory, 0o700)
+    path = config_path()
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+    os.chmod(temporary, 0o600)
+    os.replace(temporary, path)
+    return path
+
+
+def store_token(host: str, token: str) -> Path:
+    data = load()
+    data.setdefault("hosts", {})[host] = {"token": token}
+    data["default_host"] = host
+    return save(data)
+
+
+def forget_token(host: str) -> bool:
+    data = load()
+    removed = data.get("hosts", {}).pop(host, None) is not None
+    if data.get("default_host") == host:
+        data.pop("default_host")
+    if removed:
+        save(data)
+    return removed
+
+
+def default_host(host: str | None = None) -> str:
+    """`host`, else `$SWITCHBOARD_URL`, else the host of the last login, else the local default."""
+    return normalize_host(host or os.environ.get("SWITCHBOARD_URL") or load().get("default_host") or DEFAULT_HOST)
+
+
+def resolve(host: str | None = None) -> tuple[str, str | None]:
+    """(base URL, token): `$SWITCHBOARD_TOKEN` wins over the stored token of that host."""
+    base = default_host(host)
+    token = os.environ.get("SWITCHBOARD_TOKEN") or load().get("hosts", {}).get(base, {}).get("token")
+    return base, token

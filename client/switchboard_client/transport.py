@@ -1,0 +1,175 @@
+"""Requests as values, and the two ways to run them (sync and async) with one
+retry policy.
+
+A `Call` is everything about one API request: route, path, query, body,
+its Idempotency-Key (chosen once, reused by every attempt) and how to read
+the answer. `retry_delay` decides, for either transport, whether a failed
+attempt may be repeated and after how long:
+
+- 429 RATE_LIMITED and 503 UNAVAILABLE: the server did nothing; always
+  retried, after `Retry-After`.
+- Other 5xx (not 507 MAILBOX_FULL, a definite answer), and connections that
+  broke after the request was sent: retried only when a repeat cannot do
+  the work twice (a read, a delete, or a write carrying its key).
+- A connection that could not be made: nothing was sent; always retried.
+- Any other answer is final.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from switchboard_client.errors import ConnectionFailed, SwitchboardError, error_from_response
+from switchboard_client.routes import Route
+
+USER_AGENT = "switchboard-client/0.1.0"
+NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+def new_idempotency_key() -> str:
+    """A fresh key: 36 visible ASCII characters (SPEC §2 allows 8–128)."""
+    return "sbc-" + secrets.token_urlsafe(24)
+
+
+@dataclass(frozen=True)
+class Call:
+    route: Route
+    path: str
+    parse: Callable[[Any], Any]
+    params: dict | None = None
+    json: Any = None
+    idempotency_key: str | None = None
+    timeout: float | None = None  # seconds; None: the client's default
+    has_body: bool = field(default=False)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """At most `attempts` tries in all; waits double from `backoff` up to
+    `max_backoff` with ±20% jitter, or follow `Retry-After` up to
+    `max_retry_after`."""
+    attempts: int = 5
+    backoff: float = 0.5
+    max_backoff: float = 20.0
+    max_retry_after: float = 120.0
+
+    def wait(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(retry_after, self.max_retry_after)
+        base = min(self.backoff * 2 ** (attempt - 1), self.max_backoff)
+        return base * random.uniform(0.8, 1.2)
+
+
+NO_RETRIES = RetryPolicy(attempts=1)
+
+
+def retry_delay(policy: RetryPolicy, call: Call, attempt: int, error: SwitchboardError) -> float | None:
+    """Seconds to wait before trying `call` again, or None to give up with `error`."""
+    if attempt >= policy.attempts:
+        return None
+    if isinstance(error, ConnectionFailed):
+        retryable = not error.details.get("sent", True) or call.route.replay_safe
+    elif error.status in (429, 503):
+        retryable = True
+    elif error.status is not None and error.status >= 500 and error.status != 507:
+        retryable = call.route.replay_safe
+    else:
+        retryable = False
+    return policy.wait(attempt, error.retry_after) if retryable else None
+
+
+def connection_failed(exc: httpx.TransportError) -> ConnectionFailed:
+    sent = not isinstance(exc, NOT_SENT)
+    return ConnectionFailed(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__,
+                            details={"sent": sent, "error": type(exc).__name__})
+
+
+def outcome(call: Call, response: httpx.Response) -> tuple[bool, Any]:
+    """(True, parsed result) for a 2xx answer, else (False, the error)."""
+    try:
+        data = response.json() if response.content else None
+    except ValueError:
+        data = None
+    if response.is_success:
+        return True, call.parse(data)
+    return False, error_from_response(response.status_code, data, response.headers)
+
+
+class _Base:
+    def __init__(self, base_url: str, token: str | None, *, timeout: float, retry: RetryPolicy):
+        self.base_url = base_url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+        self.retry = retry
+
+    def request_args(self, call: Call) -> dict:
+        headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        if call.idempotency_key is not None:
+            headers["Idempotency-Key"] = call.idempotency_key
+        args = {"method": call.route.method, "url": f"{self.base_url}/v0/{call.path}", "headers": headers,
+                "params": {k: v for k, v in (call.params or {}).items() if v is not None} or None,
+                "timeout": call.timeout or self.timeout}
+        if call.has_body:
+            args["json"] = call.json
+        return args
+
+
+class SyncTransport(_Base):
+    def __init__(self, base_url, token, *, timeout, retry, http: httpx.Client | None = None,
+                 sleep: Callable[[float], None] = time.sleep):
+        super().__init__(base_url, token, timeout=timeout, retry=retry)
+        self.http = http or httpx.Client()
+        self._sleep = sleep
+
+    def execute(self, call: Call) -> Any:
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                ok, result = outcome(call, self.http.request(**self.request_args(call)))
+            except httpx.TransportError as exc:
+                ok, result = False, connection_failed(exc)
+            if ok:
+                return result
+            delay = retry_delay(self.retry, call, attempt, result)
+            if delay is None:
+                raise result
+            self._sleep(delay)
+
+    def close(self) -> None:
+        self.http.close()
+
+
+class AsyncTransport(_Base):
+    def __init__(self, base_url, token, *, timeout, retry, http: httpx.AsyncClient | None = None,
+                 sleep: Callable[[float], Any] = asyncio.sleep):
+        super().__init__(base_url, token, timeout=timeout, retry=retry)
+        self.http = http or httpx.AsyncClient()
+        self._sleep = sleep
+
+    async def execute(self, call: Call) -> Any:
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                ok, result = outcome(call, await self.http.request(**self.request_args(call)))
+            except httpx.TransportError as exc:
+                ok, result = False, connection_failed(exc)
+            if ok:
+                return result
+            delay = retry_delay(self.retry, call, attempt, result)
+            if delay is None:
+                raise result
+            await self._sleep(delay)
+
+    async def close(self) -> None:
+        await self.http.aclose()
