@@ -12,7 +12,7 @@ answered) before answering.
     /hook/timeout/N   every fifth request answers after TIMEOUT_SECONDS (past the sender's read timeout)
     /hook/gone/N      202 for the first GONE_AFTER requests, then 410
 
-    python -m bench.chaos_receiver CERT KEY PORT LOG
+    python -m bench.chaos.receiver CERT KEY PORT LOG
 """
 from __future__ import annotations
 

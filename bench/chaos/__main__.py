@@ -1,0 +1,5 @@
+import sys
+
+from bench.chaos.run import main
+
+sys.exit(main())
