@@ -17,7 +17,7 @@
    (webhooks.mcp.subscribe, in this process: the receiver answers the
    verification challenge) to the local HTTPS receiver of the webhook phase
    (bench/receiver.py, its own process, a throwaway CA); `workers` worker processes
-   run the delivery engine (engine.pump) from a go signal; items/s is the
+   run the delivery engine (webhooks.pump) from a go signal; items/s is the
    items received over the time from the go signal to the last receipt.
    Each 2xx acknowledges its item and only then is the subscription's next
    item offered, so each subscription is sequential. Baseline in the same
@@ -67,7 +67,7 @@ WORKER_SCRIPT = """
 import asyncio, cProfile, json, os, time
 from django.conf import settings
 from django_q.conf import Conf
-from webhooks import engine
+from webhooks import engine, pump
 from webhooks.models import Delivery
 Conf.CLUSTER_NAME = {queue!r}
 settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS = True  # the receiver is on loopback; the env flag needs DEBUG=1
@@ -79,7 +79,7 @@ def timed(fn, *args):
         return profiler.runcall(fn, *args) if profiler else fn(*args)
     finally:
         calls.append((fn.__name__, wall, time.perf_counter() - started))
-engine._Database.__call__ = lambda self, fn, *args: asyncio.get_running_loop().run_in_executor(
+pump._Database.__call__ = lambda self, fn, *args: asyncio.get_running_loop().run_in_executor(
     self._executor, timed, fn, *args)
 Delivery.objects.exists()  # connected before the go
 open(go + ".ready." + str(os.getpid()), "w").close()
@@ -87,7 +87,7 @@ deadline = time.monotonic() + {timeout}
 while not os.path.exists(go) and time.monotonic() < deadline:
     time.sleep(0.005)
 while not os.path.exists(go + ".stop") and time.monotonic() < deadline:
-    asyncio.run(engine.pump(seconds=2, wait=False))
+    asyncio.run(pump.run(seconds=2, wait=False))
     time.sleep(0.01)
 with open(go + ".calls." + str(os.getpid()), "w") as f:
     json.dump(calls, f)

@@ -36,14 +36,14 @@ ROUNDS = 3
 GO_FILE_ENV = "BENCH_WEBHOOK_GO"
 WORKER_SCRIPT = """
 import asyncio, os, time
-from webhooks import engine
+from webhooks import engine, pump
 from webhooks.models import Delivery
 go = os.environ["BENCH_WEBHOOK_GO"]
 for _ in range({rounds}):
     while not os.path.exists(go + ".{{}}".format(_)):
         time.sleep(0.005)
     while Delivery.objects.filter(state__in=["pending", "sending"]).exists():
-        asyncio.run(engine.pump(seconds=60, wait=False))
+        asyncio.run(pump.run(seconds=60, wait=False))
         time.sleep(0.01)
 """
 

@@ -10,7 +10,7 @@ from controlplane import live
 from controlplane.db import rows_sql
 from webhooks.models import Delivery, Subscription
 
-# The running delivery timer listens here (webhooks.engine.pump): a new due
+# The running delivery timer listens here (webhooks.pump): a new due
 # delivery reaches it at once instead of at its next poll.
 DUE_GROUP = "switchboard.webhooks.due"
 # Held in the cache by the worker that is the timer (webhooks.tasks.deliver).

@@ -19,8 +19,6 @@ same id twice, which delivery ids are for.
 """
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import dataclasses
 import datetime as dt
 import json
@@ -33,18 +31,18 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, connections, transaction
 from django.db.models import F, Q
 
-from controlplane import faults, live
+from controlplane import faults
 from controlplane.access import can_read_space
-from controlplane.clock import now, rfc3339, timestamp
+from controlplane.clock import now, rfc3339
 from controlplane.cursors import caller_id, pack_cursor
 from controlplane.models import Member, Space
 from inbox import notices
 from inbox.delivery import oldest_pending, settle_acknowledged
 from inbox.models import InboxItem
-from webhooks import crypto, mcp
-from webhooks.due import DUE_GROUP, READY, due_sql, freeze
+from webhooks import mcp
+from webhooks.due import READY, due_sql, freeze
 from webhooks.models import Attempt, Delivery, Subscription
-from webhooks.transport import Outcome, Transport
+from webhooks.transport import Outcome
 
 log = logging.getLogger(__name__)
 wake_log = logging.getLogger("switchboard.wake")  # every attempt (docs/observability.md)
@@ -251,7 +249,7 @@ class Result:
     started_at: dt.datetime
 
 
-def _log_attempt(result: Result) -> Result:
+def log_attempt(result: Result) -> Result:
     """One line per attempt, as its answer comes (never the URL, a header or
     the body)."""
     job, outcome = result.job, result.outcome
@@ -313,8 +311,8 @@ def _hand_off_items(deliveries: list[Delivery]) -> None:
     mcp.offer({d.subscription_id for d in deliveries}, only_if_pending=True, kick=False)
 
 
-def _record_or_leave(results: list[Result]) -> None:
-    """`record`, for the pump. A lost connection (the database restarted) is
+def record_or_leave(results: list[Result]) -> None:
+    """`record`, for the pump (webhooks.pump). A lost connection (the database restarted) is
     replaced and the batch recorded again, RECORD_TRIES times in all: the
     receivers' answers are only in memory. If it still cannot be recorded,
     its deliveries stay `sending` and their leases bring them back; the pump
@@ -388,115 +386,3 @@ def next_due_in(horizon: float) -> float | None:
     waits = [max(0.0, (c - at).total_seconds()) for c in candidates if c is not None]
     soonest = min(waits, default=None)
     return soonest if soonest is not None and soonest <= horizon else None
-
-
-# --- the pump ---------------------------------------------------------------------
-
-POLL_SECONDS = 0.05
-# A timer that hears of new deliveries (webhooks.due.DUE_GROUP) looks on its
-# own only for what no nudge announces: retry times and expired leases, which
-# next_due_in finds, and anything a lost nudge left.
-NUDGED_POLL_SECONDS = 0.5
-RECORD_WINDOW = 0.01
-
-
-class _Database:
-    """ORM work off the event loop, on one thread that keeps its connection
-    for the whole run (the loop goes on sending meanwhile)."""
-
-    def __init__(self):
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="webhooks-db")
-
-    async def __call__(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
-
-    async def close(self):
-        await self(connections.close_all)
-        self._executor.shutdown()
-
-
-async def _send(transport: Transport, signer: crypto.Signer, job: Job) -> Result:
-    started_at = now()
-    if job.mcp_subscription_id is not None:
-        headers = crypto.standard_headers(job.message_id, job.body, [crypto.open_secret(s) for s in job.mcp_secrets],
-                                          timestamp=int(timestamp()), subscription_id=job.mcp_subscription_id)
-        key_id = "whsec"
-    else:
-        headers = signer.headers(job.public_id, job.body, secret=crypto.open_secret(job.sealed_secret),
-                                 timestamp=int(timestamp()))
-        key_id = signer.key_id
-    return _log_attempt(Result(job, await transport.post(job.url, job.body, headers), key_id, started_at))
-
-
-async def pump(*, seconds: float, wait: bool, resolver=None, renew=None) -> int:
-    """Send due wakes for up to `seconds`; returns how many were attempted.
-    `renew` (the timer's key) is called about once a second.
-
-    With `wait` (the timer), stay for the whole run, sending each wake as it
-    falls due (debounce windows, retry times, new wakes); otherwise stop as
-    soon as nothing is due right now. Finished attempts are recorded in
-    batches."""
-    deadline = time.monotonic() + seconds
-    db = _Database()
-    in_flight: set[asyncio.Task] = set()
-    sent = 0
-    # The timer hears of new due deliveries at once (webhooks.due.DUE_GROUP)
-    # where the channel layer reaches the processes that commit them.
-    nudged = asyncio.Event()
-    listener = asyncio.create_task(live.listen(DUE_GROUP, lambda _: nudged.set())) \
-        if wait and live.shared_layer() else None
-    poll = NUDGED_POLL_SECONDS if listener else POLL_SECONDS
-    try:
-        signer = crypto.Signer(await db(crypto.active_signing_key))
-        async with Transport(resolver=resolver, limit=MAX_IN_FLIGHT) as transport:
-            renewed = time.monotonic()
-            while True:
-                if renew and time.monotonic() - renewed >= 1.0:
-                    faults.point("webhooks.timer")
-                    await db(renew)
-                    renewed = time.monotonic()
-                remaining = deadline - time.monotonic()
-                capacity = MAX_IN_FLIGHT - len(in_flight)
-                jobs = await db(claim_due, capacity) if remaining > 0 and capacity > 0 else []
-                in_flight |= {asyncio.create_task(_send(transport, signer, job)) for job in jobs}
-                sent += len(jobs)
-                if jobs:
-                    timeout = 0.002  # record what finished, then claim more
-                elif in_flight:
-                    timeout = poll  # until the first request finishes
-                elif wait and remaining > 0:
-                    # The timer stays for its run, looking for new and newly
-                    # due wakes (due but held by another worker: soon again).
-                    soonest = await db(next_due_in, remaining)
-                    timeout = min(poll if soonest is None else max(soonest, 0.01), poll, remaining)
-                else:
-                    break
-                done = await _first_of(in_flight, nudged, timeout)
-                in_flight -= done
-                if done and in_flight:  # what else finishes within a few ms shares the transaction
-                    more, in_flight = await asyncio.wait(in_flight, timeout=RECORD_WINDOW)
-                    done |= more
-                if done:
-                    faults.point("webhooks.answered")  # sent and answered, not recorded
-                    await db(_record_or_leave, [task.result() for task in done])
-    finally:
-        if in_flight:  # cancelled mid-run: the leases bring these back
-            for task in in_flight:
-                task.cancel()
-        if listener:
-            listener.cancel()
-            await asyncio.gather(listener, return_exceptions=True)
-        await db.close()
-    return sent
-
-
-async def _first_of(in_flight: set[asyncio.Task], nudged: asyncio.Event, timeout: float) -> set[asyncio.Task]:
-    """Wait until a send finishes, a nudge comes or `timeout` passes; the
-    finished sends. A nudge is used up here."""
-    nudge = asyncio.ensure_future(nudged.wait())
-    try:
-        done, _ = await asyncio.wait({*in_flight, nudge}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        nudge.cancel()
-    nudged.clear()
-    return done - {nudge}

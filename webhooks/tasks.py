@@ -5,7 +5,7 @@ import asyncio
 
 from django.core.cache import cache
 
-from webhooks import engine, mcp
+from webhooks import engine, mcp, pump
 from webhooks.due import TIMER_KEY
 
 # Short runs: a stopping cluster waits for its tasks, and a lease left by a
@@ -27,7 +27,7 @@ def deliver() -> int:
     timer = cache.add(TIMER_KEY, 1, timeout=TIMER_KEY_SECONDS)
     renew = (lambda: cache.touch(TIMER_KEY, TIMER_KEY_SECONDS)) if timer else None
     try:
-        sent = asyncio.run(engine.pump(seconds=RUN_SECONDS, wait=timer, renew=renew))
+        sent = asyncio.run(pump.run(seconds=RUN_SECONDS, wait=timer, renew=renew))
     finally:
         if timer:
             cache.delete(TIMER_KEY)

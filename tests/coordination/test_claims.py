@@ -5,7 +5,6 @@ import datetime as dt
 
 import pytest
 
-from controlplane import services
 from controlplane.clock import freeze, now
 from controlplane.log import Event
 from coordination import claims

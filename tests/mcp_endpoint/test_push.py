@@ -16,6 +16,7 @@ from inbox.models import InboxItem
 from inbox.render import item_occurrence
 from inbox.services import send_message
 from webhooks import engine, mcp
+from webhooks import pump as timer_loop
 from webhooks.models import Delivery, Subscription
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -29,7 +30,7 @@ def no_kicks(monkeypatch):
 
 
 def pump():
-    return asyncio.run(engine.pump(seconds=10.0, wait=False))
+    return asyncio.run(timer_loop.run(seconds=10.0, wait=False))
 
 
 @pytest.fixture

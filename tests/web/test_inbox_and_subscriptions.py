@@ -8,7 +8,7 @@ import pytest
 from controlplane import services
 from inbox.models import InboxItem
 from inbox.services import send_message
-from webhooks import engine
+from webhooks import pump
 from webhooks.models import Endpoint, Subscription
 
 SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
@@ -78,7 +78,7 @@ def test_a_member_saves_verifies_subscribes_and_sees_the_attempt(ann, ben, room,
     subscription = Subscription.objects.get(owner=ben)
     Subscription.objects.filter(pk=subscription.pk).update(debounce_ms=0)
     send_message(channel, body="wake up", actor=ann)
-    asyncio.run(engine.pump(seconds=10, wait=True))
+    asyncio.run(pump.run(seconds=10, wait=True))
     page = client.get("/app/subscriptions/").content.decode()
     # then
     assert "not verified" in unverified and "not verified" not in page

@@ -21,6 +21,7 @@ from controlplane.clock import freeze, now
 from inbox.services import send_message
 from tests.conftest import Api
 from webhooks import due, engine
+from webhooks import pump as timer_loop
 from webhooks.crypto import rotate_signing_key
 from webhooks.models import Attempt, Delivery, Subscription
 
@@ -35,7 +36,7 @@ def no_kicks(monkeypatch):
 
 
 def pump(wait=False, seconds=10.0):
-    return asyncio.run(engine.pump(seconds=seconds, wait=wait))
+    return asyncio.run(timer_loop.run(seconds=seconds, wait=wait))
 
 
 @pytest.fixture
@@ -233,7 +234,7 @@ def test_debounce_coalesces_a_burst_into_one_wake(world, receiver):
 @pytest.mark.skipif(not settings.REDIS_URL, reason="needs Redis: the nudge reaches the timer through channels-redis")
 def test_the_running_timer_sends_a_new_wake_when_nudged_not_at_its_next_poll(world, receiver, monkeypatch):
     # given: a timer whose poll outlasts its run, and sends that nudge it (no worker task)
-    monkeypatch.setattr(engine, "NUDGED_POLL_SECONDS", 3.0)
+    monkeypatch.setattr(timer_loop, "NUDGED_POLL_SECONDS", 3.0)
     monkeypatch.setattr("webhooks.due.kick_on_commit", due.nudge_timer_on_commit)
     timer = threading.Thread(target=lambda: (pump(wait=True, seconds=1.5), connections.close_all()))
     timer.start()

@@ -14,7 +14,7 @@ from webhooks.models import Attempt, Delivery, Endpoint, Subscription
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 WAKES = 240
 WORKERS = 4
-PUMP = "import asyncio; from webhooks import engine; print(asyncio.run(engine.pump(seconds=60, wait=False)))"
+PUMP = "import asyncio; from webhooks import pump; print(asyncio.run(pump.run(seconds=60, wait=False)))"
 
 
 def test_concurrent_workers_never_send_a_wake_twice(receiver, https_receiver):

@@ -1,0 +1,131 @@
+"""The delivery timer's loop: claim what is due (webhooks.engine), send it
+concurrently on one event loop, and record the answers in batches, while a
+single database thread does the ORM work.
+
+`run(seconds=…, wait=True)` is the timer (webhooks.tasks): it stays for its
+run, woken by nudges through the channel layer (webhooks.due.DUE_GROUP) or
+by its own short poll; `wait=False` sends what is due now and returns.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+
+from django.db import connections
+
+from controlplane import faults, live
+from controlplane.clock import now, timestamp
+from webhooks import crypto
+from webhooks.due import DUE_GROUP
+from webhooks.engine import MAX_IN_FLIGHT, Job, Result, log_attempt, record_or_leave, claim_due, next_due_in
+from webhooks.transport import Transport
+
+POLL_SECONDS = 0.05
+# A timer that hears of new deliveries (webhooks.due.DUE_GROUP) looks on its
+# own only for what no nudge announces: retry times and expired leases, which
+# next_due_in finds, and anything a lost nudge left.
+NUDGED_POLL_SECONDS = 0.5
+RECORD_WINDOW = 0.01
+
+
+class _Database:
+    """ORM work off the event loop, on one thread that keeps its connection
+    for the whole run (the loop goes on sending meanwhile)."""
+
+    def __init__(self):
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="webhooks-db")
+
+    async def __call__(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def close(self):
+        await self(connections.close_all)
+        self._executor.shutdown()
+
+
+async def _send(transport: Transport, signer: crypto.Signer, job: Job) -> Result:
+    started_at = now()
+    if job.mcp_subscription_id is not None:
+        headers = crypto.standard_headers(job.message_id, job.body, [crypto.open_secret(s) for s in job.mcp_secrets],
+                                          timestamp=int(timestamp()), subscription_id=job.mcp_subscription_id)
+        key_id = "whsec"
+    else:
+        headers = signer.headers(job.public_id, job.body, secret=crypto.open_secret(job.sealed_secret),
+                                 timestamp=int(timestamp()))
+        key_id = signer.key_id
+    return log_attempt(Result(job, await transport.post(job.url, job.body, headers), key_id, started_at))
+
+
+async def run(*, seconds: float, wait: bool, resolver=None, renew=None) -> int:
+    """Send due wakes for up to `seconds`; returns how many were attempted.
+    `renew` (the timer's key) is called about once a second.
+
+    With `wait` (the timer), stay for the whole run, sending each wake as it
+    falls due (debounce windows, retry times, new wakes); otherwise stop as
+    soon as nothing is due right now. Finished attempts are recorded in
+    batches."""
+    deadline = time.monotonic() + seconds
+    db = _Database()
+    in_flight: set[asyncio.Task] = set()
+    sent = 0
+    # The timer hears of new due deliveries at once (webhooks.due.DUE_GROUP)
+    # where the channel layer reaches the processes that commit them.
+    nudged = asyncio.Event()
+    listener = asyncio.create_task(live.listen(DUE_GROUP, lambda _: nudged.set())) \
+        if wait and live.shared_layer() else None
+    poll = NUDGED_POLL_SECONDS if listener else POLL_SECONDS
+    try:
+        signer = crypto.Signer(await db(crypto.active_signing_key))
+        async with Transport(resolver=resolver, limit=MAX_IN_FLIGHT) as transport:
+            renewed = time.monotonic()
+            while True:
+                if renew and time.monotonic() - renewed >= 1.0:
+                    faults.point("webhooks.timer")
+                    await db(renew)
+                    renewed = time.monotonic()
+                remaining = deadline - time.monotonic()
+                capacity = MAX_IN_FLIGHT - len(in_flight)
+                jobs = await db(claim_due, capacity) if remaining > 0 and capacity > 0 else []
+                in_flight |= {asyncio.create_task(_send(transport, signer, job)) for job in jobs}
+                sent += len(jobs)
+                if jobs:
+                    timeout = 0.002  # record what finished, then claim more
+                elif in_flight:
+                    timeout = poll  # until the first request finishes
+                elif wait and remaining > 0:
+                    # The timer stays for its run, looking for new and newly
+                    # due wakes (due but held by another worker: soon again).
+                    soonest = await db(next_due_in, remaining)
+                    timeout = min(poll if soonest is None else max(soonest, 0.01), poll, remaining)
+                else:
+                    break
+                done = await _first_of(in_flight, nudged, timeout)
+                in_flight -= done
+                if done and in_flight:  # what else finishes within a few ms shares the transaction
+                    more, in_flight = await asyncio.wait(in_flight, timeout=RECORD_WINDOW)
+                    done |= more
+                if done:
+                    faults.point("webhooks.answered")  # sent and answered, not recorded
+                    await db(record_or_leave, [task.result() for task in done])
+    finally:
+        if in_flight:  # cancelled mid-run: the leases bring these back
+            for task in in_flight:
+                task.cancel()
+        if listener:
+            listener.cancel()
+            await asyncio.gather(listener, return_exceptions=True)
+        await db.close()
+    return sent
+
+
+async def _first_of(in_flight: set[asyncio.Task], nudged: asyncio.Event, timeout: float) -> set[asyncio.Task]:
+    """Wait until a send finishes, a nudge comes or `timeout` passes; the
+    finished sends. A nudge is used up here."""
+    nudge = asyncio.ensure_future(nudged.wait())
+    try:
+        done, _ = await asyncio.wait({*in_flight, nudge}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        nudge.cancel()
+    nudged.clear()
+    return done - {nudge}
