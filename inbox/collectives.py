@@ -29,7 +29,7 @@ from controlplane.clock import now, rfc3339
 from controlplane.errors import Conflict, Forbidden, InvalidRequest
 from controlplane.log import NewEvent
 from controlplane.models import Conversation, Member, Participant
-from inbox import authority, notices
+from inbox import authority, mailbox, notices
 from inbox.models import Collective, CollectiveAnswer, Message, Recipient
 from inbox.text import encode_text
 
@@ -189,6 +189,7 @@ def _finish(collective: Collective, state: str, reason: str | None, outcome: dic
     owed = [collective.requester_id]
     if collective.op == Collective.Op.ALL_GATHER:
         owed += collective.members
+    mailbox.lock(owed)  # every notice's mailbox, in member order, before the log head
     for member in Member.objects.filter(pk__in=owed, status=Member.Status.ACTIVE):
         if member.pk != collective.requester_id and not can_read_space(message.space, member):
             continue

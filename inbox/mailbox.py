@@ -76,6 +76,19 @@ def reserve(recipients: list[Member], size: int, *, sender_id: int) -> set[int]:
     return set(Mailbox.objects.filter(member__in=recipients, firewall=True).values_list("member_id", flat=True))
 
 
+def lock(member_ids: Iterable[int]) -> None:
+    """Lock these members' mailbox rows, in member order, in the caller's
+    transaction. The lock order of the whole system: a writer takes every
+    mailbox it will count into or out of, in member order, before the log
+    head (a send's statement does; so must anything that posts a notice or
+    settles items for several members in one transaction), so no two
+    writers wait for each other in a cycle (tests/inbox/test_lock_order.py)."""
+    members = sorted(set(member_ids))
+    if members:
+        list(Mailbox.objects.select_for_update().filter(member_id__in=members).order_by("member_id")
+             .values_list("pk"))
+
+
 def credit(member_id: int, size: int, *, sender_id: int | None) -> None:
     """Count `size` bytes that became pending, whatever the limits: they
     tell of something that already happened or was already counted once."""
@@ -94,8 +107,7 @@ def debit(member_id: int, size: int, *, sender_id: int | None) -> None:
 
 def debit_many(entries: Iterable[tuple[int, int | None, int]]) -> None:
     """Uncount (member id, sender id or None, bytes) entries: two statements
-    however many. The mailboxes are locked in member order first, as
-    `reserve` takes them, so a batch never deadlocks with a send."""
+    however many, after `lock`ing the mailboxes."""
     mine, shares = Counter(), Counter()
     for member_id, sender_id, size in entries:
         mine[member_id] += size
@@ -103,7 +115,7 @@ def debit_many(entries: Iterable[tuple[int, int | None, int]]) -> None:
             shares[member_id, sender_id] += size
     if not mine:
         return
-    list(Mailbox.objects.select_for_update().filter(member_id__in=mine).order_by("member_id").values_list("pk"))
+    lock(mine)
     _subtract(Mailbox, ["member_id"], [(m, n) for m, n in mine.items()])
     if shares:
         _subtract(MailboxShare, ["member_id", "sender_id"], [(m, s, n) for (m, s), n in shares.items()])

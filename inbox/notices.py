@@ -34,9 +34,10 @@ def post_notice(member: Member, payload: dict, event: NewEvent, *, conversation_
     happened, so the mailbox limit does not refuse it. `position` places it
     in an earlier slot (a rejection takes its message's place); by default
     it goes at its event's position."""
-    (row,) = append_events([event])
     size = content_bytes(payload)
+    # the mailbox before the log head, as a send takes them (mailbox.lock)
     mailbox.credit(member.pk, size, sender_id=None)  # notices count against no sender's share
+    (row,) = append_events([event])
     item = InboxItem.objects.create(member=member, kind=payload["kind"], payload=payload, content_bytes=size,
                                     conversation_id=conversation_id,
                                     position=row.position if position is None else position)
@@ -65,6 +66,7 @@ def reject_items_under(authority_id: int, *, authority_ref: str, reason: str, li
                  .filter(grant_id=authority_id, state=InboxItem.State.PENDING).order_by("position", "id")[:limit])
     if not items:
         return 0
+    mailbox.lock(item.member_id for item in items)  # before the first notice takes the log head
     handling = {(r.message_id, r.member_id): r for r in Recipient.objects.select_for_update().filter(
         message_id__in={i.message_id for i in items}, member_id__in={i.member_id for i in items},
         grant_id=authority_id)}

@@ -275,11 +275,8 @@ def _lock_mailboxes(group: list[_Write]) -> None:
     arrival order, and a group, another node's group, and an acknowledgement
     (inbox.mailbox.debit_many) could each hold a row the other wants (found
     by the fault matrix)."""
-    members = sorted({m for w in group for m in w.params["quota_members"]})
-    if len(group) > 1 and members:
-        with connection.cursor() as cursor:
-            cursor.execute(f"SELECT member_id FROM {_table(Mailbox)} WHERE member_id = ANY(%s) "
-                           f"ORDER BY member_id FOR UPDATE", [members])
+    if len(group) > 1:
+        mailbox.lock(m for w in group for m in w.params["quota_members"])
 
 
 _group_commit = _GroupCommit()

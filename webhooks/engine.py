@@ -36,7 +36,7 @@ from controlplane.access import can_read_space
 from controlplane.clock import now, rfc3339
 from controlplane.cursors import caller_id, pack_cursor
 from controlplane.models import Member, Space
-from inbox import notices
+from inbox import mailbox, notices
 from inbox.delivery import oldest_pending, settle_acknowledged
 from inbox.models import InboxItem
 from webhooks import mcp
@@ -283,6 +283,10 @@ def record(results: list[Result]) -> None:
         faults.point("webhooks.record")  # mid-record: the transaction is lost with the process
         current = {d.pk: d for d in Delivery.objects.select_for_update().select_related("subscription")
                    .filter(pk__in=[r.job.delivery_id for r in results], state=Delivery.State.SENDING)}
+        # Every mailbox this batch may count into (a suspension notice) or out
+        # of (a pushed item acknowledged), in member order, before the log head.
+        mailbox.lock(current[r.job.delivery_id].subscription.owner_id for r in results
+                     if r.job.delivery_id in current and (not r.outcome.ok or current[r.job.delivery_id].item_id))
         delivered = []
         for r in results:
             delivery = current.get(r.job.delivery_id)

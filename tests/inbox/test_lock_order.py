@@ -1,6 +1,6 @@
-"""Lock order between a group commit and an acknowledgement (PostgreSQL):
-a group of sends takes its recipients' mailbox rows in member order, as
-every other writer does, so neither waits for the other in a cycle."""
+"""Lock order (PostgreSQL, inbox.mailbox.lock): every writer takes the
+mailboxes it counts into or out of in member order, before the log head, as
+a send's statement does, so no two writers wait for each other in a cycle."""
 from __future__ import annotations
 
 import threading
@@ -10,6 +10,7 @@ import pytest
 from django.db import connection
 
 from controlplane import services
+from controlplane.clock import now
 from inbox import writes
 from inbox.models import Mailbox, Message
 from inbox.services import send_message
@@ -69,3 +70,54 @@ def test_a_group_sending_to_two_members_waits_for_an_acknowledgement_holding_bot
     # then: the acknowledgement got both rows, and the group committed whole
     assert len(results) == 1 and len(results[0]) == 2
     assert Message.objects.filter(body="grouped").count() == 2
+
+
+def test_a_suspension_notice_takes_its_owners_mailbox_before_the_log_head(receiver, api_for, monkeypatch):
+    """The worker recording a 410 posts a notice into the owner's inbox; a
+    send addressed to the owner holds that mailbox and wants the log head
+    next. The notice must wait for the mailbox without holding the log head."""
+    from webhooks import engine
+    from webhooks.models import Subscription
+    from webhooks.transport import Outcome
+
+    # given: alice's space subscription has a delivery claimed by this "worker"
+    monkeypatch.setattr("webhooks.due.kick_on_commit", lambda: None)  # no engine runs on its own
+    alice, bob = (services.create_member(h, actor=None) for h in ("alice", "bob"))
+    space = services.create_space(slug="lab", name="Lab", visibility="open", send_policy="open", actor=alice)
+    services.join_space(space, actor=bob)
+    general = services.create_channel(space, "general", actor=alice)
+    as_alice = api_for(alice)
+    endpoint = as_alice.post("/v0/webhook-endpoints", {"url": receiver.url()}).json()["endpoint"]
+    as_alice.post(f"/v0/webhook-endpoints/{endpoint['id']}/verify")
+    created = as_alice.post("/v0/spaces/lab/webhook-subscriptions",
+                            {"endpoint_id": endpoint["id"], "debounce_ms": 0}).json()["subscription"]
+    as_alice.post(f"/v0/spaces/lab/webhook-subscriptions/{created['id']}/activate")
+    Mailbox.objects.get_or_create(member=alice)
+    send_message(general, body="wake alice", actor=bob)
+    (job,) = engine.claim_due(10)
+    result = engine.Result(job, Outcome(status_code=410, error_class=None, duration_ms=3), "key", now())
+    # when: a send to alice holds her mailbox while the worker records the 410
+    params = connection.get_connection_params()
+    other = psycopg.connect(host=params.get("host"), port=params.get("port"), user=params.get("user"),
+                            dbname=params["dbname"])
+    other.execute(f"SELECT 1 FROM {Mailbox._meta.db_table} WHERE member_id = %s FOR UPDATE", [alice.pk])
+    failures = []
+
+    def record():
+        try:
+            engine.record([result])
+        except Exception as error:  # a deadlock victim
+            failures.append(error)
+        finally:
+            connection.close()
+
+    recording = threading.Thread(target=record)
+    recording.start()
+    recording.join(1.5)  # past deadlock_timeout (1 s)
+    # then: the send takes the log head next without a cycle, and both finish
+    other.execute("UPDATE controlplane_loghead SET position = position WHERE id = 1")
+    other.commit()
+    other.close()
+    recording.join(10)
+    assert failures == [] and not recording.is_alive()
+    assert Subscription.objects.get(public_id=created["id"]).status == "suspended"
