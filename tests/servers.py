@@ -62,10 +62,11 @@ def manage(*args, input: str | None = None, **env) -> str:
     return result.stdout
 
 
-def start_serving(*args, **env) -> subprocess.Popen:
-    """`manage.py serve` on a free port, in a session of its own (so that the
-    tests can find everything it started); `.base_url` is its address."""
-    port = free_port()
+def start_serving(*args, port: int | None = None, **env) -> subprocess.Popen:
+    """`manage.py serve` on a free port (or `port`, to start a server again
+    where its clients left it), in a session of its own (so that the tests
+    can find everything it started); `.base_url` is its address."""
+    port = port or free_port()
     process = subprocess.Popen([sys.executable, "manage.py", "serve", "--bind", f"127.0.0.1:{port}", *args],
                                cwd=ROOT, env=server_env(**env), stdout=subprocess.PIPE, text=True,
                                start_new_session=True)
@@ -86,9 +87,9 @@ def read_until(process: subprocess.Popen, marker: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def serving(*args, **env):
+def serving(*args, port: int | None = None, **env):
     """`manage.py serve` until the block ends; yields its base URL."""
-    process = start_serving(*args, **env)
+    process = start_serving(*args, port=port, **env)
     base = process.base_url
     try:
         deadline = time.monotonic() + 30

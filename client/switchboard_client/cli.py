@@ -122,10 +122,10 @@ def _entry_row(entry) -> tuple:
 
 def cmd_inbox(args) -> None:
     with client_for(args) as client:
-        page = client.held_items() if args.held else client.read_inbox(cursor=args.cursor)
+        page = client.held_items(cursor=args.cursor) if args.held else client.read_inbox(cursor=args.cursor)
     emit(args, page, lambda p: [_entry_row(e) for e in p.items], ("TOKEN", "KIND", "FROM", "WHERE", "CONTENT"))
-    if not args.json and page.cursor and not args.held:
-        print(f"more: switchboard inbox --cursor {page.cursor}", file=sys.stderr)
+    if not args.json and page.cursor:
+        print(f"more: switchboard inbox{' --held' if args.held else ''} --cursor {page.cursor}", file=sys.stderr)
 
 
 def cmd_ack(args) -> None:

@@ -4,9 +4,11 @@ run by a sync or an async transport, plus the helpers a consumer needs:
 `drain_inbox` (handle, then acknowledge, every pending item)."""
 from __future__ import annotations
 
+import asyncio
 import inspect
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -33,12 +35,15 @@ class Client(Operations):
     `base_url` and `token` default to `$SWITCHBOARD_URL` and
     `$SWITCHBOARD_TOKEN`; `Client.from_config()` uses what `switchboard
     login` stored. Failed calls raise a `SwitchboardError` subclass after the
-    retries `retry` allows (see transport.py for which calls are retried)."""
+    retries `retry` allows (see transport.py for which calls are retried);
+    `sleep` is how the client waits between them."""
 
     def __init__(self, base_url: str | None = None, token: str | None = None, *, timeout: float = 30.0,
-                 retry: RetryPolicy | None = None, http: httpx.Client | None = None):
+                 retry: RetryPolicy | None = None, http: httpx.Client | None = None,
+                 sleep: Callable[[float], None] = time.sleep):
         base_url, token = _settings(base_url, token)
-        self.transport = SyncTransport(base_url, token, timeout=timeout, retry=retry or RetryPolicy(), http=http)
+        self.transport = SyncTransport(base_url, token, timeout=timeout, retry=retry or RetryPolicy(), http=http,
+                                       sleep=sleep)
 
     @classmethod
     def from_config(cls, host: str | None = None, **kwargs) -> Client:
@@ -131,9 +136,11 @@ class AsyncClient(Operations):
     handlers."""
 
     def __init__(self, base_url: str | None = None, token: str | None = None, *, timeout: float = 30.0,
-                 retry: RetryPolicy | None = None, http: httpx.AsyncClient | None = None):
+                 retry: RetryPolicy | None = None, http: httpx.AsyncClient | None = None,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
         base_url, token = _settings(base_url, token)
-        self.transport = AsyncTransport(base_url, token, timeout=timeout, retry=retry or RetryPolicy(), http=http)
+        self.transport = AsyncTransport(base_url, token, timeout=timeout, retry=retry or RetryPolicy(), http=http,
+                                        sleep=sleep)
 
     @classmethod
     def from_config(cls, host: str | None = None, **kwargs) -> AsyncClient:

@@ -171,6 +171,13 @@ class WakeReceiver:
         self.on_inbox_wake, self.on_space_wake = on_inbox_wake, on_space_wake
         self.store = store if store is not None else MemoryWakeStore()
 
+        async def asgi(scope, receive, send) -> None:
+            """An ASGI 3 application answering POSTs on any path (`uvicorn module:receiver.asgi`).
+            A plain function, not a bound method, so that servers detect it as ASGI 3."""
+            await self._asgi(scope, receive, send)
+
+        self.asgi = asgi
+
     # --- the watermark: the latest `through` recorded per subscription
     @property
     def inbox_watermark(self) -> str | None:
@@ -263,8 +270,7 @@ class WakeReceiver:
         return Reply(202, {})
 
     # --- adapters
-    async def asgi(self, scope, receive, send) -> None:
-        """An ASGI 3 application answering POSTs on any path (`uvicorn module:receiver.asgi`)."""
+    async def _asgi(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
             while True:
                 message = await receive()

@@ -1,0 +1,34 @@
+"""Fixtures for the client package's tests: a real `manage.py serve` and
+members with tokens, made by the management commands."""
+from __future__ import annotations
+
+import pytest
+from switchboard_client import Client
+
+from tests.servers import manage, serving
+
+
+def member_token(handle: str, *flags: str) -> str:
+    manage("createmember", handle, "--kind", "agent", *flags)
+    return manage("issuecredential", handle).strip()
+
+
+@pytest.fixture
+def server():
+    """`serve` (Daphne and a worker) on a free loopback port: its base URL."""
+    with serving() as (base, _):
+        yield base
+
+
+@pytest.fixture
+def clients(server):
+    """Clients for alice (an admin) and bob, who share the open space `lab`
+    with its channel #general."""
+    alice = Client(server, member_token("alice", "--admin"))
+    bob = Client(server, member_token("bob"))
+    alice.create_space("lab", "Lab")
+    bob.join_space("lab")
+    alice.create_channel("lab", "general")
+    yield alice, bob
+    alice.close()
+    bob.close()

@@ -1,0 +1,119 @@
+"""iter_feed and drain_inbox against real servers: a feed followed across a
+server restart, a feed past retention, and a drain whose handler fails."""
+import datetime as dt
+import threading
+import time
+
+import pytest
+from switchboard_client import Client, DrainError, ResyncRequired
+
+from controlplane.clock import now
+from controlplane.log import prune_events
+from tests.client.conftest import member_token
+from tests.servers import free_port, serving
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def wait_until(predicate, condition: threading.Condition, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    with condition:
+        while not predicate():
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, "gave up waiting"
+            condition.wait(remaining)
+
+
+def test_iter_feed_follows_a_space_across_a_server_restart_losing_and_repeating_nothing():
+    # given: a server on a port of our choosing, and alice following lab's feed in a thread
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    alice, bob = Client(base, member_token("alice")), Client(base, member_token("bob"))
+    seen, arrived = [], threading.Condition()
+
+    def follow(feed):
+        for event in feed:
+            with arrived:
+                seen.append(event)
+                arrived.notify_all()
+
+    def messages():
+        return [e.data["message"]["body"] for e in seen if e.kind == "message.created"]
+
+    with serving(port=port):
+        alice.create_space("lab", "Lab")
+        bob.join_space("lab")
+        general = alice.create_channel("lab", "general").id
+        threading.Thread(target=follow, args=(alice.iter_feed(space="lab", wait_ms=2_000),), daemon=True).start()
+        for n in range(3):
+            bob.send("lab", general, f"before {n}")
+        wait_until(lambda: len(messages()) == 3, arrived)
+    # when: the server stops (the feed's long poll breaks, its retries find nobody) and starts again
+    with serving(port=port):
+        for n in range(3):
+            bob.send("lab", general, f"after {n}")
+        wait_until(lambda: len(messages()) == 6, arrived)
+    # then: every message once, in order, and no event twice
+    assert messages() == [f"before {n}" for n in range(3)] + [f"after {n}" for n in range(3)]
+    positions = [e.position for e in seen]
+    assert positions == sorted(set(positions))
+    assert len({e.id for e in seen}) == len(seen)
+
+
+def test_iter_feed_past_retention_raises_or_goes_on_from_the_cursor_on_resync_returns(clients):
+    # given: alice's inbox feed cursor after bob's first message, then the log pruned past it
+    alice, bob = clients
+    direct = bob.open_direct("lab", "alice").id
+    bob.send("lab", direct, "one")
+    bob.send("lab", direct, "two")
+    stale = alice.inbox_events(limit=1).cursor
+    assert prune_events(older_than=now() + dt.timedelta(seconds=1)) > 0
+    # when: without on_resync
+    with pytest.raises(ResyncRequired) as gone:
+        next(iter(alice.iter_feed(inbox=True, after=stale, wait_ms=0)))
+    assert gone.value.status == 410 and "floor" in gone.value.details
+    # when: with on_resync, which takes a fresh snapshot (holding "three", sent meanwhile)
+    bob.send("lab", direct, "three")
+    resyncs, snapshots = [], []
+
+    def resync(error):
+        resyncs.append(error)
+        snapshots.append(alice.snapshot())
+        bob.send("lab", direct, "four")  # after the snapshot: for the feed to bring
+        return snapshots[-1].cursor
+
+    feed = alice.iter_feed(inbox=True, after=stale, wait_ms=2_000, on_resync=resync)
+    first = next(feed)
+    # then: one resync; the snapshot has what the feed lost, and the feed goes on after it
+    assert len(resyncs) == 1 and isinstance(resyncs[0], ResyncRequired)
+    assert [u.message.body for u in snapshots[0].unresolved] == ["one", "two", "three"]
+    assert first.data["message"]["body"] == "four"
+
+
+def test_drain_inbox_leaves_a_failed_item_pending_and_acknowledges_the_others(clients):
+    # given: three items in alice's inbox
+    alice, bob = clients
+    direct = bob.open_direct("lab", "alice").id
+    for body in ("one", "boom", "three"):
+        bob.send("lab", direct, body)
+    calls = []
+
+    def handler(entry):
+        calls.append(entry.item["content"])
+        if entry.item["content"] == "boom":
+            raise RuntimeError("handler failed")
+
+    # when
+    with pytest.raises(DrainError) as failed:
+        alice.drain_inbox(handler)
+    # then: each handler ran once; the failed item is still pending, the others are acknowledged
+    assert calls == ["one", "boom", "three"]
+    assert isinstance(failed.value.__cause__, RuntimeError)
+    report = failed.value.report
+    assert [e.item["content"] for e in report.acknowledged] == ["one", "three"]
+    assert [(e.item["content"], type(x)) for e, x in report.failed] == [("boom", RuntimeError)]
+    assert [e.item["content"] for e in alice.read_inbox().items] == ["boom"]
+    # and the next drain, with a handler that copes, acknowledges it
+    later = alice.drain_inbox(lambda entry: None, raise_errors=False)
+    assert [e.item["content"] for e in later.acknowledged] == ["boom"] and later.failed == []
+    assert alice.read_inbox().items == ()

@@ -1,0 +1,200 @@
+"""WakeReceiver against real wakes: the server signs and POSTs them over
+HTTPS to the receiver served by a real WSGI server (wsgiref) or ASGI server
+(uvicorn); the receiver answers the challenge, hands each wake to its
+callback once, and refuses a tampered, stale or foreign one."""
+import base64
+import io
+import json
+import ssl
+import threading
+import time
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
+import httpx
+import pytest
+import uvicorn
+from standardwebhooks.webhooks import Webhook
+from switchboard_client import Client, SQLiteWakeStore, WakeReceiver
+
+from tests.client.conftest import member_token
+from tests.servers import serving
+from webhooks.example_receiver import make_ca_and_certificate
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def tls(tmp_path):
+    """(CA bundle, certificate chain, key) for localhost and 127.0.0.1."""
+    return make_ca_and_certificate(tmp_path)
+
+
+def trusting(ca) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(ca))
+
+
+class Recorder:
+    """A WSGI middleware keeping each request's headers and body as they came."""
+
+    def __init__(self, app):
+        self.app, self.requests = app, []
+
+    def __call__(self, environ, start_response):
+        body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        headers = {k[5:].replace("_", "-").lower(): v for k, v in environ.items() if k.startswith("HTTP_")}
+        self.requests.append((headers, body))
+        environ["wsgi.input"] = io.BytesIO(body)
+        return self.app(environ, start_response)
+
+
+class QuietHandler(WSGIRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+def serve_wsgi_over_https(app, tls) -> tuple[str, callable]:
+    ca, chain, key = tls
+    server = WSGIServer(("127.0.0.1", 0), QuietHandler)
+    server.set_app(app)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(chain, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"https://localhost:{server.server_address[1]}/hook", lambda: (server.shutdown(), server.server_close())
+
+
+def people(base):
+    alice, bob = Client(base, member_token("alice")), Client(base, member_token("bob"))
+    alice.create_space("lab", "Lab")
+    bob.join_space("lab")
+    return alice, bob
+
+
+def test_the_wsgi_receiver_takes_a_real_wake_once_and_refuses_tampered_stale_and_foreign_ones(tls, tmp_path):
+    ca = tls[0]
+    wakes, arrived = [], threading.Condition()
+
+    def on_inbox_wake(wake):
+        with arrived:
+            wakes.append(wake)
+            arrived.notify_all()
+
+    with serving(WEBHOOK_CA_BUNDLE=ca, WEBHOOK_ALLOW_PRIVATE_NETWORKS="1") as (base, _):
+        store = SQLiteWakeStore(tmp_path / "wakes.sqlite3")
+        receiver = WakeReceiver(base_url=base, store=store, on_inbox_wake=on_inbox_wake)
+        recorder = Recorder(receiver.wsgi)
+        url, stop = serve_wsgi_over_https(recorder, tls)
+        alice, bob = people(base)
+        direct = bob.open_direct("lab", "alice").id
+        # given: the receiver answers the server's signed challenge
+        endpoint = alice.create_endpoint(url)
+        assert alice.verify_endpoint(endpoint.id)
+        subscription = alice.create_inbox_subscription(endpoint.id, debounce_ms=0)
+        receiver.inbox_subscription_id = subscription.id
+        activation = alice.activate_subscription(subscription.id)
+        # when: bob writes to alice
+        sent = bob.send("lab", direct, "wake up")
+        with arrived:
+            assert arrived.wait_for(lambda: wakes, timeout=60)
+        (wake,) = wakes
+        # then: the wake names alice's inbox feed from the activation cursor, and it holds the message
+        assert (wake.kind, wake.subscription_id, wake.source) == ("inbox", subscription.id, "webhook")
+        assert wake.after == activation.activation_cursor and wake.chained
+        events = alice.inbox_events(cursor=wake.after).items
+        assert [e.data["message"]["id"] for e in events] == [sent.id]
+        assert receiver.inbox_watermark == wake.through
+        headers, body = next((h, b) for h, b in recorder.requests
+                             if json.loads(b)["type"] != "spaces.webhook.challenge")
+        assert headers["webhook-id"] == wake.id
+
+        def post(content: bytes, **changed) -> httpx.Response:
+            return httpx.post(url, content=content, headers={**headers, **changed}, verify=trusting(ca))
+
+        # a replay of the same request: answered (so retries stop) but not handed on again
+        replayed = post(body)
+        assert replayed.status_code == 202 and replayed.json() == {"duplicate": True}
+        # a tampered body: refused for its signature
+        tampered = post(body.replace(b"inbox_events", b"inbox_evente"))
+        assert tampered.status_code == 401
+        # a Webhook-Id that is not the body's id (the Ed25519 signature does not cover the header): refused
+        renamed = post(body, **{"webhook-id": "whd_someoneelse"})
+        assert renamed.status_code == 400 and renamed.json() == {"error": "body id differs from Webhook-Id"}
+        assert len(wakes) == 1
+        # a receiver whose clock is past the 5-minute tolerance, or configured for another subscription
+        stale = WakeReceiver(base_url=base, clock=lambda: time.time() + 301, on_inbox_wake=on_inbox_wake)
+        assert (stale.handle(headers, body).status, stale.handle(headers, body).reason) == (
+            400, "stale or future timestamp")
+        foreign = WakeReceiver(base_url=base, inbox_subscription_id="whs_aaaaaaaaaaaaaaaa",
+                               on_inbox_wake=on_inbox_wake)
+        assert foreign.handle(headers, body).reason == "unknown subscription"
+        # a receiver restarted on the same store remembers the delivery and the watermark
+        restarted = WakeReceiver(base_url=base, store=SQLiteWakeStore(tmp_path / "wakes.sqlite3"),
+                                 inbox_subscription_id=subscription.id, on_inbox_wake=on_inbox_wake)
+        assert restarted.handle(headers, body).status == 202 and restarted.inbox_watermark == wake.through
+        assert len(wakes) == 1
+        stop()
+
+
+def test_the_asgi_receiver_under_uvicorn_takes_space_wakes_with_an_async_callback(tls):
+    ca, chain, key = tls
+    wakes, arrived = [], threading.Condition()
+
+    async def on_space_wake(wake):
+        with arrived:
+            wakes.append(wake)
+            arrived.notify_all()
+
+    with serving(WEBHOOK_CA_BUNDLE=ca, WEBHOOK_ALLOW_PRIVATE_NETWORKS="1") as (base, _):
+        alice, bob = people(base)
+        general = alice.create_channel("lab", "general").id
+        receiver = WakeReceiver(client=alice, issuer="http://127.0.0.1:8000", on_space_wake=on_space_wake)
+        config = uvicorn.Config(receiver.asgi, host="127.0.0.1", port=0, ssl_certfile=str(chain),
+                                ssl_keyfile=str(key), lifespan="on", log_level="warning")
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.05)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        # given: a verified endpoint and an active subscription to the space
+        endpoint = alice.create_endpoint(f"https://localhost:{port}/asgi")
+        alice.verify_endpoint(endpoint.id)
+        subscription = alice.create_space_subscription("lab", endpoint.id, debounce_ms=0)
+        receiver.space_subscription_ids = frozenset({subscription.id})
+        alice.activate_subscription(subscription.id, space="lab")
+        # when
+        sent = bob.send("lab", general, "space news")
+        with arrived:
+            assert arrived.wait_for(lambda: wakes, timeout=60)
+        # then
+        (wake,) = wakes
+        assert (wake.kind, wake.space, wake.subscription_id) == ("space", "lab", subscription.id)
+        events = alice.space_events("lab", cursor=wake.after).items
+        assert sent.id in [e.data.get("message", {}).get("id") for e in events]
+        # a GET is not a wake
+        assert httpx.get(f"https://localhost:{port}/asgi", verify=trusting(ca)).status_code == 405
+        server.should_exit = True
+        thread.join(10)
+
+
+def test_standard_webhooks_pushes_are_checked_with_the_subscription_secret():
+    # given: an MCP push signed the Standard Webhooks way (by that library, not by this package)
+    secret = "whsec_" + base64.b64encode(b"k" * 32).decode()
+    body = json.dumps({"eventId": "whd_aaaaaaaaaaaaaaaa", "name": "spaces.work.available", "timestamp": "x",
+                       "data": {"space": "lab", "event_range": {"after": "a", "through": "b"}}, "cursor": None})
+    now = time.time()
+    from datetime import datetime, timezone
+    signature = Webhook(secret).sign("whd_aaaaaaaaaaaaaaaa", datetime.fromtimestamp(now, timezone.utc), body)
+    headers = {"webhook-id": "whd_aaaaaaaaaaaaaaaa", "webhook-timestamp": str(int(now)),
+               "webhook-signature": signature, "X-MCP-Subscription-Id": "sub_1"}
+    wakes = []
+    receiver = WakeReceiver(keys={}, mcp_secret=secret, mcp_subscription_ids={"sub_1"}, on_space_wake=wakes.append)
+    # when / then
+    assert receiver.handle(headers, body.encode()).status == 202
+    assert [(w.kind, w.space, w.through, w.source) for w in wakes] == [("space", "lab", "b", "mcp")]
+    assert WakeReceiver(keys={}, mcp_secret="whsec_" + base64.b64encode(b"x" * 32).decode()).handle(
+        headers, body.encode()).status == 401
+    assert WakeReceiver(keys={}, mcp_secret=secret, mcp_subscription_ids={"sub_2"}).handle(
+        headers, body.encode()).reason == "unknown subscription"

@@ -1,0 +1,47 @@
+"""A send whose answer is lost is retried with the same Idempotency-Key, and
+the server keeps one message: through a real TCP proxy that drops the
+first answer after the server has done the work."""
+from urllib.parse import urlsplit
+
+import pytest
+from switchboard_client import Client, RetryPolicy, errors
+
+from tests.client.proxy import LossyProxy
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_send_whose_answer_was_lost_is_retried_with_its_key_and_makes_one_message(clients, server):
+    alice, bob = clients
+    direct = bob.open_direct("lab", "alice").id
+    address = urlsplit(server)
+    proxy = LossyProxy((address.hostname, address.port), drop_answers=1)
+    waits = []
+    through_proxy = Client(proxy.base_url, bob.transport.token, sleep=waits.append)  # the retry goes at once
+    # when: the first answer is lost on its way back
+    sent = through_proxy.send("lab", direct, "exactly once")
+    # then: two requests went out, both with the same key
+    keys = proxy.idempotency_keys()
+    assert len(keys) == 2 and keys[0] == keys[1] and len(waits) == 1
+    # and the server holds one message: the retry got the original back
+    inbox = alice.read_inbox().items
+    assert [(e.item["postId"], e.item["content"]) for e in inbox] == [(sent.id, "exactly once")]
+    events = [e for e in alice.space_events("lab", limit=100) if e.kind == "message.created"]
+    assert [e.data["message"]["id"] for e in events] == [sent.id]
+    proxy.close()
+
+
+def test_a_write_without_a_key_is_not_retried_after_a_lost_answer(clients, server):
+    # given: approving is not keyed, so the client cannot know whether a repeat would act twice
+    alice, bob = clients
+    address = urlsplit(server)
+    proxy = LossyProxy((address.hostname, address.port), drop_answers=1)
+    through_proxy = Client(proxy.base_url, alice.transport.token, retry=RetryPolicy(attempts=5),
+                           sleep=lambda seconds: None)
+    # when
+    with pytest.raises(errors.ConnectionFailed) as lost:
+        through_proxy.revoke_grant("grt_nothing-here")
+    # then: one request only, and the error says it was sent
+    assert len(proxy.requests) == 1 and lost.value.details["sent"] is True
+    assert lost.value.status is None and isinstance(lost.value, errors.ServerError)
+    proxy.close()
