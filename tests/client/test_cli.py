@@ -114,3 +114,31 @@ def test_the_exit_codes_follow_the_error_groups():
     assert {cls.exit_code for cls in errors.BY_CODE.values()} == {2, 3, 4, 5, 6, 7}
     assert errors.RateLimited.exit_code == 6 and errors.Unavailable.exit_code == 7
     assert "6 rate limited" in cli.__doc__
+
+
+def test_grants_approvals_and_webhooks_from_the_shell(server, tmp_path):
+    # given: alice, an admin, owns an explicit_only space that bob joined
+    alice, bob = tmp_path / "alice", tmp_path / "bob"
+    assert shell(alice, "login", "--host", server, "--token", member_token("alice", "--admin")).returncode == 0
+    assert shell(bob, "login", "--host", server, "--token", member_token("bob")).returncode == 0
+    assert shell(alice, "spaces", "create", "strict", "Strict", "--send-policy", "explicit_only").returncode == 0
+    assert shell(bob, "spaces", "join", "strict").returncode == 0
+    # when: bob's send needs a grant, and asks for approval
+    refused = shell(bob, "send", "strict", "@alice", "may I?", "--request-approval", "--json")
+    # then: exit 3, and the approval request is in alice's queue
+    assert refused.returncode == 3
+    request_id = json.loads(refused.stderr)["error"]["details"]["approval_request"]["id"]
+    pending = json.loads(shell(alice, "approvals", "--status", "pending", "--json").stdout)["approval_requests"]
+    assert [r["id"] for r in pending] == [request_id]
+    approved = shell(alice, "approvals", "approve", request_id, "--json")
+    assert approved.returncode == 0 and json.loads(approved.stdout)["status"] == "approved"
+    # grants: create, list, revoke
+    assert shell(alice, "grants", "create", "strict", "grt_cli-1", "--kind", "project").returncode == 0
+    listed = json.loads(shell(alice, "grants", "list", "strict", "--json").stdout)["grants"]
+    assert "grt_cli-1" in [g["id"] for g in listed]
+    revoked = json.loads(shell(alice, "grants", "revoke", "grt_cli-1", "--json").stdout)
+    assert revoked["status"] in ("revoking", "revoked")
+    # webhooks: nothing registered yet; a plain-http loopback URL is refused (INVALID_URL: exit 2)
+    assert json.loads(shell(alice, "webhooks", "endpoints", "--json").stdout)["endpoints"] == []
+    assert json.loads(shell(alice, "webhooks", "subscriptions", "--json").stdout)["subscriptions"] == []
+    assert shell(alice, "webhooks", "add", "http://127.0.0.1:9/hook").returncode == 2
