@@ -76,14 +76,19 @@ def reserve(recipients: list[Member], size: int, *, sender_id: int) -> set[int]:
     return set(Mailbox.objects.filter(member__in=recipients, firewall=True).values_list("member_id", flat=True))
 
 
-def lock(member_ids: Iterable[int]) -> None:
+def lock(member_ids: Iterable[int], *, create: bool = False) -> None:
     """Lock these members' mailbox rows, in member order, in the caller's
     transaction. The lock order of the whole system: a writer takes every
     mailbox it will count into or out of, in member order, before the log
     head (a send's statement does; so must anything that posts a notice or
     settles items for several members in one transaction), so no two
-    writers wait for each other in a cycle (tests/inbox/test_lock_order.py)."""
+    writers wait for each other in a cycle (tests/inbox/test_lock_order.py).
+    With `create`, the rows that do not exist yet are made first, in the
+    same order: a new row is locked by its insert, so rows made later, one
+    statement at a time, would be taken out of order."""
     members = sorted(set(member_ids))
+    if members and create:
+        Mailbox.objects.bulk_create([Mailbox(member_id=m) for m in members], ignore_conflicts=True)
     if members:
         list(Mailbox.objects.select_for_update().filter(member_id__in=members).order_by("member_id")
              .values_list("pk"))

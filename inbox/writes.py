@@ -276,7 +276,7 @@ def _lock_mailboxes(group: list[_Write]) -> None:
     (inbox.mailbox.debit_many) could each hold a row the other wants (found
     by the fault matrix)."""
     if len(group) > 1:
-        mailbox.lock(m for w in group for m in w.params["quota_members"])
+        mailbox.lock((m for w in group for m in w.params["quota_members"]), create=True)
 
 
 _group_commit = _GroupCommit()

@@ -72,6 +72,55 @@ def test_a_group_sending_to_two_members_waits_for_an_acknowledgement_holding_bot
     assert Message.objects.filter(body="grouped").count() == 2
 
 
+def test_a_group_makes_its_new_mailboxes_in_member_order(monkeypatch):
+    """Members no send has reached yet have no mailbox row: each statement
+    of a group would make its own as it runs, in arrival order, while a
+    single send making the same two rows goes in member order."""
+    # given: a group of two sends (to high, then to low), neither with a mailbox yet
+    owner = services.create_member("owner", actor=None)
+    low, high = (services.create_member(h, actor=None) for h in ("low", "high"))
+    space = services.create_space(slug="lab", name="Lab", visibility="open", send_policy="open", actor=owner)
+    for member in (low, high):
+        services.join_space(space, actor=member)
+    to_low, _ = services.get_or_create_direct(space, low, actor=owner)
+    to_high, _ = services.get_or_create_direct(space, high, actor=owner)
+    Mailbox.objects.filter(member__in=[low, high]).delete()
+    group = []
+
+    def capture(write):
+        group.append(write)
+        raise Captured()
+
+    monkeypatch.setattr(writes._group_commit, "write", capture)
+    for conversation in (to_high, to_low):
+        with pytest.raises(Captured):
+            send_message(conversation, body="grouped", actor=owner)
+    monkeypatch.undo()
+    # when: another writer makes low's row (member order) while the group starts, then high's
+    params = connection.get_connection_params()
+    other = psycopg.connect(host=params.get("host"), port=params.get("port"), user=params.get("user"),
+                            dbname=params["dbname"])
+    insert = f"INSERT INTO {Mailbox._meta.db_table} (member_id, pending_bytes, firewall) VALUES (%s, 0, false)"
+    other.execute(insert, [low.pk])
+    results = []
+
+    def commit_group():
+        try:
+            results.append(writes._commit_group(group))
+        finally:
+            connection.close()
+
+    committing = threading.Thread(target=commit_group)
+    committing.start()
+    committing.join(1.5)  # past deadlock_timeout (1 s)
+    other.execute(insert, [high.pk])
+    other.commit()
+    other.close()
+    committing.join(10)
+    # then: no cycle: the other writer made both rows and the group committed whole
+    assert len(results) == 1 and len(results[0]) == 2
+    assert Message.objects.filter(body="grouped").count() == 2
+
 def test_a_suspension_notice_takes_its_owners_mailbox_before_the_log_head(receiver, api_for, monkeypatch):
     """The worker recording a 410 posts a notice into the owner's inbox; a
     send addressed to the owner holds that mailbox and wants the log head
