@@ -1,6 +1,11 @@
 """Lock order (PostgreSQL, inbox.mailbox.lock): every writer takes the
 mailboxes it counts into or out of in member order, before the log head, as
-a send's statement does, so no two writers wait for each other in a cycle."""
+a send's statement does, so no two writers wait for each other in a cycle.
+
+Each test holds a lock on another connection as a concurrent writer would,
+starts the writer under test in a thread, waits past PostgreSQL's
+deadlock_timeout (1 s: a cycle would have been broken by then), takes the
+concurrent writer's next lock, and checks that both finished."""
 from __future__ import annotations
 
 import threading
@@ -16,15 +21,40 @@ from inbox.models import Mailbox, Message
 from inbox.services import send_message
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+MAILBOX = Mailbox._meta.db_table
 
 
 class Captured(Exception):
     pass
 
 
-def test_a_group_sending_to_two_members_waits_for_an_acknowledgement_holding_both_in_order(monkeypatch):
-    # given: two members with mailboxes (low before high), and two direct sends to them,
-    # high's first, captured as one group before they run
+def other_writer() -> psycopg.Connection:
+    params = connection.get_connection_params()
+    return psycopg.connect(host=params.get("host"), port=params.get("port"), user=params.get("user"),
+                           dbname=params["dbname"])
+
+
+def in_thread(work) -> tuple[threading.Thread, list]:
+    """`work()` on its own connection; its results (or its exception) land in the list."""
+    results = []
+
+    def run():
+        try:
+            results.append(work())
+        except Exception as error:  # a deadlock victim
+            results.append(error)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(1.5)  # past deadlock_timeout
+    return thread, results
+
+
+def grouped_sends(monkeypatch, *, with_mailboxes: bool):
+    """Two direct sends from `owner` (to high, then to low) captured as one
+    group before they run; (low, high, the group)."""
     owner = services.create_member("owner", actor=None)
     low, high = (services.create_member(h, actor=None) for h in ("low", "high"))
     space = services.create_space(slug="lab", name="Lab", visibility="open", send_policy="open", actor=owner)
@@ -32,8 +62,11 @@ def test_a_group_sending_to_two_members_waits_for_an_acknowledgement_holding_bot
         services.join_space(space, actor=member)
     to_low, _ = services.get_or_create_direct(space, low, actor=owner)
     to_high, _ = services.get_or_create_direct(space, high, actor=owner)
-    send_message(to_low, body="first", actor=owner)
-    send_message(to_high, body="first", actor=owner)
+    if with_mailboxes:
+        send_message(to_low, body="first", actor=owner)
+        send_message(to_high, body="first", actor=owner)
+    else:
+        Mailbox.objects.filter(member__in=[low, high]).delete()
     group = []
 
     def capture(write):
@@ -45,25 +78,18 @@ def test_a_group_sending_to_two_members_waits_for_an_acknowledgement_holding_bot
         with pytest.raises(Captured):
             send_message(conversation, body="grouped", actor=owner)
     monkeypatch.undo()
+    return low, high, group
+
+
+def test_a_group_sending_to_two_members_waits_for_an_acknowledgement_holding_both_in_order(monkeypatch):
+    # given
+    low, high, group = grouped_sends(monkeypatch, with_mailboxes=True)
     # when: an acknowledgement's transaction holds low's mailbox (taken first, in
     # member order) while the group starts, then takes high's
-    params = connection.get_connection_params()
-    other = psycopg.connect(host=params.get("host"), port=params.get("port"), user=params.get("user"),
-                            dbname=params["dbname"])
-    table = Mailbox._meta.db_table
-    other.execute(f"SELECT 1 FROM {table} WHERE member_id = %s FOR UPDATE", [low.pk])
-    results = []
-
-    def commit_group():
-        try:
-            results.append(writes._commit_group(group))
-        finally:
-            connection.close()
-
-    committing = threading.Thread(target=commit_group)
-    committing.start()
-    committing.join(1.5)  # past PostgreSQL's deadlock_timeout (1 s): a cycle would be broken by now
-    other.execute(f"SELECT 1 FROM {table} WHERE member_id = %s FOR UPDATE", [high.pk])
+    other = other_writer()
+    other.execute(f"SELECT 1 FROM {MAILBOX} WHERE member_id = %s FOR UPDATE", [low.pk])
+    committing, results = in_thread(lambda: writes._commit_group(group))
+    other.execute(f"SELECT 1 FROM {MAILBOX} WHERE member_id = %s FOR UPDATE", [high.pk])
     other.commit()
     other.close()
     committing.join(10)
@@ -76,43 +102,13 @@ def test_a_group_makes_its_new_mailboxes_in_member_order(monkeypatch):
     """Members no send has reached yet have no mailbox row: each statement
     of a group would make its own as it runs, in arrival order, while a
     single send making the same two rows goes in member order."""
-    # given: a group of two sends (to high, then to low), neither with a mailbox yet
-    owner = services.create_member("owner", actor=None)
-    low, high = (services.create_member(h, actor=None) for h in ("low", "high"))
-    space = services.create_space(slug="lab", name="Lab", visibility="open", send_policy="open", actor=owner)
-    for member in (low, high):
-        services.join_space(space, actor=member)
-    to_low, _ = services.get_or_create_direct(space, low, actor=owner)
-    to_high, _ = services.get_or_create_direct(space, high, actor=owner)
-    Mailbox.objects.filter(member__in=[low, high]).delete()
-    group = []
-
-    def capture(write):
-        group.append(write)
-        raise Captured()
-
-    monkeypatch.setattr(writes._group_commit, "write", capture)
-    for conversation in (to_high, to_low):
-        with pytest.raises(Captured):
-            send_message(conversation, body="grouped", actor=owner)
-    monkeypatch.undo()
+    # given
+    low, high, group = grouped_sends(monkeypatch, with_mailboxes=False)
     # when: another writer makes low's row (member order) while the group starts, then high's
-    params = connection.get_connection_params()
-    other = psycopg.connect(host=params.get("host"), port=params.get("port"), user=params.get("user"),
-                            dbname=params["dbname"])
-    insert = f"INSERT INTO {Mailbox._meta.db_table} (member_id, pending_bytes, firewall) VALUES (%s, 0, false)"
+    other = other_writer()
+    insert = f"INSERT INTO {MAILBOX} (member_id, pending_bytes, firewall) VALUES (%s, 0, false)"
     other.execute(insert, [low.pk])
-    results = []
-
-    def commit_group():
-        try:
-            results.append(writes._commit_group(group))
-        finally:
-            connection.close()
-
-    committing = threading.Thread(target=commit_group)
-    committing.start()
-    committing.join(1.5)  # past deadlock_timeout (1 s)
+    committing, results = in_thread(lambda: writes._commit_group(group))
     other.execute(insert, [high.pk])
     other.commit()
     other.close()
@@ -120,6 +116,7 @@ def test_a_group_makes_its_new_mailboxes_in_member_order(monkeypatch):
     # then: no cycle: the other writer made both rows and the group committed whole
     assert len(results) == 1 and len(results[0]) == 2
     assert Message.objects.filter(body="grouped").count() == 2
+
 
 def test_a_suspension_notice_takes_its_owners_mailbox_before_the_log_head(receiver, api_for, monkeypatch):
     """The worker recording a 410 posts a notice into the owner's inbox; a
@@ -146,27 +143,13 @@ def test_a_suspension_notice_takes_its_owners_mailbox_before_the_log_head(receiv
     (job,) = engine.claim_due(10)
     result = engine.Result(job, Outcome(status_code=410, error_class=None, duration_ms=3), "key", now())
     # when: a send to alice holds her mailbox while the worker records the 410
-    params = connection.get_connection_params()
-    other = psycopg.connect(host=params.get("host"), port=params.get("port"), user=params.get("user"),
-                            dbname=params["dbname"])
-    other.execute(f"SELECT 1 FROM {Mailbox._meta.db_table} WHERE member_id = %s FOR UPDATE", [alice.pk])
-    failures = []
-
-    def record():
-        try:
-            engine.record([result])
-        except Exception as error:  # a deadlock victim
-            failures.append(error)
-        finally:
-            connection.close()
-
-    recording = threading.Thread(target=record)
-    recording.start()
-    recording.join(1.5)  # past deadlock_timeout (1 s)
+    other = other_writer()
+    other.execute(f"SELECT 1 FROM {MAILBOX} WHERE member_id = %s FOR UPDATE", [alice.pk])
+    recording, results = in_thread(lambda: engine.record([result]))
     # then: the send takes the log head next without a cycle, and both finish
     other.execute("UPDATE controlplane_loghead SET position = position WHERE id = 1")
     other.commit()
     other.close()
     recording.join(10)
-    assert failures == [] and not recording.is_alive()
+    assert results == [None] and not recording.is_alive()
     assert Subscription.objects.get(public_id=created["id"]).status == "suspended"
