@@ -78,7 +78,7 @@ def update_member(member: Member, *, status: str | None = None, is_admin: bool |
     if status is not None and status not in Member.Status.values:
         raise InvalidRequest("status must be active or suspended.", details={"status": status})
     with transaction.atomic():
-        locked = Member.objects.select_for_update().get(pk=member.pk)
+        locked = Member.objects.select_for_update(no_key=True).get(pk=member.pk)
         changed = {}
         if status is not None and status != locked.status:
             changed["status"] = locked.status = status
@@ -145,9 +145,9 @@ def create_space(*, slug: str, name: str, visibility: str, send_policy: str, act
 def _lock_memberships(space: Space, member: Member) -> Membership | None:
     """Lock the space's active owners (always first, in id order, so two
     membership changes never deadlock) and `member`'s row; return the latter."""
-    list(Membership.objects.select_for_update().filter(space=space, role=Membership.Role.OWNER,
+    list(Membership.objects.select_for_update(no_key=True).filter(space=space, role=Membership.Role.OWNER,
                                                        status=Membership.Status.ACTIVE).order_by("id"))
-    return Membership.objects.select_for_update().filter(space=space, member=member).first()
+    return Membership.objects.select_for_update(no_key=True).filter(space=space, member=member).first()
 
 
 def _keep_an_owner(space: Space, leaving: Membership) -> None:
@@ -193,7 +193,7 @@ def join_space(space: Space, *, actor: Member) -> MembershipChange:
         raise Conflict("The space is archived.")
     status = Membership.Status.ACTIVE if space.visibility == Space.Visibility.OPEN else Membership.Status.PENDING
     with transaction.atomic():
-        current = Membership.objects.select_for_update().filter(space=space, member=actor).first()
+        current = Membership.objects.select_for_update(no_key=True).filter(space=space, member=actor).first()
         if current is None:
             created = _create_membership(space, actor, status=status, role=Membership.Role.MEMBER)
             if created is None:  # an owner's add (or another join) won the race: theirs stands
@@ -229,7 +229,7 @@ def add_member(space: Space, member: Member, *, role: str = Membership.Role.MEMB
                 append_events([events.member_joined(created, actor=actor)])
                 return MembershipChange(created, True)
             # a concurrent join won the race: the owner's decision applies to its row
-            current = Membership.objects.select_for_update().get(space=space, member=member)
+            current = Membership.objects.select_for_update(no_key=True).get(space=space, member=member)
         if current.status == Membership.Status.ACTIVE and current.role == role:
             return MembershipChange(current, False)
         if role != Membership.Role.OWNER:

@@ -62,7 +62,8 @@ def _decide(task_pk: int, at: dt.datetime, *, checkins: bool) -> str | None:
     "checkin", "expired" or None."""
     limit = timeout()
     with transaction.atomic():
-        task = (Task.objects.select_for_update(of=("self",)).select_related("space", "conversation", "claimant")
+        task = (Task.objects.select_for_update(of=("self",), no_key=True)
+                .select_related("space", "conversation", "claimant")
                 .filter(pk=task_pk, status=Task.Status.CLAIMED).first())
         if task is None or limit is None:
             return None

@@ -77,7 +77,7 @@ def visible_task(space: Space, task_id: str, member: Member | None, *, lock: boo
         raise NotFound()
     claims.expire_if_due(space, task_id)
     rows = Task.objects.select_related(*RELATED).filter(space=space, public_id=task_id)
-    task = (rows.select_for_update(of=("self",)) if lock else rows).first()
+    task = (rows.select_for_update(of=("self",), no_key=True) if lock else rows).first()
     if task is None:
         raise NotFound("No such task in this space.")
     return task

@@ -55,7 +55,7 @@ def _lock_pending(request: ApprovalRequest, outcome: str) -> ApprovalRequest | N
     """Re-read `request` under its row lock. None when it is still pending;
     the request itself when it already has `outcome` (a repeated decision);
     CONFLICT when it was decided the other way."""
-    locked = ApprovalRequest.objects.select_for_update().get(pk=request.pk)
+    locked = ApprovalRequest.objects.select_for_update(no_key=True).get(pk=request.pk)
     if locked.status == ApprovalRequest.Status.PENDING:
         return None
     if locked.status == outcome:

@@ -51,7 +51,7 @@ def authorize_send(space: Space, author: Member, recipients: list[Member], *,
                       idempotency_key=idempotency_key, message__isnull=True)
     # Locked in id order, so concurrent senders never deadlock. (SQLite
     # serializes writers anyway; it has no row locks.)
-    candidates = list(in_space.filter(covering).order_by("id").select_for_update())
+    candidates = list(in_space.filter(covering).order_by("id").select_for_update(no_key=True))
     chosen: dict[int, Grant] = {}
     for grant in sorted(candidates, key=lambda g: (_PREFERENCE[g.kind], g.pk)):
         covered = pks if grant.kind == Grant.Kind.PROJECT else [grant.recipient_id]
@@ -91,7 +91,7 @@ class GrantPolicy:
 
     @staticmethod
     def lock_active(grant_id: int) -> bool:
-        return Grant.objects.select_for_update().get(pk=grant_id).is_active
+        return Grant.objects.select_for_update(no_key=True).get(pk=grant_id).is_active
 
 
 def inactive_authority() -> Q:

@@ -37,7 +37,7 @@ def start_barrier(grant_pk: int, *, ending: str, actor: Member | None) -> Grant:
     """Fence `grant`: `revoking`, and its pending items withheld. A no-op for
     a grant that is not active; an expiry only fences a grant that is due."""
     with transaction.atomic():
-        grant = Grant.objects.select_for_update().get(pk=grant_pk)
+        grant = Grant.objects.select_for_update(no_key=True).get(pk=grant_pk)
         if grant.status != Grant.Status.ACTIVE:
             return grant
         if ending == Grant.Status.EXPIRED and (grant.expires_at is None or grant.expires_at > now()):
@@ -55,7 +55,7 @@ def finish_barrier(grant_pk: int) -> Grant:
     while True:
         faults.point("barrier.step")  # between two durable steps
         with transaction.atomic():
-            grant = Grant.objects.select_for_update().get(pk=grant_pk)
+            grant = Grant.objects.select_for_update(no_key=True).get(pk=grant_pk)
             if grant.status != Grant.Status.REVOKING:
                 return grant
             verb = "expired" if grant.ending == Grant.Status.EXPIRED else "was revoked"

@@ -71,7 +71,7 @@ def start(message: Message, recipients: list[Member], spec: dict) -> Collective:
 
 
 def _locked(message: Message) -> Collective | None:
-    return (Collective.objects.select_for_update().select_related("message__space", "message__conversation",
+    return (Collective.objects.select_for_update(no_key=True).select_related("message__space", "message__conversation",
                                                                    "requester")
             .filter(message=message).first())
 
@@ -120,7 +120,7 @@ def finish_due() -> int:
     finished = 0
     for message_id in due:
         with transaction.atomic():
-            collective = (Collective.objects.select_for_update(skip_locked=True)
+            collective = (Collective.objects.select_for_update(skip_locked=True, no_key=True)
                           .select_related("message__space", "message__conversation", "requester")
                           .filter(message_id=message_id, state=Collective.State.PENDING).first())
             if collective is not None:
@@ -132,7 +132,7 @@ def finish_due() -> int:
 def fail_for_removed(space_id: int, member_id: int) -> None:
     """A member left or was removed from a space: its pending operations
     that count on them fail (in the removal's transaction)."""
-    for collective in (Collective.objects.select_for_update().select_related("message__space", "requester")
+    for collective in (Collective.objects.select_for_update(no_key=True).select_related("message__space", "requester")
                        .filter(state=Collective.State.PENDING, message__space_id=space_id)):
         if collective.requester_id == member_id:
             _fail(collective, "requester_gone")

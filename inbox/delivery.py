@@ -96,7 +96,7 @@ def acknowledge_delivery(member: Member, token: str, *, actor: Member) -> None:
     if actor.pk != member.pk:
         raise UnknownDelivery()
     with transaction.atomic():
-        item = (InboxItem.objects.select_for_update()
+        item = (InboxItem.objects.select_for_update(no_key=True)
                 .filter(member=member, token=token, admission=InboxItem.Admission.ADMITTED).first())
         if item is None:
             raise UnknownDelivery()

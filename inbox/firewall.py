@@ -116,11 +116,11 @@ def classify_next(member_id: int) -> bool:
     rules = _rules(member_id)
     decision = decide(rules, candidate)
     with transaction.atomic():
-        box = Mailbox.objects.select_for_update(skip_locked=True).filter(member_id=member_id).first()
+        box = Mailbox.objects.select_for_update(skip_locked=True, no_key=True).filter(member_id=member_id).first()
         if box is None:
             return False
         # The item's own lock too: a revocation barrier may withhold it meanwhile.
-        item = (InboxItem.objects.select_for_update(of=("self",)).select_related("conversation__space")
+        item = (InboxItem.objects.select_for_update(of=("self",), no_key=True).select_related("conversation__space")
                 .filter(member_id=member_id, admission=InboxItem.Admission.UNCLASSIFIED)
                 .order_by("position", "id").first())
         if item is None:
@@ -172,7 +172,7 @@ def release_item(member: Member, token: str, *, actor: Member) -> InboxItem:
         grant_id = held.values_list("grant_id", flat=True).first()
         if not authority.lock_active(grant_id):
             raise AuthorityRevoked("The grant this item was sent under is no longer active.")
-        item = held.select_for_update().first()
+        item = held.select_for_update(no_key=True).first()
         if item is None:
             raise UnknownDelivery("No such held item.")
         if item.state == InboxItem.State.REJECTED:  # the barrier settled it

@@ -83,6 +83,10 @@ def lock(member_ids: Iterable[int], *, create: bool = False) -> None:
     head (a send's statement does; so must anything that posts a notice or
     settles items for several members in one transaction), so no two
     writers wait for each other in a cycle (tests/inbox/test_lock_order.py).
+    Every explicit row lock is a no-key lock (`select_for_update(no_key=True)`,
+    what an UPDATE takes): a plain FOR UPDATE also blocks the foreign-key
+    checks other transactions make at COMMIT against the row (Django's
+    foreign keys are deferred), a wait no lock order can see.
     With `create`, the rows that do not exist yet are made first, in the
     same order: a new row is locked by its insert, so rows made later, one
     statement at a time, would be taken out of order."""
@@ -90,7 +94,7 @@ def lock(member_ids: Iterable[int], *, create: bool = False) -> None:
     if members and create:
         Mailbox.objects.bulk_create([Mailbox(member_id=m) for m in members], ignore_conflicts=True)
     if members:
-        list(Mailbox.objects.select_for_update().filter(member_id__in=members).order_by("member_id")
+        list(Mailbox.objects.select_for_update(no_key=True).filter(member_id__in=members).order_by("member_id")
              .values_list("pk"))
 
 

@@ -61,13 +61,13 @@ def reject_items_under(authority_id: int, *, authority_ref: str, reason: str, li
     stays delivered; any other becomes `rejected` (a tombstone with the
     reason), its handling row says so, and a `rejected` notice takes its
     place in the inbox, so the conversation's later messages follow in order."""
-    items = list(InboxItem.objects.select_for_update(of=("self",))
+    items = list(InboxItem.objects.select_for_update(of=("self",), no_key=True)
                  .select_related("message__author", "conversation", "member")
                  .filter(grant_id=authority_id, state=InboxItem.State.PENDING).order_by("position", "id")[:limit])
     if not items:
         return 0
     mailbox.lock(item.member_id for item in items)  # before the first notice takes the log head
-    handling = {(r.message_id, r.member_id): r for r in Recipient.objects.select_for_update().filter(
+    handling = {(r.message_id, r.member_id): r for r in Recipient.objects.select_for_update(no_key=True).filter(
         message_id__in={i.message_id for i in items}, member_id__in={i.member_id for i in items},
         grant_id=authority_id)}
     at = now()

@@ -175,7 +175,7 @@ def require_active_authority(message: Message) -> None:
 
 
 def _own_recipient_row(message: Message, actor: Member) -> Recipient:
-    row = Recipient.objects.select_for_update().filter(message=message, member=actor).first()
+    row = Recipient.objects.select_for_update(no_key=True).filter(message=message, member=actor).first()
     if row is None:
         raise Forbidden("Only a recipient of this message may do this.")
     # Under the row lock: a barrier that has not yet settled this row sees

@@ -111,7 +111,7 @@ def rotate_signing_key():
     from webhooks.models import SigningKey
 
     with transaction.atomic():
-        SigningKey.objects.select_for_update().filter(status=SigningKey.Status.ACTIVE).update(
+        SigningKey.objects.select_for_update(no_key=True).filter(status=SigningKey.Status.ACTIVE).update(
             status=SigningKey.Status.RETIRED, retired_at=now())
         return create_signing_key()
 

@@ -47,7 +47,7 @@ def due_sql(ready: str) -> str:
     compiling it through the ORM cost more than running it."""
     quote = connection.ops.quote_name
     deliveries, subscriptions = quote(Delivery._meta.db_table), quote(Subscription._meta.db_table)
-    lock = " FOR UPDATE OF d SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
+    lock = " FOR NO KEY UPDATE OF d SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
     return (f"SELECT d.id FROM {deliveries} d JOIN {subscriptions} s ON s.id = d.subscription_id "
             f"WHERE {ready} AND s.status = 'active' AND (s.lease_expires_at IS NULL OR s.lease_expires_at > %(at)s) "
             f"AND NOT EXISTS (SELECT 1 FROM {deliveries} o WHERE o.subscription_id = d.subscription_id "

@@ -281,7 +281,10 @@ def record(results: list[Result]) -> None:
                     duration_ms=r.outcome.duration_ms, status_code=r.outcome.status_code,
                     error_class=r.outcome.error_class, key_id=r.key_id) for r in results)
         faults.point("webhooks.record")  # mid-record: the transaction is lost with the process
-        current = {d.pk: d for d in Delivery.objects.select_for_update().select_related("subscription")
+        # The deliveries only (not their subscriptions, which a send's commit
+        # checks its new deliveries' keys against), as no-key locks (mailbox.lock).
+        current = {d.pk: d for d in Delivery.objects.select_for_update(of=("self",), no_key=True)
+                   .select_related("subscription")
                    .filter(pk__in=[r.job.delivery_id for r in results], state=Delivery.State.SENDING)}
         # Every mailbox this batch may count into (a suspension notice) or out
         # of (a pushed item acknowledged), in member order, before the log head.
@@ -310,7 +313,7 @@ def record(results: list[Result]) -> None:
 def _hand_off_items(deliveries: list[Delivery]) -> None:
     """A 2xx for a pushed inbox item acknowledges it, in the transaction that
     records the attempt, and the next pending item is offered at once."""
-    settle_acknowledged(list(InboxItem.objects.select_for_update().select_related("member")
+    settle_acknowledged(list(InboxItem.objects.select_for_update(no_key=True).select_related("member")
                              .filter(pk__in=[d.item_id for d in deliveries]).order_by("pk")))
     mcp.offer({d.subscription_id for d in deliveries}, only_if_pending=True, kick=False)
 
@@ -358,7 +361,7 @@ def suspend(subscription: Subscription, reason: str, error: str, *, terminal: bo
     """Suspend the subscription and tell its owner (an inbox item and an
     event in their inbox feed). In the caller's transaction."""
 
-    locked = Subscription.objects.select_for_update().get(pk=subscription.pk)
+    locked = Subscription.objects.select_for_update(no_key=True).get(pk=subscription.pk)
     if locked.status in (Subscription.Status.SUSPENDED, Subscription.Status.DELETED):
         return
     locked.status, locked.suspended_reason, locked.suspended_error = Subscription.Status.SUSPENDED, reason, error

@@ -136,7 +136,7 @@ def _activate(subscription: Subscription) -> None:
 def _store_secret(endpoint_id: int, sealed: str, verified_at, *, rotate: bool) -> None:
     """The endpoint's secret is the one just verified; on a rotation the
     previous one keeps signing beside it for ROTATION_OVERLAP."""
-    endpoint = Endpoint.objects.select_for_update().get(pk=endpoint_id)
+    endpoint = Endpoint.objects.select_for_update(no_key=True).get(pk=endpoint_id)
     secret = crypto.open_secret(sealed)
     if rotate and crypto.open_secret(endpoint.secret) != secret:
         endpoint.previous_secret, endpoint.previous_secret_until = endpoint.secret, now() + ROTATION_OVERLAP

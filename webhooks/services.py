@@ -46,7 +46,7 @@ def create_endpoint(owner: Member, url: str, secret: str | None, *, actor: Membe
         crypto.parse_secret(secret)
     with transaction.atomic():
         # Lock the owner's row so concurrent creations count each other.
-        Member.objects.select_for_update().filter(pk=owner.pk).first()
+        Member.objects.select_for_update(no_key=True).filter(pk=owner.pk).first()
         if Endpoint.objects.filter(owner=owner).count() >= MAX_ENDPOINTS:
             raise LimitExceeded(f"At most {MAX_ENDPOINTS} webhook endpoints per owner.")
         endpoint = Endpoint.objects.create(owner=owner, url=url, secret=crypto.seal_secret(secret))
@@ -208,7 +208,7 @@ def create_subscription(owner: Member, endpoint_id: str, *, space: Space | None 
             raise NotFound()
         conversation_ids = _conversation_subjects(space, subjects or [], owner)
     with transaction.atomic():
-        Member.objects.select_for_update().filter(pk=owner.pk).first()
+        Member.objects.select_for_update(no_key=True).filter(pk=owner.pk).first()
         check_limits(owner, space=space)
         subscription = Subscription.objects.create(
             owner=owner, endpoint=endpoint, space=space,
@@ -238,7 +238,7 @@ def _head_position_locked() -> int:
     """The log head, read under its row lock: no append is between taking a
     position and committing while we hold it, so every event at or below it
     is committed and every later one will see what we commit."""
-    head = LogHead.objects.select_for_update().filter(id=1).first()
+    head = LogHead.objects.select_for_update(no_key=True).filter(id=1).first()
     return head.position if head else 0
 
 
@@ -270,7 +270,7 @@ def refuse_managed(record) -> None:
 
 def activate_locked(subscription: Subscription) -> None:
     """Activate `subscription` under its row lock, in the caller's transaction."""
-    locked = Subscription.objects.select_for_update().get(pk=subscription.pk)
+    locked = Subscription.objects.select_for_update(no_key=True).get(pk=subscription.pk)
     if locked.status == Subscription.Status.SUSPENDED and locked.terminal:
         raise Conflict("The receiver rejected this subscription for good; create a new one.")
     if locked.activation_position is None:
@@ -287,7 +287,7 @@ def update_subscription(subscription: Subscription, *, status: str | None, debou
     if debounce_ms is not None:
         _check_debounce(debounce_ms)
     with transaction.atomic():
-        locked = Subscription.objects.select_for_update().get(pk=subscription.pk)
+        locked = Subscription.objects.select_for_update(no_key=True).get(pk=subscription.pk)
         changed = []
         if debounce_ms is not None and debounce_ms != locked.debounce_ms:
             locked.debounce_ms = debounce_ms

@@ -153,3 +153,43 @@ def test_a_suspension_notice_takes_its_owners_mailbox_before_the_log_head(receiv
     recording.join(10)
     assert results == [None] and not recording.is_alive()
     assert Subscription.objects.get(public_id=created["id"]).status == "suspended"
+
+
+def test_recording_a_batch_does_not_hold_what_a_sends_commit_checks_its_keys_against(receiver, api_for, monkeypatch):
+    """A send's transaction inserts deliveries for the subscriptions it wakes;
+    at its COMMIT, PostgreSQL checks their (deferred) foreign keys with a
+    key-share lock on each subscription. A worker recording a batch must not
+    hold its subscriptions' rows against that while it waits for a mailbox
+    the send holds."""
+    from webhooks import engine
+    from webhooks.models import Delivery, Subscription
+    from webhooks.transport import Outcome
+
+    # given: alice's subscription has a delivery claimed by this "worker", answered 500
+    monkeypatch.setattr("webhooks.due.kick_on_commit", lambda: None)
+    alice, bob = (services.create_member(h, actor=None) for h in ("alice", "bob"))
+    space = services.create_space(slug="lab", name="Lab", visibility="open", send_policy="open", actor=alice)
+    services.join_space(space, actor=bob)
+    general = services.create_channel(space, "general", actor=alice)
+    as_alice = api_for(alice)
+    endpoint = as_alice.post("/v0/webhook-endpoints", {"url": receiver.url()}).json()["endpoint"]
+    as_alice.post(f"/v0/webhook-endpoints/{endpoint['id']}/verify")
+    created = as_alice.post("/v0/spaces/lab/webhook-subscriptions",
+                            {"endpoint_id": endpoint["id"], "debounce_ms": 0}).json()["subscription"]
+    as_alice.post(f"/v0/spaces/lab/webhook-subscriptions/{created['id']}/activate")
+    Mailbox.objects.get_or_create(member=alice)
+    send_message(general, body="wake alice", actor=bob)
+    (job,) = engine.claim_due(10)
+    result = engine.Result(job, Outcome(status_code=500, error_class=None, duration_ms=3), "key", now())
+    subscription = Subscription.objects.get(public_id=created["id"])
+    # when: a send holds alice's mailbox while the worker records, then commits
+    other = other_writer()
+    other.execute(f"SELECT 1 FROM {MAILBOX} WHERE member_id = %s FOR UPDATE", [alice.pk])
+    recording, results = in_thread(lambda: engine.record([result]))
+    other.execute(f"SELECT 1 FROM {Subscription._meta.db_table} WHERE id = %s FOR KEY SHARE", [subscription.pk])
+    other.commit()
+    other.close()
+    recording.join(10)
+    # then: both finished; the delivery waits for its retry
+    assert results == [None] and not recording.is_alive()
+    assert Delivery.objects.get(pk=job.delivery_id).state == "pending"
