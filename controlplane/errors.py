@@ -147,7 +147,8 @@ def error_body(code: str, message: str, details: dict | None = None) -> dict:
     return {"error": {"code": code, "message": message, "details": details or {}}}
 
 
-def _from_drf(exc: drf.APIException) -> ApiError:
+def from_drf(exc: drf.APIException) -> ApiError:
+    """A DRF exception (a serializer's ValidationError, say) as the contract's error."""
     if isinstance(exc, (drf.NotAuthenticated, drf.AuthenticationFailed)):
         return Unauthenticated(str(exc.detail) if isinstance(exc, drf.AuthenticationFailed) else None)
     if isinstance(exc, drf.PermissionDenied):
@@ -180,7 +181,7 @@ def api_exception_handler(exc, context):
     elif isinstance(exc, SuspiciousOperation):
         exc = InvalidRequest("The request was rejected.")
     elif isinstance(exc, drf.APIException):
-        exc = _from_drf(exc)
+        exc = from_drf(exc)
     elif isinstance(exc, (OperationalError, InterfaceError)):
         logger.warning("database unavailable: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         exc = Unavailable()

@@ -11,8 +11,9 @@ import functools
 from django.contrib.auth.views import redirect_to_login
 from django.http import JsonResponse
 from django.shortcuts import render
+from rest_framework.exceptions import APIException
 
-from controlplane.errors import ApiError, Forbidden, RateLimited, Unauthenticated
+from controlplane.errors import ApiError, Forbidden, RateLimited, Unauthenticated, from_drf
 from controlplane.ratelimit import member_request_wait
 from controlplane.models import Member
 
@@ -69,4 +70,6 @@ def member_page(view):
             return view(request, member, *args, **kwargs)
         except ApiError as error:
             return error_response(request, error)
+        except APIException as error:  # the API's own input checks, reused by a page
+            return error_response(request, from_drf(error))
     return wrapper

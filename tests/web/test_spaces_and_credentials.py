@@ -32,8 +32,10 @@ def test_a_member_creates_a_space_and_becomes_its_owner(ann, browser_of):
                                             "send_policy": "open"})
     bad = client.post("/app/spaces/new", {"slug": "lab2", "name": "Lab", "visibility": "secret",
                                           "send_policy": "open"})
+    too_long = client.post("/app/spaces/new", {"slug": "lab3", "name": "n" * 201, "visibility": "open",
+                                               "send_policy": "open"})
     assert taken.status_code == 409 and "CONFLICT" in text(taken)
-    assert bad.status_code == 400 and Space.objects.count() == 1
+    assert bad.status_code == 400 and too_long.status_code == 400 and Space.objects.count() == 1
 
 
 def test_owners_add_admit_change_roles_and_remove(ann, ben, human, browser_of):
@@ -85,6 +87,8 @@ def test_members_open_channels_direct_messages_and_groups(room, ann, ben, human,
     # and an unknown handle is a clear 404 that creates nothing
     unknown = client.post("/app/spaces/room/direct", {"member": "@nobody"})
     assert unknown.status_code == 404 and Conversation.objects.filter(kind="direct").count() == 1
+    crowd = client.post("/app/spaces/room/groups", {"members": " ".join(f"@m{i:03}" for i in range(65))})
+    assert crowd.status_code == 400 and Conversation.objects.filter(kind="group").count() == 1
 
 
 def test_a_private_space_page_is_a_404_to_outsiders(room, human, browser_of):
@@ -136,7 +140,9 @@ def test_held_items_show_their_guidance_and_are_released(ann, ben, room, browser
     assert item.admission == "admitted"
     # and a rule the API would refuse is refused here too, keeping the old rules
     bad = client.post("/app/inbox/firewall", {"rules": "1", "rule-0-action": "hold", "rule-0-content_pattern": "("})
-    assert bad.status_code == 400 and FirewallRule.objects.filter(member=ben).count() == 1
+    huge = client.post("/app/inbox/firewall", {"rules": "1", "rule-0-action": "hold", "rule-0-guidance": "g" * 2001})
+    assert bad.status_code == 400 and huge.status_code == 400 and "INVALID_REQUEST" in text(huge)
+    assert FirewallRule.objects.filter(member=ben).count() == 1
     cleared = client.post("/app/inbox/firewall", {"rules": "1", "rule-0-action": ""})
     assert cleared.status_code == 302 and not FirewallRule.objects.filter(member=ben).exists()
 

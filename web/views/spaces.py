@@ -14,6 +14,8 @@ from django.views.decorators.http import require_POST
 from controlplane import services
 from controlplane.access import (active_membership, get_readable_space, get_space_for, may_administer,
                                  readable_conversations, visible_memberships)
+from controlplane.api.fields import validated
+from controlplane.api.serializers import SpaceCreateIn
 from controlplane.errors import InvalidRequest
 from controlplane.models import Conversation, Membership, Space
 from coordination.models import TASK_CHANNEL_PREFIX
@@ -26,18 +28,10 @@ DIRECTORY_PAGE = 100
 @member_page
 @require_POST
 def create_space(request, member):
-    space = services.create_space(slug=request.POST.get("slug", "").strip(), name=request.POST.get("name", "").strip(),
-                                  visibility=_choice(request, "visibility", Space.Visibility.values),
-                                  send_policy=_choice(request, "send_policy", Space.SendPolicy.values), actor=member)
+    fields = validated(SpaceCreateIn, {k: request.POST[k].strip() for k in SpaceCreateIn().fields if k in request.POST})
+    space = services.create_space(**fields, actor=member)
     flash.success(request, f"Space {space.slug} created; you are its owner.")
     return redirect("web-space", slug=space.slug)
-
-
-def _choice(request, name: str, choices: list[str]) -> str:
-    value = request.POST.get(name, "")
-    if value not in choices:
-        raise InvalidRequest(f"{name} must be one of {', '.join(choices)}.", details={name: value})
-    return value
 
 
 def _directory(space: Space, member, after: str) -> tuple[list[Membership], str | None]:
@@ -119,6 +113,8 @@ def start_group(request, member, slug):
     """A group of the caller and the listed members, in the order given."""
     space = get_space_for(slug, member)
     handles = [_handle(h) for h in request.POST.get("members", "").replace(",", " ").split()]
+    if len(handles) > services.MAX_GROUP_MEMBERS:  # before looking any of them up
+        raise InvalidRequest(f"A group has 2–{services.MAX_GROUP_MEMBERS} members.")
     others = [services.member_for_handle(h) for h in handles if h != f"@{member.handle}"]
     conversation, _ = services.get_or_create_group(space, [member, *others], actor=member)
     return redirect("web-conversation", slug=slug, conversation_id=conversation.public_id)
