@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import time
 
-from django.db import connections
+from django.db import InterfaceError, OperationalError, connections
 
 from controlplane import faults, live
 from controlplane.clock import now, timestamp
@@ -27,6 +28,8 @@ POLL_SECONDS = 0.05
 # next_due_in finds, and anything a lost nudge left.
 NUDGED_POLL_SECONDS = 0.5
 RECORD_WINDOW = 0.01
+LOST_CONNECTION_PAUSE = 0.2
+log = logging.getLogger(__name__)
 
 
 class _Database:
@@ -38,6 +41,21 @@ class _Database:
 
     async def __call__(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def lenient(self, fn, *args, default=None):
+        """`fn(*args)`, or `default` if the database connection was lost (a
+        restart, a failover): the thread's connections are dropped, so the
+        next call opens a fresh one, and the loop goes on. What a lost claim
+        had taken comes back when its leases run out; a lost record is
+        `record_or_leave`'s."""
+        try:
+            return await self(fn, *args)
+        except (OperationalError, InterfaceError) as error:
+            log.warning("the delivery timer lost its database connection (%s); going on with a fresh one",
+                        type(error).__name__)
+            await self(connections.close_all)
+            await asyncio.sleep(LOST_CONNECTION_PAUSE)
+            return default
 
     async def close(self):
         await self(connections.close_all)
@@ -82,11 +100,11 @@ async def run(*, seconds: float, wait: bool, resolver=None, renew=None) -> int:
             while True:
                 if renew and time.monotonic() - renewed >= 1.0:
                     faults.point("webhooks.timer")
-                    await db(renew)
+                    await db.lenient(renew)
                     renewed = time.monotonic()
                 remaining = deadline - time.monotonic()
                 capacity = MAX_IN_FLIGHT - len(in_flight)
-                jobs = await db(claim_due, capacity) if remaining > 0 and capacity > 0 else []
+                jobs = await db.lenient(claim_due, capacity, default=[]) if remaining > 0 and capacity > 0 else []
                 in_flight |= {asyncio.create_task(_send(transport, signer, job)) for job in jobs}
                 sent += len(jobs)
                 if jobs:
@@ -96,7 +114,7 @@ async def run(*, seconds: float, wait: bool, resolver=None, renew=None) -> int:
                 elif wait and remaining > 0:
                     # The timer stays for its run, looking for new and newly
                     # due wakes (due but held by another worker: soon again).
-                    soonest = await db(next_due_in, remaining)
+                    soonest = await db.lenient(next_due_in, remaining)
                     timeout = min(poll if soonest is None else max(soonest, 0.01), poll, remaining)
                 else:
                     break

@@ -419,3 +419,32 @@ def test_each_attempt_is_logged_with_the_request_ids_of_the_sends_it_wakes_for(w
     # nothing secret on any of these lines
     printed = caplog.text + "".join(str(vars(r)) for r in sends + attempts)
     assert SECRET not in printed and "step 1" not in printed and "Webhook-Signature" not in printed
+
+
+@pytest.mark.postgres
+def test_the_timer_goes_on_with_a_fresh_connection_after_its_own_was_cut(world, receiver):
+    """A database restart mid-run drops the timer's connection: its next claim
+    fails, and the timer goes on with a fresh one instead of ending its run
+    (and leaving the wakes to the next run or the sweep)."""
+    from tests.servers import cut_every_database_connection
+
+    def cut_then_send():
+        cut_every_database_connection()
+        connections["default"].close_pool()
+        send_message(world["general"], body="after the cut", actor=world["bob"])
+        connections.close_all()
+
+    async def scenario():
+        timer = asyncio.create_task(timer_loop.run(seconds=5.0, wait=True))
+        await asyncio.sleep(1.0)  # the timer is polling on its own connection
+        await asyncio.to_thread(cut_then_send)
+        return await timer
+
+    # when
+    sent = asyncio.run(scenario())
+    connections["default"].close()  # this thread's was cut too
+    connections["default"].close_pool()
+    # then: the wake of the message sent after the cut went out in the same run
+    assert sent == 1
+    (wake,) = receiver.wakes()
+    assert Delivery.objects.get().state == "delivered" and wake.json()["type"] == "spaces.events.available"
