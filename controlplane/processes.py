@@ -7,6 +7,7 @@ re-parented to init after its parent died, is found all the same.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import signal
 import time
@@ -92,3 +93,21 @@ class StopRequest:
 
     def _request(self, signum, frame) -> None:
         self.requested = True
+
+
+# Set when a worker command stops its cluster; the processes the cluster
+# forked inherit it, so a long task (the delivery timer) ends its run at
+# once instead of holding the stop for its grace period.
+_cluster_stopping = None
+
+
+def share_stop_with_forks():
+    """In the worker command, before its cluster forks: the event that
+    `cluster_stopping()` reads in every process forked afterwards."""
+    global _cluster_stopping
+    _cluster_stopping = multiprocessing.get_context("fork").Event()
+    return _cluster_stopping
+
+
+def cluster_stopping() -> bool:
+    return _cluster_stopping is not None and _cluster_stopping.is_set()

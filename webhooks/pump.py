@@ -17,6 +17,7 @@ from django.db import InterfaceError, OperationalError, connections
 
 from controlplane import faults, live
 from controlplane.clock import now, timestamp
+from controlplane.processes import cluster_stopping
 from webhooks import crypto
 from webhooks.due import DUE_GROUP
 from webhooks.engine import MAX_IN_FLIGHT, Job, Result, log_attempt, record_or_leave, claim_due, next_due_in
@@ -102,7 +103,8 @@ async def run(*, seconds: float, wait: bool, resolver=None, renew=None) -> int:
                     faults.point("webhooks.timer")
                     await db.lenient(renew)
                     renewed = time.monotonic()
-                remaining = deadline - time.monotonic()
+                # A stopping worker ends the run: what is in flight is recorded, nothing more is claimed.
+                remaining = 0 if cluster_stopping() else deadline - time.monotonic()
                 capacity = MAX_IN_FLIGHT - len(in_flight)
                 jobs = await db.lenient(claim_due, capacity, default=[]) if remaining > 0 and capacity > 0 else []
                 in_flight |= {asyncio.create_task(_send(transport, signer, job)) for job in jobs}

@@ -16,7 +16,7 @@ from django.db import connections, transaction
 from standardwebhooks.webhooks import Webhook
 from switchboard_client import WakeVerifier, fetch_signing_keys
 
-from controlplane import services
+from controlplane import processes, services
 from controlplane.clock import freeze, now
 from inbox.services import send_message
 from tests.conftest import Api
@@ -245,6 +245,22 @@ def test_the_running_timer_sends_a_new_wake_when_nudged_not_at_its_next_poll(wor
     # then: the timer sent it within its run, long before its poll would have looked
     (wake,) = receiver.wakes()
     assert wake.json()["type"] == "spaces.events.available"
+
+
+def test_a_stopping_worker_ends_the_timer_run_at_once_having_recorded_what_it_sent(world, receiver, monkeypatch):
+    # given: a timer on a long run, in a process whose cluster shares the stop event
+    stopping = processes.share_stop_with_forks()
+    monkeypatch.setattr(processes, "_cluster_stopping", stopping)
+    timer = threading.Thread(target=lambda: (pump(wait=True, seconds=600), connections.close_all()))
+    timer.start()
+    send_message(world["general"], body="before the stop", actor=world["bob"])
+    receiver.wait_for(lambda requests: len(requests) == 1)
+    # when: the worker command stops its cluster
+    stopping.set()
+    timer.join(20)
+    # then: the run ended long before its 600 s, and the wake it sent is recorded
+    assert not timer.is_alive()
+    assert Delivery.objects.get().state == Delivery.State.DELIVERED
 
 
 def test_a_new_wake_queues_a_delivery_task_only_when_no_timer_runs(monkeypatch):

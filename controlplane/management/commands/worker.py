@@ -6,7 +6,9 @@ the sentinel starts anyway). Here a stop signal only records the request,
 and the cluster is stopped as soon as it can be, however early it came.
 A worker in the middle of a task gets STOP_GRACE_SECONDS to finish it, then
 is killed: every task is safe to kill (webhook sends hold a lease and are
-sent again, firewall and barrier steps are transactions).
+sent again, firewall and barrier steps are transactions). The delivery timer,
+the one long task, hears of the stop (`cluster_stopping`) and ends its run
+at once, recording what it had sent.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from django.core.management.base import BaseCommand
 from django.db import connections
 from django_q.cluster import Cluster
 
-from controlplane.processes import StopRequest, descendants, kill_all
+from controlplane.processes import StopRequest, descendants, kill_all, share_stop_with_forks
 from controlplane.schedules import ensure_schedules
 
 STOP_GRACE_SECONDS = 5
@@ -37,6 +39,7 @@ class Command(BaseCommand):
                 connection.close_pool()
             _check_pooled_connections(connection)
         os.register_at_fork(after_in_child=forget_inherited_connections)
+        stopping = share_stop_with_forks()
         cluster = Cluster()
         stop.listen()  # Cluster() put its own handlers in place
         if stop.requested:
@@ -44,6 +47,7 @@ class Command(BaseCommand):
         cluster.start()
         while not stop.requested and cluster.sentinel.is_alive():
             time.sleep(0.1)
+        stopping.set()
         cluster.stop_event.set()
         cluster.sentinel.join(STOP_GRACE_SECONDS)
         kill_all(lambda: descendants(os.getpid()))
