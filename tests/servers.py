@@ -62,6 +62,16 @@ def manage(*args, input: str | None = None, **env) -> str:
     return result.stdout
 
 
+def member_token(handle: str, *, kind: str = "agent", admin: bool = False, password: str | None = None) -> str:
+    """A member and a bearer token for it, made in this process against the
+    servers' database: what `createmember` and `issuecredential` do (their
+    own test runs them), without starting two interpreters per member."""
+    from controlplane import services
+
+    member = services.create_member(handle, kind=kind, is_admin=admin, password=password, actor=None)
+    return services.issue_credential(member, actor=None)[1]
+
+
 def start_serving(*args, port: int | None = None, **env) -> subprocess.Popen:
     """`manage.py serve` on a free port (or `port`, to start a server again
     where its clients left it), in a session of its own (so that the tests

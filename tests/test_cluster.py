@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from controlplane.processes import in_session, kill_all
-from tests.servers import ROOT, free_port, manage, read_until, server_env
+from tests.servers import ROOT, free_port, member_token, read_until, server_env
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -47,8 +47,7 @@ def test_two_nodes_behind_the_proxy_serve_one_deployment():
 
 
 def token(handle: str) -> str:
-    manage("createmember", handle, "--kind", "human", "--password-stdin", input="cluster-password-0123456789\n")
-    return manage("issuecredential", handle).strip()
+    return member_token(handle, kind="human", password="cluster-password-0123456789")
 
 
 async def frame_on(socket_port: int, send_port: int, conversation: str, auth: dict) -> dict:

@@ -12,7 +12,7 @@ import pytest
 
 from bench.live import PASSWORD
 from bench.live import _sign_in as sign_in
-from tests.servers import manage, serving
+from tests.servers import member_token, serving
 from tests.test_server import member_with_token
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -90,8 +90,7 @@ def test_every_socket_and_long_poll_sees_every_message_under_concurrent_sends(se
     # given: an open channel, eight agents to send, one reader with a web session and a token
     owner = member_with_token("owner")
     senders = [member_with_token(f"sender{i}") for i in range(SENDERS)]
-    manage("createmember", "reader", "--kind", "human", "--password-stdin", input=PASSWORD + "\n")
-    reader = {"Authorization": f"Bearer {manage('issuecredential', 'reader').strip()}"}
+    reader = {"Authorization": f"Bearer {member_token('reader', kind='human', password=PASSWORD)}"}
     nodes = 2 if settings.REDIS_URL else 1
     with serving("--no-worker", FEED_RECHECK_SECONDS=600) as (node_a, _), \
             (serving("--no-worker", FEED_RECHECK_SECONDS=600) if nodes == 2

@@ -13,7 +13,7 @@ from django.db import connection
 
 from controlplane.processes import descendants, in_session, kill_all
 from tests.inbox.test_firewall import inbox_paths
-from tests.servers import cut_every_database_connection, manage, read_until, serving, start_serving
+from tests.servers import cut_every_database_connection, manage, member_token, read_until, serving, start_serving
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,11 +32,7 @@ def left_behind(process) -> list[int]:
 
 
 def member_with_token(handle: str) -> dict:
-    member_id = manage("createmember", handle, "--kind", "agent").strip()
-    token = manage("issuecredential", handle).strip()
-    assert member_id.startswith("mem_") and "\n" not in member_id
-    assert token.startswith("sbt_") and len(token) == 47
-    return {"Authorization": f"Bearer {token}"}
+    return {"Authorization": f"Bearer {member_token(handle)}"}
 
 
 def test_serve_answers_and_stops_cleanly_on_ctrl_c():

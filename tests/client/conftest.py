@@ -1,16 +1,11 @@
 """Fixtures for the client package's tests: a real `manage.py serve` and
-members with tokens, made by the management commands."""
+members with tokens."""
 from __future__ import annotations
 
 import pytest
 from switchboard_client import Client
 
-from tests.servers import manage, serving
-
-
-def member_token(handle: str, *flags: str) -> str:
-    manage("createmember", handle, "--kind", "agent", *flags)
-    return manage("issuecredential", handle).strip()
+from tests.servers import member_token, serving
 
 
 @pytest.fixture
@@ -24,7 +19,7 @@ def server():
 def clients(server):
     """Clients for alice (an admin) and bob, who share the open space `lab`
     with its channel #general."""
-    alice = Client(server, member_token("alice", "--admin"))
+    alice = Client(server, member_token("alice", admin=True))
     bob = Client(server, member_token("bob"))
     alice.create_space("lab", "Lab")
     bob.join_space("lab")

@@ -119,7 +119,7 @@ def test_the_exit_codes_follow_the_error_groups():
 def test_grants_approvals_and_webhooks_from_the_shell(server, tmp_path):
     # given: alice, an admin, owns an explicit_only space that bob joined
     alice, bob = tmp_path / "alice", tmp_path / "bob"
-    assert shell(alice, "login", "--host", server, "--token", member_token("alice", "--admin")).returncode == 0
+    assert shell(alice, "login", "--host", server, "--token", member_token("alice", admin=True)).returncode == 0
     assert shell(bob, "login", "--host", server, "--token", member_token("bob")).returncode == 0
     assert shell(alice, "spaces", "create", "strict", "Strict", "--send-policy", "explicit_only").returncode == 0
     assert shell(bob, "spaces", "join", "strict").returncode == 0

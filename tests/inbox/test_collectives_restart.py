@@ -4,14 +4,13 @@ import httpx
 import pytest
 
 from inbox.models import Collective, InboxItem
-from tests.servers import manage, serving
+from tests.servers import member_token, serving
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def member(handle: str) -> dict:
-    manage("createmember", handle, "--kind", "agent")
-    return {"Authorization": f"Bearer {manage('issuecredential', handle).strip()}"}
+    return {"Authorization": f"Bearer {member_token(handle)}"}
 
 
 def test_a_killed_server_loses_no_answer_and_the_operation_completes_once():

@@ -9,7 +9,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from tests.mcp_endpoint.client import call, connect
-from tests.servers import manage, serving
+from tests.servers import member_token, serving
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -17,8 +17,7 @@ ITEM = "org.switchboard/inbox.item"
 
 
 def token_for(handle: str) -> str:
-    manage("createmember", handle, "--kind", "agent")
-    return manage("issuecredential", handle).strip()
+    return member_token(handle)
 
 
 def bearer(token: str) -> dict:

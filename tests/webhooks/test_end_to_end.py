@@ -8,15 +8,14 @@ import pytest
 from switchboard_client import WakeVerifier, fetch_signing_keys
 
 from controlplane.processes import in_session, kill_all
-from tests.servers import manage, serving
+from tests.servers import member_token, serving
 from tests.webhooks.receiver import Receiver
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def member(handle: str) -> dict:
-    manage("createmember", handle)
-    return {"Authorization": f"Bearer {manage('issuecredential', handle).strip()}"}
+    return {"Authorization": f"Bearer {member_token(handle, kind='human')}"}
 
 
 def setup_inbox_subscription(base, receiver, alice, bob):
