@@ -249,8 +249,8 @@ def test_the_running_timer_sends_a_new_wake_when_nudged_not_at_its_next_poll(wor
 
 def test_a_stopping_worker_ends_the_timer_run_at_once_having_recorded_what_it_sent(world, receiver, monkeypatch):
     # given: a timer on a long run, in a process whose cluster shares the stop event
+    monkeypatch.setattr(processes, "_cluster_stopping", None)  # as it was, after the test
     stopping = processes.share_stop_with_forks()
-    monkeypatch.setattr(processes, "_cluster_stopping", stopping)
     timer = threading.Thread(target=lambda: (pump(wait=True, seconds=600), connections.close_all()))
     timer.start()
     send_message(world["general"], body="before the stop", actor=world["bob"])
