@@ -9,8 +9,8 @@ from django.forms.models import model_to_dict
 from controlplane import live, log, services
 from controlplane.models import Event, EventAddressee
 from grants.services import create_grant
-from inbox import firewall, writes
-from inbox.models import InboxItem, Mailbox, Message, Recipient
+from inbox import delivery, firewall, writes
+from inbox.models import InboxItem, Mailbox, MailboxShare, Message, Recipient
 from inbox.services import send_message
 
 pytestmark = pytest.mark.postgres
@@ -83,3 +83,39 @@ def test_both_insert_paths_write_and_publish_the_same(space, alice, bob, carol, 
         (f"inbox.{bob.public_id}", {"type": "inbox.available", "items": 1, "message": "M"}),
         ("inbox.tasks.classify_pending", (carol.pk,)),
     ], key=repr)
+
+
+def test_both_acknowledgement_paths_settle_and_publish_the_same(space, alice, bob, carol, monkeypatch,
+                                                                 django_capture_on_commit_callbacks):
+    # given: bob sends alice and carol two direct messages each; a recording publisher
+    sent = []
+    monkeypatch.setattr(live.publisher, "send", lambda group, note: sent.append((group, note)))
+    for reader in (alice, carol):
+        direct, _ = services.get_or_create_direct(space, reader, actor=bob)
+        for n in range(2):
+            send_message(direct, body=f"item {n} for {reader.handle}", actor=bob)
+    snapshots = []
+    for reader, acknowledge in ((alice, delivery._acknowledge_in_one_statement),
+                                (carol, delivery._acknowledge_with_orm)):
+        first, second = InboxItem.objects.filter(member=reader).order_by("position").values_list("token", flat=True)
+        other = alice if reader == carol else carol
+        foreign = InboxItem.objects.filter(member=other).values_list("token", flat=True).first()
+        sent.clear()
+        # when: one token acknowledged twice, an unknown and a foreign one
+        with django_capture_on_commit_callbacks(execute=True):
+            found = [acknowledge(reader, token) for token in (first, first, "dlv_" + "x" * 43, foreign)]
+        # then
+        items = InboxItem.objects.filter(member=reader).order_by("position")
+        snapshots.append({
+            "found": found,
+            "items": [(i.token == first, i.state, i.acknowledged_at is not None) for i in items],
+            "mailbox": Mailbox.objects.get(member=reader).pending_bytes == items.get(token=second).content_bytes,
+            "share": MailboxShare.objects.get(member=reader, sender=bob).pending_bytes,
+            "published": [(group == f"inbox.{reader.public_id}", note) for group, note in sent],
+        })
+    one_statement, orm = snapshots
+    assert one_statement == orm
+    assert orm["found"] == [True, True, False, False]
+    assert orm["items"] == [(True, "acknowledged", True), (False, "pending", False)]
+    assert orm["mailbox"] is True
+    assert orm["published"] == [(True, {"type": "inbox.acknowledged"})]
