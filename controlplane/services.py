@@ -127,10 +127,15 @@ def revoke_credential(credential: Credential, *, actor: Member | None) -> None:
 # --- spaces and memberships -----------------------------------------------------
 
 def create_space(*, slug: str, name: str, visibility: str, send_policy: str, actor: Member) -> Space:
-    """Create a space; its creator becomes its first owner."""
+    """Create a space; its creator becomes its first owner. Checks its own
+    input, whoever calls (the API and the web form parse it first)."""
     if not SLUG_RE.fullmatch(slug):
         raise InvalidRequest("A slug is 1–64 characters of a-z, 0-9 and -, starting with a letter or digit.",
                              details={"slug": slug})
+    for field, value, allowed in (("visibility", visibility, Space.Visibility.values),
+                                  ("send_policy", send_policy, Space.SendPolicy.values)):
+        if value not in allowed:
+            raise InvalidRequest(f"{field} is one of {', '.join(allowed)}.", details={field: value})
     try:
         with transaction.atomic():
             space = Space.objects.create(slug=slug, name=name, visibility=visibility, send_policy=send_policy,

@@ -2,7 +2,8 @@
 import pytest
 
 from controlplane import services
-from controlplane.models import Conversation, Event, Member, Membership
+from controlplane.errors import InvalidRequest
+from controlplane.models import Conversation, Event, Member, Membership, Space
 from tests.conftest import error_code
 
 
@@ -244,3 +245,14 @@ def test_my_spaces_lists_memberships_and_requests_in_pages(space, as_alice, as_b
     # and a cursor is its caller's own; anonymous callers have no spaces
     assert error_code(as_carol.get("/v0/me/spaces", cursor=first["cursor"])) == "INVALID_CURSOR"
     assert anon.get("/v0/me/spaces").status_code == 401
+
+
+@pytest.mark.parametrize("field, value", [("visibility", "secret"), ("send_policy", "anyone")])
+def test_the_space_service_refuses_an_unknown_visibility_or_send_policy_whoever_calls(alice, field, value):
+    # given: the fields a caller that skipped the API's parsing might pass
+    fields = {"visibility": "open", "send_policy": "open", field: value}
+    # when / then: refused, and nothing made
+    with pytest.raises(InvalidRequest) as refused:
+        services.create_space(slug="lab", name="Lab", actor=alice, **fields)
+    assert refused.value.details == {field: value}
+    assert not Space.objects.exists()

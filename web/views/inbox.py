@@ -14,9 +14,9 @@ from inbox import firewall, reads
 from inbox.api.delivery_views import parse_rules
 from inbox.delivery import acknowledge_delivery, pending_count
 from inbox.models import FirewallRule, InboxItem
+from inbox.render import RULE_FIELDS
 from web.pages import member_page
 
-RULE_FIELDS = ("action", "sender", "space", "conversation_kind", "content_pattern", "min_bytes", "guidance")
 BLANK_RULES = 1  # empty rows the form offers for new rules
 
 
