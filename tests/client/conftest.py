@@ -8,10 +8,14 @@ from switchboard_client import Client
 from tests.servers import member_token, serving
 
 
-@pytest.fixture
-def server():
-    """`serve` (Daphne and a worker) on a free loopback port: its base URL."""
-    with serving() as (base, _):
+@pytest.fixture(scope="package")
+def server(django_db_setup):
+    """`serve` on a free loopback port, one for the package: its base URL.
+    The tests share it as they share the test database, each with data of
+    its own (emptied after every test). No worker: what the client calls
+    needs none, and a worker of its own would take the deliveries of the
+    servers other tests start beside it (with other webhook settings)."""
+    with serving("--no-worker") as (base, _):
         yield base
 
 
