@@ -1,61 +1,26 @@
 """The delivery engine against a real HTTPS receiver: signatures, the feed
 range, retries, suspension, debounce, pause and resume (SPEC §8)."""
-import asyncio
 import base64
 import datetime as dt
 import json
 import logging
-import threading
-import time
 
 import nacl.signing
 import pytest
-from django.conf import settings
-from django.core.cache import cache
-from django.db import connections, transaction
+from django.db import transaction
 from standardwebhooks.webhooks import Webhook
 from switchboard_client import WakeVerifier, fetch_signing_keys
 
-from controlplane import processes, services
+from controlplane import services
 from controlplane.clock import freeze, now
 from inbox.services import send_message
 from tests.conftest import Api
-from webhooks import due, engine
-from webhooks import pump as timer_loop
+from tests.webhooks.scene import SECRET, pump
+from webhooks import engine
 from webhooks.crypto import rotate_signing_key
 from webhooks.models import Attempt, Delivery, Subscription
 
-pytestmark = pytest.mark.django_db(transaction=True)
-SECRET = "whsec_" + base64.b64encode(b"s" * 32).decode()
-
-
-@pytest.fixture(autouse=True)
-def no_kicks(monkeypatch):
-    """The tests run the engine themselves (kicks would run it synchronously)."""
-    monkeypatch.setattr("webhooks.due.kick_on_commit", lambda: None)
-
-
-def pump(wait=False, seconds=10.0):
-    return asyncio.run(timer_loop.run(seconds=seconds, wait=wait))
-
-
-@pytest.fixture
-def world(receiver, api_for, make_member):
-    """alice subscribed to the open space `lab` (debounce 0) through a
-    verified endpoint with a secret; bob sends."""
-    alice, bob = make_member("alice"), make_member("bob")
-    space = services.create_space(slug="lab", name="Lab", visibility="open", send_policy="open", actor=alice)
-    services.join_space(space, actor=bob)
-    general = services.create_channel(space, "general", actor=alice)
-    as_alice = api_for(alice)
-    endpoint = as_alice.post("/v0/webhook-endpoints", {"url": receiver.url(), "secret": SECRET}).json()["endpoint"]
-    as_alice.post(f"/v0/webhook-endpoints/{endpoint['id']}/verify")
-    subscription = as_alice.post("/v0/spaces/lab/webhook-subscriptions",
-                                 {"endpoint_id": endpoint["id"], "debounce_ms": 0}).json()["subscription"]
-    as_alice.post(f"/v0/spaces/lab/webhook-subscriptions/{subscription['id']}/activate")
-    receiver.requests.clear()
-    return {"alice": alice, "bob": bob, "as_alice": as_alice, "general": general, "subscription": subscription,
-            "path": f"/v0/spaces/lab/webhook-subscriptions/{subscription['id']}"}
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_kicks")]
 
 
 def keys_of(anon: Api):
@@ -231,63 +196,6 @@ def test_debounce_coalesces_a_burst_into_one_wake(world, receiver):
     assert [e["data"]["message"]["body"] for e in events] == [f"burst {n}" for n in range(5)]
 
 
-@pytest.mark.skipif(not settings.REDIS_URL, reason="needs Redis: the nudge reaches the timer through channels-redis")
-def test_the_running_timer_sends_a_new_wake_when_nudged_not_at_its_next_poll(world, receiver, monkeypatch):
-    # given: a timer whose poll outlasts its run, and sends that nudge it (no worker task)
-    monkeypatch.setattr(timer_loop, "NUDGED_POLL_SECONDS", 3.0)
-    monkeypatch.setattr("webhooks.due.kick_on_commit", due.nudge_timer_on_commit)
-    timer = threading.Thread(target=lambda: (pump(wait=True, seconds=1.5), connections.close_all()))
-    timer.start()
-    time.sleep(0.5)  # the timer is waiting, its channel in the group
-    # when
-    send_message(world["general"], body="now, please", actor=world["bob"])
-    timer.join(10)
-    # then: the timer sent it within its run, long before its poll would have looked
-    (wake,) = receiver.wakes()
-    assert wake.json()["type"] == "spaces.events.available"
-
-
-def test_a_stopping_worker_ends_the_timer_run_at_once_having_recorded_what_it_sent(world, receiver, monkeypatch):
-    # given: a timer on a long run, in a process whose cluster shares the stop event
-    monkeypatch.setattr(processes, "_cluster_stopping", None)  # as it was, after the test
-    stopping = processes.share_stop_with_forks()
-    timer = threading.Thread(target=lambda: (pump(wait=True, seconds=600), connections.close_all()))
-    timer.start()
-    send_message(world["general"], body="before the stop", actor=world["bob"])
-    receiver.wait_for(lambda requests: len(requests) == 1)
-    # when: the worker command stops its cluster
-    stopping.set()
-    timer.join(20)
-    # then: the run ended long before its 600 s, and the wake it sent is recorded
-    assert not timer.is_alive()
-    assert Delivery.objects.get().state == Delivery.State.DELIVERED
-
-
-def test_a_new_wake_queues_a_delivery_task_only_when_no_timer_runs(monkeypatch):
-    # given: a channel layer and cache shared between processes, as with Redis
-    kicked = []
-    monkeypatch.setattr("controlplane.live.shared_layer", lambda: True)
-    monkeypatch.setattr("controlplane.live.kick", lambda task, *args: kicked.append(task))
-    cache.delete(due.TIMER_KEY)
-    # when / then: no timer, a task; a timer holding its key, none (it was nudged)
-    due._kick_unless_timed()
-    assert kicked == ["webhooks.tasks.deliver"]
-    cache.add(due.TIMER_KEY, 1, timeout=10)
-    try:
-        due._kick_unless_timed()
-        assert kicked == ["webhooks.tasks.deliver"]
-    finally:
-        cache.delete(due.TIMER_KEY)
-    # and without a shared layer the key says nothing about other processes: always a task
-    monkeypatch.setattr("controlplane.live.shared_layer", lambda: False)
-    cache.add(due.TIMER_KEY, 1, timeout=10)
-    try:
-        due._kick_unless_timed()
-        assert kicked == ["webhooks.tasks.deliver"] * 2
-    finally:
-        cache.delete(due.TIMER_KEY)
-
-
 def test_pause_and_resume_produce_a_catch_up_wake(world, receiver):
     world["as_alice"].patch(world["path"], {"status": "paused"})
     send_message(world["general"], body="while paused", actor=world["bob"])
@@ -435,32 +343,3 @@ def test_each_attempt_is_logged_with_the_request_ids_of_the_sends_it_wakes_for(w
     # nothing secret on any of these lines
     printed = caplog.text + "".join(str(vars(r)) for r in sends + attempts)
     assert SECRET not in printed and "step 1" not in printed and "Webhook-Signature" not in printed
-
-
-@pytest.mark.postgres
-def test_the_timer_goes_on_with_a_fresh_connection_after_its_own_was_cut(world, receiver):
-    """A database restart mid-run drops the timer's connection: its next claim
-    fails, and the timer goes on with a fresh one instead of ending its run
-    (and leaving the wakes to the next run or the sweep)."""
-    from tests.servers import cut_every_database_connection
-
-    def cut_then_send():
-        cut_every_database_connection()
-        connections["default"].close_pool()
-        send_message(world["general"], body="after the cut", actor=world["bob"])
-        connections.close_all()
-
-    async def scenario():
-        timer = asyncio.create_task(timer_loop.run(seconds=5.0, wait=True))
-        await asyncio.sleep(1.0)  # the timer is polling on its own connection
-        await asyncio.to_thread(cut_then_send)
-        return await timer
-
-    # when
-    sent = asyncio.run(scenario())
-    connections["default"].close()  # this thread's was cut too
-    connections["default"].close_pool()
-    # then: the wake of the message sent after the cut went out in the same run
-    assert sent == 1
-    (wake,) = receiver.wakes()
-    assert Delivery.objects.get().state == "delivered" and wake.json()["type"] == "spaces.events.available"

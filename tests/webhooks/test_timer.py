@@ -1,0 +1,106 @@
+"""The delivery timer's run: nudged by new wakes, ended by a stopping
+worker, going on after its connection was cut, and the one task queued
+only while no timer runs."""
+import asyncio
+import threading
+import time
+
+import pytest
+from django.conf import settings
+from django.core.cache import cache
+from django.db import connections
+
+from controlplane import processes
+from inbox.services import send_message
+from tests.webhooks.scene import pump
+from webhooks import due
+from webhooks import pump as timer_loop
+from webhooks.models import Delivery
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_kicks")]
+
+
+@pytest.mark.skipif(not settings.REDIS_URL, reason="needs Redis: the nudge reaches the timer through channels-redis")
+def test_the_running_timer_sends_a_new_wake_when_nudged_not_at_its_next_poll(world, receiver, monkeypatch):
+    # given: a timer whose poll outlasts its run, and sends that nudge it (no worker task)
+    monkeypatch.setattr(timer_loop, "NUDGED_POLL_SECONDS", 3.0)
+    monkeypatch.setattr("webhooks.due.kick_on_commit", due.nudge_timer_on_commit)
+    timer = threading.Thread(target=lambda: (pump(wait=True, seconds=1.5), connections.close_all()))
+    timer.start()
+    time.sleep(0.5)  # the timer is waiting, its channel in the group
+    # when
+    send_message(world["general"], body="now, please", actor=world["bob"])
+    timer.join(10)
+    # then: the timer sent it within its run, long before its poll would have looked
+    (wake,) = receiver.wakes()
+    assert wake.json()["type"] == "spaces.events.available"
+
+
+def test_a_stopping_worker_ends_the_timer_run_at_once_having_recorded_what_it_sent(world, receiver, monkeypatch):
+    # given: a timer on a long run, in a process whose cluster shares the stop event
+    monkeypatch.setattr(processes, "_cluster_stopping", None)  # as it was, after the test
+    stopping = processes.share_stop_with_forks()
+    timer = threading.Thread(target=lambda: (pump(wait=True, seconds=600), connections.close_all()))
+    timer.start()
+    send_message(world["general"], body="before the stop", actor=world["bob"])
+    receiver.wait_for(lambda requests: len(requests) == 1)
+    # when: the worker command stops its cluster
+    stopping.set()
+    timer.join(20)
+    # then: the run ended long before its 600 s, and the wake it sent is recorded
+    assert not timer.is_alive()
+    assert Delivery.objects.get().state == Delivery.State.DELIVERED
+
+
+def test_a_new_wake_queues_a_delivery_task_only_when_no_timer_runs(monkeypatch):
+    # given: a channel layer and cache shared between processes, as with Redis
+    kicked = []
+    monkeypatch.setattr("controlplane.live.shared_layer", lambda: True)
+    monkeypatch.setattr("controlplane.live.kick", lambda task, *args: kicked.append(task))
+    cache.delete(due.TIMER_KEY)
+    # when / then: no timer, a task; a timer holding its key, none (it was nudged)
+    due._kick_unless_timed()
+    assert kicked == ["webhooks.tasks.deliver"]
+    cache.add(due.TIMER_KEY, 1, timeout=10)
+    try:
+        due._kick_unless_timed()
+        assert kicked == ["webhooks.tasks.deliver"]
+    finally:
+        cache.delete(due.TIMER_KEY)
+    # and without a shared layer the key says nothing about other processes: always a task
+    monkeypatch.setattr("controlplane.live.shared_layer", lambda: False)
+    cache.add(due.TIMER_KEY, 1, timeout=10)
+    try:
+        due._kick_unless_timed()
+        assert kicked == ["webhooks.tasks.deliver"] * 2
+    finally:
+        cache.delete(due.TIMER_KEY)
+
+
+@pytest.mark.postgres
+def test_the_timer_goes_on_with_a_fresh_connection_after_its_own_was_cut(world, receiver):
+    """A database restart mid-run drops the timer's connection: its next claim
+    fails, and the timer goes on with a fresh one instead of ending its run
+    (and leaving the wakes to the next run or the sweep)."""
+    from tests.servers import cut_every_database_connection
+
+    def cut_then_send():
+        cut_every_database_connection()
+        connections["default"].close_pool()
+        send_message(world["general"], body="after the cut", actor=world["bob"])
+        connections.close_all()
+
+    async def scenario():
+        timer = asyncio.create_task(timer_loop.run(seconds=5.0, wait=True))
+        await asyncio.sleep(1.0)  # the timer is polling on its own connection
+        await asyncio.to_thread(cut_then_send)
+        return await timer
+
+    # when
+    sent = asyncio.run(scenario())
+    connections["default"].close()  # this thread's was cut too
+    connections["default"].close_pool()
+    # then: the wake of the message sent after the cut went out in the same run
+    assert sent == 1
+    (wake,) = receiver.wakes()
+    assert Delivery.objects.get().state == "delivered" and wake.json()["type"] == "spaces.events.available"
