@@ -126,12 +126,12 @@ def _acknowledge_sql() -> str:
         f"settled AS (UPDATE {item} i SET state = %(acknowledged)s, acknowledged_at = %(at)s FROM item "
         f"  WHERE i.id = item.id AND item.state = %(pending)s "
         f"  RETURNING item.member_id, item.sender_id, item.content_bytes), "
+        # (A data-modifying WITH runs to completion whether or not it is read.)
         f"debited AS (UPDATE {box} b SET pending_bytes = b.pending_bytes - s.content_bytes FROM settled s "
-        f"  WHERE b.member_id = s.member_id RETURNING 1), "
+        f"  WHERE b.member_id = s.member_id), "
         f"shared AS (UPDATE {share} m SET pending_bytes = m.pending_bytes - s.content_bytes FROM settled s "
-        f"  WHERE m.member_id = s.member_id AND m.sender_id = s.sender_id RETURNING 1) "
-        f"SELECT (SELECT count(*) FROM item), (SELECT count(*) FROM settled), "
-        f"(SELECT count(*) FROM debited), (SELECT count(*) FROM shared)")
+        f"  WHERE m.member_id = s.member_id AND m.sender_id = s.sender_id) "
+        f"SELECT (SELECT count(*) FROM item), (SELECT count(*) FROM settled)")
 
 
 def _acknowledge_in_one_statement(member: Member, token: str) -> bool:
@@ -142,7 +142,7 @@ def _acknowledge_in_one_statement(member: Member, token: str) -> bool:
               "acknowledged": InboxItem.State.ACKNOWLEDGED, "pending": InboxItem.State.PENDING, "at": now()}
     with connection.cursor() as cursor:
         cursor.execute(_acknowledge_sql(), params)
-        found, settled, _, _ = cursor.fetchone()
+        found, settled = cursor.fetchone()
     if settled:
         mailbox.announce_acknowledged(member)
     return found > 0
