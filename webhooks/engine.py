@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, connections, transaction
-from django.db.models import F, Q
+from django.db.models import Q
 
 from controlplane import faults
 from controlplane.access import can_read_space
@@ -40,7 +40,7 @@ from inbox import mailbox, notices
 from inbox.delivery import oldest_pending, settle_acknowledged
 from inbox.models import InboxItem
 from webhooks import mcp
-from webhooks.due import READY, due_sql, freeze
+from webhooks.due import READY, due_sql, mark_sending
 from webhooks.models import Attempt, Delivery, Subscription
 from webhooks.transport import Outcome
 
@@ -166,7 +166,9 @@ def claim_due(limit: int) -> list[Job]:
         # The rows are locked (PostgreSQL) or the database is (SQLite's
         # BEGIN IMMEDIATE), so what was read is what gets claimed.
         cancelled, superseded = [], set()
-        _bind_items([d for d in due if d.subscription.kind == Subscription.Kind.ITEM and d.item_id is None])
+        unbound = [d for d in due if d.subscription.kind == Subscription.Kind.ITEM and d.item_id is None]
+        if unbound:
+            _bind_items(unbound)
         for delivery in due:
             if not may_receive(delivery.subscription) or not _item_ready(delivery):
                 cancelled.append(delivery.pk)
@@ -179,14 +181,13 @@ def claim_due(limit: int) -> list[Job]:
                                                               claimed_until=None)
             mcp.offer(superseded, only_if_pending=True, kick=False)
         due = [d for d in due if d.pk not in cancelled]
-        frozen = [d for d in due if d.body is None]
-        for delivery in frozen:
-            delivery.body = mcp.body(delivery) if delivery.subscription.managed else wake_body(delivery)
-            delivery.first_attempt_at = at
-        if frozen:
-            freeze(frozen, at)
-        Delivery.objects.filter(pk__in=[d.pk for d in due]).update(
-            state=Delivery.State.SENDING, attempts=F("attempts") + 1, claimed_until=at + lease())
+        frozen = {d.pk for d in due if d.body is None}
+        for delivery in due:
+            if delivery.pk in frozen:
+                delivery.body = mcp.body(delivery) if delivery.subscription.managed else wake_body(delivery)
+                delivery.first_attempt_at = at
+        if due:
+            mark_sending(due, frozen, at, at + lease())
         for delivery in due:
             jobs.append(_job(delivery))
     return jobs
