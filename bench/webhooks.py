@@ -7,9 +7,10 @@ a throwaway CA trusted through WEBHOOK_CA_BUNDLE), in the same run:
    as fast as it can through the engine's own transport, with the engine's
    concurrency (64 in flight), for `seconds`: the ceiling for one process.
 2. wakes: 1,000 active subscriptions over 20 endpoints, one due wake each,
-   sent by `workers` worker processes running the delivery engine (claim
-   with SKIP LOCKED, freeze, sign, POST, record), three rounds; wakes/s is
-   wakes over the time from the go signal to the last receipt.
+   sent by `workers` worker processes each running the delivery timer for
+   the whole phase (claim with SKIP LOCKED, sign, POST, record), three
+   rounds; wakes/s is wakes over the time from a round's commit (whose
+   nudge wakes the timers, as a send's does) to its last receipt.
 3. latency: `manage.py serve` (its ASGI server and the django-q2 cluster, Redis
    broker) and one inbox subscription with debounce 0; `latency_sends`
    direct messages one at a time, 100 ms apart; latency is from just before
@@ -34,17 +35,21 @@ SUBSCRIPTIONS = 1_000
 ENDPOINTS = 20
 ROUNDS = 3
 GO_FILE_ENV = "BENCH_WEBHOOK_GO"
+# A worker: the delivery timer (one run, one transport, woken by the nudges
+# each round's commit sends, as in `serve`) until the stop file.
 WORKER_SCRIPT = """
-import asyncio, os, time
-from webhooks import engine, pump
-from webhooks.models import Delivery
-go = os.environ["BENCH_WEBHOOK_GO"]
-for _ in range({rounds}):
-    while not os.path.exists(go + ".{{}}".format(_)):
-        time.sleep(0.005)
-    while Delivery.objects.filter(state__in=["pending", "sending"]).exists():
-        asyncio.run(pump.run(seconds=60, wait=False))
+import asyncio, os, threading, time
+from django.conf import settings
+from controlplane import processes
+from webhooks import pump
+settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS = True  # the receiver is on loopback; the env flag needs DEBUG=1
+stop, go = processes.share_stop_with_forks(), os.environ["BENCH_WEBHOOK_GO"]
+def watch():
+    while not os.path.exists(go + ".stop"):
         time.sleep(0.01)
+    stop.set()
+threading.Thread(target=watch, daemon=True).start()
+asyncio.run(pump.run(seconds=600, wait=True))
 """
 
 
@@ -93,19 +98,28 @@ def _prepare_subscriptions(url_base: str) -> tuple:
     return owner, subscriptions
 
 
-def _due_wakes(subscriptions, round_: int) -> None:
+def _due_wakes(subscriptions, round_: int) -> float:
+    """Commit one due wake per subscription and nudge the timers; the time
+    just before the commit."""
+    from django.db import transaction
+
     from controlplane.clock import now
+    from webhooks.due import nudge_timer_on_commit
     from webhooks.models import Delivery
 
-    Delivery.objects.bulk_create(Delivery(subscription=s, after_position=round_, through_position=round_ + 1,
-                                          state="pending", due_at=now()) for s in subscriptions)
+    with transaction.atomic():
+        Delivery.objects.bulk_create(Delivery(subscription=s, after_position=round_, through_position=round_ + 1,
+                                              state="pending", due_at=now()) for s in subscriptions)
+        nudge_timer_on_commit()
+        return time.time()
 
 
 def _wakes(env: dict, url_base: str, stats_base: str, ca: str, workers: int, out_dir: Path) -> dict:
     owner, subscriptions = _prepare_subscriptions(url_base)
     go = Path(tempfile.mkdtemp()) / "go"
-    worker_env = {**env, GO_FILE_ENV: str(go)}
-    procs = [subprocess.Popen([PY, "manage.py", "shell", "-c", WORKER_SCRIPT.format(rounds=ROUNDS)], cwd=ROOT,
+    # Production settings (DEBUG off: no query log), as bench/mcp.py's workers.
+    worker_env = {**env, GO_FILE_ENV: str(go), "DEBUG": "0", "WEBHOOK_ALLOW_PRIVATE_NETWORKS": "0"}
+    procs = [subprocess.Popen([PY, "manage.py", "shell", "-c", WORKER_SCRIPT], cwd=ROOT,
                               env=worker_env, stdout=subprocess.DEVNULL,
                               stderr=open(out_dir / f"webhook-worker-{i}.stderr", "w")) for i in range(workers)]
     rounds = []
@@ -113,9 +127,7 @@ def _wakes(env: dict, url_base: str, stats_base: str, ca: str, workers: int, out
         time.sleep(3)  # let the workers boot
         for r in range(ROUNDS):
             _reset(stats_base, ca)
-            _due_wakes(subscriptions, r)
-            started = time.time()
-            (go.parent / f"go.{r}").touch()
+            started = _due_wakes(subscriptions, r)
             deadline = time.monotonic() + 120
             while True:
                 received = _stats(stats_base, ca)
@@ -127,6 +139,7 @@ def _wakes(env: dict, url_base: str, stats_base: str, ca: str, workers: int, out
                            "seconds": round(last - started, 3),
                            "wakes_per_s": round(len(received) / max(last - started, 1e-6), 1)})
     finally:
+        (go.parent / "go.stop").touch()
         for proc in procs:
             proc.wait(60) if proc.poll() is None else None
     from webhooks.models import Attempt, Delivery
@@ -208,7 +221,8 @@ def run(env: dict, out_dir: Path, *, seconds: float, workers: int, latency_sends
     tls = Path(tempfile.mkdtemp())
     ca, cert, key = (str(p) for p in make_ca_and_certificate(tls))
     # Loopback receivers are a development setting, which production settings
-    # refuse: this phase's processes run with DEBUG on (its query log is bounded).
+    # refuse: the latency phase's `serve` runs with DEBUG on (its query log is
+    # bounded); the wakes' workers admit loopback in their script instead.
     env = {**env, "WEBHOOK_CA_BUNDLE": ca, "WEBHOOK_ALLOW_PRIVATE_NETWORKS": "1", "DEBUG": "1"}
     os.environ.update({"WEBHOOK_CA_BUNDLE": ca, "WEBHOOK_ALLOW_PRIVATE_NETWORKS": "1"})
     from django.conf import settings

@@ -1,6 +1,6 @@
-"""The delivery claim's statements in plain SQL (webhooks.engine.claim_due):
-they run for every batch a worker claims, where compiling the ORM's
-equivalents cost more than running them."""
+"""The delivery engine's hot statements in plain SQL (webhooks.engine's
+claim and record): they run for every batch a worker claims or records,
+where compiling the ORM's equivalents cost more than running them."""
 from __future__ import annotations
 
 from django.core.cache import cache
@@ -92,3 +92,16 @@ def mark_sending(deliveries: list[Delivery], first: set[int], at, until) -> None
                        f"body = COALESCE(v.body, {table}.body), item_id = COALESCE(v.item_id, {table}.item_id), "
                        f"first_attempt_at = COALESCE({table}.first_attempt_at, %s) "
                        f"FROM ({values}) v WHERE {table}.id = v.id", [adapt(until), adapt(at), *params])
+
+
+def mark_delivered(answered: list[tuple[int, int]], at) -> None:
+    """Finish as `delivered` the deliveries answered with a 2xx, given as
+    (id, attempt number): only those still `sending` under that attempt (a
+    lease that ran out and was claimed again belongs to the newer attempt;
+    a cancelled one stays cancelled). One statement."""
+    table = connection.ops.quote_name(Delivery._meta.db_table)
+    values, params = rows_sql(answered, {"id": "BIGINT", "number": "INTEGER"})
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET state = 'delivered', finished_at = %s, claimed_until = NULL "
+                       f"FROM ({values}) v WHERE {table}.id = v.id AND {table}.state = 'sending' "
+                       f"AND {table}.attempts = v.number", [connection.ops.adapt_datetimefield_value(at), *params])

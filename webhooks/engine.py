@@ -40,7 +40,7 @@ from inbox import mailbox, notices
 from inbox.delivery import oldest_pending, settle_acknowledged
 from inbox.models import InboxItem
 from webhooks import mcp
-from webhooks.due import READY, due_sql, mark_sending
+from webhooks.due import READY, due_sql, mark_delivered, mark_sending
 from webhooks.models import Attempt, Delivery, Subscription
 from webhooks.transport import Outcome
 
@@ -84,6 +84,8 @@ class Job:
     subscription_id: str = ""
     event_range: tuple[int, int] = (0, 0)
     request_ids: tuple[str, ...] = ()
+    # The inbox item a push carries (a 2xx acknowledges it), if any.
+    item_id: int | None = None
 
 
 def feed_cursor(subscription: Subscription, position: int) -> str:
@@ -198,7 +200,7 @@ def _job(delivery: Delivery) -> Job:
     job = Job(delivery.pk, delivery.public_id, delivery.attempts + 1, endpoint.url, endpoint.secret,
               delivery.body.encode(), subscription_id=subscription.public_id,
               event_range=(delivery.after_position, delivery.through_position),
-              request_ids=tuple((delivery.request_ids or "").split()))
+              request_ids=tuple((delivery.request_ids or "").split()), item_id=delivery.item_id)
     if not subscription.managed:
         return job
     secrets = [endpoint.secret] + ([endpoint.previous_secret] if endpoint.previous_secret_until
@@ -282,33 +284,45 @@ def record(results: list[Result]) -> None:
                     duration_ms=r.outcome.duration_ms, status_code=r.outcome.status_code,
                     error_class=r.outcome.error_class, key_id=r.key_id) for r in results)
         faults.point("webhooks.record")  # mid-record: the transaction is lost with the process
-        # The deliveries only (not their subscriptions, which a send's commit
-        # checks its new deliveries' keys against), as no-key locks (mailbox.lock).
-        current = {d.pk: d for d in Delivery.objects.select_for_update(of=("self",), no_key=True)
-                   .select_related("subscription")
-                   .filter(pk__in=[r.job.delivery_id for r in results], state=Delivery.State.SENDING)}
-        # Every mailbox this batch may count into (a suspension notice) or out
-        # of (a pushed item acknowledged), in member order, before the log head.
-        mailbox.lock(current[r.job.delivery_id].subscription.owner_id for r in results
-                     if r.job.delivery_id in current and (not r.outcome.ok or current[r.job.delivery_id].item_id))
-        delivered = []
-        for r in results:
-            delivery = current.get(r.job.delivery_id)
-            if delivery is None or delivery.attempts != r.job.number:
-                continue  # cancelled, or a newer attempt owns it
-            if r.outcome.ok:
-                delivered.append(delivery.pk)
-                continue
-            try:
-                with transaction.atomic():
-                    _failed(delivery, r.outcome)
-            except Exception:
-                log.exception("recording the failed attempt %d of %s failed; it is retried after its lease",
-                              r.job.number, r.job.public_id)
-        if delivered:
-            Delivery.objects.filter(pk__in=delivered).update(state=Delivery.State.DELIVERED, finished_at=now(),
-                                                             claimed_until=None)
-            _hand_off_items([current[pk] for pk in delivered if current[pk].item_id is not None])
+        # Most answers are a 2xx for a wake: one statement finishes them all.
+        wakes = [(r.job.delivery_id, r.job.number) for r in results if r.outcome.ok and r.job.item_id is None]
+        if wakes:
+            mark_delivered(wakes, now())
+        rest = [r for r in results if not r.outcome.ok or r.job.item_id is not None]
+        if rest:
+            _record_rest(rest)
+
+
+def _record_rest(results: list[Result]) -> None:
+    """The failures and the pushed items' answers of a batch, after its wakes
+    (webhooks.due.mark_delivered): deliveries before mailboxes, as always."""
+    # The deliveries only (not their subscriptions, which a send's commit
+    # checks its new deliveries' keys against), as no-key locks (mailbox.lock).
+    current = {d.pk: d for d in Delivery.objects.select_for_update(of=("self",), no_key=True)
+               .select_related("subscription")
+               .filter(pk__in=[r.job.delivery_id for r in results], state=Delivery.State.SENDING)}
+    # Every mailbox this batch may count into (a suspension notice) or out
+    # of (a pushed item acknowledged), in member order, before the log head.
+    mailbox.lock(current[r.job.delivery_id].subscription.owner_id for r in results
+                 if r.job.delivery_id in current)
+    delivered = []
+    for r in results:
+        delivery = current.get(r.job.delivery_id)
+        if delivery is None or delivery.attempts != r.job.number:
+            continue  # cancelled, or a newer attempt owns it
+        if r.outcome.ok:
+            delivered.append(delivery.pk)
+            continue
+        try:
+            with transaction.atomic():
+                _failed(delivery, r.outcome)
+        except Exception:
+            log.exception("recording the failed attempt %d of %s failed; it is retried after its lease",
+                          r.job.number, r.job.public_id)
+    if delivered:
+        Delivery.objects.filter(pk__in=delivered).update(state=Delivery.State.DELIVERED, finished_at=now(),
+                                                         claimed_until=None)
+        _hand_off_items([current[pk] for pk in delivered])
 
 
 def _hand_off_items(deliveries: list[Delivery]) -> None:

@@ -19,6 +19,7 @@ from tests.webhooks.scene import SECRET, pump
 from webhooks import engine
 from webhooks.crypto import rotate_signing_key
 from webhooks.models import Attempt, Delivery, Subscription
+from webhooks.transport import Outcome
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_kicks")]
 
@@ -100,6 +101,47 @@ def test_a_claim_leased_by_a_clock_a_day_ahead_is_taken_again_at_once(world, rec
     assert wake.headers["Webhook-Id"] == claimed.public_id
     delivery = Delivery.objects.get()
     assert delivery.state == "delivered" and delivery.attempts == 2
+
+
+def test_a_late_2xx_leaves_a_wake_that_a_newer_attempt_owns(world, receiver):
+    # given: a wake whose claim's lease ran out before its answer came, and
+    # which another worker claimed again
+    send_message(world["general"], body="answered late", actor=world["bob"])
+    (first,) = engine.claim_due(10)
+    with freeze(now() + engine.lease() + dt.timedelta(seconds=1)):
+        (second,) = engine.claim_due(10)
+    assert (first.delivery_id, first.number + 1) == (second.delivery_id, second.number)
+    # when: the first attempt's 2xx is recorded
+    engine.record([engine.Result(first, Outcome(202, None, 5), "k", now())])
+    # then: the delivery is still the second attempt's, sending
+    delivery = Delivery.objects.get()
+    assert (delivery.state, delivery.attempts, delivery.finished_at) == ("sending", 2, None)
+    # and the second attempt's answer is what finishes it
+    engine.record([engine.Result(second, Outcome(204, None, 5), "k", now())])
+    delivery.refresh_from_db()
+    assert delivery.state == "delivered" and delivery.finished_at is not None and delivery.claimed_until is None
+    assert list(Attempt.objects.order_by("number").values_list("number", "status_code")) == [(1, 202), (2, 204)]
+
+
+def test_a_claim_takes_the_longest_due_wakes_first(world, receiver):
+    # given: three subscriptions' wakes, due at different times
+    for _ in range(2):
+        extra = world["as_alice"].post("/v0/me/inbox-subscriptions", {"endpoint_id": world["subscription"]["endpoint_id"],
+                                                             "debounce_ms": 0}).json()["subscription"]
+        world["as_alice"].post(f"/v0/me/inbox-subscriptions/{extra['id']}/activate")
+    subscriptions = list(Subscription.objects.filter(status="active").order_by("pk"))
+    assert len(subscriptions) == 3
+    at = now()
+    Delivery.objects.bulk_create(Delivery(subscription=s, after_position=0, through_position=1, state="pending",
+                                          due_at=at - dt.timedelta(seconds=seconds))
+                                 for s, seconds in zip(subscriptions, (5, 30, 10)))
+    # when: a worker has room for two
+    jobs = engine.claim_due(2)
+    # then: the two due longest, longest first; the third waits its turn
+    by_subscription = dict(Delivery.objects.values_list("pk", "subscription_id"))
+    assert [by_subscription[j.delivery_id] for j in jobs] == [subscriptions[1].pk, subscriptions[2].pk]
+    assert [j.delivery_id for j in engine.claim_due(2)] == [
+        d.pk for d in Delivery.objects.filter(subscription=subscriptions[0])]
 
 
 def test_a_retry_scheduled_by_a_clock_a_day_ahead_is_sent_at_once(world, receiver):
