@@ -59,14 +59,15 @@ PUSH_SUBSCRIPTIONS = 100
 KICK_QUEUE = "switchboard-bench-mcp"  # django-q2 cluster (queue) name for the engine's kicks
 PUSH_TIMEOUT = 120.0
 WARMUP_SENDS = 10
-# A worker: the delivery engine from the go file to the stop file. Every call
-# on the engine's database thread is timed (written to go.calls.<pid> as
-# [name, start (epoch s), seconds] rows) and, with BENCH_MCP_PROFILE=<path
-# prefix>, profiled (<prefix>-<pid>.prof).
+# A worker: the delivery timer (one run, as in `serve`) from the go file to
+# the stop file. Every call on the engine's database thread is timed
+# (written to go.calls.<pid> as [name, start (epoch s), seconds] rows) and,
+# with BENCH_MCP_PROFILE=<path prefix>, profiled (<prefix>-<pid>.prof).
 WORKER_SCRIPT = """
-import asyncio, cProfile, json, os, time
+import asyncio, cProfile, json, os, threading, time
 from django.conf import settings
 from django_q.conf import Conf
+from controlplane import processes
 from webhooks import engine, pump
 from webhooks.models import Delivery
 Conf.CLUSTER_NAME = {queue!r}
@@ -86,9 +87,13 @@ open(go + ".ready." + str(os.getpid()), "w").close()
 deadline = time.monotonic() + {timeout}
 while not os.path.exists(go) and time.monotonic() < deadline:
     time.sleep(0.005)
-while not os.path.exists(go + ".stop") and time.monotonic() < deadline:
-    asyncio.run(pump.run(seconds=2, wait=False))
-    time.sleep(0.01)
+stop = processes.share_stop_with_forks()
+def watch():
+    while not os.path.exists(go + ".stop") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stop.set()
+threading.Thread(target=watch, daemon=True).start()
+asyncio.run(pump.run(seconds={timeout}, wait=True))
 with open(go + ".calls." + str(os.getpid()), "w") as f:
     json.dump(calls, f)
 if profiler:

@@ -142,8 +142,10 @@ def sendable(at) -> Q:
         Q(subscription__lease_expires_at__isnull=True) | Q(subscription__lease_expires_at__gt=at))
 
 
-def claim_due(limit: int) -> list[Job]:
-    """Take up to `limit` due deliveries for this worker."""
+def claim_due(limit: int, recover: bool = True) -> list[Job]:
+    """Take up to `limit` due deliveries for this worker. Without `recover`,
+    only wakes that fell due (webhooks.due.READY's first read): what lapsed
+    leases and wrong clocks left waits for the next claim that recovers."""
     if limit <= 0:
         return []
     at = now()
@@ -151,7 +153,7 @@ def claim_due(limit: int) -> list[Job]:
     with transaction.atomic():
         ids = []
         with connection.cursor() as cursor:
-            for ready in READY:
+            for ready in READY if recover else READY[:1]:
                 cursor.execute(due_sql(ready), {"at": connection.ops.adapt_datetimefield_value(at),
                                                  "horizon": connection.ops.adapt_datetimefield_value(
                                                      at + LEASE_HORIZON * lease()),

@@ -28,6 +28,10 @@ POLL_SECONDS = 0.05
 # own only for what no nudge announces: retry times and expired leases, which
 # next_due_in finds, and anything a lost nudge left.
 NUDGED_POLL_SECONDS = 0.5
+# A busy timer looks for lapsed leases and wrong clocks' claims (the
+# recovering reads of webhooks.due.READY) this often, and on every claim
+# that finds nothing due: they are rare, and each look is three more reads.
+RECOVER_SECONDS = 1.0
 RECORD_WINDOW = 0.01
 LOST_CONNECTION_PAUSE = 0.2
 log = logging.getLogger(__name__)
@@ -98,6 +102,7 @@ async def run(*, seconds: float, wait: bool, resolver=None, renew=None) -> int:
         signer = crypto.Signer(await db(crypto.active_signing_key))
         async with Transport(resolver=resolver, limit=MAX_IN_FLIGHT) as transport:
             renewed = time.monotonic()
+            recovered, found = 0.0, False
             while True:
                 if renew and time.monotonic() - renewed >= 1.0:
                     faults.point("webhooks.timer")
@@ -106,13 +111,23 @@ async def run(*, seconds: float, wait: bool, resolver=None, renew=None) -> int:
                 # A stopping worker ends the run: what is in flight is recorded, nothing more is claimed.
                 remaining = 0 if cluster_stopping() else deadline - time.monotonic()
                 capacity = MAX_IN_FLIGHT - len(in_flight)
-                jobs = await db.lenient(claim_due, capacity, default=[]) if remaining > 0 and capacity > 0 else []
+                jobs, recover = [], True
+                if remaining > 0 and capacity > 0:
+                    recover = not found or time.monotonic() - recovered >= RECOVER_SECONDS
+                    jobs = await db.lenient(claim_due, capacity, recover, default=[])
+                    recovered, found = time.monotonic() if recover else recovered, bool(jobs)
                 in_flight |= {asyncio.create_task(_send(transport, signer, job)) for job in jobs}
                 sent += len(jobs)
-                if jobs:
-                    timeout = 0.002  # record what finished, then claim more
+                if jobs and len(jobs) == capacity:
+                    timeout = 0.002  # a full batch: more may be due; record what finished, then claim more
                 elif in_flight:
-                    timeout = poll  # until the first request finishes
+                    # Until the first request finishes (its record may offer
+                    # the next push, and frees room at its endpoint) or a
+                    # nudge: a claim that found fewer than it had room for
+                    # would find nothing more sooner.
+                    timeout = poll
+                elif not recover:
+                    continue  # nothing fell due: look once more, for lapsed leases and wrong clocks' claims
                 elif wait and remaining > 0:
                     # The timer stays for its run, looking for new and newly
                     # due wakes (due but held by another worker: soon again).

@@ -144,6 +144,20 @@ def test_a_claim_takes_the_longest_due_wakes_first(world, receiver):
         d.pk for d in Delivery.objects.filter(subscription=subscriptions[0])]
 
 
+def test_only_a_recovering_claim_takes_a_lapsed_lease(world, receiver):
+    # given: a wake claimed by a worker that died, whose lease has run out
+    send_message(world["general"], body="claimed, then the worker died", actor=world["bob"])
+    (lost,) = engine.claim_due(10)
+    later = now() + engine.lease() + dt.timedelta(seconds=1)
+    with freeze(later):
+        # when: a busy timer's claim (due wakes only) looks, then a recovering one
+        busy = engine.claim_due(10, recover=False)
+        recovering = engine.claim_due(10, recover=True)
+    # then: only the recovering claim takes it again, as the same wake
+    assert busy == []
+    assert [(j.delivery_id, j.number) for j in recovering] == [(lost.delivery_id, 2)]
+
+
 def test_a_retry_scheduled_by_a_clock_a_day_ahead_is_sent_at_once(world, receiver):
     # given: a worker whose clock ran a day ahead got a 500 and set the retry by that clock
     answers = iter([(500, {}, b""), (202, {}, b"{}")])
