@@ -177,11 +177,6 @@ class Delivery(models.Model):
             # oldest first and stops at its batch, with no sort of the backlog.
             models.Index(fields=["due_at", "id"], name="delivery_due_in_order",
                          condition=Q(state__in=["open", "pending"])),
-            # The claim probes each active subscription for a due delivery:
-            # one index range per subscription, not the whole due index
-            # (whose dead entries from sent deliveries made each probe slow).
-            models.Index(fields=["subscription", "due_at"], name="delivery_due_by_subscription",
-                         condition=Q(state__in=["open", "pending"])),
             models.Index(fields=["claimed_until"], name="delivery_claimed", condition=Q(state="sending")),
             models.Index(fields=["subscription", "id"], name="delivery_unfinished",
                          condition=Q(state__in=["pending", "sending"])),
