@@ -79,6 +79,17 @@ READY = ("d.state IN ('open', 'pending') AND d.due_at <= %(at)s",
           "d.state IN ('open', 'pending') AND d.due_at > %(due_horizon)s")
 
 
+def set_by_wrong_clock(params: dict) -> bool:
+    """Whether a claim or a due time was set further ahead than any rule
+    sets them (READY's last two reads, with `webhooks.engine.ready_params`):
+    such a delivery is due now."""
+    table = connection.ops.quote_name(Delivery._meta.db_table)
+    checks = " OR ".join(f"EXISTS (SELECT 1 FROM {table} d WHERE {ready})" for ready in READY[2:])
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {checks}", params)
+        return bool(cursor.fetchone()[0])
+
+
 def mark_sending(deliveries: list[Delivery], first: set[int], at, until) -> None:
     """Move claimed deliveries to `sending` (one attempt more, leased until
     `until`), storing the bodies and bound items of first claims (`first`,

@@ -40,7 +40,7 @@ from inbox import mailbox, notices
 from inbox.delivery import oldest_pending, settle_acknowledged
 from inbox.models import InboxItem
 from webhooks import mcp
-from webhooks.due import READY, due_sql, mark_delivered, mark_sending
+from webhooks.due import READY, due_sql, mark_delivered, mark_sending, set_by_wrong_clock
 from webhooks.models import Attempt, Delivery, Subscription
 from webhooks.transport import Outcome
 
@@ -142,6 +142,13 @@ def sendable(at) -> Q:
         Q(subscription__lease_expires_at__isnull=True) | Q(subscription__lease_expires_at__gt=at))
 
 
+def ready_params(at, limit: int = 0) -> dict:
+    """The parameters of webhooks.due.READY's reads at `at`."""
+    adapt = connection.ops.adapt_datetimefield_value
+    return {"at": adapt(at), "horizon": adapt(at + LEASE_HORIZON * lease()), "due_horizon": adapt(at + DUE_HORIZON),
+            "per_endpoint": PER_ENDPOINT, "limit": limit}
+
+
 def claim_due(limit: int, recover: bool = True) -> list[Job]:
     """Take up to `limit` due deliveries for this worker. Without `recover`,
     only wakes that fell due (webhooks.due.READY's first read): what lapsed
@@ -154,12 +161,7 @@ def claim_due(limit: int, recover: bool = True) -> list[Job]:
         ids = []
         with connection.cursor() as cursor:
             for ready in READY if recover else READY[:1]:
-                cursor.execute(due_sql(ready), {"at": connection.ops.adapt_datetimefield_value(at),
-                                                 "horizon": connection.ops.adapt_datetimefield_value(
-                                                     at + LEASE_HORIZON * lease()),
-                                                 "due_horizon": connection.ops.adapt_datetimefield_value(
-                                                     at + DUE_HORIZON),
-                                                 "per_endpoint": PER_ENDPOINT, "limit": limit - len(ids)})
+                cursor.execute(due_sql(ready), ready_params(at, limit - len(ids)))
                 ids += [row[0] for row in cursor.fetchall()]
                 if len(ids) >= limit:
                     break
@@ -401,11 +403,7 @@ def next_due_in(horizon: float) -> float | None:
         .order_by("due_at").values_list("due_at", flat=True).first(),
         Delivery.objects.filter(state=Delivery.State.SENDING).order_by("claimed_until")
         .values_list("claimed_until", flat=True).first(),
-        # a lease or a due time no right clock sets (webhooks.due.READY): due now
-        at if Delivery.objects.filter(state=Delivery.State.SENDING,
-                                      claimed_until__gt=at + LEASE_HORIZON * lease()).exists()
-        or Delivery.objects.filter(state__in=[Delivery.State.OPEN, Delivery.State.PENDING],
-                                   due_at__gt=at + DUE_HORIZON).exists() else None,
+        at if set_by_wrong_clock(ready_params(at)) else None,  # due now
     ]
     waits = [max(0.0, (c - at).total_seconds()) for c in candidates if c is not None]
     soonest = min(waits, default=None)
