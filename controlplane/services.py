@@ -304,13 +304,19 @@ def get_or_create_direct(space: Space, other: Member, *, actor: Member) -> tuple
                                        f"direct:{pair[0].pk}:{pair[1].pk}", actor=actor)
 
 
+def check_group_size(count: int) -> None:
+    """A group has 2–MAX_GROUP_MEMBERS members (the caller among them).
+    Callers that look members up by handle check the count first."""
+    if not 2 <= count <= MAX_GROUP_MEMBERS:
+        raise InvalidRequest(f"A group has 2–{MAX_GROUP_MEMBERS} members.")
+
+
 def get_or_create_group(space: Space, members: list[Member], *, actor: Member) -> tuple[Conversation, bool]:
     """The group with exactly this ordered member list (which includes the caller)."""
     ids = [m.pk for m in members]
     if len(set(ids)) != len(ids):
         raise InvalidRequest("A group lists each member once.")
-    if not 2 <= len(ids) <= MAX_GROUP_MEMBERS:
-        raise InvalidRequest(f"A group has 2–{MAX_GROUP_MEMBERS} members.")
+    check_group_size(len(ids))
     if actor.pk not in ids:
         raise InvalidRequest("A group you create must include you.")
     return _get_or_create_participants(space, Conversation.Kind.GROUP, members,

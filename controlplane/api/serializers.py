@@ -8,6 +8,7 @@ from rest_framework import serializers
 
 from controlplane.api.fields import StrictBooleanField, StrictCharField, StrictChoiceField, StrictSerializer
 from controlplane.models import Member, Membership, Space
+from controlplane.services import MAX_GROUP_MEMBERS
 
 
 @lru_cache(maxsize=None)
@@ -49,7 +50,7 @@ class ChannelCreateIn(StrictSerializer):
 
 
 class GroupCreateIn(StrictSerializer):
-    members = serializers.ListField(child=StrictCharField(max_length=33), min_length=2, max_length=64)
+    members = serializers.ListField(child=StrictCharField(max_length=33), min_length=2, max_length=MAX_GROUP_MEMBERS)
 
 
 class EmptyIn(StrictSerializer):

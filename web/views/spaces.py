@@ -16,7 +16,6 @@ from controlplane.access import (active_membership, get_readable_space, get_spac
                                  readable_conversations, visible_memberships)
 from controlplane.api.fields import validated
 from controlplane.api.serializers import SpaceCreateIn
-from controlplane.errors import InvalidRequest
 from controlplane.models import Conversation, Membership, Space
 from coordination.models import TASK_CHANNEL_PREFIX
 from web.pages import member_page
@@ -112,9 +111,9 @@ def start_direct(request, member, slug):
 def start_group(request, member, slug):
     """A group of the caller and the listed members, in the order given."""
     space = get_space_for(slug, member)
-    handles = [_handle(h) for h in request.POST.get("members", "").replace(",", " ").split()]
-    if len(handles) > services.MAX_GROUP_MEMBERS:  # before looking any of them up
-        raise InvalidRequest(f"A group has 2–{services.MAX_GROUP_MEMBERS} members.")
-    others = [services.member_for_handle(h) for h in handles if h != f"@{member.handle}"]
+    handles = [h for h in map(_handle, request.POST.get("members", "").replace(",", " ").split())
+               if h != f"@{member.handle}"]
+    services.check_group_size(1 + len(handles))  # before looking any of them up
+    others = [services.member_for_handle(h) for h in handles]
     conversation, _ = services.get_or_create_group(space, [member, *others], actor=member)
     return redirect("web-conversation", slug=slug, conversation_id=conversation.public_id)
