@@ -48,10 +48,11 @@ def due_sql(ready: str) -> str:
 
     The subscription and the older-wake checks are correlated subqueries,
     which the planner cannot turn into joins: each is one index probe per
-    candidate, in `delivery_due_in_order` order, until `limit` are found. As joins,
-    a table whose statistics were not gathered yet (a burst of new wakes on
-    a young database) got plans that compared every candidate with every
-    subscription or every unfinished wake: 100 ms a claim instead of 1."""
+    candidate, in the order of `delivery_due_in_order`, until `limit` are
+    found. As joins, a table whose statistics were not gathered yet (a burst
+    of new wakes on a young database) got plans that compared every
+    candidate with every subscription or every unfinished wake: 100 ms a
+    claim instead of 1."""
     quote = connection.ops.quote_name
     deliveries, subscriptions = quote(Delivery._meta.db_table), quote(Subscription._meta.db_table)
     lock = " FOR NO KEY UPDATE OF d SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""

@@ -125,10 +125,11 @@ def test_a_late_2xx_leaves_a_wake_that_a_newer_attempt_owns(world, receiver):
 
 def test_a_claim_takes_the_longest_due_wakes_first(world, receiver):
     # given: three subscriptions' wakes, due at different times
+    as_alice, endpoint_id = world["as_alice"], world["subscription"]["endpoint_id"]
     for _ in range(2):
-        extra = world["as_alice"].post("/v0/me/inbox-subscriptions", {"endpoint_id": world["subscription"]["endpoint_id"],
-                                                             "debounce_ms": 0}).json()["subscription"]
-        world["as_alice"].post(f"/v0/me/inbox-subscriptions/{extra['id']}/activate")
+        extra = as_alice.post("/v0/me/inbox-subscriptions", {"endpoint_id": endpoint_id,
+                                                              "debounce_ms": 0}).json()["subscription"]
+        as_alice.post(f"/v0/me/inbox-subscriptions/{extra['id']}/activate")
     subscriptions = list(Subscription.objects.filter(status="active").order_by("pk"))
     assert len(subscriptions) == 3
     at = now()
