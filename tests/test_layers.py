@@ -140,3 +140,17 @@ def test_only_the_clock_reads_the_time_of_day():
                for n, line in enumerate(path.read_text().splitlines(), 1) if WALL_CLOCK.search(line)]
     # then: controlplane.clock.now()/timestamp() are the clock tests can move
     assert not readers, readers
+
+
+def test_the_web_processes_load_no_http_client_until_they_send():
+    # The ASGI application (every app, the admin, the MCP endpoint) imports
+    # the URL rules (webhooks.destinations), not aiohttp: about 7 MiB per web
+    # process that never verifies an endpoint (docs/benchmarks.md, round four).
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "controlplane.settings", "DEBUG": "1"}
+    loaded = subprocess.run([sys.executable, "-c", "import sys, controlplane.asgi; print('aiohttp' in sys.modules)"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "False"

@@ -26,6 +26,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, connections, transaction
@@ -42,7 +43,9 @@ from inbox.models import InboxItem
 from webhooks import mcp
 from webhooks.due import READY, due_sql, mark_delivered, mark_sending, set_by_wrong_clock
 from webhooks.models import Attempt, Delivery, Subscription
-from webhooks.transport import Outcome
+
+if TYPE_CHECKING:  # aiohttp: the web processes import the engine, and send nothing
+    from webhooks.transport import Outcome
 
 log = logging.getLogger(__name__)
 wake_log = logging.getLogger("switchboard.wake")  # every attempt (docs/observability.md)

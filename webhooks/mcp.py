@@ -45,7 +45,7 @@ from inbox.models import InboxItem
 from inbox.render import item_occurrence
 from webhooks import crypto, due
 from webhooks.models import Delivery, Endpoint, Subscription
-from webhooks.transport import validate_url
+from webhooks.destinations import validate_url
 
 ITEM = "org.switchboard/inbox.item"
 PENDING = "org.switchboard/inbox.pending"

@@ -24,7 +24,7 @@ from webhooks import crypto, due
 from webhooks.engine import feed_cursor, lease
 from webhooks.models import Delivery, Endpoint, SigningKey, Subscription
 from webhooks.outbox import extend_or_open, last_through
-from webhooks.transport import Transport, validate_url
+from webhooks.destinations import validate_url
 
 MAX_ENDPOINTS = 20
 MAX_PER_SPACE = 20
@@ -134,6 +134,8 @@ def verify_endpoint(endpoint: Endpoint, *, resolver=None, mcp_subscription_id: s
 
 
 async def _post_once(url, body, headers, resolver):
+    from webhooks.transport import Transport  # aiohttp: only where a request is sent
+
     async with Transport(resolver=resolver, limit=1) as transport:
         return await transport.post(url, body, headers)
 

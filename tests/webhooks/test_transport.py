@@ -8,7 +8,8 @@ import socket
 import pytest
 from aiohttp.abc import AbstractResolver
 
-from webhooks.transport import Transport, forbidden_reason, validate_url
+from webhooks.destinations import forbidden_reason, validate_url
+from webhooks.transport import Transport
 
 FORBIDDEN = [
     "127.0.0.1", "127.8.9.10", "10.1.2.3", "172.16.0.1", "192.168.1.1", "100.64.0.1", "100.127.255.254",

@@ -1,0 +1,105 @@
+"""Where wakes may go (SPEC §8): which webhook URLs are acceptable, and
+which resolved addresses may be reached. webhooks.transport applies the
+address rule to every name it resolves; endpoint creation applies the URL
+rule. No HTTP client here: the web processes load only this."""
+from __future__ import annotations
+
+import ipaddress
+import re
+from urllib.parse import urlsplit
+
+from django.conf import settings
+
+from controlplane.errors import InvalidUrl
+
+MAX_URL_CHARS = 2048
+_UNPRINTABLE = re.compile(r"[\x00-\x20\s]")  # controls, spaces, and every other whitespace
+CGNAT = ipaddress.ip_network("100.64.0.0/10")
+NAT64 = ipaddress.ip_network("64:ff9b::/96")
+METADATA = {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254"),
+            ipaddress.ip_address("100.100.100.200")}
+
+
+class ForbiddenDestination(OSError):
+    """A name resolved to (or a URL names) an address wakes may not reach."""
+
+
+def _embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    if address.ipv4_mapped:
+        return address.ipv4_mapped
+    if address.sixtofour:
+        return address.sixtofour
+    if address.teredo:
+        return address.teredo[1]
+    if address in NAT64 or (int(address) >> 32 == 0 and int(address) > 1):  # NAT64, IPv4-compatible ::a.b.c.d
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
+def forbidden_reason(address: ipaddress.IPv4Address | ipaddress.IPv6Address, *, allow_loopback: bool) -> str | None:
+    """Why `address` may not be reached, or None when it may."""
+    if address.version == 6:
+        embedded = _embedded_ipv4(address)
+        if embedded is not None:
+            return forbidden_reason(embedded, allow_loopback=allow_loopback)
+    if address.is_loopback:
+        return None if allow_loopback else "loopback"
+    for reason, hit in (
+        ("metadata", address in METADATA),
+        ("unspecified", address.is_unspecified),
+        ("link-local", address.is_link_local),
+        ("multicast", address.is_multicast),
+        ("cgnat", address.version == 4 and address in CGNAT),
+        ("private", address.is_private),
+        ("reserved", address.is_reserved),
+        ("not-global", not address.is_global),
+    ):
+        if hit:
+            return reason
+    return None
+
+
+def check_address(host: str) -> None:
+    """Raise ForbiddenDestination unless `host` (an IP literal) may be reached."""
+    address = ipaddress.ip_address(host.split("%", 1)[0])
+    reason = forbidden_reason(address, allow_loopback=settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS)
+    if reason:
+        raise ForbiddenDestination(f"{reason} address")
+
+
+def _ip_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    return True
+
+
+def validate_url(url: str) -> str:
+    """422 INVALID_URL unless `url` is an acceptable target: HTTPS (plain
+    HTTP only with WEBHOOK_ALLOW_PRIVATE_NETWORKS), a host, no credentials,
+    no fragment, and no forbidden IP literal. Names are checked when used."""
+    if not isinstance(url, str) or len(url) > MAX_URL_CHARS or _UNPRINTABLE.search(url):
+        raise InvalidUrl(f"A webhook URL is at most {MAX_URL_CHARS} printable characters.")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise InvalidUrl("The URL cannot be parsed.") from None
+    schemes = ("https", "http") if settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS else ("https",)
+    if parts.scheme not in schemes:
+        raise InvalidUrl("Webhook URLs must use https.", details={"scheme": parts.scheme})
+    if not parts.hostname:
+        raise InvalidUrl("The URL has no host.")
+    if parts.username is not None or parts.password is not None:
+        raise InvalidUrl("Credentials do not belong in a webhook URL; use a whsec_ secret.")
+    if parts.fragment:
+        raise InvalidUrl("The URL must not have a fragment.")
+    if port == 0:
+        raise InvalidUrl("The URL's port must be 1–65535.")
+    if _ip_literal(parts.hostname):
+        try:
+            check_address(parts.hostname)
+        except ForbiddenDestination as exc:
+            raise InvalidUrl(f"The URL names a {exc}.") from None
+    return url
