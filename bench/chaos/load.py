@@ -101,9 +101,11 @@ async def spaces(api: Api, people: dict) -> dict[str, str]:
 
 
 
-async def sender(api: Api, people: dict, conversations: dict, counter, total: int) -> None:
+async def sender(api: Api, people: dict, conversations: dict, counter, total: int, faults: asyncio.Task) -> None:
+    """Sends until `total` are made and the fault schedule has run: a fault
+    at a webhook step needs wakes in flight to reach it."""
     book = api.book
-    while (n := next(counter)) < total:
+    while (n := next(counter)) < total or not faults.done():
         s, r = random.randrange(SENDERS), random.randrange(RECIPIENTS)
         label = "#general" if random.random() < 0.3 else f"s{s}>r{r}"
         key = f"chaos-{n:06d}"

@@ -49,11 +49,11 @@ async def drive(args, work: Path, env: dict, people: dict, supervisor: Superviso
         grants = asyncio.create_task(granted(api, people, conversations, stop_load))
         counter = iter(range(10 ** 9))
         started = time.monotonic()
-        senders = [asyncio.create_task(sender(api, people, conversations, counter, args.sends))
-                   for _ in range(CONCURRENCY)]
         faults = Faults(nodes, workers, pg, redis, book)
         stop_faults = asyncio.Event()
         faults_task = asyncio.create_task(faults.run(args.faults, args.fault_interval, stop_faults))
+        senders = [asyncio.create_task(sender(api, people, conversations, counter, args.sends, faults_task))
+                   for _ in range(CONCURRENCY)]
         progress = asyncio.create_task(_progress(book, args.sends))
         await asyncio.gather(*senders)
         load_seconds = time.monotonic() - started
