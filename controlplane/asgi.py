@@ -1,6 +1,7 @@
 """ASGI entry point: HTTP (Django, with static files), WebSockets (Channels),
 and the MCP endpoint at /mcp; this callable owns the lifespan protocol
-(Django's handler refuses it), which starts and stops the MCP transport."""
+(Django's handler refuses it), which stops the MCP transport that the first
+`/mcp` request starts (mcp_endpoint.asgi)."""
 import asyncio
 import os
 
@@ -42,7 +43,6 @@ async def lifespan(receive, send) -> None:
         message = await receive()
         if message["type"] == "lifespan.startup":
             publisher.bind_server_loop(asyncio.get_running_loop())
-            await mcp_endpoint.start()
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
             await mcp_endpoint.stop()

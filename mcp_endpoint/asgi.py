@@ -3,10 +3,12 @@ API's rate limit, then the SDK's Streamable HTTP transport (stateless: any
 server process answers any request, as for the REST API).
 
 The SDK's session manager must be running before it serves a request.
-Uvicorn and other servers that speak the ASGI lifespan protocol start it
-at startup (controlplane.asgi owns lifespan; Django's handler refuses it);
-Daphne sends no lifespan events, so the first request starts it instead, on
-the server's event loop, where it runs until the process ends.
+The first request that passes the Host check and the credential check
+loads the SDK (about 30 MiB, docs/benchmarks.md) and starts the manager on
+the server's event loop, where it runs until the process ends: a process
+that never serves `/mcp` (or only refuses it) never pays for it. Servers
+that speak the ASGI lifespan protocol (uvicorn, which `serve` runs) stop it
+at shutdown (controlplane.asgi owns lifespan; Django's handler refuses it).
 """
 from __future__ import annotations
 
@@ -17,14 +19,20 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
-from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.server.transport_security import TransportSecuritySettings
+from typing import TYPE_CHECKING, Callable
 
 from controlplane.api.authentication import WWW_AUTHENTICATE, credential_for_bearer
 from controlplane.db import db_call
 from controlplane.errors import ApiError, Forbidden, InvalidRequest, RateLimited
 from controlplane.ratelimit import member_request_wait
-from mcp_endpoint.server import MEMBER_KEY
+
+if TYPE_CHECKING:
+    from mcp.server.lowlevel import Server
+    from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+
+# Where the endpoint puts the caller for the server's handlers (mcp_endpoint.server.caller).
+MEMBER_KEY = "switchboard.member"
+
 
 def _allowed(host: str | None) -> bool:
     return bool(host) and validate_host(host, settings.ALLOWED_HOSTS)
@@ -64,22 +72,33 @@ async def _refuse(send, error: ApiError) -> None:
 
 
 class McpEndpoint:
-    def __init__(self, server):
-        self.server = server
+    def __init__(self, build_server: Callable[[], Server]):
+        self.build_server = build_server
         self.manager: StreamableHTTPSessionManager | None = None
         self._running: asyncio.Task | None = None
+        self._starting = asyncio.Lock()
         self._started = asyncio.Event()
         self._stop = asyncio.Event()
 
+    def _new_manager(self) -> StreamableHTTPSessionManager:
+        from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+        from mcp.server.transport_security import TransportSecuritySettings
+
+        # Host and Origin are checked by `host_check`, the way Django checks them.
+        return StreamableHTTPSessionManager(app=self.build_server(), stateless=True,
+                                            security_settings=TransportSecuritySettings(
+                                                enable_dns_rebinding_protection=False),
+                                            max_request_body_size=settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
+
     async def start(self) -> None:
-        """Start the session manager on this loop (once); returns when it runs."""
-        if self._running is None:
-            # Host and Origin are checked by `host_check`, the way Django checks them.
-            self.manager = StreamableHTTPSessionManager(app=self.server, stateless=True,
-                                                        security_settings=TransportSecuritySettings(
-                                                            enable_dns_rebinding_protection=False),
-                                                        max_request_body_size=settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
-            self._running = asyncio.get_running_loop().create_task(self._run(), name="mcp-session-manager")
+        """Start the session manager on this loop (once); returns when it runs.
+        The SDK is imported in a worker thread: the loop keeps serving."""
+        if self._started.is_set():
+            return
+        async with self._starting:
+            if self._running is None:
+                self.manager = await asyncio.to_thread(self._new_manager)
+                self._running = asyncio.get_running_loop().create_task(self._run(), name="mcp-session-manager")
         await self._started.wait()
 
     async def _run(self) -> None:
@@ -93,7 +112,6 @@ class McpEndpoint:
             await self._running
 
     async def __call__(self, scope, receive, send):
-        await self.start()
         headers = dict(scope.get("headers") or [])
         if (refused := host_check(headers)) is not None:
             return await _refuse(send, refused)
@@ -101,4 +119,5 @@ class McpEndpoint:
             member = await db_call(_authenticate)(headers.get(b"authorization", b"").decode("latin-1"))
         except ApiError as error:
             return await _refuse(send, error)
+        await self.start()
         await self.manager.handle_request({**scope, MEMBER_KEY: member}, receive, send)

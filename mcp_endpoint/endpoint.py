@@ -1,9 +1,16 @@
 """The one `/mcp` endpoint of this process: the server with its tools and
-the Events extension, behind the credential check."""
+the Events extension, behind the credential check. The server (and the
+SDK under it) is built when the endpoint first serves a request."""
 from __future__ import annotations
 
-from mcp_endpoint import events
 from mcp_endpoint.asgi import McpEndpoint
-from mcp_endpoint.server import build_server
 
-mcp_endpoint = McpEndpoint(build_server(events.METHODS, {events.EXTENSION: events.extension_settings()}))
+
+def build():
+    from mcp_endpoint import events
+    from mcp_endpoint.server import build_server
+
+    return build_server(events.METHODS, {events.EXTENSION: events.extension_settings()})
+
+
+mcp_endpoint = McpEndpoint(build)

@@ -17,10 +17,8 @@ from controlplane.db import db_call
 from controlplane.errors import ApiError
 from controlplane.models import Member
 from mcp_endpoint import errors
+from mcp_endpoint.asgi import MEMBER_KEY
 from mcp_endpoint.tools import TOOLS, check_arguments
-
-MEMBER_KEY = "switchboard.member"
-
 
 def caller(ctx) -> Member:
     """The member the request's credential names (set by the endpoint)."""

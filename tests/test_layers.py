@@ -142,15 +142,19 @@ def test_only_the_clock_reads_the_time_of_day():
     assert not readers, readers
 
 
-def test_the_web_processes_load_no_http_client_until_they_send():
-    # The ASGI application (every app, the admin, the MCP endpoint) imports
-    # the URL rules (webhooks.destinations), not aiohttp: about 7 MiB per web
-    # process that never verifies an endpoint (docs/benchmarks.md, round four).
+def test_the_web_processes_load_no_http_client_and_no_mcp_sdk_until_they_need_them():
+    # The ASGI application (every app, the admin, the URL rules) imports the
+    # URL rules (webhooks.destinations), not aiohttp: about 7 MiB per web
+    # process that never verifies an endpoint; and the MCP endpoint loads
+    # the SDK at its first request, not at import: about 30 MiB per process
+    # that never serves /mcp (docs/benchmarks.md, rounds four and five).
     import os
     import subprocess
     import sys
 
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "controlplane.settings", "DEBUG": "1"}
-    loaded = subprocess.run([sys.executable, "-c", "import sys, controlplane.asgi; print('aiohttp' in sys.modules)"],
+    script = ("import sys, controlplane.asgi; from django.urls import get_resolver; get_resolver().url_patterns; "
+              "print(sorted({m.split('.')[0] for m in sys.modules} & {'aiohttp', 'mcp', 'mcp_types'}))")
+    loaded = subprocess.run([sys.executable, "-c", script],
                             cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout.strip()
-    assert loaded == "False"
+    assert loaded == "[]"

@@ -6,7 +6,7 @@ import pytest
 
 from mcp_endpoint import events
 from mcp_endpoint.asgi import McpEndpoint
-from mcp_endpoint.server import build_server
+from mcp_endpoint.endpoint import build
 
 pytestmark = pytest.mark.django_db(transaction=True)
 DISCOVER = {"jsonrpc": "2.0", "id": 1, "method": "server/discover",
@@ -18,7 +18,7 @@ HEADERS = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Versio
 
 def discover(host: str, token: str, origin: str | None = None) -> httpx.Response:
     async def go():
-        endpoint = McpEndpoint(build_server(events.METHODS, {events.EXTENSION: events.extension_settings()}))
+        endpoint = McpEndpoint(build)
         try:
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=endpoint), base_url=f"http://{host}") as http:
                 headers = {**HEADERS, "Authorization": f"Bearer {token}", **({"Origin": origin} if origin else {})}
