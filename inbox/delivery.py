@@ -114,38 +114,76 @@ def _acknowledge_with_orm(member: Member, token: str) -> bool:
     return True
 
 
+# Which items a settling statement takes (`_settle_sql`): an owner's one
+# token, or the items a batch of push receivers answered with a 2xx.
+BY_TOKEN = "member_id = %(member)s AND token = %(token)s"
+BY_IDS = "id = ANY(%(ids)s)"
+
+
 @functools.cache
-def _acknowledge_sql() -> str:
-    item, box, share = (connection.ops.quote_name(model._meta.db_table)
-                        for model in (InboxItem, Mailbox, MailboxShare))
+def _settle_sql(which: str) -> str:
+    """`settle_acknowledged` for the admitted items `which` names, as one
+    PostgreSQL statement: (items found, member ids of those that were
+    pending, whose mailboxes it debited, by public id: to announce to)."""
+    item, box, share, member = (connection.ops.quote_name(model._meta.db_table)
+                                for model in (InboxItem, Mailbox, MailboxShare, Member))
     return (
-        # The item's row first, then its mailbox rows, as settle_acknowledged
+        # The item rows first, then their mailbox rows, as settle_acknowledged
         # locks them (the mailbox rows by the UPDATEs, which take no-key locks).
         f"WITH item AS (SELECT id, member_id, sender_id, content_bytes, state FROM {item} "
-        f"  WHERE member_id = %(member)s AND token = %(token)s AND admission = %(admitted)s FOR NO KEY UPDATE), "
+        f"  WHERE {which} AND admission = %(admitted)s ORDER BY id FOR NO KEY UPDATE), "
         f"settled AS (UPDATE {item} i SET state = %(acknowledged)s, acknowledged_at = %(at)s FROM item "
         f"  WHERE i.id = item.id AND item.state = %(pending)s "
         f"  RETURNING item.member_id, item.sender_id, item.content_bytes), "
         # (A data-modifying WITH runs to completion whether or not it is read.)
-        f"debited AS (UPDATE {box} b SET pending_bytes = b.pending_bytes - s.content_bytes FROM settled s "
+        # Summed first: an UPDATE … FROM applies one source row per target row.
+        f"debited AS (UPDATE {box} b SET pending_bytes = b.pending_bytes - s.n "
+        f"  FROM (SELECT member_id, SUM(content_bytes) AS n FROM settled GROUP BY member_id) s "
         f"  WHERE b.member_id = s.member_id), "
-        f"shared AS (UPDATE {share} m SET pending_bytes = m.pending_bytes - s.content_bytes FROM settled s "
+        f"shared AS (UPDATE {share} m SET pending_bytes = m.pending_bytes - s.n "
+        f"  FROM (SELECT member_id, sender_id, SUM(content_bytes) AS n FROM settled GROUP BY member_id, sender_id) s "
         f"  WHERE m.member_id = s.member_id AND m.sender_id = s.sender_id) "
-        f"SELECT (SELECT count(*) FROM item), (SELECT count(*) FROM settled)")
+        f"SELECT (SELECT count(*) FROM item), "
+        f"  ARRAY(SELECT public_id FROM {member} WHERE id IN (SELECT member_id FROM settled))")
+
+
+def _settle_in_one_statement(which: str, params: dict) -> tuple[int, list[str]]:
+    params = {**params, "admitted": InboxItem.Admission.ADMITTED, "acknowledged": InboxItem.State.ACKNOWLEDGED,
+              "pending": InboxItem.State.PENDING, "at": now()}
+    with connection.cursor() as cursor:
+        cursor.execute(_settle_sql(which), params)
+        return cursor.fetchone()
 
 
 def _acknowledge_in_one_statement(member: Member, token: str) -> bool:
     """`_acknowledge_with_orm` as one PostgreSQL statement, atomic on its
     own: an acknowledgement is a hot write, and this is one round trip
     instead of six, with no query to compile."""
-    params = {"member": member.pk, "token": token, "admitted": InboxItem.Admission.ADMITTED,
-              "acknowledged": InboxItem.State.ACKNOWLEDGED, "pending": InboxItem.State.PENDING, "at": now()}
-    with connection.cursor() as cursor:
-        cursor.execute(_acknowledge_sql(), params)
-        found, settled = cursor.fetchone()
+    found, settled = _settle_in_one_statement(BY_TOKEN, {"member": member.pk, "token": token})
     if settled:
         mailbox.announce_acknowledged(member)
     return found > 0
+
+
+def acknowledge_items(item_ids: list[int]) -> None:
+    """What a batch of push receivers' 2xx does: acknowledge those of these
+    admitted items that are still pending, in the caller's transaction,
+    which has `mailbox.lock`ed their owners' mailboxes (the lock order: the
+    debits touch several members' rows). One statement on PostgreSQL."""
+    if item_ids:
+        settle = _acknowledge_items_in_one_statement if connection.vendor == "postgresql" else _acknowledge_items_with_orm
+        settle(item_ids)
+
+
+def _acknowledge_items_with_orm(item_ids: list[int]) -> None:
+    settle_acknowledged(list(InboxItem.objects.select_for_update(no_key=True).select_related("member")
+                             .filter(pk__in=item_ids, admission=InboxItem.Admission.ADMITTED).order_by("pk")))
+
+
+def _acknowledge_items_in_one_statement(item_ids: list[int]) -> None:
+    _, settled = _settle_in_one_statement(BY_IDS, {"ids": list(item_ids)})
+    for public_id in settled:
+        mailbox.announce_acknowledged(Member(public_id=public_id))
 
 
 def settle_acknowledged(items: list[InboxItem]) -> list[InboxItem]:

@@ -8,7 +8,8 @@ from django.db import connection, transaction
 
 from controlplane import live
 from controlplane.db import rows_sql
-from webhooks.models import Delivery, Subscription
+from inbox.models import InboxItem
+from webhooks.models import Delivery, Subscription, new_delivery_id
 
 # The running delivery timer listens here (webhooks.pump): a new due
 # delivery reaches it at once instead of at its next poll.
@@ -117,3 +118,27 @@ def mark_delivered(answered: list[tuple[int, int]], at) -> None:
         cursor.execute(f"UPDATE {table} SET state = 'delivered', finished_at = %s, claimed_until = NULL "
                        f"FROM ({values}) v WHERE {table}.id = v.id AND {table}.state = 'sending' "
                        f"AND {table}.attempts = v.number", [connection.ops.adapt_datetimefield_value(at), *params])
+
+
+def open_item_deliveries(subscription_ids: list[int], at, *, only_if_pending: bool) -> int:
+    """An open delivery, due at `at`, for each of these `item` subscriptions
+    that has none unfinished (one item in flight); with `only_if_pending`,
+    only if its owner has a pending admitted item now. One statement;
+    returns how many were opened (webhooks.mcp.offer)."""
+    quote = connection.ops.quote_name
+    deliveries, subscriptions, items = (quote(model._meta.db_table) for model in (Delivery, Subscription, InboxItem))
+    values, params = rows_sql([(pk, new_delivery_id()) for pk in sorted(subscription_ids)],
+                              {"subscription_id": "BIGINT", "public_id": "VARCHAR(40)"})
+    pending = (f"AND EXISTS (SELECT 1 FROM {subscriptions} s JOIN {items} i ON i.member_id = s.owner_id "
+               f"WHERE s.id = v.subscription_id AND i.admission = 'admitted' AND i.state = 'pending') "
+               if only_if_pending else "")
+    adapt = connection.ops.adapt_datetimefield_value
+    with connection.cursor() as cursor:
+        # A concurrent offer's open delivery (one per subscription) wins: nothing to add.
+        cursor.execute(f"INSERT INTO {deliveries} (public_id, subscription_id, after_position, through_position, "
+                       f"state, due_at, attempts, created_at) "
+                       f"SELECT v.public_id, v.subscription_id, 0, 0, 'open', %s, 0, %s FROM ({values}) v "
+                       f"WHERE NOT EXISTS (SELECT 1 FROM {deliveries} d WHERE d.subscription_id = v.subscription_id "
+                       f"AND d.state IN ('open', 'pending', 'sending')) {pending}"
+                       f"ORDER BY v.subscription_id ON CONFLICT DO NOTHING", [adapt(at), adapt(at), *params])
+        return cursor.rowcount

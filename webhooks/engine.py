@@ -38,7 +38,7 @@ from controlplane.clock import now, rfc3339
 from controlplane.cursors import caller_id, pack_cursor
 from controlplane.models import Member, Space
 from inbox import mailbox, notices
-from inbox.delivery import oldest_pending, settle_acknowledged
+from inbox.delivery import acknowledge_items, oldest_pending
 from inbox.models import InboxItem
 from webhooks import mcp
 from webhooks.due import READY, due_sql, mark_delivered, mark_sending, set_by_wrong_clock
@@ -335,8 +335,7 @@ def _record_rest(results: list[Result]) -> None:
 def _hand_off_items(deliveries: list[Delivery]) -> None:
     """A 2xx for a pushed inbox item acknowledges it, in the transaction that
     records the attempt, and the next pending item is offered at once."""
-    settle_acknowledged(list(InboxItem.objects.select_for_update(no_key=True).select_related("member")
-                             .filter(pk__in=[d.item_id for d in deliveries]).order_by("pk")))
+    acknowledge_items([d.item_id for d in deliveries])
     mcp.offer({d.subscription_id for d in deliveries}, only_if_pending=True, kick=False)
 
 

@@ -182,25 +182,12 @@ def offer(subscription_ids: Iterable[int], *, only_if_pending: bool = False, kic
     that finds none is cancelled, and offers nothing more).
     `only_if_pending`: only if its owner has a pending item now (after a
     hand-off; an append hook may run before its notice's item exists, so it
-    offers regardless). In the caller's transaction, three statements
-    however many; the kick after commit is a nudge, the sweep the guarantee.
+    offers regardless). In the caller's transaction, one statement
+    however many (webhooks.due.open_item_deliveries); the kick after commit is a nudge, the sweep the guarantee.
     The engine itself offers with `kick=False`: its own pump claims what is
     due as soon as it records."""
-    ids = set(subscription_ids)
-    if not ids:
-        return
-    ids -= set(Delivery.objects.filter(subscription_id__in=ids, state__in=Delivery.UNFINISHED)
-               .values_list("subscription_id", flat=True))
-    if ids and only_if_pending:
-        pending = InboxItem.objects.filter(member=OuterRef("owner"), admission=InboxItem.Admission.ADMITTED,
-                                           state=InboxItem.State.PENDING)
-        ids = set(Subscription.objects.filter(pk__in=ids).filter(Exists(pending)).values_list("pk", flat=True))
-    if not ids:
-        return
-    at = now()
-    Delivery.objects.bulk_create(Delivery(subscription_id=pk, after_position=0, through_position=0, due_at=at)
-                                 for pk in sorted(ids))
-    if kick:
+    ids = list(set(subscription_ids))
+    if ids and due.open_item_deliveries(ids, now(), only_if_pending=only_if_pending) and kick:
         due.kick_on_commit()
 
 

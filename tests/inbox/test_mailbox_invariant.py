@@ -18,7 +18,7 @@ from controlplane.log import NewEvent
 from grants.models import Grant
 from grants.services import create_grant, revoke_grant
 from inbox import firewall, mailbox, notices
-from inbox.delivery import acknowledge_delivery, oldest_pending, settle_acknowledged
+from inbox.delivery import acknowledge_delivery, acknowledge_items
 from inbox.models import InboxItem, Mailbox, MailboxShare
 from inbox.services import send_message
 
@@ -91,11 +91,16 @@ class World:
             acknowledge_delivery(member, admitted[k % len(admitted)].token, actor=member)
 
     def ack_batch(self, who):
-        """What a batch of push receivers' 2xx does: the oldest pending item
-        of each, acknowledged together (one of them perhaps twice)."""
-        chosen = oldest_pending({self.people[w].pk for w in who})
-        settle_acknowledged(list(InboxItem.objects.select_related("member").filter(
-            pk__in=[item.pk for item in chosen.values()])))
+        """What a batch of push receivers' 2xx does: pending items acknowledged
+        together (the first n of a member named n times; one item twice)."""
+        ids = []
+        for name in sorted(set(who)):
+            pending = self.items(self.people[name], state=InboxItem.State.PENDING,
+                                 admission=InboxItem.Admission.ADMITTED)
+            ids += [item.pk for item in pending[:who.count(name)]]
+        with transaction.atomic():
+            mailbox.lock(self.people[name].pk for name in who)
+            acknowledge_items(ids + ids[:1])
 
     def rules(self, who, hold_from):
         rules = [] if hold_from is None else [{"action": "hold", "sender": hold_from}]

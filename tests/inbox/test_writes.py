@@ -119,3 +119,50 @@ def test_both_acknowledgement_paths_settle_and_publish_the_same(space, alice, bo
     assert orm["items"] == [(True, "acknowledged", True), (False, "pending", False)]
     assert orm["mailbox"] is True
     assert orm["published"] == [(True, {"type": "inbox.acknowledged"})]
+
+
+def test_both_batch_acknowledgement_paths_settle_and_publish_the_same(space, alice, bob, carol, monkeypatch,
+                                                                       django_capture_on_commit_callbacks):
+    # given: bob sends alice three and carol two direct messages; a recording publisher
+    from django.db import transaction
+
+    from inbox import mailbox
+
+    sent = []
+    monkeypatch.setattr(live.publisher, "send", lambda group, note: sent.append((group, note)))
+    for reader, count in ((alice, 3), (carol, 2)):
+        direct, _ = services.get_or_create_direct(space, reader, actor=bob)
+        for n in range(count):
+            send_message(direct, body=f"item {n} for {reader.handle}" + "x" * n, actor=bob)
+    snapshots = []
+    for settle in (delivery._acknowledge_items_in_one_statement, delivery._acknowledge_items_with_orm):
+        Mailbox.objects.update(pending_bytes=0)  # the debits, as differences from zero
+        MailboxShare.objects.update(pending_bytes=0)
+        InboxItem.objects.update(state=InboxItem.State.PENDING, acknowledged_at=None)
+        items = {reader: list(InboxItem.objects.filter(member=reader).order_by("position")) for reader in (alice, carol)}
+        # two of alice's (one of them twice) and one of carol's in one batch; then carol's again with her other
+        batches = [[items[alice][0].pk, items[alice][2].pk, items[alice][0].pk, items[carol][0].pk],
+                   [items[carol][0].pk, items[carol][1].pk]]
+        sent.clear()
+        # when
+        for batch in batches:
+            with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
+                mailbox.lock([alice.pk, carol.pk])
+                settle(batch)
+        # then
+        snapshots.append({
+            "states": [(i.member_id, i.position, i.state, i.acknowledged_at is not None)
+                       for i in InboxItem.objects.order_by("member_id", "position")],
+            "mailboxes": sorted(Mailbox.objects.filter(member__in=[alice, carol]).values_list("member_id", "pending_bytes")),
+            "shares": sorted(MailboxShare.objects.filter(sender=bob).values_list("member_id", "pending_bytes")),
+            "published": sorted(sent, key=repr),
+        })
+    one_statement, orm = snapshots
+    assert one_statement == orm
+    sizes = {reader: [i.content_bytes for i in items[reader]] for reader in (alice, carol)}
+    assert dict(orm["mailboxes"]) == {alice.pk: -(sizes[alice][0] + sizes[alice][2]), carol.pk: -sum(sizes[carol])}
+    assert dict(orm["shares"]) == dict(orm["mailboxes"])
+    assert [state for _, _, state, _ in orm["states"]].count("acknowledged") == 4
+    assert orm["published"] == sorted([(f"inbox.{alice.public_id}", {"type": "inbox.acknowledged"}),
+                                       (f"inbox.{carol.public_id}", {"type": "inbox.acknowledged"}),
+                                       (f"inbox.{carol.public_id}", {"type": "inbox.acknowledged"})], key=repr)
