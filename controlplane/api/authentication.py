@@ -14,7 +14,9 @@ from controlplane.tokens import TOKEN_RE, hash_token
 
 # The challenge of a 401 on every surface that takes bearer credentials.
 WWW_AUTHENTICATE = 'Bearer realm="switchboard"'
-_MEMBER_FIELDS = ["id", "public_id", "handle", "display_name", "kind", "status", "is_admin", "user_id"]
+# Every column of the member: a field left out would be loaded by a query of
+# its own when first read (GET /v0/me renders `created_at`).
+_MEMBER_FIELDS = ["id", "public_id", "handle", "display_name", "kind", "status", "is_admin", "user_id", "created_at"]
 
 
 def _credential_sql() -> str:
@@ -32,7 +34,11 @@ def credential_for_hash(token_hash: str) -> Credential | None:
         row = cursor.fetchone()
     if row is None:
         return None
-    member = Member.from_db(connection.alias, _MEMBER_FIELDS, [*row[2:8], bool(row[8]), row[9]])
+    # As the ORM's converters would: SQLite gives booleans as integers and
+    # datetimes as text.
+    convert = getattr(connection.ops, "convert_datetimefield_value", None)
+    created_at = convert(row[10], None, connection) if convert else row[10]
+    member = Member.from_db(connection.alias, _MEMBER_FIELDS, [*row[2:8], bool(row[8]), row[9], created_at])
     credential = Credential.from_db(connection.alias, ["id", "public_id", "member_id"], [row[0], row[1], member.pk])
     credential.member = member
     return credential

@@ -2,6 +2,7 @@
 import pytest
 
 from controlplane import services
+from controlplane.clock import rfc3339
 from controlplane.errors import InvalidRequest
 from controlplane.models import Conversation, Event, Member, Membership, Space
 from tests.conftest import error_code
@@ -11,10 +12,13 @@ def kinds_since(position: int) -> list[str]:
     return list(Event.objects.filter(position__gt=position).order_by("position").values_list("kind", flat=True))
 
 
-def test_me(as_alice):
-    member = as_alice.get("/v0/me").json()["member"]
+def test_me(as_alice, alice, django_assert_num_queries):
+    # one query: the credential with every column of its member (none left to load on its own)
+    with django_assert_num_queries(1):
+        member = as_alice.get("/v0/me").json()["member"]
     assert member["handle"] == "@alice" and member["id"].startswith("mem_")
     assert member["kind"] == "agent" and member["status"] == "active"
+    assert member["created_at"] == rfc3339(alice.created_at)
 
 
 def test_only_admins_create_members(api_for, make_member, as_alice):
