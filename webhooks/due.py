@@ -107,17 +107,23 @@ def mark_sending(deliveries: list[Delivery], first: set[int], at, until) -> None
                        f"FROM ({values}) v WHERE {table}.id = v.id", [adapt(until), adapt(at), *params])
 
 
-def mark_delivered(answered: list[tuple[int, int]], at) -> None:
+def mark_delivered(answered: list[tuple[int, int]], at) -> list[tuple[int, int | None, int]]:
     """Finish as `delivered` the deliveries answered with a 2xx, given as
     (id, attempt number): only those still `sending` under that attempt (a
     lease that ran out and was claimed again belongs to the newer attempt;
-    a cancelled one stays cancelled). One statement."""
-    table = connection.ops.quote_name(Delivery._meta.db_table)
+    a cancelled one stays cancelled). One statement; returns the finished
+    ones' (subscription id, item id, owner id)."""
+    quote = connection.ops.quote_name
+    table, subscriptions = quote(Delivery._meta.db_table), quote(Subscription._meta.db_table)
     values, params = rows_sql(answered, {"id": "BIGINT", "number": "INTEGER"})
     with connection.cursor() as cursor:
         cursor.execute(f"UPDATE {table} SET state = 'delivered', finished_at = %s, claimed_until = NULL "
                        f"FROM ({values}) v WHERE {table}.id = v.id AND {table}.state = 'sending' "
-                       f"AND {table}.attempts = v.number", [connection.ops.adapt_datetimefield_value(at), *params])
+                       f"AND {table}.attempts = v.number RETURNING {table}.subscription_id, {table}.item_id, "
+                       # (SQLite's RETURNING reads only the updated table: a subquery, not a join.)
+                       f"(SELECT s.owner_id FROM {subscriptions} s WHERE s.id = {table}.subscription_id)",
+                       [connection.ops.adapt_datetimefield_value(at), *params])
+        return cursor.fetchall()
 
 
 def open_item_deliveries(subscription_ids: list[int], at, *, only_if_pending: bool) -> int:

@@ -291,52 +291,42 @@ def record(results: list[Result]) -> None:
                     duration_ms=r.outcome.duration_ms, status_code=r.outcome.status_code,
                     error_class=r.outcome.error_class, key_id=r.key_id) for r in results)
         faults.point("webhooks.record")  # mid-record: the transaction is lost with the process
-        # Most answers are a 2xx for a wake: one statement finishes them all.
-        wakes = [(r.job.delivery_id, r.job.number) for r in results if r.outcome.ok and r.job.item_id is None]
-        if wakes:
-            mark_delivered(wakes, now())
-        rest = [r for r in results if not r.outcome.ok or r.job.item_id is not None]
-        if rest:
-            _record_rest(rest)
+        # Most answers are a 2xx: one statement finishes them all.
+        answered = [(r.job.delivery_id, r.job.number) for r in results if r.outcome.ok]
+        delivered = mark_delivered(answered, now()) if answered else []
+        pushed = [(subscription, item, owner) for subscription, item, owner in delivered if item is not None]
+        failed = [r for r in results if not r.outcome.ok]
+        if pushed or failed:
+            _record_rest(pushed, failed)
 
 
-def _record_rest(results: list[Result]) -> None:
-    """The failures and the pushed items' answers of a batch, after its wakes
-    (webhooks.due.mark_delivered): deliveries before mailboxes, as always."""
+def _record_rest(pushed: list[tuple[int, int, int]], failed: list[Result]) -> None:
+    """The pushed items' 2xx answers, as (subscription id, item id, owner id)
+    of the deliveries `mark_delivered` finished, and the failures of a batch:
+    deliveries before mailboxes, as always."""
     # The deliveries only (not their subscriptions, which a send's commit
     # checks its new deliveries' keys against), as no-key locks (mailbox.lock).
     current = {d.pk: d for d in Delivery.objects.select_for_update(of=("self",), no_key=True)
                .select_related("subscription")
-               .filter(pk__in=[r.job.delivery_id for r in results], state=Delivery.State.SENDING)}
+               .filter(pk__in=[r.job.delivery_id for r in failed], state=Delivery.State.SENDING)} if failed else {}
     # Every mailbox this batch may count into (a suspension notice) or out
     # of (a pushed item acknowledged), in member order, before the log head.
-    mailbox.lock(current[r.job.delivery_id].subscription.owner_id for r in results
-                 if r.job.delivery_id in current)
-    delivered = []
-    for r in results:
+    mailbox.lock([owner for _, _, owner in pushed] + [d.subscription.owner_id for d in current.values()])
+    for r in failed:
         delivery = current.get(r.job.delivery_id)
         if delivery is None or delivery.attempts != r.job.number:
             continue  # cancelled, or a newer attempt owns it
-        if r.outcome.ok:
-            delivered.append(delivery.pk)
-            continue
         try:
             with transaction.atomic():
                 _failed(delivery, r.outcome)
         except Exception:
             log.exception("recording the failed attempt %d of %s failed; it is retried after its lease",
                           r.job.number, r.job.public_id)
-    if delivered:
-        Delivery.objects.filter(pk__in=delivered).update(state=Delivery.State.DELIVERED, finished_at=now(),
-                                                         claimed_until=None)
-        _hand_off_items([current[pk] for pk in delivered])
-
-
-def _hand_off_items(deliveries: list[Delivery]) -> None:
-    """A 2xx for a pushed inbox item acknowledges it, in the transaction that
-    records the attempt, and the next pending item is offered at once."""
-    acknowledge_items([d.item_id for d in deliveries])
-    mcp.offer({d.subscription_id for d in deliveries}, only_if_pending=True, kick=False)
+    if pushed:
+        # A 2xx for a pushed inbox item acknowledges it, in the transaction
+        # that records the attempt, and the next pending item is offered at once.
+        acknowledge_items([item for _, item, _ in pushed])
+        mcp.offer({subscription for subscription, _, _ in pushed}, only_if_pending=True, kick=False)
 
 
 def record_or_leave(results: list[Result]) -> None:
