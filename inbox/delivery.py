@@ -55,10 +55,12 @@ def _pending_in_order(member: Member, bound: int | None, after: tuple[int, int])
 def oldest_pending(member_ids: Iterable[int]) -> dict[int, InboxItem]:
     """For each of `member_ids` with a pending item, the item `read_inbox`
     would show them first (what a push subscription of their inbox offers
-    next): one statement however many members."""
+    next): two statements however many members. (As one, `id IN (the
+    firsts)`, the planner may hash the whole inbox table to find them.)"""
     first = _pending_in_order(OuterRef("pk"), None, (0, 0)).values("pk")[:1]
-    firsts = Member.objects.filter(pk__in=member_ids).annotate(first=Subquery(first)).values("first")
-    return {item.member_id: item for item in InboxItem.objects.filter(pk__in=firsts)}
+    firsts = [pk for pk in Member.objects.filter(pk__in=member_ids).annotate(first=Subquery(first))
+              .values_list("first", flat=True) if pk is not None]
+    return {item.member_id: item for item in InboxItem.objects.filter(pk__in=firsts)} if firsts else {}
 
 
 def read_inbox(member: Member, *, bound: int | None = None, after: tuple[int, int] = (0, 0)) -> InboxPage:

@@ -43,3 +43,25 @@ def test_hosts_and_origins_are_checked_as_django_checks_them(settings, make_memb
     assert allowed.json()["result"]["capabilities"]["extensions"] == {events.EXTENSION: {"listChanged": False}}
     assert other.status_code == 400 and other.json()["error"]["details"] == {"reason": "host"}
     assert foreign.status_code == 403 and foreign.json()["error"]["details"] == {"reason": "origin"}
+
+
+def test_the_sdk_starts_at_the_first_accepted_request_not_at_a_refused_one(make_member):
+    # given: an endpoint that has served nothing yet
+    from controlplane import services
+    _, token = services.issue_credential(make_member("ada"), actor=None)
+    endpoint = McpEndpoint(build)
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=endpoint), base_url="http://testserver") as http:
+            # when: a refused request, then an accepted one
+            refused = await http.post("/mcp", json=DISCOVER, headers={**HEADERS, "Authorization": "Bearer sbt_nope"})
+            started_by_refusal = endpoint.manager is not None
+            accepted = await http.post("/mcp", json=DISCOVER, headers={**HEADERS, "Authorization": f"Bearer {token}"})
+            started = endpoint.manager is not None
+        await endpoint.stop()
+        return refused, started_by_refusal, accepted, started
+
+    refused, started_by_refusal, accepted, started = asyncio.run(go())
+    # then
+    assert refused.status_code == 401 and started_by_refusal is False
+    assert accepted.status_code == 200 and started is True
