@@ -55,3 +55,30 @@ def test_the_sync_chain_refuses_a_host_not_allowed_and_answers_unknown_paths(thr
     settings.ALLOWED_HOSTS = ["testserver"]
     assert asgi_get("/sync", host=b"elsewhere.example")[0] == 400
     assert asgi_get("/nowhere")[0] == 404
+
+
+def test_a_sync_view_s_request_signals_run_on_its_request_thread(thread_urls):
+    # given: receivers of the request signals that note their thread
+    from django.core.signals import request_finished, request_started
+
+    seen = []
+
+    def note(sender, signal, **kwargs):
+        seen.append(("started" if signal is request_started else "finished", threading.current_thread().name))
+
+    request_started.connect(note)
+    request_finished.connect(note)
+    try:
+        # when
+        status, _, body = asgi_get("/sync")
+        streamed = asgi_get("/streaming")
+    finally:
+        request_started.disconnect(note)
+        request_finished.disconnect(note)
+    # then: one hop for the request, its signals included (not two more to
+    # the thread every request of the process shares); a streamed response
+    # is closed, and so finished, once its content is sent
+    assert status == 200
+    assert seen[:2] == [("started", body["thread"]), ("finished", body["thread"])]
+    assert streamed[0] == 200 and streamed[2] == b"one two"
+    assert [kind for kind, _ in seen[2:]] == ["started", "finished"]
