@@ -125,8 +125,8 @@ BY_IDS = "id = ANY(%(ids)s)"
 @functools.cache
 def _settle_sql(which: str) -> str:
     """`settle_acknowledged` for the admitted items `which` names, as one
-    PostgreSQL statement: (items found, member ids of those that were
-    pending, whose mailboxes it debited, by public id: to announce to)."""
+    PostgreSQL statement. It returns how many items it found, and the
+    public ids of the members whose items it settled (to announce to)."""
     item, box, share, member = (connection.ops.quote_name(model._meta.db_table)
                                 for model in (InboxItem, Mailbox, MailboxShare, Member))
     return (
@@ -172,9 +172,12 @@ def acknowledge_items(item_ids: list[int]) -> None:
     admitted items that are still pending, in the caller's transaction,
     which has `mailbox.lock`ed their owners' mailboxes (the lock order: the
     debits touch several members' rows). One statement on PostgreSQL."""
-    if item_ids:
-        settle = _acknowledge_items_in_one_statement if connection.vendor == "postgresql" else _acknowledge_items_with_orm
-        settle(item_ids)
+    if not item_ids:
+        return
+    if connection.vendor == "postgresql":
+        _acknowledge_items_in_one_statement(item_ids)
+    else:
+        _acknowledge_items_with_orm(item_ids)
 
 
 def _acknowledge_items_with_orm(item_ids: list[int]) -> None:

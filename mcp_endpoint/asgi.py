@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-
+from typing import TYPE_CHECKING, Callable
 from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
-from typing import TYPE_CHECKING, Callable
 
 from controlplane.api.authentication import WWW_AUTHENTICATE, credential_for_bearer
 from controlplane.db import db_call

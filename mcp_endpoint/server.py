@@ -20,6 +20,7 @@ from mcp_endpoint import errors
 from mcp_endpoint.asgi import MEMBER_KEY
 from mcp_endpoint.tools import TOOLS, check_arguments
 
+
 def caller(ctx) -> Member:
     """The member the request's credential names (set by the endpoint)."""
     request = ctx.request

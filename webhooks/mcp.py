@@ -182,8 +182,9 @@ def offer(subscription_ids: Iterable[int], *, only_if_pending: bool = False, kic
     that finds none is cancelled, and offers nothing more).
     `only_if_pending`: only if its owner has a pending item now (after a
     hand-off; an append hook may run before its notice's item exists, so it
-    offers regardless). In the caller's transaction, one statement
-    however many (webhooks.due.open_item_deliveries); the kick after commit is a nudge, the sweep the guarantee.
+    offers regardless). In the caller's transaction, one statement however
+    many (webhooks.due.open_item_deliveries); the kick after commit is a
+    nudge, the sweep the guarantee.
     The engine itself offers with `kick=False`: its own pump claims what is
     due as soon as it records."""
     ids = list(set(subscription_ids))

@@ -139,7 +139,8 @@ def test_both_batch_acknowledgement_paths_settle_and_publish_the_same(space, ali
         Mailbox.objects.update(pending_bytes=0)  # the debits, as differences from zero
         MailboxShare.objects.update(pending_bytes=0)
         InboxItem.objects.update(state=InboxItem.State.PENDING, acknowledged_at=None)
-        items = {reader: list(InboxItem.objects.filter(member=reader).order_by("position")) for reader in (alice, carol)}
+        items = {reader: list(InboxItem.objects.filter(member=reader).order_by("position"))
+                 for reader in (alice, carol)}
         # two of alice's (one of them twice) and one of carol's in one batch; then carol's again with her other
         batches = [[items[alice][0].pk, items[alice][2].pk, items[alice][0].pk, items[carol][0].pk],
                    [items[carol][0].pk, items[carol][1].pk]]
@@ -153,7 +154,8 @@ def test_both_batch_acknowledgement_paths_settle_and_publish_the_same(space, ali
         snapshots.append({
             "states": [(i.member_id, i.position, i.state, i.acknowledged_at is not None)
                        for i in InboxItem.objects.order_by("member_id", "position")],
-            "mailboxes": sorted(Mailbox.objects.filter(member__in=[alice, carol]).values_list("member_id", "pending_bytes")),
+            "mailboxes": sorted(Mailbox.objects.filter(member__in=[alice, carol])
+                                .values_list("member_id", "pending_bytes")),
             "shares": sorted(MailboxShare.objects.filter(sender=bob).values_list("member_id", "pending_bytes")),
             "published": sorted(sent, key=repr),
         })

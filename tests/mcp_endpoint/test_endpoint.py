@@ -20,7 +20,8 @@ def discover(host: str, token: str, origin: str | None = None) -> httpx.Response
     async def go():
         endpoint = McpEndpoint(build)
         try:
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=endpoint), base_url=f"http://{host}") as http:
+            transport = httpx.ASGITransport(app=endpoint)
+            async with httpx.AsyncClient(transport=transport, base_url=f"http://{host}") as http:
                 headers = {**HEADERS, "Authorization": f"Bearer {token}", **({"Origin": origin} if origin else {})}
                 return await http.post("/mcp", json=DISCOVER, headers=headers)
         finally:
@@ -52,7 +53,8 @@ def test_the_sdk_starts_at_the_first_accepted_request_not_at_a_refused_one(make_
     endpoint = McpEndpoint(build)
 
     async def go():
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=endpoint), base_url="http://testserver") as http:
+        transport = httpx.ASGITransport(app=endpoint)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
             # when: a refused request, then an accepted one
             refused = await http.post("/mcp", json=DISCOVER, headers={**HEADERS, "Authorization": "Bearer sbt_nope"})
             started_by_refusal = endpoint.manager is not None
