@@ -7,10 +7,8 @@ delays a long-poll by at most settings.FEED_RECHECK_SECONDS and loses nothing.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
-import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -127,32 +125,6 @@ def group_send_on_commit(group: str, message: dict) -> None:
     transaction.on_commit(lambda: publisher.send(group, message), robust=True)
 
 
-_nudges = itertools.count()
-_origin = (0, "")
-
-
-def _nudge_id() -> str:
-    """An id for one log nudge, unique across processes and nodes."""
-    global _origin
-    if _origin[0] != os.getpid():  # a forked child is another origin
-        _origin = (os.getpid(), secrets.token_hex(8))
-    return f"{_origin[1]}.{next(_nudges)}"
-
-
-def log_advanced_on_commit(message: dict) -> None:
-    """Once the current transaction commits, tell every process that the
-    log advanced (`message`, to LOG_GROUP): this process's waiters at once,
-    the others through the channel layer. The broker's copy comes back here
-    too, a few milliseconds later, and is skipped (LogWatcher)."""
-    message = {**message, "nudge": _nudge_id()}
-
-    def announce() -> None:
-        log_watcher.wake_here(message)
-        publisher.send(LOG_GROUP, message)
-
-    transaction.on_commit(announce, robust=True)
-
-
 class Interest:
     """What a live page waits for: new events in some conversations, or a
     change of who may read some spaces (membership events). `event` is set
@@ -174,15 +146,11 @@ class LogWatcher:
     """One per process: listens on the log group and wakes local waiters:
     long-polls (any advance) and live pages (advances they asked for)."""
 
-    # Nudges woken here before the broker's copy came back (oldest first).
-    REMEMBERED = 1024
-
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._advanced: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._interests: set[Interest] = set()
-        self._woken_here: dict[str, None] = {}
 
     def _ensure_started(self) -> None:
         loop = asyncio.get_running_loop()
@@ -190,7 +158,6 @@ class LogWatcher:
             self._loop = loop
             self._advanced = asyncio.Event()
             self._interests = set()
-            self._woken_here = {}
             self._task = loop.create_task(self._listen())
 
     def mark(self) -> asyncio.Event:
@@ -222,34 +189,8 @@ class LogWatcher:
             if interest.matches(message):
                 interest.event.set()
 
-    def wake_here(self, message: dict) -> None:
-        """From any thread: wake this process's waiters for a commit made
-        here, without waiting for the broker's round trip (about 4 ms of a
-        live frame's 20, docs/benchmarks.md)."""
-        loop = self._loop
-        if loop is None:
-            return  # nobody here has waited yet
-        try:
-            loop.call_soon_threadsafe(self._wake_here, message)
-        except RuntimeError:
-            pass  # that loop is closed: its waiters are gone
-
-    def _wake_here(self, message: dict) -> None:
-        if self._loop is not asyncio.get_running_loop():
-            return
-        self._woken_here[message["nudge"]] = None
-        if len(self._woken_here) > self.REMEMBERED:  # copies the broker lost
-            del self._woken_here[next(iter(self._woken_here))]
-        self._wake(message)
-
-    def _from_broker(self, message: dict) -> None:
-        if message.get("nudge") in self._woken_here:
-            del self._woken_here[message["nudge"]]  # woken already
-            return
-        self._wake(message)
-
     async def _listen(self) -> None:
-        await listen(LOG_GROUP, self._from_broker)
+        await listen(LOG_GROUP, self._wake)
 
 
 async def listen(group: str, on_message: Callable[[dict], None]) -> None:

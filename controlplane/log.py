@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from django.db import connection, transaction
 
 from controlplane.clock import now
-from controlplane.live import log_advanced_on_commit
+from controlplane.live import LOG_GROUP, group_send_on_commit
 from controlplane.models import Event, EventAddressee, LogHead
 from controlplane.tracing import current_request_id
 
@@ -63,11 +63,11 @@ def appended(entries: list[tuple[int, NewEvent]]) -> None:
     for hook in _APPEND_HOOKS:
         hook(entries)
     events = [event for _, event in entries]
-    log_advanced_on_commit({"type": "log.advanced", "position": entries[-1][0],
-                            "conversations": sorted({e.conversation_id for e in events if e.conversation_id}),
-                            # spaces where who may read changed (live pages re-check)
-                            "access_spaces": sorted({e.space_id for e in events
-                                                     if e.space_id and e.kind.startswith("member.")})})
+    group_send_on_commit(LOG_GROUP, {"type": "log.advanced", "position": entries[-1][0],
+                                     "conversations": sorted({e.conversation_id for e in events if e.conversation_id}),
+                                     # spaces where who may read changed (live pages re-check)
+                                     "access_spaces": sorted({e.space_id for e in events
+                                                              if e.space_id and e.kind.startswith("member.")})})
 
 
 _ALLOCATE_SQL = f"UPDATE {LogHead._meta.db_table} SET position = position + %s WHERE id = 1 RETURNING position"

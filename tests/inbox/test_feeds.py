@@ -276,51 +276,6 @@ async def test_log_watcher_renews_its_group_membership_under_steady_traffic(monk
 
 
 @pytest.mark.asyncio
-async def test_a_commit_wakes_its_own_process_at_once_and_the_broker_s_copy_is_skipped(monkeypatch):
-    # given: a watcher on a layer, a live page's interest in conversation 7,
-    # and a broker that has not delivered anything yet (the publisher holds it)
-    from channels.layers import InMemoryChannelLayer
-
-    from controlplane import live
-    layer = InMemoryChannelLayer()
-    monkeypatch.setattr(live, "get_channel_layer", lambda: layer)
-    watcher = live.LogWatcher()
-    monkeypatch.setattr(live, "log_watcher", watcher)
-    held = []
-    monkeypatch.setattr(live.publisher, "send", lambda group, message: held.append((group, message)))
-    interest = watcher.watch(conversations={7}, spaces=set())
-    for _ in range(100):  # until the listener has joined the group
-        if layer.groups.get(live.LOG_GROUP):
-            break
-        await asyncio.sleep(0.01)
-    wakes = []
-    wake = watcher._wake
-    monkeypatch.setattr(watcher, "_wake", lambda message: (wakes.append(message["conversations"]), wake(message)))
-
-    def commit(conversations):  # what log.appended does, committed on a request thread
-        callbacks = []
-        monkeypatch.setattr(live.transaction, "on_commit", lambda fn, robust: callbacks.append(fn))
-        live.log_advanced_on_commit({"type": "log.advanced", "position": 1, "conversations": conversations,
-                                     "access_spaces": []})
-        callbacks[0]()
-
-    # when: a commit here, before its broker copy arrives
-    await asyncio.to_thread(commit, [7])
-    await asyncio.wait_for(interest.event.wait(), 2)
-    # then: woken once; the broker's copy, when it comes, wakes nobody again
-    assert wakes == [[7]] and [group for group, _ in held] == [live.LOG_GROUP]
-    await layer.group_send(*held[0])
-    # and a commit of another process (its own nudge id) still wakes this one
-    await layer.group_send(live.LOG_GROUP, {"type": "log.advanced", "conversations": [8], "nudge": "elsewhere.1"})
-    for _ in range(100):
-        if len(wakes) == 2:
-            break
-        await asyncio.sleep(0.01)
-    watcher._task.cancel()
-    assert wakes == [[7], [8]]
-
-
-@pytest.mark.asyncio
 async def test_a_group_listener_stops_when_cancelled_under_a_stream_of_messages(monkeypatch):
     # given: a layer that always has a message ready (a busy group), and a listener on it
     from controlplane import live

@@ -41,7 +41,7 @@ def _snapshot(message: Message, hooked: list, sent: list) -> dict:
         "hooked": [(p == position, e.kind, e.addressees, e.restricted, e.space_id, e.conversation_id)
                    for p, e in hooked],
         "published": sorted([(group, {k: ("P" if v == position else "M" if v == message.public_id else v)
-                               for k, v in note.items() if k != "nudge"} if isinstance(note, dict) else note)
+                               for k, v in note.items()} if isinstance(note, dict) else note)
                       for group, note in sent], key=repr),
     }
 
