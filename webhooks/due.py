@@ -135,16 +135,20 @@ def open_item_deliveries(subscription_ids: list[int], at, *, only_if_pending: bo
     deliveries, subscriptions, items = (quote(model._meta.db_table) for model in (Delivery, Subscription, InboxItem))
     values, params = rows_sql([(pk, new_delivery_id()) for pk in sorted(subscription_ids)],
                               {"subscription_id": "BIGINT", "public_id": "VARCHAR(40)"})
-    pending = (f"AND EXISTS (SELECT 1 FROM {subscriptions} s JOIN {items} i ON i.member_id = s.owner_id "
-               f"WHERE s.id = v.subscription_id AND i.admission = 'admitted' AND i.state = 'pending') "
-               if only_if_pending else "")
+    unfinished = ", ".join(["%s"] * len(Delivery.UNFINISHED))
+    pending, pending_params = "", []
+    if only_if_pending:
+        pending = (f"AND EXISTS (SELECT 1 FROM {subscriptions} s JOIN {items} i ON i.member_id = s.owner_id "
+                   f"WHERE s.id = v.subscription_id AND i.admission = %s AND i.state = %s) ")
+        pending_params = [InboxItem.Admission.ADMITTED, InboxItem.State.PENDING]
     adapt = connection.ops.adapt_datetimefield_value
     with connection.cursor() as cursor:
         # A concurrent offer's open delivery (one per subscription) wins: nothing to add.
         cursor.execute(f"INSERT INTO {deliveries} (public_id, subscription_id, after_position, through_position, "
                        f"state, due_at, attempts, created_at) "
-                       f"SELECT v.public_id, v.subscription_id, 0, 0, 'open', %s, 0, %s FROM ({values}) v "
+                       f"SELECT v.public_id, v.subscription_id, 0, 0, %s, %s, 0, %s FROM ({values}) v "
                        f"WHERE NOT EXISTS (SELECT 1 FROM {deliveries} d WHERE d.subscription_id = v.subscription_id "
-                       f"AND d.state IN ('open', 'pending', 'sending')) {pending}"
-                       f"ORDER BY v.subscription_id ON CONFLICT DO NOTHING", [adapt(at), adapt(at), *params])
+                       f"AND d.state IN ({unfinished})) {pending}"
+                       f"ORDER BY v.subscription_id ON CONFLICT DO NOTHING",
+                       [Delivery.State.OPEN, adapt(at), adapt(at), *params, *Delivery.UNFINISHED, *pending_params])
         return cursor.rowcount
