@@ -44,6 +44,12 @@ class Publisher:
     Unbounded, a burst of commits opened more connections than the Redis
     pool holds, and redis-py's asyncio pool fails at its limit instead of
     waiting (MaxConnectionsError), losing nudges.
+
+    On Redis, the messages queued while a batch goes out leave together:
+    one pipelined read finds which of their groups have a member, and only
+    those get a `group_send` (two to four round trips each, even to an
+    empty group). Most groups are empty most of the time: a member's inbox
+    group has members only while their inbox page or an MCP stream is open.
     """
 
     IN_FLIGHT = 32
@@ -54,6 +60,9 @@ class Publisher:
         self._own_loop_pid = 0
         self._lock = threading.Lock()
         self._gates: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+        self._queued: dict[object, list[tuple[str, dict]]] = {}  # by layer, on the publisher's loop
+        self._flushers: dict[object, asyncio.Task] = {}
+        self._sending: set[asyncio.Task] = set()
 
     async def _send(self, layer, group: str, message: dict) -> None:
         loop = asyncio.get_running_loop()
@@ -62,6 +71,30 @@ class Publisher:
             gate = self._gates[loop] = asyncio.Semaphore(self.IN_FLIGHT)
         async with gate:
             await layer.group_send(group, message)
+
+    def _queue(self, layer, group: str, message: dict) -> None:
+        """On the publisher's loop: queue a message for `layer`'s next batch,
+        and start its flusher unless it is running."""
+        self._queued.setdefault(layer, []).append((group, message))
+        flusher = self._flushers.get(layer)
+        if flusher is None or flusher.done():
+            self._flushers[layer] = asyncio.get_running_loop().create_task(self._flush(layer))
+
+    async def _flush(self, layer) -> None:
+        """Send what is queued for `layer`, a batch per read of its groups:
+        what queues meanwhile goes with the next."""
+        while batch := self._queued.pop(layer, None):
+            try:
+                listened = await listened_groups(layer, {group for group, _ in batch})
+            except Exception:
+                logger.warning("could not read the groups of %d messages; sending each", len(batch), exc_info=True)
+                listened = {group for group, _ in batch}
+            for group, message in batch:
+                if group in listened:
+                    send = asyncio.get_running_loop().create_task(self._send(layer, group, message))
+                    self._sending.add(send)  # a strong reference until it is done
+                    send.add_done_callback(self._sending.discard)
+                    send.add_done_callback(_log_failure)
 
     def bind_server_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         self._server_loop = loop
@@ -89,11 +122,30 @@ class Publisher:
         try:
             if loop is None:
                 async_to_sync(layer.group_send)(group, message)
+            elif hasattr(layer, "_group_key"):  # channels-redis: batched
+                loop.call_soon_threadsafe(self._queue, layer, group, message)
             else:
                 asyncio.run_coroutine_threadsafe(self._send(layer, group, message), loop).add_done_callback(
                     _log_failure)
         except Exception:
             logger.warning("group_send to %s failed", group, exc_info=True)
+
+
+async def listened_groups(layer, groups: set[str]) -> set[str]:
+    """Which of `groups` have a member on a channels-redis `layer`: one
+    pipelined read per Redis host. The count leaves out memberships past
+    the layer's `group_expiry`, as its `group_send` does."""
+    by_host: dict[int, list[str]] = {}
+    for group in groups:
+        by_host.setdefault(layer.consistent_hash(group), []).append(group)
+    since = f"({int(time.time()) - layer.group_expiry}"
+    listened = set()
+    for host, names in by_host.items():
+        pipe = layer.connection(host).pipeline(transaction=False)
+        for group in names:
+            pipe.zcount(layer._group_key(group), since, "+inf")
+        listened.update(group for group, members in zip(names, await pipe.execute()) if members)
+    return listened
 
 
 def _log_failure(future) -> None:
