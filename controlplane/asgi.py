@@ -21,7 +21,7 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 
 from controlplane.bodylimit import BodyLimit  # noqa: E402
 from controlplane.db import pooled  # noqa: E402
-from controlplane.live import publisher  # noqa: E402
+from controlplane.live import log_watcher, publisher  # noqa: E402
 from controlplane.tracing import with_request_id  # noqa: E402
 from mcp_endpoint.endpoint import mcp_endpoint  # noqa: E402
 from web.routing import websocket_urlpatterns  # noqa: E402
@@ -46,6 +46,7 @@ async def lifespan(receive, send) -> None:
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
             await mcp_endpoint.stop()
+            await log_watcher.stop()
             await send({"type": "lifespan.shutdown.complete"})
             return
 

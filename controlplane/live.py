@@ -234,6 +234,16 @@ class LogWatcher:
     def unwatch(self, interest: Interest) -> None:
         self._interests.discard(interest)
 
+    async def stop(self) -> None:
+        """Leave the log group, at the server's shutdown (the lifespan's):
+        a channel left behind would be sent every nudge of every process
+        until its membership expires, a day later. (The tasks a server
+        leaves at its exit are cancelled too late to leave.)"""
+        task, self._task = self._task, None
+        if task is not None and self._loop is asyncio.get_running_loop():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
     def _wake(self, message: dict) -> None:
         advanced, self._advanced = self._advanced, asyncio.Event()
         advanced.set()

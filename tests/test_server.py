@@ -309,6 +309,30 @@ def test_a_burst_of_nudges_over_redis_loses_none(monkeypatch, settings):
 
 
 @pytest.mark.postgres
+def test_a_stopped_server_leaves_the_log_group(settings):
+    """A server's long-polls and live pages hear of commits through one
+    channel per process in the log group. Stopped (SIGTERM, as a service
+    manager stops it), it leaves the group: a channel left behind would be
+    sent every commit's nudge, by every process, for a day."""
+    # given: a server whose long-poll joined the log group
+    import redis
+    group = redis.Redis.from_url(settings.REDIS_URL)
+    key = f"{settings.REDIS_NAMESPACE}:group:switchboard.log"
+    group.delete(key)
+    bob = member_with_token("bob")
+    with serving("--no-worker") as (base, process):
+        cursor = httpx.get(f"{base}/v0/me/inbox/events", headers=bob).json()["cursor"]
+        assert httpx.get(f"{base}/v0/me/inbox/events", params={"cursor": cursor, "wait_ms": 200}, headers=bob,
+                         timeout=10).status_code == 200
+        assert group.zcard(key) == 1
+        # when
+        process.send_signal(signal.SIGTERM)
+        process.wait(20)
+    # then
+    assert group.zcard(key) == 0
+
+
+@pytest.mark.postgres
 def test_the_publisher_sends_only_to_groups_with_a_member(monkeypatch, settings):
     """On Redis, one pipelined read tells the groups with a member from the
     empty ones (most inbox groups, most of the time), which get no
