@@ -149,7 +149,9 @@ class Delivery(models.Model):
     UNFINISHED = (State.OPEN, State.PENDING, State.SENDING)
 
     public_id = models.CharField(max_length=40, unique=True, default=new_delivery_id, editable=False)
-    subscription = models.ForeignKey(Subscription, on_delete=models.CASCADE, related_name="deliveries")
+    # Indexed by delivery_history, whose first column it is.
+    subscription = models.ForeignKey(Subscription, on_delete=models.CASCADE, related_name="deliveries",
+                                     db_index=False)
     after_position = models.BigIntegerField()
     through_position = models.BigIntegerField()
     state = models.CharField(max_length=16, choices=State.choices, default=State.OPEN)
@@ -158,12 +160,14 @@ class Delivery(models.Model):
     attempts = models.PositiveIntegerField(default=0)
     first_attempt_at = models.DateTimeField(null=True, blank=True)
     claimed_until = models.DateTimeField(null=True, blank=True)
-    replay_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    replay_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+                                  db_index=False)  # delivery_replays
     created_at = models.DateTimeField(default=now)
     finished_at = models.DateTimeField(null=True, blank=True)
     # An `item` subscription's delivery carries one inbox item, chosen at its
     # first claim (the owner's oldest pending one) and acknowledged by a 2xx.
-    item = models.ForeignKey("inbox.InboxItem", null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    item = models.ForeignKey("inbox.InboxItem", null=True, blank=True, on_delete=models.CASCADE, related_name="+",
+                             db_index=False)  # delivery_items
     # The request ids (controlplane.tracing) of the sends whose events it
     # carries, space-separated, the first ones that fit: for its attempts'
     # log lines (webhooks.outbox).
@@ -181,6 +185,13 @@ class Delivery(models.Model):
             models.Index(fields=["subscription", "id"], name="delivery_unfinished",
                          condition=Q(state__in=["pending", "sending"])),
             models.Index(fields=["subscription", "id"], name="delivery_history"),
+            # A delivery's row is written three times (offered, sending,
+            # finished), each version into every index it belongs to: the
+            # foreign keys that are almost always null (a wake carries no
+            # item; few deliveries are replays) index only their non-null
+            # rows, which are all their lookups (`= id` implies not null).
+            models.Index(fields=["item"], name="delivery_items", condition=Q(item__isnull=False)),
+            models.Index(fields=["replay_of"], name="delivery_replays", condition=Q(replay_of__isnull=False)),
         ]
 
     def __str__(self) -> str:

@@ -279,6 +279,22 @@ def test_wakes_of_a_subscription_are_chained_and_sent_in_order(world, receiver):
     assert [d.state for d in Delivery.objects.order_by("id")] == ["delivered", "delivered"]
 
 
+def test_the_database_keeps_one_open_delivery_per_subscription(world):
+    """The offer statements (`ON CONFLICT DO NOTHING`) and debounce rely on
+    the unique index, which the migrations keep through every change to the
+    table's indexes."""
+    from django.db import IntegrityError
+
+    # given: a wake offered and not yet sent
+    send_message(world["general"], body="1", actor=world["bob"])
+    (offered,) = Delivery.objects.filter(state=Delivery.State.OPEN)
+    # when: a second open delivery for the same subscription
+    # then
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Delivery.objects.create(subscription_id=offered.subscription_id, after_position=offered.through_position,
+                                through_position=offered.through_position + 1, due_at=now())
+
+
 def test_removal_from_a_private_space_stops_sends_at_once(receiver, api_for, make_member):
     alice, bob = make_member("alice"), make_member("bob")
     space = services.create_space(slug="den", name="Den", visibility="private", send_policy="open", actor=alice)
