@@ -241,8 +241,7 @@ class LogWatcher:
         leaves at its exit are cancelled too late to leave.)"""
         task, self._task = self._task, None
         if task is not None and self._loop is asyncio.get_running_loop():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await stop_task(task)
 
     def _wake(self, message: dict) -> None:
         advanced, self._advanced = self._advanced, asyncio.Event()
@@ -257,45 +256,73 @@ class LogWatcher:
 
 async def listen(group: str, on_message: Callable[[dict], None]) -> None:
     """Call `on_message` with every message sent to `group`, until
-    cancelled: a channel of its own in the group, renewed by the clock, and
-    rejoined after a lost layer. Returns at once without a channel layer."""
+    cancelled: a channel of its own in the group (renewed, see
+    `Memberships`), joined again after a lost layer. Returns at once
+    without a channel layer."""
     layer = get_channel_layer()
     if layer is None:
         return
     while True:
-        channel = None
+        memberships = None
         try:
-            channel = await layer.new_channel()
-            await layer.group_add(group, channel)
-            joined = time.monotonic()
+            memberships = Memberships(layer, await layer.new_channel())
+            await memberships.join(group)
             while True:
-                try:
-                    message = await asyncio.wait_for(layer.receive(channel), GROUP_READD_SECONDS)
-                except (asyncio.TimeoutError, TimeoutError):
-                    message = None
-                if asyncio.current_task().cancelling():
-                    # Python 3.11's wait_for returns a result that was ready
-                    # when the cancellation came, and drops the cancellation:
-                    # under a steady stream of messages it would never stop.
-                    raise asyncio.CancelledError()
-                if message is not None:
-                    on_message(message)
-                # Group memberships expire (a day by default) however busy
-                # the group is: renew by the clock, not only when idle.
-                if time.monotonic() - joined >= GROUP_READD_SECONDS:
-                    await layer.group_add(group, channel)
-                    joined = time.monotonic()
+                on_message(await layer.receive(memberships.channel))
+                # A receive from a busy channel's buffer never waits: let a cancellation in.
+                await asyncio.sleep(0)
         except asyncio.CancelledError:
-            await _leave(layer, group, channel)
+            if memberships is not None:
+                await memberships.leave()
             raise
         except Exception:
             # Some layers turn a cancellation (the loop shutting down)
             # into their own errors: stop rather than retry then.
-            await _leave(layer, group, channel)
+            if memberships is not None:
+                await memberships.leave()
             if asyncio.current_task().cancelling():
                 raise
             logger.warning("lost the channel layer while listening to %s; retrying", group, exc_info=True)
             await asyncio.sleep(1.0)
+
+
+class Memberships:
+    """A long-lived channel's groups (a live page's, an MCP stream's),
+    joined again every GROUP_READD_SECONDS until left: channels-redis (and
+    the in-memory layer) forget a membership `group_expiry` after it was
+    made (a day by default), however busy the channel. Without the renewal a
+    page open for a day stopped hearing of its inbox and of its session's
+    end, and a stream of being replaced."""
+
+    def __init__(self, layer, channel: str) -> None:
+        self._layer, self.channel = layer, channel
+        self._groups: list[str] = []
+        self._renewal: asyncio.Task | None = None
+
+    async def join(self, *groups: str) -> None:
+        for group in groups:
+            await self._layer.group_add(group, self.channel)
+            self._groups.append(group)
+        if self._renewal is None:
+            self._renewal = asyncio.get_running_loop().create_task(self._renew())
+
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(GROUP_READD_SECONDS)
+            try:
+                for group in self._groups:
+                    await self._layer.group_add(group, self.channel)
+            except Exception:
+                logger.warning("could not renew a channel's groups; trying again later", exc_info=True)
+
+    async def leave(self) -> None:
+        """Leave every group, best effort (a second call does nothing)."""
+        if self._renewal is not None:
+            await stop_task(self._renewal)
+            self._renewal = None
+        groups, self._groups = self._groups, []
+        for group in groups:
+            await _leave(self._layer, group, self.channel)
 
 
 async def _leave(layer, group: str, channel: str | None) -> None:
@@ -307,6 +334,18 @@ async def _leave(layer, group: str, channel: str | None) -> None:
         await asyncio.wait_for(layer.group_discard(group, channel), 1.0)
     except Exception:
         pass
+
+
+async def stop_task(task: asyncio.Task) -> None:
+    """Cancel `task` and wait until it has ended, cancelling it again while
+    it has not: a receive from channels-redis can lose a cancellation that
+    comes while the layer's receive lock passes to it, and go on waiting
+    for messages that will not come."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.5)
+    if not task.cancelled() and task.exception() is not None:
+        logger.debug("a stopped task had failed", exc_info=task.exception())
 
 
 def shared_layer() -> bool:

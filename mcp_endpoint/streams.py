@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import hashlib
 import secrets
 import time
 
 from channels.layers import get_channel_layer
 
-from controlplane.live import log_watcher, member_group
+from controlplane.live import Memberships, log_watcher, member_group, stop_task
 from inbox.mailbox import inbox_group
 from webhooks.mcp import ITEM, PENDING
 
@@ -53,6 +52,7 @@ class StreamOwner:
         self._layer = get_channel_layer()
         self._channel: str | None = None
         self._listener: asyncio.Task | None = None
+        self._memberships: Memberships | None = None
 
     async def start(self) -> None:
         """Raises TooManyStreams past MAX_PER_MEMBER on this process."""
@@ -63,8 +63,8 @@ class StreamOwner:
         if self._layer is None:
             return
         self._channel = await self._layer.new_channel()
-        for group in self.groups:
-            await self._layer.group_add(group, self._channel)
+        self._memberships = Memberships(self._layer, self._channel)
+        await self._memberships.join(*self.groups)
         self._listener = asyncio.get_running_loop().create_task(self._listen())
         if self.inbox:
             await self._layer.group_send(self.owner_group, {"type": CLAIM, "at": self.claim[0],
@@ -103,10 +103,6 @@ class StreamOwner:
                 del _open[self.member_pk]
             self.counted = False
         if self._listener is not None:
-            self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._listener
-        if self._channel is not None:
-            for group in self.groups:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self._layer.group_discard(group, self._channel), 1.0)
+            await stop_task(self._listener)
+        if self._memberships is not None:
+            await self._memberships.leave()

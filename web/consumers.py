@@ -18,7 +18,7 @@ import json
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 
 from controlplane.access import readable_conversation
-from controlplane.live import member_group
+from controlplane.live import Memberships, member_group
 from controlplane.models import Member
 from inbox.delivery import pending_count
 from inbox.mailbox import inbox_group
@@ -39,21 +39,25 @@ class SessionSocket:
     """A socket that ends with its session: signing out, or the member's
     suspension, closes it (4401)."""
 
-    followed: tuple[str, ...] = ()
+    memberships: Memberships | None = None
+
+    async def join(self, *groups: str) -> None:
+        """Join `groups` for as long as the socket is open (renewed; left at `leave_groups`)."""
+        if self.memberships is None:
+            self.memberships = Memberships(self.channel_layer, self.channel_name)
+        await self.memberships.join(*groups)
 
     async def follow_session(self, member) -> None:
         session = self.scope.get("session")
         key = getattr(session, "session_key", None)
-        self.followed = (member_group(member), *([session_group(key)] if key else []))
-        for group in self.followed:
-            await self.channel_layer.group_add(group, self.channel_name)
+        await self.join(member_group(member), *([session_group(key)] if key else []))
 
     async def session_ended(self, event) -> None:
         await self.close(code=SIGNED_OUT)
 
-    async def unfollow_session(self) -> None:
-        for group in self.followed:
-            await self.channel_layer.group_discard(group, self.channel_name)
+    async def leave_groups(self) -> None:
+        if self.memberships is not None:
+            await self.memberships.leave()
 
 
 def _after_param(scope) -> int | None:
@@ -131,7 +135,7 @@ class ConversationConsumer(SessionSocket, AsyncWebsocketConsumer):
     async def disconnect(self, code):
         if self.stream is not None:
             self.stream.leave(self)
-        await self.unfollow_session()
+        await self.leave_groups()
 
 
 class InboxConsumer(SessionSocket, AsyncJsonWebsocketConsumer):
@@ -139,14 +143,13 @@ class InboxConsumer(SessionSocket, AsyncJsonWebsocketConsumer):
     whenever their inbox changes (an item admitted or acknowledged)."""
 
     async def connect(self):
-        self.group = None
         member = await db_call(lambda: member_of(self.scope.get("user")))()
         await self.accept()
         if member is None:
             await self.close(code=SIGNED_OUT)
             return
-        self.member_pk, self.group = member.pk, inbox_group(member)
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        self.member_pk = member.pk
+        await self.join(inbox_group(member))
         await self.follow_session(member)
         await self._send_count()
 
@@ -170,7 +173,5 @@ class InboxConsumer(SessionSocket, AsyncJsonWebsocketConsumer):
         await self._send_count()
 
     async def disconnect(self, code):
-        if self.group is not None:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
-        await self.unfollow_session()
+        await self.leave_groups()
 

@@ -148,8 +148,7 @@ async def run(*, seconds: float, wait: bool, resolver=None, renew=None) -> int:
             for task in in_flight:
                 task.cancel()
         if listener:
-            listener.cancel()
-            await asyncio.gather(listener, return_exceptions=True)
+            await live.stop_task(listener)
         await db.close()
     return sent
 

@@ -305,6 +305,32 @@ async def test_a_group_listener_stops_when_cancelled_under_a_stream_of_messages(
     assert heard
 
 
+@pytest.mark.asyncio
+async def test_a_task_that_loses_a_cancellation_is_still_stopped():
+    """channels-redis's receive can lose a cancellation that comes while the
+    layer's receive lock passes to it; `stop_task` cancels again until the
+    task has ended, where awaiting it once would wait for ever."""
+    # given: a task that swallows the first cancellation it gets
+    from controlplane import live
+    swallowed = []
+
+    async def forgetful():
+        while True:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                if swallowed:
+                    raise
+                swallowed.append(asyncio.current_task().uncancel())
+
+    task = asyncio.create_task(forgetful())
+    await asyncio.sleep(0)
+    # when
+    await asyncio.wait_for(live.stop_task(task), 5)
+    # then
+    assert task.cancelled() and swallowed == [0]
+
+
 def test_every_snapshot_page_reads_the_moment_it_was_taken(space, alice, bob, as_bob, monkeypatch):
     # given: a snapshot of three unresolved messages, one per page
     monkeypatch.setattr("inbox.feeds.SNAPSHOT_PAGE_MAX", 1)

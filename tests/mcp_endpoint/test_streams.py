@@ -64,3 +64,28 @@ def test_a_suspension_ends_every_stream_of_the_member():
         return ended
 
     assert asyncio.run(story()) == "suspended"
+
+
+def test_an_inbox_stream_open_past_the_group_expiry_is_still_told_it_was_replaced(monkeypatch):
+    """The layer forgets a membership `group_expiry` after it was made (a
+    day by default): a stream renews its own, so a consumer that has held the
+    inbox stream for longer still hears of its replacement."""
+    from channels.layers import get_channel_layer
+
+    from controlplane import live
+
+    monkeypatch.setattr(get_channel_layer(), "group_expiry", 2)
+    monkeypatch.setattr(live, "GROUP_READD_SECONDS", 0.5)
+
+    async def story():
+        item = sources.SOURCES["org.switchboard/inbox.item"]
+        older, newer = StreamOwner(Member(5), item, {}), StreamOwner(Member(5), item, {})
+        await older.start()
+        await asyncio.sleep(3.5)  # past the expiry of its first joins
+        await newer.start()
+        replaced = await older.wait(asyncio.Event(), 2.0)
+        await older.stop()
+        await newer.stop()
+        return replaced
+
+    assert asyncio.run(story()) == "replaced"

@@ -215,6 +215,28 @@ async def test_the_inbox_socket_counts_pending_items_live(room, ann, ben):
     assert await refusal((await open_socket("/ws/inbox/"))[0]) == [4401]
 
 
+async def test_a_socket_open_past_the_group_expiry_still_counts_live_and_ends_with_its_member(
+        room, ann, ben, monkeypatch):
+    """The layer forgets a membership `group_expiry` after it was made (a
+    day by default): a socket renews its own, so a page open for longer
+    still hears of its inbox and is closed when its member is suspended."""
+    from controlplane import live
+
+    monkeypatch.setattr(get_channel_layer(), "group_expiry", 2)
+    monkeypatch.setattr(live, "GROUP_READD_SECONDS", 0.5)
+    space, _ = room
+    direct, _ = await db_call(services.get_or_create_direct)(space, ben, actor=ann)
+    socket, connected = await open_socket("/ws/inbox/", ben)
+    assert connected and await socket.receive_json_from(timeout=5) == {"type": "inbox", "pending": 0}
+    # when: the socket has been open for longer than the expiry
+    await asyncio.sleep(3.5)
+    # then
+    await send(direct, body="for ben", actor=ann)
+    assert await socket.receive_json_from(timeout=5) == {"type": "inbox", "pending": 1}
+    await db_call(services.update_member)(ben, status=Member.Status.SUSPENDED, actor=ann)
+    assert (await socket.receive_output(timeout=5)) == {"type": "websocket.close", "code": 4401}
+
+
 async def test_many_sockets_on_one_conversation_each_get_every_message(room, ann, ben):
     _, channel = room
     sockets = [await watching(ben, channel) for _ in range(5)]
