@@ -7,10 +7,10 @@ delays a long-poll by at most settings.FEED_RECHECK_SECONDS and loses nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 
 from asgiref.sync import async_to_sync
@@ -133,17 +133,17 @@ class Publisher:
 
 async def listened_groups(layer, groups: set[str]) -> set[str]:
     """Which of `groups` have a member on a channels-redis `layer`: one
-    pipelined read per Redis host. The count leaves out memberships past
-    the layer's `group_expiry`, as its `group_send` does."""
+    pipelined read per Redis host. Memberships past the layer's
+    `group_expiry` still count: the one `group_send` they bring about
+    removes them."""
     by_host: dict[int, list[str]] = {}
     for group in groups:
         by_host.setdefault(layer.consistent_hash(group), []).append(group)
-    since = f"({int(time.time()) - layer.group_expiry}"
     listened = set()
     for host, names in by_host.items():
         pipe = layer.connection(host).pipeline(transaction=False)
         for group in names:
-            pipe.zcount(layer._group_key(group), since, "+inf")
+            pipe.zcard(layer._group_key(group))
         listened.update(group for group, members in zip(names, await pipe.execute()) if members)
     return listened
 
@@ -322,18 +322,9 @@ class Memberships:
             self._renewal = None
         groups, self._groups = self._groups, []
         for group in groups:
-            await _leave(self._layer, group, self.channel)
-
-
-async def _leave(layer, group: str, channel: str | None) -> None:
-    """Leave the group, best effort: a channel left behind would get a copy
-    of every message until its membership expires."""
-    if channel is None:
-        return
-    try:
-        await asyncio.wait_for(layer.group_discard(group, channel), 1.0)
-    except Exception:
-        pass
+            # A channel left behind would get a copy of every message until its membership expires.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._layer.group_discard(group, self.channel), 1.0)
 
 
 async def stop_task(task: asyncio.Task) -> None:
