@@ -44,14 +44,19 @@ def load_root_key(*, debug: bool, var_dir: Path) -> str:
     path = var_dir / DEVELOPMENT_KEY_FILE
     if not path.exists():
         var_dir.mkdir(parents=True, exist_ok=True)
-        # O_EXCL: two processes starting at once agree on one key.
+        # Written aside, then linked into place, which fails if another
+        # process got there first: processes starting at once agree on one
+        # key, and none reads a file its creator has not written yet.
+        draft = var_dir / f".{DEVELOPMENT_KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
+        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(48))
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.link(draft, path)
         except FileExistsError:
             pass
-        else:
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_urlsafe(48))
+        finally:
+            draft.unlink()
     return path.read_text().strip()
 
 

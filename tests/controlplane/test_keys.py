@@ -79,3 +79,33 @@ def test_debug_off_said_out_loud_still_requires_the_key(tmp_path):
     result = run_manage("issuecredential", "admin", var_dir=tmp_path, DEBUG="0")
     # then
     assert result.returncode == 1 and "SERVER_ADMIN_KEY is not set" in result.stderr
+
+
+
+def test_processes_starting_at_once_agree_on_one_whole_key(tmp_path, monkeypatch):
+    """Two suites, or a server's processes, can start at once on a new
+    checkout: each must read the one key whole, never a file its creator
+    has not written yet (an empty key, and so another Redis namespace)."""
+    # given: a key that takes a while to make, and a second process starting meanwhile
+    import secrets
+    import threading
+    import time
+
+    monkeypatch.delenv("SERVER_ADMIN_KEY", raising=False)
+    token = secrets.token_urlsafe
+
+    def slow_token(n):
+        time.sleep(0.3)
+        return token(n)
+
+    monkeypatch.setattr(secrets, "token_urlsafe", slow_token)
+    keys = []
+    first = threading.Thread(target=lambda: keys.append(load_root_key(debug=True, var_dir=tmp_path)))
+    # when
+    first.start()
+    time.sleep(0.1)
+    keys.append(load_root_key(debug=True, var_dir=tmp_path))
+    first.join()
+    # then: one key, whole, and nothing else left in var/
+    assert len(set(keys)) == 1 and len(keys[0]) >= 32
+    assert [p.name for p in tmp_path.iterdir()] == ["server_admin_key"]
