@@ -49,14 +49,14 @@ def load_root_key(*, debug: bool, var_dir: Path) -> str:
         # key, and none reads a file its creator has not written yet.
         draft = var_dir / f".{DEVELOPMENT_KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
         fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_urlsafe(48))
         try:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(48))
             os.link(draft, path)
         except FileExistsError:
             pass
         finally:
-            draft.unlink()
+            draft.unlink()  # a failed write leaves no copy of a key behind either
     return path.read_text().strip()
 
 
