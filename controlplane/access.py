@@ -9,9 +9,10 @@ open spaces. Every read path asks here: for one object (`can_read_space`,
 (`readers_of`, `readers_of_conversations`: live streams, webhook wakes).
 Absent and unreadable are the same 404.
 
-`get_conversation_to_write` is the send path's plain-SQL copy of the same
-rule; tests/controlplane/test_access.py checks that it agrees with the ORM
-path over every kind of space, role, membership status and conversation.
+`get_conversation_to_write` (the send path) and `conversation_readers` (live
+streams, `readers_of`) are plain-SQL copies of the same rule;
+tests/controlplane/test_access.py checks that every path agrees with it over
+every kind of space, role, membership status and conversation.
 """
 from __future__ import annotations
 
@@ -145,13 +146,37 @@ def visible_memberships(space: Space, viewer: Member | None) -> QuerySet[Members
 
 def readers_of(conversation: Conversation, members: set[int]) -> set[int]:
     """Which of `members` (pks) may read `conversation` now, in one query."""
-    found = Member.objects.filter(pk__in=members, status=Member.Status.ACTIVE)
-    if conversation.space.visibility != Space.Visibility.OPEN:
-        found = found.filter(memberships__space_id=conversation.space_id,
-                             memberships__status=Membership.Status.ACTIVE)
-    if conversation.kind != Conversation.Kind.CHANNEL:
-        found = found.filter(participations__conversation=conversation)
-    return set(found.values_list("pk", flat=True))
+    return conversation_readers(conversation.pk, members)[0]
+
+
+def conversation_readers(conversation_id: int, members: set[int]) -> tuple[set[int], str | None]:
+    """Which of `members` (pks) may read the conversation now, and its
+    space's send policy as it is now (None if the conversation is gone), in
+    one query: a live stream's pass asks this on every commit.
+
+    Plain SQL: compiling the equivalent ORM query (and loading the
+    conversation and its space first) cost more than running it."""
+    ids = list(members) or [None]  # IN (NULL) matches nobody: the policy, and no reader
+    with connection.cursor() as cursor:
+        cursor.execute(_readers_sql(len(ids)), [*ids, conversation_id])
+        rows = cursor.fetchall()
+    if not rows:
+        return set(), None
+    return {member for _, member in rows if member is not None}, rows[0][0]
+
+
+def _readers_sql(count: int) -> str:
+    table = {m.__name__: connection.ops.quote_name(m._meta.db_table)
+             for m in (Conversation, Space, Membership, Participant, Member)}
+    return f"""
+        SELECT s.send_policy, m.id
+        FROM {table['Conversation']} c JOIN {table['Space']} s ON s.id = c.space_id
+        LEFT JOIN {table['Member']} m ON m.id IN ({", ".join(["%s"] * count)}) AND m.status = 'active'
+          AND (s.visibility = 'open' OR EXISTS (SELECT 1 FROM {table['Membership']} ms WHERE ms.space_id = c.space_id
+                                                AND ms.member_id = m.id AND ms.status = 'active'))
+          AND (c.kind = 'channel' OR EXISTS (SELECT 1 FROM {table['Participant']} p
+                                            WHERE p.conversation_id = c.id AND p.member_id = m.id))
+        WHERE c.id = %s"""
 
 
 def readers_of_conversations(conversation_ids: set[int], members: set[int]) -> dict[int, set[int]]:

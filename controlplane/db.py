@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 
 _pool: ThreadPoolExecutor | None = None
 # Set by the ASGI application (controlplane.asgi) for everything it serves:
@@ -71,3 +71,10 @@ def rows_sql(rows: list[tuple], columns: dict[str, str]) -> tuple[str, list]:
     first = "SELECT " + ", ".join(f"{cast} AS {name}" for cast, name in zip(casts, columns))
     rest = " UNION ALL SELECT " + ", ".join(casts)
     return first + rest * (len(rows) - 1), [value for row in rows for value in row]
+
+
+def datetime_from_db(value):
+    """A datetime column read with plain SQL, as the ORM's converters give
+    it: SQLite returns text (naive), PostgreSQL an aware datetime."""
+    convert = getattr(connection.ops, "convert_datetimefield_value", None)
+    return convert(value, None, connection) if convert else value

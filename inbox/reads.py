@@ -97,7 +97,7 @@ def snapshot(member: Member, page: str | None) -> dict:
     as_of = dt.datetime.fromtimestamp(issued_at / 1e6, dt.timezone.utc)
     rows, has_more = feeds.unresolved_page(member, high_watermark=high_watermark, as_of=as_of, after=after)
     states = [feeds.state_as_of(r, as_of) for r in rows]
-    withheld = withheld_bodies((r.message.public_id, r.message.space) for r in rows)
+    withheld = withheld_bodies((r.message.public_id, r.message.space.send_policy) for r in rows)
     next_page = None
     if has_more:
         next_page = pack_cursor((snapshot_id, high_watermark, issued_at, rows[-1].position), caller=caller,

@@ -10,13 +10,13 @@ from inbox import authority
 from inbox.models import InboxItem, Message, Recipient
 
 
-def withheld_bodies(messages: Iterable[tuple[str, Space | None]]) -> set[str]:
-    """Of these (message id, space) pairs, the messages whose bodies are
-    withheld because their authority is no longer active (SPEC §5). Only
-    explicit_only spaces have grants, so only their messages (and those
-    whose space the caller does not know) are looked up."""
-    ids = {message_id for message_id, space in messages
-           if space is None or space.send_policy == Space.SendPolicy.EXPLICIT_ONLY}
+def withheld_bodies(messages: Iterable[tuple[str, str | None]]) -> set[str]:
+    """Of these (message id, its space's send policy) pairs, the messages
+    whose bodies are withheld because their authority is no longer active
+    (SPEC §5). Only explicit_only spaces have grants, so only their messages
+    (and those whose space the caller does not know) are looked up."""
+    ids = {message_id for message_id, send_policy in messages
+           if send_policy is None or send_policy == Space.SendPolicy.EXPLICIT_ONLY}
     if not ids:
         return set()
     return set(Recipient.objects.filter(message__public_id__in=ids).filter(authority.inactive())
@@ -61,7 +61,7 @@ def render_message_status(message: Message) -> dict:
 def render_events(events: list[Event]) -> list[dict]:
     """Events as the feeds give them: a message whose authority was revoked
     keeps its place and metadata, without its body."""
-    withheld = withheld_bodies((e.data["message"]["id"], e.space if e.space_id else None) for e in events
+    withheld = withheld_bodies((e.data["message"]["id"], e.space.send_policy if e.space_id else None) for e in events
                                if e.kind in ("message.created", "message.admitted"))
     return [render_event(e, withheld=withheld) for e in events]
 

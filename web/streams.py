@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from controlplane.access import readers_of
+from controlplane.access import conversation_readers
 from controlplane.live import log_watcher
 from controlplane.models import Conversation
 from web import messages
@@ -35,11 +35,10 @@ class Pass:
 
 
 def read_pass(conversation_id: int, members: set[int], after: int) -> Pass:
-    conversation = Conversation.objects.select_related("space").get(pk=conversation_id)
-    readers = readers_of(conversation, members)
-    rows = messages.after(conversation, after) if readers else []
+    readers, send_policy = conversation_readers(conversation_id, members)
+    rows = messages.after(conversation_id, after) if readers else []
     frames = [(row["position"], json.dumps({"type": "message", **row}))
-              for row in messages.render_rows(conversation, rows)]
+              for row in messages.render_rows(send_policy, rows)]
     return Pass(readers, frames, len(rows) == messages.LIVE_BATCH)
 
 

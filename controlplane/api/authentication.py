@@ -7,6 +7,7 @@ from django.db import connection
 from rest_framework.authentication import BaseAuthentication, SessionAuthentication
 from rest_framework.exceptions import AuthenticationFailed
 
+from controlplane.db import datetime_from_db
 from controlplane.errors import Unauthenticated
 from controlplane.models import Credential, Member
 from controlplane.tokens import TOKEN_RE, hash_token
@@ -34,11 +35,9 @@ def credential_for_hash(token_hash: str) -> Credential | None:
         row = cursor.fetchone()
     if row is None:
         return None
-    # As the ORM's converters would: SQLite gives booleans as integers and
-    # datetimes as text.
-    convert = getattr(connection.ops, "convert_datetimefield_value", None)
-    created_at = convert(row[10], None, connection) if convert else row[10]
-    member = Member.from_db(connection.alias, _MEMBER_FIELDS, [*row[2:8], bool(row[8]), row[9], created_at])
+    # As the ORM's converters would: SQLite gives booleans as integers.
+    member = Member.from_db(connection.alias, _MEMBER_FIELDS,
+                            [*row[2:8], bool(row[8]), row[9], datetime_from_db(row[10])])
     credential = Credential.from_db(connection.alias, ["id", "public_id", "member_id"], [row[0], row[1], member.pk])
     credential.member = member
     return credential

@@ -79,6 +79,7 @@ def test_every_read_path_agrees_with_the_rule(matrix):
     # when: the set-of-members paths, once for everyone
     per_conversation = {c.pk: access.readers_of(c, pks) for c in conversations}
     together = access.readers_of_conversations({c.pk for c in conversations}, pks)
+    live = {c.pk: access.conversation_readers(c.pk, pks) for c in conversations}
     checked = 0
     for member, conversation in itertools.product(readers, conversations):
         expected = _expected(member, conversation, memberships, participants)
@@ -95,6 +96,7 @@ def test_every_read_path_agrees_with_the_rule(matrix):
             answers["readable_conversation"] = access.readable_conversation(member, conversation.public_id) is not None
             answers["readers_of"] = member.pk in per_conversation[conversation.pk]
             answers["readers_of_conversations"] = member.pk in together.get(conversation.pk, set())
+            answers["conversation_readers"] = member.pk in live[conversation.pk][0]
             refs = [conversation.public_id] + ([f"#{conversation.name}"] if conversation.name else [])
             for ref in refs:
                 try:
@@ -109,6 +111,18 @@ def test_every_read_path_agrees_with_the_rule(matrix):
                            f"got {wrong}")
         checked += 1
     assert checked == len(readers) * len(conversations) == 8 * 4 * 7
+    assert all(policy == c.space.send_policy for c in conversations for policy in [live[c.pk][1]])
+
+
+def test_conversation_readers_of_nobody_or_of_a_missing_conversation(matrix):
+    readers, conversations, *_ = matrix
+    conversation = conversations[0]
+    Space.objects.filter(pk=conversation.space_id).update(send_policy=Space.SendPolicy.EXPLICIT_ONLY)
+    # the space's policy comes back even when no member is asked about
+    assert access.conversation_readers(conversation.pk, set()) == (set(), Space.SendPolicy.EXPLICIT_ONLY)
+    # a conversation that is gone has no readers and no policy
+    missing = max(c.pk for c in conversations) + 1
+    assert access.conversation_readers(missing, {m.pk for m in readers if m is not None}) == (set(), None)
 
 
 def test_the_matrix_has_both_answers_in_every_kind_of_space(matrix):

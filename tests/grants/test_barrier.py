@@ -1,5 +1,6 @@
 """The revocation barrier and expiry (SPEC §5)."""
 import datetime as dt
+import json
 import signal
 import subprocess
 import sys
@@ -17,6 +18,8 @@ from inbox.models import InboxItem, Mailbox, Recipient
 from tests.conftest import error_code
 from tests.grants.conftest import send_path
 from tests.servers import ROOT, manage, server_env
+from web import messages
+from web.streams import read_pass
 
 
 def send(api, conversation, body, key=None):
@@ -94,6 +97,25 @@ def test_feeds_withhold_bodies_once_authority_is_revoked(locked, bob_to_carol, g
     assert [e["data"]["message"]["body"] for e in space_feed if e["kind"] == "message.created"] == [None]
     snapshot = as_carol.get("/v0/me/snapshot").json()
     assert snapshot["unresolved"] == []  # rejected is terminal
+
+
+def test_the_web_app_and_its_live_pass_withhold_bodies_too(locked, bob_to_carol, grant, as_alice, as_bob, carol):
+    # given
+    grant("grt_pair", "pair", sender="@bob", recipient="@carol")
+    send(as_bob, bob_to_carol, "secret plans")
+    def shown():  # the conversation as carol's page, history pager and live socket show it
+        page = messages.render_rows(locked.send_policy, messages.before(bob_to_carol.pk, None)[0])
+        live = read_pass(bob_to_carol.pk, {carol.pk}, after=0)
+        assert live.readers == {carol.pk}
+        return [row["html"] for row in page], [json.loads(frame)["html"] for _, frame in live.frames]
+
+    assert all("secret plans" in html for html in sum(shown(), []))
+    # when
+    as_alice.post("/v0/grants/grt_pair/revoke")
+    # then
+    page, live = shown()
+    assert len(page) == len(live) == 1
+    assert all("secret plans" not in html and "Withheld" in html for html in page + live)
 
 
 def test_later_still_authorized_messages_proceed_in_order(bob_to_carol, grant, as_bob, as_carol):

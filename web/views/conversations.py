@@ -63,12 +63,12 @@ def join(request, member, slug):
 
 
 def _page_context(member, conversation, before: int | None) -> dict:
-    rows, more = messages.before(conversation, before)
+    rows, more = messages.before(conversation.pk, before)
     membership = active_membership(conversation.space, member)
     return {
         "conversation": conversation, "space": conversation.space,
         "label": conversation_label(conversation, member),
-        "rows": messages.render_rows(conversation, rows), "more": more,
+        "rows": messages.render_rows(conversation.space.send_policy, rows), "more": more,
         "oldest": rows[0].position if rows else None,
         # The live stream starts after the newest message shown; a page of
         # older history (?before=) shows no live stream.
@@ -105,8 +105,8 @@ def conversation_page(request, member, slug, conversation_id):
 def history(request, member, slug, conversation_id):
     """Older messages for the upward pager: {rows, more}."""
     conversation = _conversation(member, slug, conversation_id)
-    rows, more = messages.before(conversation, _before_param(request))
-    return JsonResponse({"rows": messages.render_rows(conversation, rows), "more": more})
+    rows, more = messages.before(conversation.pk, _before_param(request))
+    return JsonResponse({"rows": messages.render_rows(conversation.space.send_policy, rows), "more": more})
 
 
 def new_key() -> str:
@@ -154,6 +154,6 @@ def send(request, member, slug, conversation_id):
                        "idempotency_key": new_key() if retained else request.POST.get("idempotency_key") or new_key()},
                       status=error.status)
     if wants_json(request):
-        row = messages.render_rows(target, [result.message])[0]
+        row = messages.render_rows(target.space.send_policy, [result.message])[0]
         return JsonResponse({"message": row}, status=201 if result.created else 200)
     return redirect("web-conversation", slug=slug, conversation_id=conversation_id)

@@ -1,0 +1,36 @@
+"""A live stream's pass (web.streams.read_pass) runs after every commit for
+every watched conversation: its cost must not grow with the number of
+sockets, messages or members it answers for."""
+import json
+
+import pytest
+
+from inbox.services import send_message
+from web.streams import read_pass
+
+
+@pytest.mark.parametrize("watchers, sent", [(1, 1), (40, 30)])
+def test_a_pass_is_two_queries_whatever_it_answers_for(room, ann, ben, human, django_assert_num_queries,
+                                                      watchers, sent):
+    # given: `watchers` members (ann, ben and outsiders) and `sent` new messages
+    space, channel = room
+    outsiders = [human(f"out{i}") for i in range(watchers - 2)]
+    for i in range(sent):
+        send_message(channel, body=f"m{i}", actor=ann)
+    # when: readers and the space's policy in one query, the messages with their authors in one more
+    with django_assert_num_queries(2):
+        result = read_pass(channel.pk, {ann.pk, ben.pk, *(m.pk for m in outsiders)}, after=0)
+    # then
+    assert result.readers == {ann.pk, ben.pk}
+    assert [json.loads(frame)["id"] for _, frame in result.frames] == \
+        list(channel.messages.order_by("position").values_list("public_id", flat=True))
+    assert len(result.frames) == sent and not result.full
+
+
+def test_a_pass_for_nobody_who_may_read_reads_no_messages(room, human, django_assert_num_queries):
+    space, channel = room
+    outsider = human("out")
+    send_message(channel, body="hello", actor=space.memberships.first().member)
+    with django_assert_num_queries(1):
+        result = read_pass(channel.pk, {outsider.pk}, after=0)
+    assert (result.readers, result.frames) == (set(), [])
