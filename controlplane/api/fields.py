@@ -2,7 +2,10 @@
 "true" is not a boolean, and unknown fields are an error."""
 from __future__ import annotations
 
+import copy
+
 from rest_framework import serializers
+from rest_framework.utils.serializer_helpers import BindingDict
 
 
 class StrictCharField(serializers.CharField):
@@ -47,7 +50,23 @@ class QueryIntegerField(serializers.IntegerField):
 
 
 class StrictSerializer(serializers.Serializer):
-    """Rejects unknown fields and non-object input."""
+    """Rejects unknown fields and non-object input.
+
+    Its fields are copied and bound once per class, where DRF deep-copies
+    them for every instance (every request): these serializers validate
+    input only, with no instance, context or partial mode, and validating
+    keeps nothing on a field."""
+
+    @property
+    def fields(self):
+        cls = type(self)
+        bound = cls.__dict__.get("_bound_fields")
+        if bound is None:  # two threads may both build it: the same fields either way
+            bound = BindingDict(cls())
+            for name, field in copy.deepcopy(cls._declared_fields).items():
+                bound[name] = field
+            cls._bound_fields = bound
+        return bound
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
