@@ -75,6 +75,6 @@ def rows_sql(rows: list[tuple], columns: dict[str, str]) -> tuple[str, list]:
 
 def datetime_from_db(value):
     """A datetime column read with plain SQL, as the ORM's converters give
-    it: SQLite returns text (naive), PostgreSQL an aware datetime."""
+    it: aware on SQLite too, where the cursor gives it naive (or as text)."""
     convert = getattr(connection.ops, "convert_datetimefield_value", None)
     return convert(value, None, connection) if convert else value

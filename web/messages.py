@@ -34,16 +34,22 @@ class Row:
     author: Author
 
 
-def _rows(conversation_id: int, where: str, value: int | None, *, newest_first: bool, limit: int) -> list[Row]:
-    """Plain SQL: a live stream reads on after every commit, and building
-    the ORM's query and model instances cost more than running it."""
+def _rows(conversation_id: int, *, below: int | None = None, above: int | None = None, limit: int) -> list[Row]:
+    """Up to `limit` messages, positioned below `below` (newest first) or
+    above `above` (oldest first). Plain SQL: a live stream reads on after
+    every commit, and building the ORM's query and model instances cost
+    more than running it."""
     quote = connection.ops.quote_name
+    bound, order, params = "", " DESC", [conversation_id]
+    if below is not None:
+        bound, params = " AND m.position < %s", [*params, below]
+    if above is not None:
+        bound, order, params = " AND m.position > %s", "", [*params, above]
     sql = (f"SELECT m.position, m.public_id, m.body, m.created_at, a.handle, a.display_name "
            f"FROM {quote(Message._meta.db_table)} m JOIN {quote(Member._meta.db_table)} a ON a.id = m.author_id "
-           f"WHERE m.conversation_id = %s{where} ORDER BY m.position{' DESC' if newest_first else ''} LIMIT %s")
-    params = [conversation_id, *([] if value is None else [value]), limit]
+           f"WHERE m.conversation_id = %s{bound} ORDER BY m.position{order} LIMIT %s")
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(sql, [*params, limit])
         return [Row(position, public_id, body, datetime_from_db(created_at), Author(handle, display_name))
                 for position, public_id, body, created_at, handle, display_name in cursor.fetchall()]
 
@@ -51,8 +57,7 @@ def _rows(conversation_id: int, where: str, value: int | None, *, newest_first: 
 def before(conversation_id: int, position: int | None, limit: int = HISTORY_PAGE) -> tuple[list[Row], bool]:
     """The `limit` messages before `position` (the newest without one), oldest
     first, and whether older ones remain."""
-    where = "" if position is None else " AND m.position < %s"
-    rows = _rows(conversation_id, where, position, newest_first=True, limit=limit + 1)
+    rows = _rows(conversation_id, below=position, limit=limit + 1)
     return rows[:limit][::-1], len(rows) > limit
 
 
@@ -60,7 +65,7 @@ def after(conversation_id: int, position: int, limit: int | None = None) -> list
     """Messages after `position`, oldest first. Positions are assigned in
     commit order, so a reader that has seen `position` never misses a later
     commit below it: reading on from the last one seen leaves no gap."""
-    return _rows(conversation_id, " AND m.position > %s", position, newest_first=False, limit=limit or LIVE_BATCH)
+    return _rows(conversation_id, above=position, limit=limit or LIVE_BATCH)
 
 
 def render_rows(send_policy: str | None, messages: list) -> list[dict]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 
 from rest_framework import serializers
+from rest_framework.fields import empty
 from rest_framework.utils.serializer_helpers import BindingDict
 
 
@@ -54,8 +55,14 @@ class StrictSerializer(serializers.Serializer):
 
     Its fields are copied and bound once per class, where DRF deep-copies
     them for every instance (every request): these serializers validate
-    input only, with no instance, context or partial mode, and validating
-    keeps nothing on a field."""
+    input only, so they take no instance, context or partial mode (refused
+    here), and their fields keep nothing of a call and have no mutable
+    default to share (refused when they are bound)."""
+
+    def __init__(self, instance=None, data=empty, **kwargs):
+        if instance is not None or kwargs.get("partial") or kwargs.get("context"):
+            raise TypeError(f"{type(self).__name__} validates input only: no instance, partial or context")
+        super().__init__(data=data, **kwargs)
 
     @property
     def fields(self):
@@ -64,6 +71,8 @@ class StrictSerializer(serializers.Serializer):
         if bound is None:  # two threads may both build it: the same fields either way
             bound = BindingDict(cls())
             for name, field in copy.deepcopy(cls._declared_fields).items():
+                if isinstance(field.default, (list, dict, set)):
+                    raise TypeError(f"{cls.__name__}.{name}: a mutable default would be shared by every request")
                 bound[name] = field
             cls._bound_fields = bound
         return bound

@@ -65,7 +65,9 @@ def matrix(db, make_member):
             if status is not None:
                 Membership.objects.filter(space=space, member=people[handle]).update(role=role, status=status)
                 memberships[(space.pk, people[handle].pk)] = status
-        Space.objects.filter(pk=space.pk).update(archived=archived)
+        # the policy changes nothing of who reads; conversation_readers returns it
+        policy = Space.SendPolicy.EXPLICIT_ONLY if i % 2 else Space.SendPolicy.OPEN
+        Space.objects.filter(pk=space.pk).update(archived=archived, send_policy=policy)
     Member.objects.filter(pk=people["sus"].pk).update(status=Member.Status.SUSPENDED)
     readers = [Member.objects.get(pk=m.pk) for m in people.values()] + [None]
     conversations = list(Conversation.objects.select_related("space").filter(pk__in=[c.pk for c in conversations]))
@@ -111,7 +113,9 @@ def test_every_read_path_agrees_with_the_rule(matrix):
                            f"got {wrong}")
         checked += 1
     assert checked == len(readers) * len(conversations) == 8 * 4 * 7
-    assert all(policy == c.space.send_policy for c in conversations for policy in [live[c.pk][1]])
+    policies = {c.pk: c.space.send_policy for c in conversations}
+    assert {pk: policy for pk, (_, policy) in live.items()} == policies
+    assert set(policies.values()) == {Space.SendPolicy.OPEN, Space.SendPolicy.EXPLICIT_ONLY}
 
 
 def test_conversation_readers_of_nobody_or_of_a_missing_conversation(matrix):

@@ -5,9 +5,10 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from rest_framework import serializers
 from rest_framework.exceptions import ValidationError
 
-from controlplane.api.fields import validated
+from controlplane.api.fields import StrictCharField, StrictSerializer, validated
 from inbox.api.serializers import SendMessageIn
 
 
@@ -20,6 +21,20 @@ def answer(data) -> dict:
 
 def test_fields_are_built_once_per_class_not_per_request():
     assert SendMessageIn(data={}).fields is SendMessageIn(data={"body": "x"}).fields
+
+
+@pytest.mark.parametrize("mode", [{"partial": True}, {"context": {"request": None}}, {"instance": object()}])
+def test_what_shared_fields_cannot_honour_is_refused(mode):
+    with pytest.raises(TypeError, match="validates input only"):
+        SendMessageIn(data={}, **mode)
+
+
+def test_a_mutable_default_is_refused_not_shared():
+    class Tagged(StrictSerializer):
+        tags = serializers.ListField(child=StrictCharField(), default=[])
+
+    with pytest.raises(TypeError, match="mutable default"):
+        Tagged(data={}).is_valid()
 
 
 @pytest.mark.parametrize("data, expected", [
@@ -36,9 +51,18 @@ def test_each_input_gets_its_own_answer_from_shared_fields(data, expected):
 
 
 def test_threads_validating_at_once_get_their_own_answers():
-    inputs = [{"body": f"m{i}"} if i % 3 else {"body": i} for i in range(600)]
+    def case(i: int) -> tuple[dict, dict]:  # valid, wrong type, a bad list item, a bad nested field
+        if i % 4 == 0:
+            return {"body": f"m{i}"}, {"valid": {"body": f"m{i}", "request_approval": False}}
+        if i % 4 == 1:
+            return {"body": i}, {"errors": {"body": ["Not a valid string."]}}
+        if i % 4 == 2:
+            return ({"body": "x", "related_paths": ["a"] * (i % 7) + [i]},
+                    {"errors": {"related_paths": {str(i % 7): ["Not a valid string."]}}})
+        return ({"body": "x", "collective": {"op": "all", "deadline_ms": 60000, f"x{i}": 1}},
+                {"errors": {"collective": {f"x{i}": ["Unknown field."]}}})
+
+    cases = [case(i) for i in range(800)]
     with ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(answer, inputs))
-    for data, got in zip(inputs, answers):
-        assert got == ({"valid": {"body": data["body"], "request_approval": False}} if isinstance(data["body"], str)
-                       else {"errors": {"body": ["Not a valid string."]}})
+        answers = list(pool.map(answer, [data for data, _ in cases]))
+    assert answers == [expected for _, expected in cases]

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from controlplane.models import Conversation, Space
 from inbox.services import send_message
 from web.streams import read_pass
 
@@ -33,4 +34,23 @@ def test_a_pass_for_nobody_who_may_read_reads_no_messages(room, human, django_as
     send_message(channel, body="hello", actor=space.memberships.first().member)
     with django_assert_num_queries(1):
         result = read_pass(channel.pk, {outsider.pk}, after=0)
+    assert (result.readers, result.frames) == (set(), [])
+
+
+def test_a_pass_in_an_explicit_only_space_asks_once_more_for_withheld_bodies(room, ann, ben,
+                                                                           django_assert_num_queries):
+    space, channel = room
+    send_message(channel, body="hello", actor=ann)
+    Space.objects.filter(pk=space.pk).update(send_policy=Space.SendPolicy.EXPLICIT_ONLY)
+    with django_assert_num_queries(3):
+        result = read_pass(channel.pk, {ann.pk, ben.pk}, after=0)
+    assert result.readers == {ann.pk, ben.pk} and len(result.frames) == 1
+
+
+def test_a_conversation_deleted_while_watched_has_no_readers_left(room, ann, ben):
+    # Its sockets are then closed as for lost access (4403), not as a failed stream.
+    space, channel = room
+    send_message(channel, body="hello", actor=ann)
+    Conversation.objects.filter(pk=channel.pk).delete()
+    result = read_pass(channel.pk, {ann.pk, ben.pk}, after=0)
     assert (result.readers, result.frames) == (set(), [])
