@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import DEFAULT_DB_ALIAS, close_old_connections, connection, connections
 
 _pool: ThreadPoolExecutor | None = None
 # Set by the ASGI application (controlplane.asgi) for everything it serves:
@@ -78,3 +78,34 @@ def datetime_from_db(value):
     it: aware on SQLite too, where the cursor gives it naive (or as text)."""
     convert = getattr(connection.ops, "convert_datetimefield_value", None)
     return convert(value, None, connection) if convert else value
+
+
+def model_columns(model, alias: str) -> str:
+    """Every column of `model` in a plain-SQL select from `alias`, in the
+    order `model_from_row` reads them."""
+    quote = connection.ops.quote_name
+    return ", ".join(f"{alias}.{quote(field.column)}" for field in model._meta.concrete_fields)
+
+
+def model_from_row(model, row):
+    """An instance of `model` from the first values of `row` (selected with
+    `model_columns`), each converted as the ORM converts its field's column
+    (SQLite's integers to booleans, its naive datetimes to aware ones)."""
+    values = []
+    for value, (col, converters) in zip(row, _converters(model)):
+        for convert in converters:
+            value = convert(value, col, connection)
+        values.append(value)
+    return model.from_db(connection.alias, [field.attname for field in model._meta.concrete_fields], values)
+
+
+def _converters(model) -> list[tuple]:
+    """The ORM's converters of each of `model`'s columns, kept on this
+    thread's connection (they are its backend's methods)."""
+    wrapper = connections[DEFAULT_DB_ALIAS]
+    known = wrapper.__dict__.setdefault("_switchboard_converters", {})
+    if model not in known:
+        cols = [field.get_col(model._meta.db_table) for field in model._meta.concrete_fields]
+        known[model] = [(col, wrapper.ops.get_db_converters(col) + col.field.get_db_converters(wrapper))
+                        for col in cols]
+    return known[model]

@@ -7,7 +7,7 @@ from django.db import connection
 from rest_framework.authentication import BaseAuthentication, SessionAuthentication
 from rest_framework.exceptions import AuthenticationFailed
 
-from controlplane.db import datetime_from_db
+from controlplane.db import model_columns, model_from_row
 from controlplane.errors import Unauthenticated
 from controlplane.models import Credential, Member
 from controlplane.tokens import TOKEN_RE, hash_token
@@ -15,15 +15,11 @@ from controlplane.tokens import TOKEN_RE, hash_token
 
 # The challenge of a 401 on every surface that takes bearer credentials.
 WWW_AUTHENTICATE = 'Bearer realm="switchboard"'
-# Every column of the member: a field left out would be loaded by a query of
-# its own when first read (GET /v0/me renders `created_at`).
-_MEMBER_FIELDS = ["id", "public_id", "handle", "display_name", "kind", "status", "is_admin", "user_id", "created_at"]
-
-
 def _credential_sql() -> str:
+    # Every column of the member: a field left out would be loaded by a
+    # query of its own when first read (GET /v0/me renders `created_at`).
     quote = connection.ops.quote_name
-    columns = ", ".join(f"m.{quote(f)}" for f in _MEMBER_FIELDS)
-    return (f"SELECT c.id, c.public_id, {columns} FROM {quote(Credential._meta.db_table)} c "
+    return (f"SELECT c.id, c.public_id, {model_columns(Member, 'm')} FROM {quote(Credential._meta.db_table)} c "
             f"JOIN {quote(Member._meta.db_table)} m ON m.id = c.member_id WHERE c.token_hash = %s")
 
 
@@ -35,9 +31,7 @@ def credential_for_hash(token_hash: str) -> Credential | None:
         row = cursor.fetchone()
     if row is None:
         return None
-    # As the ORM's converters would: SQLite gives booleans as integers.
-    member = Member.from_db(connection.alias, _MEMBER_FIELDS,
-                            [*row[2:8], bool(row[8]), row[9], datetime_from_db(row[10])])
+    member = model_from_row(Member, row[2:])
     credential = Credential.from_db(connection.alias, ["id", "public_id", "member_id"], [row[0], row[1], member.pk])
     credential.member = member
     return credential
