@@ -89,8 +89,8 @@ def _recipients(conversation: Conversation, space: Space, mentioned: list[str], 
         readers = readers_of(conversation, {m.pk for m in candidates})
         order = {h: i for i, h in enumerate(mentioned)}
         return sorted((m for m in candidates if m.pk in readers), key=lambda m: order[m.handle])
-    return _members(f"SELECT {columns} FROM {quote(Participant._meta.db_table)} p JOIN {member} m ON m.id = p.member_id "
-                    f"WHERE p.conversation_id = %s AND p.member_id <> %s "
+    return _members(f"SELECT {columns} FROM {quote(Participant._meta.db_table)} p "
+                    f"JOIN {member} m ON m.id = p.member_id WHERE p.conversation_id = %s AND p.member_id <> %s "
                     f"AND EXISTS (SELECT 1 FROM {quote(Membership._meta.db_table)} ms WHERE ms.space_id = %s "
                     f"AND ms.member_id = p.member_id AND ms.status = '{Membership.Status.ACTIVE.value}') "
                     f"ORDER BY p.ordinal", [conversation.pk, author.pk, space.pk])

@@ -15,6 +15,8 @@ from controlplane.tokens import TOKEN_RE, hash_token
 
 # The challenge of a 401 on every surface that takes bearer credentials.
 WWW_AUTHENTICATE = 'Bearer realm="switchboard"'
+
+
 def _credential_sql() -> str:
     # Every column of the member: a field left out would be loaded by a
     # query of its own when first read (GET /v0/me renders `created_at`).
