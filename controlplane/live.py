@@ -178,25 +178,39 @@ def group_send_on_commit(group: str, message: dict) -> None:
 
 
 class Interest:
-    """What a live page waits for: new events in some conversations, or a
-    change of who may read some spaces (membership events). `event` is set
-    when one may have arrived; the page re-reads from the database."""
+    """What a waiter waits for, from the log nudges (controlplane.log):
+    new events in some conversations, or in some spaces, or addressed to
+    some members (inbox feeds), or a change of who may read some spaces
+    (membership events). `event` is set when one may have arrived; the
+    waiter re-reads from the database. A nudge that does not say what
+    changed wakes everyone."""
 
-    def __init__(self, conversations: set[int], spaces: set[int]) -> None:
+    def __init__(self, conversations: set[int] = frozenset(), spaces: set[int] = frozenset(), *,
+                 events_in: set[int] = frozenset(), addressed: set[int] = frozenset()) -> None:
         self.conversations = conversations
-        self.spaces = spaces
+        self.spaces = spaces  # access changes
+        self.events_in = events_in
+        self.addressed = addressed
         self.event = asyncio.Event()
 
     def matches(self, message: dict) -> bool:
         if "conversations" not in message:
-            return True  # a nudge that does not say what changed wakes everyone
-        return bool(self.conversations.intersection(message["conversations"])
-                    or self.spaces.intersection(message.get("access_spaces", ())))
+            return True
+        if (self.conversations.intersection(message["conversations"])
+                or self.spaces.intersection(message.get("access_spaces", ()))):
+            return True
+        if self.events_in and ("spaces" not in message or self.events_in.intersection(message["spaces"])):
+            return True
+        # An inbox feed shows the addressed events of the spaces its reader
+        # may read now: a membership change anywhere may show older ones.
+        return bool(self.addressed) and (message.get("members") is None or message.get("access_spaces")
+                                         or bool(self.addressed.intersection(message["members"])))
 
 
 class LogWatcher:
     """One per process: listens on the log group and wakes local waiters:
-    long-polls (any advance) and live pages (advances they asked for)."""
+    those that took a `mark` on any advance, those that `watch` an
+    `Interest` (long-polls, live pages) on the advances it names."""
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -224,10 +238,11 @@ class LogWatcher:
         except (asyncio.TimeoutError, TimeoutError):
             pass
 
-    def watch(self, *, conversations: set[int], spaces: set[int]) -> Interest:
-        """Register a live page's interest; `unwatch` it when the page goes."""
+    def watch(self, **interest) -> Interest:
+        """Register an `Interest` (its arguments); `unwatch` it when the
+        waiter goes."""
         self._ensure_started()
-        interest = Interest(conversations, spaces)
+        interest = Interest(**interest)
         self._interests.add(interest)
         return interest
 

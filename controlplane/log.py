@@ -39,6 +39,9 @@ class NewEvent:
     request_id: str | None = field(default_factory=current_request_id, compare=False, repr=False)
 
 
+# A log nudge names at most this many addressees; more wake every inbox reader.
+NUDGE_MEMBERS = 1000
+
 AppendHook = Callable[[list[tuple[int, NewEvent]]], None]
 
 # Work that must commit with the events, run by `appended` in the appending
@@ -63,11 +66,15 @@ def appended(entries: list[tuple[int, NewEvent]]) -> None:
     for hook in _APPEND_HOOKS:
         hook(entries)
     events = [event for _, event in entries]
+    addressees = {m for e in events for m in e.addressees}
     group_send_on_commit(LOG_GROUP, {"type": "log.advanced", "position": entries[-1][0],
                                      "conversations": sorted({e.conversation_id for e in events if e.conversation_id}),
+                                     "spaces": sorted({e.space_id for e in events if e.space_id}),
                                      # spaces where who may read changed (live pages re-check)
                                      "access_spaces": sorted({e.space_id for e in events
-                                                              if e.space_id and e.kind.startswith("member.")})})
+                                                              if e.space_id and e.kind.startswith("member.")}),
+                                     # whose inbox feeds it reached (None: too many to name, everyone's)
+                                     "members": sorted(addressees) if len(addressees) <= NUDGE_MEMBERS else None})
 
 
 _ALLOCATE_SQL = f"UPDATE {LogHead._meta.db_table} SET position = position + %s WHERE id = 1 RETURNING position"

@@ -4,6 +4,11 @@ The wrapped DRF view does each read in a worker thread and gives its
 database connection back at once; the wait itself is a coroutine on the
 event loop, woken by the process's LogWatcher, so a waiting request holds no
 thread and no database connection, and is cancelled if the client goes away.
+
+A view that names what its feed shows (`wants_wakes`: events of a space,
+events addressed to a member) is woken only by the commits that name it,
+so a commit costs a re-read of the feeds it touched, not of every feed
+waiting in the process.
 """
 from __future__ import annotations
 
@@ -32,6 +37,12 @@ def _release_connections() -> None:
             connection.close()
 
 
+def wants_wakes(request, **interest) -> None:
+    """From a feed view: the `controlplane.live.Interest` (its arguments)
+    of the commits that may add to this feed."""
+    request._request.switchboard_wake = interest
+
+
 def long_polling(sync_view):
     """Wrap a feed view (from `as_view()`) into an async long-polling view."""
 
@@ -49,14 +60,27 @@ def long_polling(sync_view):
             return await read(request, *args, **kwargs)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
-        while True:
-            mark = log_watcher.mark()
-            response = await read(request, *args, **kwargs)
-            remaining = deadline - loop.time()
-            if remaining <= 0 or response.status_code != 200 or response.data["events"]:
-                return response
-            request.switchboard_repoll = True
-            await log_watcher.wait(mark, min(remaining, settings.FEED_RECHECK_SECONDS))
+        interest = None
+        try:
+            while True:
+                mark = log_watcher.mark()
+                if interest is not None:
+                    interest.event.clear()  # before reading: a commit during the read wakes the next wait
+                response = await read(request, *args, **kwargs)
+                remaining = deadline - loop.time()
+                if remaining <= 0 or response.status_code != 200 or response.data["events"]:
+                    return response
+                request.switchboard_repoll = True
+                if interest is None and (wake := getattr(request, "switchboard_wake", None)):
+                    # Only the commits this feed may show wake it from now on.
+                    interest = log_watcher.watch(**wake)
+                    if mark.is_set():
+                        continue  # the log advanced before the interest was registered: read again
+                await log_watcher.wait(mark if interest is None else interest.event,
+                                       min(remaining, settings.FEED_RECHECK_SECONDS))
+        finally:
+            if interest is not None:
+                log_watcher.unwatch(interest)
 
     # drf-spectacular documents the wrapped DRF view.
     view.cls, view.initkwargs = sync_view.cls, sync_view.initkwargs

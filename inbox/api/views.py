@@ -16,6 +16,7 @@ from controlplane.cursors import caller_id, pack_cursor, unpack_cursor
 from controlplane.errors import NotFound
 from controlplane.idempotency import idempotency_key, idempotent
 from inbox import collectives, feeds, reads, services
+from inbox.api.longpoll import wants_wakes
 from inbox.api.serializers import (AnswerIn, AnswerOut, BodyPageOut, BodyParams, FeedPageOut, FeedParams, MessageOut,
                                    MessageStatusOut, ResolveIn, SendMessageIn, SnapshotOut, SnapshotParams)
 from inbox.models import Message
@@ -148,6 +149,7 @@ class SpaceEventsView(APIView):
         space = get_readable_space(slug, request.user)
         stream = f"space:{space.public_id}"
         after, limit = _feed_params(request, stream)
+        wants_wakes(request, events_in={space.pk})
         return _feed_response(request, feeds.space_feed(space, request.user, after, limit), stream)
 
 
@@ -156,6 +158,7 @@ class InboxEventsView(APIView):
                    responses={200: FeedPageOut, **errors(*FEED_ERRORS)})
     def get(self, request):
         after, limit = _feed_params(request, "inbox")
+        wants_wakes(request, addressed={request.user.pk})
         return _feed_response(request, feeds.inbox_feed(request.user, after, limit), "inbox")
 
 

@@ -234,6 +234,64 @@ async def test_long_poll_wakes_when_an_event_commits(monkeypatch, settings):
     assert [e["data"]["message"]["body"] for e in events] == ["wake up"]
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_a_waiting_feed_is_read_again_only_for_commits_it_may_show(monkeypatch, settings):
+    # given: bob long-polls the lab's feed and his inbox; nothing but a wake can answer them in time
+    settings.FEED_RECHECK_SECONDS = 120
+    create = sync_to_async(services.create_member)
+    alice, bob, carol = await create("alice", actor=None), await create("bob", actor=None), await create("carol",
+                                                                                                        actor=None)
+    _, token = await sync_to_async(services.issue_credential)(bob, actor=None)
+    spaces = {}
+    for slug in ("lab", "elsewhere"):
+        spaces[slug] = await sync_to_async(services.create_space)(slug=slug, name=slug, visibility="open",
+                                                                  send_policy="open", actor=alice)
+    lab_general = await sync_to_async(services.create_channel)(spaces["lab"], "general", actor=alice)
+    elsewhere = await sync_to_async(services.create_channel)(spaces["elsewhere"], "general", actor=alice)
+    for member in (bob, carol):
+        await sync_to_async(services.join_space)(spaces["lab"], actor=member)
+    to_carol, _ = await sync_to_async(services.get_or_create_direct)(spaces["lab"], carol, actor=alice)
+    head = await sync_to_async(lambda: LogHead.objects.get().position)()
+    reads = {"lab": 0, "inbox": 0}
+    original_wait = log_watcher.wait
+
+    async def counted_wait(mark, timeout):  # every read that found nothing is followed by a wait
+        feed = "lab" if "lab" in asyncio.current_task().get_name() else "inbox"
+        reads[feed] += 1
+        await original_wait(mark, timeout)
+
+    monkeypatch.setattr(log_watcher, "wait", counted_wait)
+
+    def poll(path, stream, name):
+        cursor = pack_cursor((head,), caller=bob.public_id, stream=stream)
+        return asyncio.create_task(AsyncClient().get(path, {"cursor": cursor, "wait_ms": 20_000},
+                                                     headers={"Authorization": f"Bearer {token}"}), name=name)
+
+    lab = poll("/v0/spaces/lab/events", f"space:{spaces['lab'].public_id}", "lab")
+    inbox = poll("/v0/me/inbox/events", "inbox", "inbox")
+    for _ in range(500):
+        if reads == {"lab": 1, "inbox": 1}:
+            break
+        await asyncio.sleep(0.01)
+    # when: commits in another space
+    for n in range(5):
+        await sync_to_async(send_message)(elsewhere, body=f"not for bob {n}", actor=alice)
+    await asyncio.sleep(0.5)
+    # then: neither feed was read again
+    assert reads == {"lab": 1, "inbox": 1} and not lab.done() and not inbox.done()
+    # when: a direct message to carol in the lab
+    await sync_to_async(send_message)(to_carol, body="for carol only", actor=alice)
+    await asyncio.sleep(0.5)
+    # then: the lab's feed looked (and found nothing bob may see); bob's inbox did not
+    assert reads == {"lab": 2, "inbox": 1} and not lab.done() and not inbox.done()
+    # when: a message in the lab that mentions bob
+    await sync_to_async(send_message)(lab_general, body="hello @bob", actor=alice)
+    # then: both answer with it
+    answers = [(await asyncio.wait_for(task, 15)).json()["events"] for task in (lab, inbox)]
+    assert [[e["data"]["message"]["body"] for e in events] for events in answers] == [["hello @bob"]] * 2
+
+
 def test_snapshot_forgets_spaces_you_were_removed_from(private_direct, alice, bob, api_for):
     # given
     space, direct = private_direct
