@@ -172,3 +172,59 @@ async def request_load(request, *, clients: int, warmup: float, seconds: float, 
     return {"clients": clients, "seconds": seconds, "warmup_seconds": warmup, "requests": attempted[0], "sends": done,
             "sends_per_s": round(done / seconds, 1), "errors": attempted[0] - done, "statuses": dict(statuses),
             "error_samples": error_samples, **latency_summary(latencies)}
+
+
+async def idle_polls(base_url: str, slug: str, token: str, count: int, ready: asyncio.Event,
+                     stop: asyncio.Event) -> dict:
+    """`count` long-polls (`wait_ms` 30 s) on the feed of space `slug`, where
+    nothing is sent: each catches up, then waits, and polls again when it is
+    answered, until `stop`. `ready` is set once every one is waiting. A
+    server that re-read every waiting feed on every commit anywhere pays for
+    them on each send."""
+    url, headers = f"{base_url}/v0/spaces/{slug}/events", {"Authorization": f"Bearer {token}"}
+    waiting, answered = [0], [0]
+    connector = aiohttp.TCPConnector(limit=count, limit_per_host=count)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
+        async def poll() -> None:
+            cursor, caught_up = None, False
+            while not stop.is_set():
+                params = {"cursor": cursor} if cursor else {}
+                if caught_up:
+                    params["wait_ms"] = "30000"
+                async with session.get(url, params=params, headers=headers) as response:
+                    assert response.status == 200, f"{response.status} {await response.text()}"
+                    page = await response.json()
+                cursor = page["cursor"]
+                if caught_up:
+                    answered[0] += 1
+                elif not page["has_more"]:
+                    caught_up, waiting[0] = True, waiting[0] + 1
+                    if waiting[0] == count:
+                        asyncio.get_running_loop().call_later(3.0, ready.set)  # their waiting reads done
+
+        tasks = [asyncio.create_task(poll()) for _ in range(count)]
+        await stop.wait()
+        for task in tasks:
+            task.cancel()
+        failed = [r for r in await asyncio.gather(*tasks, return_exceptions=True)
+                  if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError)]
+    if failed:
+        raise failed[0]
+    return {"idle_polls": count, "answered_during_load": answered[0]}
+
+
+async def send_load_with_idle_polls(base_url: str, slug: str, tokens: list[str], handles: list[str], *,
+                                    idle_polls_in: str, idle: int, **send_args) -> dict:
+    """`send_load`, with `idle` long-polls waiting on a quiet space's feed throughout."""
+    if not idle:
+        return await send_load(base_url, slug, tokens, handles, **send_args)
+    ready, stop = asyncio.Event(), asyncio.Event()
+    polls = asyncio.create_task(idle_polls(base_url, idle_polls_in, tokens[0], idle, ready, stop))
+    await asyncio.wait([polls, asyncio.ensure_future(ready.wait())], return_when=asyncio.FIRST_COMPLETED, timeout=120)
+    if polls.done():
+        polls.result()  # raises what stopped them
+    try:
+        figures = await send_load(base_url, slug, tokens, handles, **send_args)
+    finally:
+        stop.set()
+    return {**figures, **await polls}

@@ -73,6 +73,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds before each send measurement")
     p.add_argument("--baseline-seconds", type=float, default=5.0, help="seconds per insert baseline (default 5)")
     p.add_argument("--clients", type=int, default=16, help="concurrent clients (default 16)")
+    p.add_argument("--idle-polls", type=int, default=0,
+                   help="long-polls waiting on a quiet space's feed during the send benchmark (default 0)")
     p.add_argument("--profile-sends", action="store_true",
                    help="record each send setup with py-spy (collapsed stacks and a flame graph beside the results)")
     p.add_argument("--only", action="append", choices=PHASES, help="run only this phase (repeatable)")
@@ -108,6 +110,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help=f"keep the {DB_NAME} database afterwards")
     args = p.parse_args(argv)
     args.phases = [ph for ph in PHASES if not args.only or ph in args.only]
+    if args.idle_polls < 0:
+        p.error("--idle-polls must not be negative")
     if args.clients < 1 or args.seconds <= 0 or args.ack_seconds <= 0 or not 0 < args.feed_requests <= 4000:
         p.error("--clients, --seconds and --ack-seconds must be positive; --feed-requests 1..4000")
     if args.live_clients < 1 or args.live_sends < 1 or args.live_gap < 0:
@@ -243,8 +247,9 @@ def run_sends(args, env, fx, out_dir: Path, run_id: str) -> dict:
                                          args.warmup + args.seconds) if args.profile_sends else None
                 client_cpu, machine_busy = time.process_time(), busy_jiffies()
                 try:
-                    figures = asyncio.run(load.send_load(
+                    figures = asyncio.run(load.send_load_with_idle_polls(
                         server.base_url, fixture.SEND_SPACE, [m.token for m in senders], [m.handle for m in fx.members],
+                        idle_polls_in=fixture.FEED_SMALL, idle=args.idle_polls,
                         clients=args.clients, warmup=args.warmup, seconds=args.seconds,
                         run_id=f"{run_id}-{name}", idempotency_keys=not args.no_idempotency_key))
                 finally:

@@ -2,7 +2,8 @@
 watcher that wakes long-polls when the event log advances anywhere.
 
 The durable rows are the truth; everything here is a nudge. A lost nudge
-delays a long-poll by at most settings.FEED_RECHECK_SECONDS and loses nothing.
+delays a long-poll by at most twice settings.FEED_RECHECK_SECONDS (the
+LogWatcher's look at the log head) and loses nothing.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from collections.abc import Callable
 
 from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
+from django.conf import settings
 from django.db import transaction
 
 logger = logging.getLogger("switchboard.live")
@@ -210,21 +212,30 @@ class Interest:
 class LogWatcher:
     """One per process: listens on the log group and wakes local waiters:
     those that took a `mark` on any advance, those that `watch` an
-    `Interest` (long-polls, live pages) on the advances it names."""
+    `Interest` (long-polls, live pages) on the advances it names.
+
+    While anyone waits it also reads the log head every
+    FEED_RECHECK_SECONDS, and wakes every waiter when a commit it read one
+    look ago has still not been announced: a lost nudge, or without Redis a
+    commit of another process. One small read per process, however many
+    wait: each waiter re-reading its feed on a timer instead cost a read
+    per waiter per interval."""
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._advanced: asyncio.Event | None = None
-        self._task: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
         self._interests: set[Interest] = set()
+        self._waiting = 0
+        self._announced = 0  # the highest position a nudge named
 
     def _ensure_started(self) -> None:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             self._loop = loop
             self._advanced = asyncio.Event()
-            self._interests = set()
-            self._task = loop.create_task(self._listen())
+            self._interests, self._waiting, self._announced = set(), 0, 0
+            self._tasks = [loop.create_task(self._listen()), loop.create_task(self._check_head())]
 
     def mark(self) -> asyncio.Event:
         """Take before reading; `wait(mark)` returns at once if the log
@@ -232,11 +243,16 @@ class LogWatcher:
         self._ensure_started()
         return self._advanced
 
-    async def wait(self, mark: asyncio.Event, timeout: float) -> None:
+    async def wait(self, event: asyncio.Event, timeout: float) -> None:
+        """Until `event` (a mark, an interest's event) is set or `timeout`."""
+        self._ensure_started()
+        self._waiting += 1
         try:
-            await asyncio.wait_for(mark.wait(), timeout)
+            await asyncio.wait_for(event.wait(), timeout)
         except (asyncio.TimeoutError, TimeoutError):
             pass
+        finally:
+            self._waiting -= 1
 
     def watch(self, **interest) -> Interest:
         """Register an `Interest` (its arguments); `unwatch` it when the
@@ -254,11 +270,13 @@ class LogWatcher:
         a channel left behind would be sent every nudge of every process
         until its membership expires, a day later. (The tasks a server
         leaves at its exit are cancelled too late to leave.)"""
-        task, self._task = self._task, None
-        if task is not None and self._loop is asyncio.get_running_loop():
-            await stop_task(task)
+        tasks, self._tasks = self._tasks, []
+        if self._loop is asyncio.get_running_loop():
+            for task in tasks:
+                await stop_task(task)
 
     def _wake(self, message: dict) -> None:
+        self._announced = max(self._announced, message.get("position", 0))
         advanced, self._advanced = self._advanced, asyncio.Event()
         advanced.set()
         for interest in self._interests:
@@ -267,6 +285,25 @@ class LogWatcher:
 
     async def _listen(self) -> None:
         await listen(LOG_GROUP, self._wake)
+
+    async def _check_head(self) -> None:
+        from controlplane.db import db_call
+        from controlplane.log import head_position
+
+        seen = None  # the head one look ago
+        while True:
+            await asyncio.sleep(settings.FEED_RECHECK_SECONDS)
+            if not self._interests and not self._waiting:
+                seen = None
+                continue
+            try:
+                head = await db_call(head_position)()
+            except Exception:
+                logger.warning("could not read the log head", exc_info=True)
+                continue
+            if seen is not None and self._announced < seen:
+                self._wake({"type": "log.advanced", "position": seen})  # says nothing of what: wakes everyone
+            seen = head
 
 
 async def listen(group: str, on_message: Callable[[dict], None]) -> None:

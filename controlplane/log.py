@@ -77,6 +77,14 @@ def appended(entries: list[tuple[int, NewEvent]]) -> None:
                                      "members": sorted(addressees) if len(addressees) <= NUDGE_MEMBERS else None})
 
 
+def head_position() -> int:
+    """The position of the newest event committed, in one plain read."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT position FROM {LogHead._meta.db_table} WHERE id = 1")
+        row = cursor.fetchone()
+    return row[0] if row else 0
+
+
 _ALLOCATE_SQL = f"UPDATE {LogHead._meta.db_table} SET position = position + %s WHERE id = 1 RETURNING position"
 
 

@@ -76,8 +76,10 @@ def long_polling(sync_view):
                     interest = log_watcher.watch(**wake)
                     if mark.is_set():
                         continue  # the log advanced before the interest was registered: read again
-                await log_watcher.wait(mark if interest is None else interest.event,
-                                       min(remaining, settings.FEED_RECHECK_SECONDS))
+                if interest is None:
+                    await log_watcher.wait(mark, min(remaining, settings.FEED_RECHECK_SECONDS))
+                else:  # a lost nudge wakes it too: the watcher looks at the log head (LogWatcher)
+                    await log_watcher.wait(interest.event, remaining)
         finally:
             if interest is not None:
                 log_watcher.unwatch(interest)

@@ -292,6 +292,51 @@ async def test_a_waiting_feed_is_read_again_only_for_commits_it_may_show(monkeyp
     assert [[e["data"]["message"]["body"] for e in events] for events in answers] == [["hello @bob"]] * 2
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_a_lost_nudge_is_found_by_one_look_at_the_log_head_not_by_every_poll(monkeypatch, settings):
+    # given: a long-poll waiting on a quiet space, and a watcher that looks at the log head every 0.2 s
+    settings.FEED_RECHECK_SECONDS = 0.2
+    alice = await sync_to_async(services.create_member)("alice", actor=None)
+    _, token = await sync_to_async(services.issue_credential)(alice, actor=None)
+    space = await sync_to_async(services.create_space)(slug="lab", name="Lab", visibility="open",
+                                                        send_policy="open", actor=alice)
+    general = await sync_to_async(services.create_channel)(space, "general", actor=alice)
+    # the watcher has heard of the newest commit (one it never heard of would wake everyone once)
+    for n in range(100):
+        mark = log_watcher.mark()
+        await sync_to_async(send_message)(general, body=f"before {n}", actor=alice)
+        await log_watcher.wait(mark, 0.1)
+        if mark.is_set():
+            break
+    head = await sync_to_async(lambda: LogHead.objects.get().position)()
+    reads = [0]
+    original_wait = log_watcher.wait
+
+    async def counted_wait(event, timeout):
+        reads[0] += 1
+        await original_wait(event, timeout)
+
+    monkeypatch.setattr(log_watcher, "wait", counted_wait)
+    cursor = pack_cursor((head,), caller=alice.public_id, stream=f"space:{space.public_id}")
+    poll = asyncio.create_task(AsyncClient().get("/v0/spaces/lab/events", {"cursor": cursor, "wait_ms": 20_000},
+                                                 headers={"Authorization": f"Bearer {token}"}))
+    for _ in range(500):
+        if reads[0]:
+            break
+        await asyncio.sleep(0.01)
+    # when: five of the watcher's looks pass with nothing committed
+    await asyncio.sleep(1.0)
+    # then: the poll was not read again on a timer of its own
+    assert reads[0] == 1 and not poll.done()
+    # when: a send whose nudge is lost
+    monkeypatch.setattr("controlplane.log.group_send_on_commit", lambda group, message: None)
+    await sync_to_async(send_message)(general, body="unannounced", actor=alice)
+    # then: the watcher's look at the log head finds it, long before the poll's 20 s
+    response = await asyncio.wait_for(poll, 3)
+    assert [e["data"]["message"]["body"] for e in response.json()["events"]] == ["unannounced"]
+
+
 def test_snapshot_forgets_spaces_you_were_removed_from(private_direct, alice, bob, api_for):
     # given
     space, direct = private_direct
@@ -328,7 +373,7 @@ async def test_log_watcher_renews_its_group_membership_under_steady_traffic(monk
         await watcher.wait(mark, 0.5)
         wakes += mark.is_set()
         await asyncio.sleep(0.1)
-    watcher._task.cancel()
+    await watcher.stop()
     # then: every commit still woke the watcher
     assert wakes == 25
 
