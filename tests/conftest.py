@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json as jsonlib
+import time
 
 import pytest
 from django.conf import settings
@@ -83,6 +84,15 @@ class Api:
 
     def delete(self, path, headers=None):
         return self._call("delete", path, None, headers)
+
+
+def clear_of_window_edge(window: int = 60, margin: float = 2.0) -> None:
+    """Sleep into the next fixed rate-limit window when this one ends within
+    `margin` seconds, so that every request a test counts falls in one
+    window (a limit's count starts again at each window's edge)."""
+    left = window - time.time() % window
+    if left < margin:
+        time.sleep(left + 0.05)
 
 
 def error_code(response) -> str:

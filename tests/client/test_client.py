@@ -8,6 +8,7 @@ from switchboard_client import (AsyncClient, AuthError, Client, ConflictError, N
                                 RequestError, RetryPolicy, errors, models)
 
 from tests.client.conftest import member_token
+from tests.conftest import clear_of_window_edge
 from tests.servers import serving
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -130,6 +131,7 @@ def test_rate_limited_carries_retry_after_and_is_retried_after_it():
         token = member_token("alice")
         waits = []
         patient = Client(base, token, retry=RetryPolicy(attempts=2), sleep=waits.append)  # records, never waits
+        clear_of_window_edge(margin=5)
         impatient = Client(base, token, retry=RetryPolicy(attempts=1))
         for _ in range(3):
             impatient.me()

@@ -3,7 +3,7 @@ import pytest
 
 from controlplane.models import Credential, Member, Space
 from controlplane.tokens import hash_token
-from tests.conftest import Api, error_code
+from tests.conftest import Api, clear_of_window_edge, error_code
 from tests.servers import cut_every_database_connection
 
 
@@ -143,6 +143,7 @@ def test_rate_limit_is_per_member(settings, api_for, alice, bob):
     # given
     settings.RATE_LIMIT_PER_MINUTE = 3
     as_alice, as_bob = api_for(alice), api_for(bob)
+    clear_of_window_edge()
     # when
     statuses = [as_alice.get("/v0/me").status_code for _ in range(4)]
     # then
@@ -158,6 +159,7 @@ def test_rate_limit_is_per_member(settings, api_for, alice, bob):
 def test_credential_creation_is_throttled_per_member(settings, as_alice, as_bob):
     # given
     settings.CREDENTIALS_PER_HOUR = 2
+    clear_of_window_edge(3600)
     # when
     statuses = [as_alice.post("/v0/me/credentials", {}).status_code for _ in range(3)]
     # then

@@ -8,6 +8,7 @@ import httpx
 import pytest
 from mcp.shared.exceptions import MCPError
 
+from tests.conftest import clear_of_window_edge
 from tests.mcp_endpoint.client import call, connect
 from tests.servers import member_token, serving
 
@@ -98,6 +99,7 @@ def test_tools_read_send_acknowledge_and_errors_through_serve(mode):
 def test_a_credential_is_required_and_the_rate_limit_counts():
     ada = token_for("ada")
     with serving("--no-worker", RATE_LIMIT_PER_MINUTE=3) as (base, _):
+        clear_of_window_edge(margin=5)
         missing = httpx.post(f"{base}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
         forged = httpx.post(f"{base}/mcp", json={}, headers=bearer("sbt_" + "x" * 43))
         statuses = [httpx.post(f"{base}/mcp", json={}, headers=bearer(ada)).status_code for _ in range(4)]

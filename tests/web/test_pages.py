@@ -8,6 +8,7 @@ from controlplane import services
 from controlplane.models import Member
 from inbox.models import Message
 from inbox.services import send_message
+from tests.conftest import clear_of_window_edge
 from tests.web.conftest import PASSWORD
 
 pytestmark = pytest.mark.django_db
@@ -235,6 +236,7 @@ def test_deeply_nested_json_to_the_composer_is_400_as_in_the_api(ann, room, brow
 
 def test_sign_in_is_throttled_per_account_even_for_the_right_password(ann, settings):
     settings.SIGNIN_PER_ACCOUNT, settings.SIGNIN_PER_ADDRESS = 3, 100
+    clear_of_window_edge(15 * 60)
     client = Client()
     statuses = [client.post("/app/login/", {"username": "ann", "password": "guess"}).status_code for _ in range(3)]
     blocked = client.post("/app/login/", {"username": "ann", "password": PASSWORD})
@@ -248,6 +250,7 @@ def test_sign_in_is_throttled_per_account_even_for_the_right_password(ann, setti
 @pytest.mark.parametrize("path", ["/app/login/", "/admin/login/"])
 def test_sign_in_is_throttled_per_client_address(ann, settings, path):
     settings.SIGNIN_PER_ACCOUNT, settings.SIGNIN_PER_ADDRESS = 100, 2
+    clear_of_window_edge(15 * 60)
     client = Client(REMOTE_ADDR="198.51.100.7")
     statuses = [client.post(path, {"username": name, "password": "guess"}).status_code
                 for name in ("ann", "ben", "cid")]
@@ -258,6 +261,7 @@ def test_sign_in_is_throttled_per_client_address(ann, settings, path):
 def test_web_actions_share_the_members_api_rate_limit(ann, room, browser_of, api_for, settings):
     settings.RATE_LIMIT_PER_MINUTE = 2
     space, channel = room
+    clear_of_window_edge()
     assert api_for(ann).get("/v0/me").status_code == 200
     assert post_json(browser_of(ann), f"{page_url(space, channel)}send", {"body": "one"}).status_code == 201
     limited = post_json(browser_of(ann), f"{page_url(space, channel)}send", {"body": "two"})

@@ -8,7 +8,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from controlplane.clock import freeze, now
-from tests.conftest import error_code
+from tests.conftest import clear_of_window_edge, error_code
 from webhooks.models import Endpoint
 
 SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
@@ -170,6 +170,7 @@ def test_a_failed_verification_is_answered_again_from_memory_for_a_minute(receiv
 def test_verifications_are_limited_per_member(receiver, as_alice, as_bob, settings):
     settings.VERIFY_PER_HOUR = 2
     endpoints = [create(as_alice, receiver.url(f"/hook{i}")).json()["endpoint"] for i in range(3)]
+    clear_of_window_edge(3600)
     statuses = [as_alice.post(f"/v0/webhook-endpoints/{e['id']}/verify").status_code for e in endpoints]
     assert statuses == [200, 200, 429]
     assert len(receiver.requests) == 2
