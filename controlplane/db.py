@@ -3,6 +3,7 @@ handlers), and derived tables for set-based updates."""
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import functools
 from concurrent.futures import ThreadPoolExecutor
 
@@ -91,21 +92,49 @@ def model_from_row(model, row):
     """An instance of `model` from the first values of `row` (selected with
     `model_columns`), each converted as the ORM converts its field's column
     (SQLite's integers to booleans, its naive datetimes to aware ones)."""
-    values = []
-    for value, (col, converters) in zip(row, _converters(model)):
-        for convert in converters:
-            value = convert(value, col, connection)
-        values.append(value)
-    return model.from_db(connection.alias, [field.attname for field in model._meta.concrete_fields], values)
+    return models_from_row([model], row)[0]
 
 
-def _converters(model) -> list[tuple]:
-    """The ORM's converters of each of `model`'s columns, kept on this
-    thread's connection (they are its backend's methods)."""
+def models_from_row(models, row) -> list:
+    """One instance of each of `models` from consecutive values of `row`
+    (selected with each one's `model_columns`, in that order); None where an
+    outer join found no row (its primary key is NULL)."""
     wrapper = connections[DEFAULT_DB_ALIAS]
-    known = wrapper.__dict__.setdefault("_switchboard_converters", {})
-    if model not in known:
-        cols = [field.get_col(model._meta.db_table) for field in model._meta.concrete_fields]
-        known[model] = [(col, wrapper.ops.get_db_converters(col) + col.field.get_db_converters(wrapper))
-                        for col in cols]
-    return known[model]
+    plans = wrapper.__dict__.setdefault("_switchboard_row_plans", {})
+    instances, start = [], 0
+    for model in models:
+        plan = plans.get(model) or plans.setdefault(model, _RowPlan.of(model, wrapper))
+        values = list(row[start:start + len(plan.attnames)])
+        start += len(plan.attnames)
+        if values[plan.pk_index] is None:
+            instances.append(None)
+            continue
+        for index, col, converters in plan.converting:
+            value = values[index]
+            for convert in converters:
+                value = convert(value, col, wrapper)
+            values[index] = value
+        instances.append(model.from_db(wrapper.alias, plan.attnames, values))
+    return instances
+
+
+@dataclasses.dataclass(frozen=True)
+class _RowPlan:
+    """How to read `model` from plain-SQL values on one connection (kept on
+    it: the converters are its backend's methods): the attribute names, the
+    primary key's place, and only the columns the ORM converts (none of
+    most on PostgreSQL)."""
+    attnames: list[str]
+    pk_index: int
+    converting: list[tuple]
+
+    @classmethod
+    def of(cls, model, wrapper) -> "_RowPlan":
+        fields = model._meta.concrete_fields
+        converting = []
+        for index, field in enumerate(fields):
+            col = field.get_col(model._meta.db_table)
+            converters = wrapper.ops.get_db_converters(col) + field.get_db_converters(wrapper)
+            if converters:
+                converting.append((index, col, converters))
+        return cls([field.attname for field in fields], fields.index(model._meta.pk), converting)
