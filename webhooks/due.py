@@ -7,9 +7,10 @@ from django.core.cache import cache
 from django.db import connection, transaction
 
 from controlplane import live
-from controlplane.db import rows_sql
+from controlplane.db import datetime_from_db, model_columns, models_from_row, rows_sql
+from controlplane.models import Member, Space
 from inbox.models import InboxItem
-from webhooks.models import Delivery, Subscription, new_delivery_id
+from webhooks.models import Attempt, Delivery, Endpoint, Subscription, new_delivery_id
 
 # The running delivery timer listens here (webhooks.pump): a new due
 # delivery reaches it at once instead of at its next poll.
@@ -81,6 +82,38 @@ READY = ("d.state IN ('open', 'pending') AND d.due_at <= %(at)s",
           "d.state IN ('open', 'pending') AND d.due_at > %(due_horizon)s")
 
 
+# A claim's rows: each delivery with its subscription, the subscription's
+# owner, space (if any) and endpoint, and the delivery's item (if bound).
+CLAIMED = ((Delivery, "d"), (Subscription, "s"), (Member, "o"), (Space, "sp"), (Endpoint, "e"), (InboxItem, "i"))
+
+
+def claimed(ids: list[int]) -> list[Delivery]:
+    """The deliveries `ids`, in that order, with their CLAIMED relations
+    loaded: one plain-SQL statement (the ORM's select_related of the same
+    took longer to compile and build than to run)."""
+    if not ids:
+        return []
+    table = {alias: connection.ops.quote_name(model._meta.db_table) for model, alias in CLAIMED}
+    columns = ", ".join(model_columns(model, alias) for model, alias in CLAIMED)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {columns} FROM {table['d']} d JOIN {table['s']} s ON s.id = d.subscription_id "
+                       f"JOIN {table['o']} o ON o.id = s.owner_id LEFT JOIN {table['sp']} sp ON sp.id = s.space_id "
+                       f"JOIN {table['e']} e ON e.id = s.endpoint_id LEFT JOIN {table['i']} i ON i.id = d.item_id "
+                       f"WHERE d.id IN ({', '.join(['%s'] * len(ids))})", ids)
+        rows = cursor.fetchall()
+    found = {}
+    for row in rows:
+        delivery, subscription, owner, space, endpoint, item = models_from_row([m for m, _ in CLAIMED], row)
+        for relation, instance, value in ((Subscription.owner, subscription, owner),
+                                          (Subscription.space, subscription, space),
+                                          (Subscription.endpoint, subscription, endpoint),
+                                          (Delivery.subscription, delivery, subscription),
+                                          (Delivery.item, delivery, item)):
+            relation.field.set_cached_value(instance, value)
+        found[delivery.pk] = delivery
+    return [found[pk] for pk in ids if pk in found]
+
+
 def set_by_wrong_clock(params: dict) -> bool:
     """Whether a claim or a due time was set further ahead than any rule
     sets them (READY's last two reads, with `webhooks.engine.ready_params`):
@@ -105,6 +138,21 @@ def mark_sending(deliveries: list[Delivery], first: set[int], at, until) -> None
                        f"body = COALESCE(v.body, {table}.body), item_id = COALESCE(v.item_id, {table}.item_id), "
                        f"first_attempt_at = COALESCE({table}.first_attempt_at, %s) "
                        f"FROM ({values}) v WHERE {table}.id = v.id", [adapt(until), adapt(at), *params])
+
+
+ATTEMPT_COLUMNS = ("delivery_id", "number", "started_at", "duration_ms", "status_code", "error_class", "key_id")
+
+
+def insert_attempts(rows: list[tuple]) -> None:
+    """A batch's attempt rows, each as ATTEMPT_COLUMNS' values: one
+    statement (the ORM's bulk_create prepared each row for longer than the
+    insert ran)."""
+    adapt = connection.ops.adapt_datetimefield_value
+    one = "(" + ", ".join(["%s"] * len(ATTEMPT_COLUMNS)) + ")"
+    with connection.cursor() as cursor:
+        cursor.execute(f"INSERT INTO {connection.ops.quote_name(Attempt._meta.db_table)} "
+                       f"({', '.join(ATTEMPT_COLUMNS)}) VALUES {', '.join([one] * len(rows))}",
+                       [adapt(v) if n == 2 else v for row in rows for n, v in enumerate(row)])
 
 
 def mark_delivered(answered: list[tuple[int, int]], at) -> list[tuple[int, int | None, int]]:
@@ -152,3 +200,48 @@ def open_item_deliveries(subscription_ids: list[int], at, *, only_if_pending: bo
                        f"ORDER BY v.subscription_id ON CONFLICT DO NOTHING",
                        [Delivery.State.OPEN, adapt(at), adapt(at), *params, *Delivery.UNFINISHED, *pending_params])
         return cursor.rowcount
+
+
+def send_next_items(offers: list[tuple[int, int, str]], at, until) -> dict[int, tuple]:
+    """A push's hand-off (webhooks.engine.record): for each (subscription
+    id, item id, body), a delivery of that item already claimed by the
+    recording worker (`sending`, its first attempt, leased until `until`,
+    its body frozen), for the `item` subscriptions that may still send (an
+    active owner and subscription, within its lease) and have nothing
+    unfinished (one item in flight): what a claim would do with the open
+    delivery an offer makes, in the transaction that acknowledged the item
+    before. One statement, and one read of what signing needs; returns,
+    by subscription id, (delivery id, public id, subscription public id,
+    endpoint url, secret, previous secret, previous secret's end)."""
+    if not offers:
+        return {}
+    quote = connection.ops.quote_name
+    deliveries, subscriptions, members, endpoints = (quote(model._meta.db_table)
+                                                     for model in (Delivery, Subscription, Member, Endpoint))
+    values, params = rows_sql([(pk, new_delivery_id(), item, body) for pk, item, body in sorted(offers)],
+                              {"subscription_id": "BIGINT", "public_id": "VARCHAR(40)", "item_id": "BIGINT",
+                               "body": "TEXT"})
+    unfinished = ", ".join(["%s"] * len(Delivery.UNFINISHED))
+    adapt = connection.ops.adapt_datetimefield_value
+    with connection.cursor() as cursor:
+        cursor.execute(f"INSERT INTO {deliveries} (public_id, subscription_id, after_position, through_position, "
+                       f"state, due_at, attempts, created_at, claimed_until, first_attempt_at, body, item_id) "
+                       f"SELECT v.public_id, v.subscription_id, 0, 0, %s, %s, 1, %s, %s, %s, v.body, v.item_id "
+                       f"FROM ({values}) v JOIN {subscriptions} s ON s.id = v.subscription_id "
+                       f"JOIN {members} o ON o.id = s.owner_id "
+                       f"WHERE s.kind = %s AND s.status = %s AND o.status = %s "
+                       f"AND (s.lease_expires_at IS NULL OR s.lease_expires_at > %s) "
+                       f"AND NOT EXISTS (SELECT 1 FROM {deliveries} d WHERE d.subscription_id = v.subscription_id "
+                       f"AND d.state IN ({unfinished})) "
+                       f"ORDER BY v.subscription_id ON CONFLICT DO NOTHING RETURNING id, public_id, subscription_id",
+                       [Delivery.State.SENDING, adapt(at), adapt(at), adapt(until), adapt(at), *params,
+                        Subscription.Kind.ITEM, Subscription.Status.ACTIVE, Member.Status.ACTIVE, adapt(at),
+                        *Delivery.UNFINISHED])
+        sent = {subscription: (pk, public_id) for pk, public_id, subscription in cursor.fetchall()}
+        if not sent:
+            return {}
+        cursor.execute(f"SELECT s.id, s.public_id, e.url, e.secret, e.previous_secret, e.previous_secret_until "
+                       f"FROM {subscriptions} s JOIN {endpoints} e ON e.id = s.endpoint_id "
+                       f"WHERE s.id IN ({', '.join(['%s'] * len(sent))})", list(sent))
+        return {pk: (*sent[pk], public_id, url, secret, previous, datetime_from_db(until))
+                for pk, public_id, url, secret, previous, until in cursor.fetchall()}

@@ -41,8 +41,9 @@ from inbox import mailbox, notices
 from inbox.delivery import acknowledge_items, oldest_pending
 from inbox.models import InboxItem
 from webhooks import mcp
-from webhooks.due import READY, due_sql, mark_delivered, mark_sending, set_by_wrong_clock
-from webhooks.models import Attempt, Delivery, Subscription
+from webhooks.due import (READY, claimed, due_sql, insert_attempts, mark_delivered, mark_sending, send_next_items,
+                          set_by_wrong_clock)
+from webhooks.models import Delivery, Subscription
 
 if TYPE_CHECKING:  # aiohttp: the web processes import the engine, and send nothing
     from webhooks.transport import Outcome
@@ -168,10 +169,7 @@ def claim_due(limit: int, recover: bool = True) -> list[Job]:
                 ids += [row[0] for row in cursor.fetchall()]
                 if len(ids) >= limit:
                     break
-        order = {pk: n for n, pk in enumerate(ids)}
-        due = sorted(Delivery.objects.filter(pk__in=ids).select_related(
-            "subscription__owner", "subscription__space", "subscription__endpoint", "item"),
-            key=lambda d: order[d.pk])
+        due = claimed(ids)
         # The rows are locked (PostgreSQL) or the database is (SQLite's
         # BEGIN IMMEDIATE), so what was read is what gets claimed.
         cancelled, superseded = [], set()
@@ -210,11 +208,20 @@ def _job(delivery: Delivery) -> Job:
               request_ids=tuple((delivery.request_ids or "").split()), item_id=delivery.item_id)
     if not subscription.managed:
         return job
-    secrets = [endpoint.secret] + ([endpoint.previous_secret] if endpoint.previous_secret_until
-                                   and endpoint.previous_secret_until > now() else [])
-    message_id = "evt_" + delivery.item.token[4:] if delivery.item_id else delivery.public_id
-    return dataclasses.replace(job, mcp_subscription_id=subscription.public_id, mcp_secrets=tuple(secrets),
+    secrets = signing_secrets(endpoint.secret, endpoint.previous_secret, endpoint.previous_secret_until)
+    message_id = item_event_id(delivery.item) if delivery.item_id else delivery.public_id
+    return dataclasses.replace(job, mcp_subscription_id=subscription.public_id, mcp_secrets=secrets,
                                message_id=message_id)
+
+
+def signing_secrets(secret: str, previous: str | None, previous_until) -> tuple[str, ...]:
+    """The (sealed) secrets an MCP-managed endpoint's deliveries are signed
+    with: its secret, and the one it replaced while their overlap lasts."""
+    return (secret, previous) if previous_until and previous_until > now() else (secret,)
+
+
+def item_event_id(item: InboxItem) -> str:
+    return "evt_" + item.token[4:]
 
 
 def _bind_items(deliveries: list[Delivery]) -> None:
@@ -274,36 +281,36 @@ def log_attempt(result: Result) -> Result:
     return result
 
 
-def record(results: list[Result]) -> None:
+def record(results: list[Result], *, hand_off: bool = False) -> list[Job]:
     """Store the attempts and apply their outcomes, in one transaction. An
     outcome only changes a delivery that is still its attempt's: one whose
     lease ran out and was claimed again belongs to the newer attempt.
+    With `hand_off` (the pump's, while it may claim), each pushed item's
+    next one is claimed for this worker in the same transaction (`_hand_off`):
+    the jobs to send at once.
 
     Each failed outcome is applied in a savepoint of its own: one that cannot
     be (a suspension notice that fails, say) is logged and leaves only its
     own delivery `sending`, to be claimed again when its lease runs out; the
     rest of the batch is recorded."""
     if not results:
-        return
+        return []
     with transaction.atomic():
-        Attempt.objects.bulk_create(
-            Attempt(delivery_id=r.job.delivery_id, number=r.job.number, started_at=r.started_at,
-                    duration_ms=r.outcome.duration_ms, status_code=r.outcome.status_code,
-                    error_class=r.outcome.error_class, key_id=r.key_id) for r in results)
+        insert_attempts([(r.job.delivery_id, r.job.number, r.started_at, r.outcome.duration_ms,
+                          r.outcome.status_code, r.outcome.error_class, r.key_id) for r in results])
         faults.point("webhooks.record")  # mid-record: the transaction is lost with the process
         # Most answers are a 2xx: one statement finishes them all.
         answered = [(r.job.delivery_id, r.job.number) for r in results if r.outcome.ok]
         delivered = mark_delivered(answered, now()) if answered else []
         pushed = [(subscription, item, owner) for subscription, item, owner in delivered if item is not None]
         failed = [r for r in results if not r.outcome.ok]
-        if pushed or failed:
-            _record_rest(pushed, failed)
+        return _record_rest(pushed, failed, hand_off) if pushed or failed else []
 
 
-def _record_rest(pushed: list[tuple[int, int, int]], failed: list[Result]) -> None:
+def _record_rest(pushed: list[tuple[int, int, int]], failed: list[Result], hand_off: bool) -> list[Job]:
     """The pushed items' 2xx answers, as (subscription id, item id, owner id)
     of the deliveries `mark_delivered` finished, and the failures of a batch:
-    deliveries before mailboxes, as always."""
+    deliveries before mailboxes, as always. Returns `_hand_off`'s jobs."""
     # The deliveries only (not their subscriptions, which a send's commit
     # checks its new deliveries' keys against), as no-key locks (mailbox.lock).
     current = {d.pk: d for d in Delivery.objects.select_for_update(of=("self",), no_key=True)
@@ -322,14 +329,42 @@ def _record_rest(pushed: list[tuple[int, int, int]], failed: list[Result]) -> No
         except Exception:
             log.exception("recording the failed attempt %d of %s failed; it is retried after its lease",
                           r.job.number, r.job.public_id)
-    if pushed:
-        # A 2xx for a pushed inbox item acknowledges it, in the transaction
-        # that records the attempt, and the next pending item is offered at once.
-        acknowledge_items([item for _, item, _ in pushed])
-        mcp.offer({subscription for subscription, _, _ in pushed}, only_if_pending=True, kick=False)
+    if not pushed:
+        return []
+    # A 2xx for a pushed inbox item acknowledges it, in the transaction
+    # that records the attempt, and the next pending item is offered at once.
+    acknowledge_items([item for _, item, _ in pushed])
+    if hand_off:
+        return _hand_off(pushed)
+    mcp.offer({subscription for subscription, _, _ in pushed}, only_if_pending=True, kick=False)
+    return []
 
 
-def record_or_leave(results: list[Result]) -> None:
+def _hand_off(pushed: list[tuple[int, int, int]]) -> list[Job]:
+    """The next pending item of each pushed subscription's owner, claimed
+    for this worker at once (webhooks.due.send_next_items): what offering it
+    and claiming the offer would do, without a claim's reads and second
+    transaction. The item is the one a claim would bind (`oldest_pending`:
+    admitted, not held back); a subscription that may no longer send, or
+    has another delivery unfinished, gets none here, as a claim would cancel
+    or skip it."""
+    oldest = oldest_pending({owner for _, _, owner in pushed})
+    items = {subscription: oldest[owner] for subscription, _, owner in pushed if owner in oldest}
+    bodies = {subscription: mcp.item_body(item) for subscription, item in items.items()}
+    at = now()
+    claimed_now = send_next_items([(s, item.pk, bodies[s]) for s, item in items.items()], at, at + lease())
+    jobs = []
+    for subscription, (delivery_id, public_id, subscription_public_id, url, secret, previous, previous_until) \
+            in claimed_now.items():
+        item = items[subscription]
+        jobs.append(Job(delivery_id, public_id, 1, url, secret, bodies[subscription].encode(),
+                        mcp_subscription_id=subscription_public_id,
+                        mcp_secrets=signing_secrets(secret, previous, previous_until),
+                        message_id=item_event_id(item), subscription_id=subscription_public_id, item_id=item.pk))
+    return jobs
+
+
+def record_or_leave(results: list[Result], hand_off: bool = False) -> list[Job]:
     """`record`, for the pump (webhooks.pump). A lost connection (the database restarted) is
     replaced and the batch recorded again, RECORD_TRIES times in all: the
     receivers' answers are only in memory. If it still cannot be recorded,
@@ -337,8 +372,7 @@ def record_or_leave(results: list[Result]) -> None:
     goes on."""
     for attempt in range(1, RECORD_TRIES + 1):
         try:
-            record(results)
-            return
+            return record(results, hand_off=hand_off)
         except (OperationalError, InterfaceError):
             connections.close_all()  # a broken connection is not reused
             if attempt == RECORD_TRIES:
@@ -349,7 +383,8 @@ def record_or_leave(results: list[Result]) -> None:
         except Exception:
             connections.close_all()
             log.exception("recording %d webhook attempts failed; they are retried after their leases", len(results))
-            return
+            return []
+    return []
 
 
 def _failed(delivery: Delivery, outcome: Outcome) -> None:

@@ -198,12 +198,18 @@ def body(delivery: Delivery) -> str:
     is the delivery's, the same on every retry."""
     subscription = delivery.subscription
     if subscription.kind == Subscription.Kind.ITEM:
-        occurrence = item_occurrence(delivery.item, ITEM)
-    else:
-        data = {"pendingCount": pending_count(subscription.owner)} if subscription.mcp_name == PENDING else _work(
-            delivery)
-        occurrence = {"eventId": delivery.public_id, "name": subscription.mcp_name,
-                      "timestamp": rfc3339(delivery.created_at), "data": data}
+        return item_body(delivery.item)
+    data = {"pendingCount": pending_count(subscription.owner)} if subscription.mcp_name == PENDING else _work(delivery)
+    return _dumps({"eventId": delivery.public_id, "name": subscription.mcp_name,
+                   "timestamp": rfc3339(delivery.created_at), "data": data})
+
+
+def item_body(item: InboxItem) -> str:
+    """The webhook body of a push of `item` (`inbox.item`)."""
+    return _dumps(item_occurrence(item, ITEM))
+
+
+def _dumps(occurrence: dict) -> str:
     return json.dumps({**occurrence, "cursor": None}, separators=(",", ":"), ensure_ascii=False)
 
 

@@ -142,7 +142,11 @@ async def run(*, seconds: float, wait: bool, resolver=None, renew=None) -> int:
                     done |= more
                 if done:
                     faults.point("webhooks.answered")  # sent and answered, not recorded
-                    await db(record_or_leave, [task.result() for task in done])
+                    # Pushed items' next ones come back claimed (webhooks.engine.record), unless the run ends.
+                    may_claim = not cluster_stopping() and time.monotonic() < deadline
+                    handed = await db(record_or_leave, [task.result() for task in done], may_claim)
+                    in_flight |= {asyncio.create_task(_send(transport, signer, job)) for job in handed}
+                    sent += len(handed)
     finally:
         if in_flight:  # cancelled mid-run: the leases bring these back
             for task in in_flight:

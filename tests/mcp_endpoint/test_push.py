@@ -18,6 +18,7 @@ from inbox.services import send_message
 from webhooks import engine, mcp
 from webhooks import pump as timer_loop
 from webhooks.models import Delivery, Subscription
+from webhooks.transport import Outcome
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SECRET = "whsec_" + base64.b64encode(b"a" * 32).decode()
@@ -90,6 +91,52 @@ def test_items_are_offered_oldest_first_one_at_a_time_and_a_2xx_acknowledges(wor
     assert [b["data"]["item"]["postId"] for b in bodies] == [m.public_id for m in sent]
     assert not InboxItem.objects.filter(member=world["ada"], state=InboxItem.State.PENDING).exists()
     assert Delivery.objects.filter(state=Delivery.State.DELIVERED).count() == 3
+
+
+def test_a_2xx_hands_the_next_admitted_item_to_the_worker_in_the_same_transaction(world, receiver):
+    # given: four items, the second held by ada's firewall; the first claimed
+    firewall.set_rules(world["ada"], [{"action": "hold", "content_pattern": "secret"}], actor=world["ada"])
+    created = subscribe(world)
+    for body in ("first", "the secret", "third", "fourth"):
+        send_message(world["direct"], body=body, actor=world["bo"])
+    firewall.classify_pending(world["ada"].pk)
+    (job,) = engine.claim_due(10)
+    # when: a worker that may claim records its 2xx
+    (handed,) = engine.record([engine.Result(job, Outcome(204, None, 5), "whsec", now())], hand_off=True)
+    # then: the first is acknowledged and the next admitted item is this worker's at once:
+    # sending, its first attempt, its body frozen; nothing is left for a claim
+    delivery = Delivery.objects.get(pk=handed.delivery_id)
+    assert delivery.state == Delivery.State.SENDING and delivery.attempts == handed.number == 1
+    assert json.loads(handed.body) == json.loads(delivery.body)
+    assert json.loads(handed.body)["data"]["item"]["content"] == "third" == delivery.item.message.body
+    assert handed.message_id == "evt_" + delivery.item.token[4:] and handed.item_id == delivery.item_id
+    assert handed.mcp_subscription_id == created["id"] and handed.mcp_secrets == (job.mcp_secrets[0],)
+    assert engine.claim_due(10) == []
+    contents = InboxItem.objects.filter(member=world["ada"], state=InboxItem.State.PENDING).order_by("position")
+    assert [i.message.body for i in contents] == ["the secret", "third", "fourth"]
+    # and a worker that may not claim (stopping) only offers the next: open, for any claim
+    assert engine.record([engine.Result(handed, Outcome(204, None, 5), "whsec", now())]) == []
+    assert Delivery.objects.get(state=Delivery.State.OPEN).item_id is None
+    # and past the subscription's lease nothing is handed off (the item waits for a refresh)
+    (last,) = engine.claim_due(10)
+    with freeze(now() + dt.timedelta(hours=25)):
+        send_message(world["direct"], body="fifth", actor=world["bo"])
+        assert engine.record([engine.Result(last, Outcome(204, None, 5), "whsec", now())], hand_off=True) == []
+    assert not Delivery.objects.filter(state__in=Delivery.UNFINISHED).exists()
+
+
+def test_a_pump_claims_a_pushed_subscription_once_and_is_handed_the_rest(world, receiver, monkeypatch):
+    # given
+    claimed = []
+    monkeypatch.setattr(timer_loop, "claim_due", lambda *a: claimed.extend(jobs := engine.claim_due(*a)) or jobs)
+    subscribe(world)
+    sent = [send_message(world["direct"], body=f"item {n}", actor=world["bo"]).message for n in range(3)]
+    # when
+    while pump():
+        pass
+    # then: all three pushed in order, one of them claimed
+    assert [r.json()["data"]["item"]["postId"] for r in pushes(receiver)] == [m.public_id for m in sent]
+    assert len(claimed) == 1
 
 
 def test_held_items_are_never_offered(world, receiver):
