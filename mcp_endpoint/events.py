@@ -19,7 +19,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from controlplane.db import db_call
 from controlplane.errors import ApiError, NotFound, VerificationFailed
-from controlplane.live import log_watcher
 from mcp_endpoint import errors, sources
 from mcp_endpoint.server import caller
 from mcp_endpoint.streams import MAX_PER_MEMBER as MAX_STREAMS
@@ -129,8 +128,9 @@ async def stream(ctx, params: StreamParams) -> dict:
     """One long-lived response: `active` first, then each event as it
     commits, a heartbeat at least every MCP_HEARTBEAT_SECONDS, and
     `terminated` when the server ends it (the consumer was replaced, or the
-    caller lost access). Re-reads after each nudge, and every
-    FEED_RECHECK_SECONDS in case a nudge was lost."""
+    caller lost access). Re-reads after each nudge: for the inbox's events
+    also every FEED_RECHECK_SECONDS in case one was lost; for a space's, the
+    process's log watcher finds a lost one (mcp_endpoint.streams)."""
     member = caller(ctx)
     source, arguments = _select(params)
     meta = {SUBSCRIPTION_ID: ctx.request_id}
@@ -147,6 +147,8 @@ async def stream(ctx, params: StreamParams) -> dict:
         raise MCPError(RESOURCE_EXHAUSTED, f"At most {MAX_STREAMS} open streams per member and server.",
                        data={"limit": "streams", "max": MAX_STREAMS}) from None
     try:
+        if not owner.inbox:  # the inbox's streams are nudged through its mailbox's group
+            owner.watch(**await _db(sources.interest, member, source, arguments))
         batch = await _db(sources.read, member, source, arguments, params.cursor, sources.MAX_EVENTS)
         await send("active", cursor=batch.start, truncated=batch.truncated)
         last_beat, last_count = time.monotonic(), None
@@ -164,7 +166,7 @@ async def stream(ctx, params: StreamParams) -> dict:
             if beat_in <= 0:
                 await send("heartbeat", cursor=batch.cursor)
                 last_beat, beat_in = time.monotonic(), settings.MCP_HEARTBEAT_SECONDS
-            ended = await owner.wait(log_watcher.mark(), min(beat_in, settings.FEED_RECHECK_SECONDS))
+            ended = await owner.wait(min(beat_in, settings.FEED_RECHECK_SECONDS) if owner.inbox else beat_in)
             if ended is not None:
                 await send("terminated", error=ENDINGS[ended])
                 return {"_meta": meta}

@@ -84,6 +84,14 @@ def _space(member: Member, arguments: dict) -> Space:
     return get_readable_space(arguments["space"], member)
 
 
+def interest(member: Member, source: Source, arguments: dict) -> dict:
+    """For `spaces.work.available`, the `controlplane.live.Interest` (its
+    arguments) of the commits that may add to its stream: events in the
+    space, and changes of who may read it (a reader who lost it is told)."""
+    space = _space(member, arguments)
+    return {"events_in": {space.pk}, "spaces": {space.pk}}
+
+
 def _cursor(member: Member, source: Source, arguments: dict, position: int) -> str:
     return pack_cursor((position,), caller=caller_id(member), stream=source.stream_key(arguments))
 

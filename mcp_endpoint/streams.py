@@ -22,13 +22,14 @@ import time
 
 from channels.layers import get_channel_layer
 
-from controlplane.live import Memberships, log_watcher, member_group, stop_task
+from controlplane.live import Interest, Memberships, log_watcher, member_group, stop_task
 from inbox.mailbox import inbox_group
 from webhooks.mcp import ITEM, PENDING
 
 CLAIM = "mcp.stream.claim"
 # Streams one member may hold open on one server process: each is a task
-# that reads again on every nudge (for space events, on every commit).
+# that reads again on every nudge (for space events, on every commit in
+# the space).
 MAX_PER_MEMBER = 8
 _open: collections.Counter[int] = collections.Counter()
 
@@ -53,6 +54,7 @@ class StreamOwner:
         self._channel: str | None = None
         self._listener: asyncio.Task | None = None
         self._memberships: Memberships | None = None
+        self._interest: Interest | None = None
 
     async def start(self) -> None:
         """Raises TooManyStreams past MAX_PER_MEMBER on this process."""
@@ -81,22 +83,35 @@ class StreamOwner:
             else:
                 self.nudged.set()
 
-    async def wait(self, mark: asyncio.Event, timeout: float) -> str | None:
-        """Until something may have changed (a nudge; for space events, any
-        commit) or `timeout`. Then why the stream must end, if it must:
-        "replaced" (a newer consumer took over) or "suspended"."""
+    def watch(self, **interest) -> None:
+        """For space events, before the first read: wake only for the
+        commits this `controlplane.live.Interest` (its arguments) names. A
+        lost nudge is found by the process's log watcher (its look at the
+        log head), not by a re-read of every stream."""
+        self._interest = log_watcher.watch(**interest)
+
+    async def wait(self, timeout: float) -> str | None:
+        """Until something may have changed (a nudge; for space events, a
+        commit the interest names) or `timeout`. Then why the stream must
+        end, if it must: "replaced" (a newer consumer took over) or
+        "suspended"."""
         waiters = [asyncio.ensure_future(e.wait()) for e in (self.replaced, self.suspended, self.nudged)]
-        if not self.inbox:
-            waiters.append(asyncio.ensure_future(log_watcher.wait(mark, timeout)))
+        if self._interest is not None:
+            waiters.append(asyncio.ensure_future(log_watcher.wait(self._interest.event, timeout)))
         try:
             await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for waiter in waiters:
                 waiter.cancel()
         self.nudged.clear()
+        if self._interest is not None:
+            self._interest.event.clear()  # before the caller reads: a commit during its read wakes the next wait
         return "replaced" if self.replaced.is_set() else "suspended" if self.suspended.is_set() else None
 
     async def stop(self) -> None:
+        if self._interest is not None:
+            log_watcher.unwatch(self._interest)
+            self._interest = None
         if self.counted:
             _open[self.member_pk] -= 1
             if _open[self.member_pk] <= 0:

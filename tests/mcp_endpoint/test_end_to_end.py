@@ -157,6 +157,32 @@ def test_poll_pages_and_a_stream_delivers_within_a_second_with_heartbeats():
         "io.modelcontextprotocol/subscriptionId"]
 
 
+def test_a_work_stream_is_woken_by_a_send_in_its_space_within_a_second():
+    # given: a recheck too slow to answer in time: only the send's nudge can
+    ada, bo = token_for("ada"), token_for("bo")
+    with serving("--no-worker", FEED_RECHECK_SECONDS=60) as (base, _):
+        conversation = direct_between(base, ada, bo)
+
+        async def story():
+            async with connect(base, ada) as (client, events):
+                stream = asyncio.ensure_future(call(client, "events/stream", name="spaces.work.available",
+                                                    arguments={"space": "lab"}))
+                active = await events.next()
+                # when
+                sent_at = time.monotonic()
+                send(base, bo, conversation, "work to see")
+                frame = await events.next()
+                latency = time.monotonic() - sent_at
+                stream.cancel()
+                return active, frame, latency
+
+        active, (kind, params), latency = asyncio.run(story())
+    # then
+    assert active[0] == "active"
+    assert kind == "event" and params["name"] == "spaces.work.available" and params["data"]["space"] == "lab"
+    assert latency < 1.0
+
+
 def test_a_new_consumer_replaces_the_old_one_which_cannot_end_it():
     ada, bo = token_for("ada"), token_for("bo")
     with serving("--no-worker", MCP_HEARTBEAT_SECONDS=0.5) as (base, _):

@@ -1,7 +1,9 @@
-"""Stream bookkeeping: how many a member may hold, and who owns an inbox stream."""
+"""Stream bookkeeping: how many a member may hold, who owns an inbox
+stream, and which commits wake a space's stream."""
 import asyncio
 
 import pytest
+from asgiref.sync import sync_to_async
 
 from mcp_endpoint import sources
 from mcp_endpoint.streams import MAX_PER_MEMBER, StreamOwner, TooManyStreams
@@ -37,8 +39,8 @@ def test_of_two_inbox_streams_the_newer_owns_it_and_the_older_is_told():
         older, newer = StreamOwner(Member(3), item, {}), StreamOwner(Member(3), item, {})
         await older.start()
         await newer.start()
-        replaced = await older.wait(asyncio.Event(), 2.0)
-        kept = await newer.wait(asyncio.Event(), 0.2)
+        replaced = await older.wait(2.0)
+        kept = await newer.wait(0.2)
         await older.stop()  # the older one's cleanup leaves the newer one alone
         await asyncio.sleep(0.05)
         still = not newer.replaced.is_set()
@@ -59,7 +61,7 @@ def test_a_suspension_ends_every_stream_of_the_member():
         owner = StreamOwner(Member(4), work, {"space": "lab"})
         await owner.start()
         await get_channel_layer().group_send(member_group(Member(4)), {"type": "session.ended"})
-        ended = await owner.wait(asyncio.Event(), 2.0)
+        ended = await owner.wait(2.0)
         await owner.stop()
         return ended
 
@@ -83,9 +85,44 @@ def test_an_inbox_stream_open_past_the_group_expiry_is_still_told_it_was_replace
         await older.start()
         await asyncio.sleep(3.5)  # past the expiry of its first joins
         await newer.start()
-        replaced = await older.wait(asyncio.Event(), 2.0)
+        replaced = await older.wait(2.0)
         await older.stop()
         await newer.stop()
         return replaced
 
     assert asyncio.run(story()) == "replaced"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_a_work_stream_is_woken_only_by_commits_in_its_space(settings):
+    from controlplane import services
+    from inbox.services import send_message
+
+    # given: ada's stream of the lab's work waits, and only a wake can end its wait in time
+    settings.FEED_RECHECK_SECONDS = 120
+    ada = await sync_to_async(services.create_member)("ada", actor=None)
+    channels = {}
+    for slug in ("lab", "elsewhere"):
+        space = await sync_to_async(services.create_space)(slug=slug, name=slug, visibility="open",
+                                                            send_policy="open", actor=ada)
+        channels[slug] = await sync_to_async(services.create_channel)(space, "general", actor=ada)
+    work = sources.SOURCES["spaces.work.available"]
+    owner = StreamOwner(ada, work, {"space": "lab"})
+    await owner.start()
+    owner.watch(**await sync_to_async(sources.interest)(ada, work, {"space": "lab"}))
+    waiting = asyncio.create_task(owner.wait(60))
+    try:
+        # when: commits in another space
+        for n in range(3):
+            await sync_to_async(send_message)(channels["elsewhere"], body=f"not here {n}", actor=ada)
+        await asyncio.sleep(0.5)
+        # then: it still waits
+        assert not waiting.done()
+        # when: a commit in the lab
+        await sync_to_async(send_message)(channels["lab"], body="here", actor=ada)
+        # then: it wakes, not ended
+        assert await asyncio.wait_for(waiting, 5) is None
+    finally:
+        waiting.cancel()
+        await owner.stop()
