@@ -7,7 +7,8 @@ from __future__ import annotations
 import functools
 
 from django.conf import settings
-from django.core.cache import cache
+from django.core.cache import DEFAULT_CACHE_ALIAS, cache, caches
+from django.core.cache.backends.redis import RedisCache
 from django.http import HttpResponse
 
 from controlplane.clock import timestamp
@@ -32,16 +33,27 @@ def hit(key: str, *, limit: int, window: int) -> float | None:
     if limit <= 0:
         return None
     now = timestamp()
-    slot = f"rl:{key}:{window}:{int(now // window)}"
-    if cache.add(slot, 1, window * 2):
-        count = 1
-    else:
-        try:
-            count = cache.incr(slot)
-        except ValueError:  # expired between add and incr
-            cache.add(slot, 1, window * 2)
-            count = 1
+    count = _count(f"rl:{key}:{window}:{int(now // window)}", window * 2)
     return None if count <= limit else window - (now % window)
+
+
+def _count(slot: str, ttl: int) -> int:
+    """One more hit on `slot`, which lives `ttl` seconds from its first.
+    On Redis one round trip (every API request pays it): SET NX with the
+    expiry, then INCR, in one transaction. Elsewhere add, else incr."""
+    backend = caches[DEFAULT_CACHE_ALIAS]
+    if isinstance(backend, RedisCache):
+        key = backend.make_and_validate_key(slot)
+        pipeline = backend._cache.get_client(key, write=True).pipeline()
+        _, count = pipeline.set(key, 0, ex=ttl, nx=True).incr(key).execute()
+        return count
+    if cache.add(slot, 1, ttl):
+        return 1
+    try:
+        return cache.incr(slot)
+    except ValueError:  # expired between add and incr
+        cache.add(slot, 1, ttl)
+        return 1
 
 
 def member_request_wait(member) -> float | None:

@@ -1,5 +1,6 @@
 """SPEC §2: error shape, authentication, idempotency keys, rate limits, schema."""
 import pytest
+from django.conf import settings
 
 from controlplane.models import Credential, Member, Space
 from controlplane.tokens import hash_token
@@ -154,6 +155,27 @@ def test_rate_limit_is_per_member(settings, api_for, alice, bob):
     assert as_bob.get("/v0/me").status_code == 200
     # and a second credential of alice's shares her limit
     assert api_for(alice).get("/v0/me").status_code == 429
+
+
+@pytest.mark.skipif(not settings.REDIS_URL, reason="needs Redis: the shared deployment's cache")
+def test_counting_a_request_against_the_limit_is_one_redis_round_trip(monkeypatch):
+    import redis
+
+    from controlplane.ratelimit import hit
+
+    # given: every command and pipeline sent to Redis, recorded
+    sent = []
+    command, pipeline = redis.Redis.execute_command, redis.client.Pipeline.execute
+    monkeypatch.setattr(redis.Redis, "execute_command", lambda r, *args, **kw: sent.append(args[0]) or command(
+        r, *args, **kw))
+    monkeypatch.setattr(redis.client.Pipeline, "execute", lambda p, *args, **kw: sent.append(
+        [c[0][0] for c in p.command_stack]) or pipeline(p, *args, **kw))
+    clear_of_window_edge()
+    # when
+    verdicts = [hit("round-trips", limit=2, window=60) for _ in range(3)]
+    # then: counted, and one pipeline each (the slot made with its expiry if new, then counted)
+    assert verdicts[:2] == [None, None] and 0 < verdicts[2] <= 60
+    assert sent == [["SET", "INCRBY"]] * 3
 
 
 def test_credential_creation_is_throttled_per_member(settings, as_alice, as_bob):
