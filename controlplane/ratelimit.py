@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 
 from django.conf import settings
-from django.core.cache import DEFAULT_CACHE_ALIAS, cache, caches
+from django.core.cache import DEFAULT_CACHE_ALIAS, caches
 from django.core.cache.backends.redis import RedisCache
 from django.http import HttpResponse
 
@@ -47,12 +47,12 @@ def _count(slot: str, ttl: int) -> int:
         pipeline = backend._cache.get_client(key, write=True).pipeline()
         _, count = pipeline.set(key, 0, ex=ttl, nx=True).incr(key).execute()
         return count
-    if cache.add(slot, 1, ttl):
+    if backend.add(slot, 1, ttl):
         return 1
     try:
-        return cache.incr(slot)
+        return backend.incr(slot)
     except ValueError:  # expired between add and incr
-        cache.add(slot, 1, ttl)
+        backend.add(slot, 1, ttl)
         return 1
 
 
