@@ -4,6 +4,7 @@ import asyncio
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.db import connections
 
 from mcp_endpoint import sources
 from mcp_endpoint.streams import MAX_PER_MEMBER, StreamOwner, TooManyStreams
@@ -126,3 +127,6 @@ async def test_a_work_stream_is_woken_only_by_commits_in_its_space(settings):
     finally:
         waiting.cancel()
         await owner.stop()
+        # The sync calls' thread keeps its connection; a later test that cuts
+        # the database's sessions would leave it broken for the next user.
+        await sync_to_async(connections.close_all)()
