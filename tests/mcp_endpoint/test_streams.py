@@ -6,6 +6,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.db import connections
 
+from controlplane.live import log_watcher
 from mcp_endpoint import sources
 from mcp_endpoint.streams import MAX_PER_MEMBER, StreamOwner, TooManyStreams
 
@@ -127,6 +128,10 @@ async def test_a_work_stream_is_woken_only_by_commits_in_its_space(settings):
     finally:
         waiting.cancel()
         await owner.stop()
+        # The process's log watcher listens on this test's loop: stopped here,
+        # as a server's lifespan stops it (a single cancel at the loop's close
+        # can be lost by channels-redis's receive, and the loop never closes).
+        await log_watcher.stop()
         # The sync calls' thread keeps its connection; a later test that cuts
         # the database's sessions would leave it broken for the next user.
         await sync_to_async(connections.close_all)()
