@@ -3,10 +3,8 @@ stream, and which commits wake a space's stream."""
 import asyncio
 
 import pytest
-from asgiref.sync import sync_to_async
-from django.db import connections
 
-from controlplane.live import log_watcher
+from controlplane.live import Interest
 from mcp_endpoint import sources
 from mcp_endpoint.streams import MAX_PER_MEMBER, StreamOwner, TooManyStreams
 
@@ -95,43 +93,29 @@ def test_an_inbox_stream_open_past_the_group_expiry_is_still_told_it_was_replace
     assert asyncio.run(story()) == "replaced"
 
 
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.asyncio
-async def test_a_work_stream_is_woken_only_by_commits_in_its_space(settings):
+@pytest.mark.django_db
+def test_a_work_stream_is_woken_only_by_commits_in_its_space(monkeypatch):
     from controlplane import services
     from inbox.services import send_message
 
-    # given: ada's stream of the lab's work waits, and only a wake can end its wait in time
-    settings.FEED_RECHECK_SECONDS = 120
-    ada = await sync_to_async(services.create_member)("ada", actor=None)
+    # given: every log nudge the commits send, kept; ada's work stream's interest in the lab
+    nudges = []
+    monkeypatch.setattr("controlplane.log.group_send_on_commit", lambda group, message: nudges.append(message))
+    ada, bo = (services.create_member(handle, actor=None) for handle in ("ada", "bo"))
     channels = {}
     for slug in ("lab", "elsewhere"):
-        space = await sync_to_async(services.create_space)(slug=slug, name=slug, visibility="open",
-                                                            send_policy="open", actor=ada)
-        channels[slug] = await sync_to_async(services.create_channel)(space, "general", actor=ada)
-    work = sources.SOURCES["spaces.work.available"]
-    owner = StreamOwner(ada, work, {"space": "lab"})
-    await owner.start()
-    owner.watch(**await sync_to_async(sources.interest)(ada, work, {"space": "lab"}))
-    waiting = asyncio.create_task(owner.wait(60))
-    try:
-        # when: commits in another space
-        for n in range(3):
-            await sync_to_async(send_message)(channels["elsewhere"], body=f"not here {n}", actor=ada)
-        await asyncio.sleep(0.5)
-        # then: it still waits
-        assert not waiting.done()
-        # when: a commit in the lab
-        await sync_to_async(send_message)(channels["lab"], body="here", actor=ada)
-        # then: it wakes, not ended
-        assert await asyncio.wait_for(waiting, 5) is None
-    finally:
-        waiting.cancel()
-        await owner.stop()
-        # The process's log watcher listens on this test's loop: stopped here,
-        # as a server's lifespan stops it (a single cancel at the loop's close
-        # can be lost by channels-redis's receive, and the loop never closes).
-        await log_watcher.stop()
-        # The sync calls' thread keeps its connection; a later test that cuts
-        # the database's sessions would leave it broken for the next user.
-        await sync_to_async(connections.close_all)()
+        space = services.create_space(slug=slug, name=slug, visibility="open", send_policy="open", actor=ada)
+        channels[slug] = services.create_channel(space, "general", actor=ada)
+    interest = Interest(**sources.interest(ada, sources.SOURCES["spaces.work.available"], {"space": "lab"}))
+
+    def wakes(commit) -> bool:
+        nudges.clear()
+        commit()
+        assert nudges  # the commit was announced
+        return any(interest.matches(nudge) for nudge in nudges)
+
+    # then: commits elsewhere do not wake it; a message or a change of readers in the lab does
+    assert not wakes(lambda: send_message(channels["elsewhere"], body="not here", actor=ada))
+    assert not wakes(lambda: services.join_space(channels["elsewhere"].space, actor=bo))
+    assert wakes(lambda: send_message(channels["lab"], body="here", actor=ada))
+    assert wakes(lambda: services.join_space(channels["lab"].space, actor=bo))
