@@ -174,6 +174,14 @@ def mark_delivered(answered: list[tuple[int, int]], at) -> list[tuple[int, int |
         return cursor.fetchall()
 
 
+def _none_unfinished(deliveries: str) -> tuple[str, list]:
+    """The condition, with its parameters, that the derived table `v`'s
+    subscription has no unfinished delivery (one item in flight)."""
+    states = list(Delivery.UNFINISHED)
+    return (f"NOT EXISTS (SELECT 1 FROM {deliveries} d WHERE d.subscription_id = v.subscription_id "
+            f"AND d.state IN ({', '.join(['%s'] * len(states))}))", states)
+
+
 def open_item_deliveries(subscription_ids: list[int], at, *, only_if_pending: bool) -> int:
     """An open delivery, due at `at`, for each of these `item` subscriptions
     that has none unfinished (one item in flight); with `only_if_pending`,
@@ -183,7 +191,7 @@ def open_item_deliveries(subscription_ids: list[int], at, *, only_if_pending: bo
     deliveries, subscriptions, items = (quote(model._meta.db_table) for model in (Delivery, Subscription, InboxItem))
     values, params = rows_sql([(pk, new_delivery_id()) for pk in sorted(subscription_ids)],
                               {"subscription_id": "BIGINT", "public_id": "VARCHAR(40)"})
-    unfinished = ", ".join(["%s"] * len(Delivery.UNFINISHED))
+    none_unfinished, unfinished = _none_unfinished(deliveries)
     pending, pending_params = "", []
     if only_if_pending:
         pending = (f"AND EXISTS (SELECT 1 FROM {subscriptions} s JOIN {items} i ON i.member_id = s.owner_id "
@@ -195,10 +203,9 @@ def open_item_deliveries(subscription_ids: list[int], at, *, only_if_pending: bo
         cursor.execute(f"INSERT INTO {deliveries} (public_id, subscription_id, after_position, through_position, "
                        f"state, due_at, attempts, created_at) "
                        f"SELECT v.public_id, v.subscription_id, 0, 0, %s, %s, 0, %s FROM ({values}) v "
-                       f"WHERE NOT EXISTS (SELECT 1 FROM {deliveries} d WHERE d.subscription_id = v.subscription_id "
-                       f"AND d.state IN ({unfinished})) {pending}"
+                       f"WHERE {none_unfinished} {pending}"
                        f"ORDER BY v.subscription_id ON CONFLICT DO NOTHING",
-                       [Delivery.State.OPEN, adapt(at), adapt(at), *params, *Delivery.UNFINISHED, *pending_params])
+                       [Delivery.State.OPEN, adapt(at), adapt(at), *params, *unfinished, *pending_params])
         return cursor.rowcount
 
 
@@ -221,7 +228,7 @@ def send_next_items(offers: list[tuple[int, int, str]], at, until) -> dict[int, 
     values, params = rows_sql([(pk, new_delivery_id(), item, body) for pk, item, body in sorted(offers)],
                               {"subscription_id": "BIGINT", "public_id": "VARCHAR(40)", "item_id": "BIGINT",
                                "body": "TEXT"})
-    unfinished = ", ".join(["%s"] * len(Delivery.UNFINISHED))
+    none_unfinished, unfinished = _none_unfinished(deliveries)
     adapt = connection.ops.adapt_datetimefield_value
     with connection.cursor() as cursor:
         cursor.execute(f"INSERT INTO {deliveries} (public_id, subscription_id, after_position, through_position, "
@@ -231,12 +238,11 @@ def send_next_items(offers: list[tuple[int, int, str]], at, until) -> dict[int, 
                        f"JOIN {members} o ON o.id = s.owner_id "
                        f"WHERE s.kind = %s AND s.status = %s AND o.status = %s "
                        f"AND (s.lease_expires_at IS NULL OR s.lease_expires_at > %s) "
-                       f"AND NOT EXISTS (SELECT 1 FROM {deliveries} d WHERE d.subscription_id = v.subscription_id "
-                       f"AND d.state IN ({unfinished})) "
+                       f"AND {none_unfinished} "
                        f"ORDER BY v.subscription_id ON CONFLICT DO NOTHING RETURNING id, public_id, subscription_id",
                        [Delivery.State.SENDING, adapt(at), adapt(at), adapt(until), adapt(at), *params,
                         Subscription.Kind.ITEM, Subscription.Status.ACTIVE, Member.Status.ACTIVE, adapt(at),
-                        *Delivery.UNFINISHED])
+                        *unfinished])
         sent = {subscription: (pk, public_id) for pk, public_id, subscription in cursor.fetchall()}
         if not sent:
             return {}

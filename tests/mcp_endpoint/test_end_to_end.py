@@ -288,9 +288,11 @@ def test_pushed_items_are_verified_signed_acknowledged_by_2xx_and_retried_on_5xx
     assert inbox == []  # each 2xx acknowledged its item
 
 
-def test_a_410_stops_the_subscription_for_good_and_keeps_the_item(receiver, https_receiver):
+@pytest.mark.parametrize("status", [410, 413])
+def test_a_terminal_answer_stops_the_subscription_for_good_and_keeps_the_item(receiver, https_receiver, status):
+    # 410 (gone) and 413 (too large) are terminal for pushed items as for wakes (SPEC 8, 9)
     ada, bo = token_for("ada"), token_for("bo")
-    mcp_receiver(receiver, lambda received: (410, {}, b""))
+    mcp_receiver(receiver, lambda received: (status, {}, b""))
     with serving(**receiver_env(https_receiver)) as (base, _):
         conversation = direct_between(base, ada, bo)
         subscribe(base, ada, receiver)
