@@ -117,6 +117,8 @@ def markdown(report: dict) -> str:
         lines += live_markdown(res["live"])
     if "mentions" in res:
         lines += mentions_markdown(res["mentions"])
+    if "statements" in res:
+        lines += statements_markdown(res["statements"])
     if "mcp" in res:
         lines += mcp_markdown(res["mcp"])
     if "tasks" in res:
@@ -264,6 +266,21 @@ def mentions_markdown(r: dict) -> list[str]:
         return lines + [f"| failed: {r['error'][:120]} | | | |", ""]
     for name, row in r["shapes"].items():
         lines.append(f"| {name} | {fmt(row['ms_8k'], 2)} | {fmt(row['vs_prose'])} | {fmt(row['growth_2k_to_8k'], 2)} |")
+    return lines + [""]
+
+
+def statements_markdown(r: dict) -> list[str]:
+    lines = [f"### Prepared statements (threshold {r.get('threshold')}) against client-side binding, CPU per "
+             "operation (in-process, alternating blocks on one connection)", "",
+             "| operation | client-side binding: Python / PostgreSQL / total µs "
+             "| prepared: Python / PostgreSQL / total µs | prepared ÷ client-side |",
+             "| --- | ---: | ---: | ---: |"]
+    if "error" in r:
+        return lines + [f"| failed: {r['error'][:120]} | | | |", ""]
+    for name, row in r["operations"].items():
+        cells = [f"{row[way]['python_us']:,} / {row[way]['postgres_us']:,} / {row[way]['total_us']:,}"
+                 for way in ("client_binding", "prepared")]
+        lines.append(f"| {name} | {cells[0]} | {cells[1]} | {fmt(row['ratio'], 2)} |")
     return lines + [""]
 
 

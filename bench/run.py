@@ -25,6 +25,9 @@ One run, every figure beside its baseline from the same run:
    subscriptions beside raw signed POSTs/s to the same receiver (bench/mcp.py).
 8. tasks: the claim sweep's time per scan over 1,000 and over 100,000 claimed
    tasks (bench/tasks.py).
+9. statements: CPU per send, live pass and acknowledgement, in this process
+   and its PostgreSQL backend, with prepared statements and with client-side
+   binding, in alternating blocks on one connection (bench/statements.py).
 
 It creates the database `switchboard_bench` from scratch (dropped at the end
 unless --keep), migrates it, starts every server as a subprocess on a free
@@ -53,7 +56,7 @@ sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not
 import psycopg  # noqa: E402
 import redis  # noqa: E402
 
-from bench import feeds, fixture, inbox, live, load, mcp, mentions, peer, tasks, webhooks  # noqa: E402
+from bench import feeds, fixture, inbox, live, load, mcp, mentions, peer, statements, tasks, webhooks  # noqa: E402
 from bench.report import ADMIN_KEY, LOG_GROUP_KEY, markdown  # noqa: E402
 from bench.servers import PY, SETUPS, Server  # noqa: E402
 
@@ -62,7 +65,8 @@ PG = "postgresql://postgres@127.0.0.1:5432"
 DSN = f"{PG}/{DB_NAME}"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 # growth runs before the webhook and MCP phases, whose subscriptions every later send would wake.
-PHASES = ("baseline", "feeds", "inbox", "sends", "growth", "peer", "webhooks", "live", "mentions", "mcp", "tasks")
+PHASES = ("baseline", "feeds", "inbox", "sends", "growth", "peer", "webhooks", "live", "mentions", "mcp", "tasks",
+          "statements")
 GROWTH_CLIENTS = (1, 4, 16, 64)
 GROWTH_LOGS = {"1M": 1_000_000, "1k": 1_000}
 
@@ -356,6 +360,8 @@ def main(argv=None) -> int:
                     results[phase] = mentions.run()
                 elif phase == "tasks":
                     results[phase] = tasks.run(DSN)
+                elif phase == "statements":
+                    results[phase] = statements.run()
                 elif phase == "mcp":
                     results[phase] = mcp.run(env, DSN, out_dir, sends=args.mcp_sends, gap=args.live_gap,
                                              items=args.mcp_items, workers=args.webhook_workers,

@@ -168,6 +168,13 @@ elif _db["ENGINE"] == "django.db.backends.postgresql":
         "max_size": env_int("DB_POOL_MAX", 16),
         "timeout": 10,
     }
+    # A statement run DB_PREPARE_THRESHOLD times on a connection is prepared
+    # on it (server-side binding): PostgreSQL plans it once per connection,
+    # not on every run, and planning the hot paths' small queries cost more
+    # than running them. 0 turns it off (client-side binding), for a
+    # transaction-mode pooler in front of PostgreSQL that cannot keep them.
+    if prepare_threshold := env_int("DB_PREPARE_THRESHOLD", 5):
+        _db["OPTIONS"].update(server_side_binding=True, prepare_threshold=prepare_threshold)
 DATABASES = {"default": _db}
 # Threads per server process for sync request work (controlplane.handlers):
 # calls overlap their database waits; Python itself runs one at a time.

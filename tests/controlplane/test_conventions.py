@@ -337,3 +337,24 @@ def test_a_credential_carries_its_owners_name(as_alice):
     assert too_long.status_code == 400
     listed = {c["id"]: c["name"] for c in as_alice.get("/v0/me/credentials").json()["credentials"]}
     assert listed[created.json()["id"]] == "laptop CLI" and len(listed) == 3
+
+
+@pytest.mark.skipif(not settings.IS_POSTGRES, reason="prepared statements are PostgreSQL's")
+@pytest.mark.django_db
+def test_a_hot_statement_is_prepared_on_its_connection():
+    # given: a live pass's readers query, run as often as the threshold asks
+    from django.db import connection
+
+    from controlplane.access import conversation_readers
+
+    threshold = settings.DATABASES["default"]["OPTIONS"]["prepare_threshold"]
+    space = Space.objects.create(slug="lab", name="Lab")
+    conversation = space.conversations.create(kind="channel", name="general", address="lab/general")
+    # when
+    answers = [conversation_readers(conversation.pk, set()) for _ in range(threshold + 1)]
+    # then: the same answer every time, and the statement is prepared on this connection
+    assert answers == [(set(), space.send_policy)] * (threshold + 1)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [statement for statement, in cursor.fetchall()]
+    assert any("SELECT s.send_policy, m.id" in statement for statement in prepared), prepared
