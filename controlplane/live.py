@@ -8,7 +8,9 @@ LogWatcher's look at the log head) and loses nothing.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import itertools
 import logging
 import os
 import threading
@@ -22,6 +24,9 @@ from django.db import transaction
 logger = logging.getLogger("switchboard.live")
 
 LOG_GROUP = "switchboard.log"
+# How many of its own announcements a process remembers, to skip their
+# broker copies (controlplane.live.LogWatcher.wake_here).
+HEARD_HERE_KEPT = 10_000
 
 
 def member_group(member) -> str:
@@ -179,6 +184,16 @@ def group_send_on_commit(group: str, message: dict) -> None:
     transaction.on_commit(lambda: publisher.send(group, message), robust=True)
 
 
+def announce_on_commit(message: dict) -> None:
+    """Once the current transaction commits, tell every process's log
+    watcher of the advance `message` names: this process's at once, the
+    others through the log group (controlplane.log.appended)."""
+    def announce():
+        publisher.send(LOG_GROUP, {**message, "origin": log_watcher.wake_here(message)})
+
+    transaction.on_commit(announce, robust=True)
+
+
 class Interest:
     """What a waiter waits for, from the log nudges (controlplane.log):
     new events in some conversations, or in some spaces, or addressed to
@@ -228,13 +243,19 @@ class LogWatcher:
         self._interests: set[Interest] = set()
         self._waiting = 0
         self._announced = 0  # the highest position a nudge named
+        self._pid = 0
+        self._origins = itertools.count()
+        # The broker's copies of what this process announced itself
+        # (wake_here), to skip; the oldest go first if copies are lost.
+        self._heard_here: collections.OrderedDict[str, None] = collections.OrderedDict()
 
     def _ensure_started(self) -> None:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
-            self._loop = loop
+            self._loop, self._pid = loop, os.getpid()
             self._advanced = asyncio.Event()
             self._interests, self._waiting, self._announced = set(), 0, 0
+            self._heard_here.clear()
             self._tasks = [loop.create_task(self._listen()), loop.create_task(self._check_head())]
 
     def mark(self) -> asyncio.Event:
@@ -275,6 +296,34 @@ class LogWatcher:
             for task in tasks:
                 await stop_task(task)
 
+    def wake_here(self, message: dict) -> str | None:
+        """From any thread: wake this process's waiters for a commit it
+        made, without waiting for the broker's round trip. Returns the tag
+        that marks the broadcast copy as this process's own, so that it is
+        skipped here (None when no watcher runs in this process). Should
+        the copy come first, the waiters wake twice: never not at all."""
+        loop = self._loop
+        if loop is None or self._pid != os.getpid() or loop.is_closed() or not loop.is_running():
+            return None
+        origin = f"{self._pid}.{id(self)}.{next(self._origins)}"
+        try:
+            loop.call_soon_threadsafe(self._wake_here, origin, message)
+        except RuntimeError:  # the loop closed meanwhile
+            return None
+        return origin
+
+    def _wake_here(self, origin: str, message: dict) -> None:
+        self._heard_here[origin] = None
+        while len(self._heard_here) > HEARD_HERE_KEPT:
+            self._heard_here.popitem(last=False)
+        self._wake(message)
+
+    def _heard(self, message: dict) -> None:
+        """A message of the log group: skipped if this process announced it itself."""
+        if self._heard_here.pop(message.get("origin"), False) is None:
+            return
+        self._wake(message)
+
     def _wake(self, message: dict) -> None:
         self._announced = max(self._announced, message.get("position", 0))
         advanced, self._advanced = self._advanced, asyncio.Event()
@@ -284,7 +333,7 @@ class LogWatcher:
                 interest.event.set()
 
     async def _listen(self) -> None:
-        await listen(LOG_GROUP, self._wake)
+        await listen(LOG_GROUP, self._heard)
 
     async def _check_head(self) -> None:
         from controlplane.db import db_call

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from django.db import connection, transaction
 
 from controlplane.clock import now
-from controlplane.live import LOG_GROUP, group_send_on_commit
+from controlplane.live import announce_on_commit
 from controlplane.models import Event, EventAddressee, LogHead
 from controlplane.tracing import current_request_id
 
@@ -60,21 +60,22 @@ def register_append_hook(hook: AppendHook) -> None:
 def appended(entries: list[tuple[int, NewEvent]]) -> None:
     """What every append does once its rows are written, whichever way they
     were written (append_events, or inbox.writes' one PostgreSQL statement):
-    in the transaction, the append hooks; after the commit, one message to
-    every process (long-polls and live pages fan it out locally, so a commit
-    costs one broker message)."""
+    in the transaction, the append hooks; after the commit, a wake of this
+    process's waiters and one message to every other process (long-polls
+    and live pages fan it out locally, so a commit costs one broker
+    message)."""
     for hook in _APPEND_HOOKS:
         hook(entries)
     events = [event for _, event in entries]
     addressees = {m for e in events for m in e.addressees}
-    group_send_on_commit(LOG_GROUP, {"type": "log.advanced", "position": entries[-1][0],
-                                     "conversations": sorted({e.conversation_id for e in events if e.conversation_id}),
-                                     "spaces": sorted({e.space_id for e in events if e.space_id}),
-                                     # spaces where who may read changed (live pages re-check)
-                                     "access_spaces": sorted({e.space_id for e in events
-                                                              if e.space_id and e.kind.startswith("member.")}),
-                                     # whose inbox feeds it reached (None: too many to name, everyone's)
-                                     "members": sorted(addressees) if len(addressees) <= NUDGE_MEMBERS else None})
+    announce_on_commit({"type": "log.advanced", "position": entries[-1][0],
+                        "conversations": sorted({e.conversation_id for e in events if e.conversation_id}),
+                        "spaces": sorted({e.space_id for e in events if e.space_id}),
+                        # spaces where who may read changed (live pages re-check)
+                        "access_spaces": sorted({e.space_id for e in events
+                                                 if e.space_id and e.kind.startswith("member.")}),
+                        # whose inbox feeds it reached (None: too many to name, everyone's)
+                        "members": sorted(addressees) if len(addressees) <= NUDGE_MEMBERS else None})
 
 
 def head_position() -> int:

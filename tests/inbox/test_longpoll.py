@@ -146,7 +146,7 @@ async def test_a_lost_nudge_is_found_by_one_look_at_the_log_head_not_by_every_po
     # then: the poll was not read again on a timer of its own
     assert reads[0] == 1 and not poll.done()
     # when: a send whose nudge is lost
-    monkeypatch.setattr("controlplane.log.group_send_on_commit", lambda group, message: None)
+    monkeypatch.setattr("controlplane.log.announce_on_commit", lambda message: None)
     await sync_to_async(send_message)(general, body="unannounced", actor=alice)
     # then: the watcher's look at the log head finds it, long before the poll's 20 s
     response = await asyncio.wait_for(poll, 3)
@@ -179,6 +179,43 @@ async def test_log_watcher_renews_its_group_membership_under_steady_traffic(monk
     await watcher.stop()
     # then: every commit still woke the watcher
     assert wakes == 25
+
+
+@pytest.mark.asyncio
+async def test_a_commit_wakes_its_own_process_at_once_and_the_brokers_copy_is_skipped(monkeypatch):
+    # given: a watcher listening on a layer of its own, and two interests
+    from channels.layers import InMemoryChannelLayer
+
+    from controlplane import live
+
+    layer = InMemoryChannelLayer()
+    monkeypatch.setattr(live, "get_channel_layer", lambda: layer)
+    watcher = live.LogWatcher()
+    mine, other = watcher.watch(conversations={7}), watcher.watch(conversations={8})
+    for _ in range(100):  # until the listener has joined the group
+        if layer.groups.get(live.LOG_GROUP):
+            break
+        await asyncio.sleep(0.01)
+    advance = {"type": "log.advanced", "position": 41, "conversations": [7], "spaces": [1], "access_spaces": [],
+               "members": []}
+    try:
+        # when: a request thread of this process announces its commit (nothing goes through the layer)
+        origin = await asyncio.to_thread(watcher.wake_here, advance)
+        await asyncio.wait_for(mine.event.wait(), 1)
+        # then: only the interest it names woke, and its broker copy is marked as this process's own
+        assert origin and not other.event.is_set()
+        # when: the broker's copy arrives
+        mine.event.clear()
+        await layer.group_send(live.LOG_GROUP, {**advance, "origin": origin})
+        await asyncio.sleep(0.2)
+        # then: it is skipped; another process's advance still wakes
+        assert not mine.event.is_set()
+        await layer.group_send(live.LOG_GROUP, {**advance, "origin": "another process"})
+        await asyncio.wait_for(mine.event.wait(), 1)
+    finally:
+        await watcher.stop()
+    # and a process whose watcher does not run (a management command) announces through the layer alone
+    assert live.LogWatcher().wake_here(advance) is None
 
 
 @pytest.mark.asyncio

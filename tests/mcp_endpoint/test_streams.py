@@ -100,7 +100,7 @@ def test_a_work_stream_is_woken_only_by_commits_in_its_space(monkeypatch):
 
     # given: every log nudge the commits send, kept; ada's work stream's interest in the lab
     nudges = []
-    monkeypatch.setattr("controlplane.log.group_send_on_commit", lambda group, message: nudges.append(message))
+    monkeypatch.setattr("controlplane.log.announce_on_commit", nudges.append)
     ada, bo = (services.create_member(handle, actor=None) for handle in ("ada", "bo"))
     channels = {}
     for slug in ("lab", "elsewhere"):
