@@ -156,13 +156,31 @@ def conversation_readers(conversation_id: int, members: set[int]) -> tuple[set[i
 
     Plain SQL: compiling the equivalent ORM query (and loading the
     conversation and its space first) cost more than running it."""
+    readers, send_policy, _ = conversation_readers_then(conversation_id, members)
+    return readers, send_policy
+
+
+def conversation_readers_then(conversation_id: int, members: set[int], then: tuple[str, list] | None = None,
+                              width: int = 0) -> tuple[set[int], str | None, list[tuple]]:
+    """`conversation_readers`, and the rows of `then` (a query of `width`
+    columns with its parameters: a live pass's messages) in the same round
+    trip, only if one of `members` may read the conversation (else none)."""
     ids = list(members) or [None]  # IN (NULL) matches nobody: the policy, and no reader
+    sql, params = _readers_sql(len(ids)), [*ids, conversation_id]
+    if then is not None:
+        empty = ", NULL" * width
+        sql = (f"WITH r AS ({sql}) SELECT r.send_policy, r.id{empty} FROM r UNION ALL "
+               f"SELECT NULL, NULL, q.* FROM ({then[0]}) q WHERE EXISTS (SELECT 1 FROM r WHERE r.id IS NOT NULL)")
+        params += then[1]
     with connection.cursor() as cursor:
-        cursor.execute(_readers_sql(len(ids)), [*ids, conversation_id])
+        cursor.execute(sql, params)
         rows = cursor.fetchall()
-    if not rows:
-        return set(), None
-    return {member for _, member in rows if member is not None}, rows[0][0]
+    # The rule's rows carry the policy (and a reader, or none); `then`'s rows carry neither.
+    rule = [row[:2] for row in rows if row[0] is not None]
+    if not rule:
+        return set(), None, []
+    return {member for _, member in rule if member is not None}, rule[0][0], [row[2:] for row in rows
+                                                                             if row[0] is None]
 
 
 # The read rule's values in its plain-SQL copies, as SQL literals of the

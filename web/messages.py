@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from django.db import connection
 from django.template.loader import render_to_string
 
+from controlplane.access import conversation_readers_then
 from controlplane.db import datetime_from_db
 from controlplane.models import Member
 from inbox.models import Message
@@ -34,24 +35,36 @@ class Row:
     author: Author
 
 
-def _rows(conversation_id: int, *, below: int | None = None, above: int | None = None, limit: int) -> list[Row]:
-    """Up to `limit` messages, positioned below `below` (newest first) or
-    above `above` (oldest first). Plain SQL: a live stream reads on after
-    every commit, and building the ORM's query and model instances cost
-    more than running it."""
+def _query(conversation_id: int, *, below: int | None = None, above: int | None = None,
+           limit: int) -> tuple[str, list]:
+    """The query of up to `limit` messages, positioned below `below` (newest
+    first) or above `above` (oldest first), with its parameters; its rows
+    become Rows with `_row`. Plain SQL: a live stream reads on after every
+    commit, and building the ORM's query and model instances cost more than
+    running it."""
     quote = connection.ops.quote_name
     bound, order, params = "", " DESC", [conversation_id]
     if below is not None:
         bound, params = " AND m.position < %s", [*params, below]
     if above is not None:
         bound, order, params = " AND m.position > %s", "", [*params, above]
-    sql = (f"SELECT m.position, m.public_id, m.body, m.created_at, a.handle, a.display_name "
-           f"FROM {quote(Message._meta.db_table)} m JOIN {quote(Member._meta.db_table)} a ON a.id = m.author_id "
-           f"WHERE m.conversation_id = %s{bound} ORDER BY m.position{order} LIMIT %s")
+    return (f"SELECT m.position, m.public_id, m.body, m.created_at, a.handle, a.display_name "
+            f"FROM {quote(Message._meta.db_table)} m JOIN {quote(Member._meta.db_table)} a ON a.id = m.author_id "
+            f"WHERE m.conversation_id = %s{bound} ORDER BY m.position{order} LIMIT %s", [*params, limit])
+
+
+QUERY_WIDTH = 6  # the columns of `_query`
+
+
+def _row(values) -> Row:
+    position, public_id, body, created_at, handle, display_name = values
+    return Row(position, public_id, body, datetime_from_db(created_at), Author(handle, display_name))
+
+
+def _rows(conversation_id: int, **bounds) -> list[Row]:
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, limit])
-        return [Row(position, public_id, body, datetime_from_db(created_at), Author(handle, display_name))
-                for position, public_id, body, created_at, handle, display_name in cursor.fetchall()]
+        cursor.execute(*_query(conversation_id, **bounds))
+        return [_row(values) for values in cursor.fetchall()]
 
 
 def before(conversation_id: int, position: int | None, limit: int = HISTORY_PAGE) -> tuple[list[Row], bool]:
@@ -61,11 +74,17 @@ def before(conversation_id: int, position: int | None, limit: int = HISTORY_PAGE
     return rows[:limit][::-1], len(rows) > limit
 
 
-def after(conversation_id: int, position: int, limit: int | None = None) -> list[Row]:
-    """Messages after `position`, oldest first. Positions are assigned in
-    commit order, so a reader that has seen `position` never misses a later
-    commit below it: reading on from the last one seen leaves no gap."""
-    return _rows(conversation_id, above=position, limit=limit or LIVE_BATCH)
+def readers_and_after(conversation_id: int, members: set[int],
+                      position: int) -> tuple[set[int], str | None, list[Row]]:
+    """Which of `members` may read the conversation now and its space's
+    send policy (controlplane.access.conversation_readers) and, if any of
+    them may, up to LIVE_BATCH messages after `position`, oldest first: a
+    live stream's pass, in one round trip. Positions are assigned in commit
+    order, so a reader that has seen `position` never misses a later commit
+    below it: reading on from the last one seen leaves no gap."""
+    readers, send_policy, found = conversation_readers_then(
+        conversation_id, members, _query(conversation_id, above=position, limit=LIVE_BATCH), QUERY_WIDTH)
+    return readers, send_policy, sorted((_row(values) for values in found), key=lambda row: row.position)
 
 
 def render_rows(send_policy: str | None, messages: list) -> list[dict]:

@@ -1,10 +1,10 @@
 """One live stream per conversation per process, shared by its sockets.
 
 However many pages have a conversation open on this process, a commit in it
-costs one pass: one query for which of their members may still read it,
-one read of the messages after the lowest position any of them has seen,
-rendered once. Each socket then gets the frames after its own position, or
-a 4403 close if its member lost access. Passes run on the process's
+costs one pass: one round trip for which of their members may still read it
+and the messages after the lowest position any of them has seen, rendered
+once. Each socket then gets the frames after its own position, or a 4403
+close if its member lost access. Passes run on the process's
 request threads (controlplane.db.in_pool), beside every other request's
 database work, so work per socket there would add up.
 """
@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from controlplane.access import conversation_readers
 from controlplane.live import log_watcher
 from controlplane.models import Conversation
 from web import messages
@@ -35,8 +34,7 @@ class Pass:
 
 
 def read_pass(conversation_id: int, members: set[int], after: int) -> Pass:
-    readers, send_policy = conversation_readers(conversation_id, members)
-    rows = messages.after(conversation_id, after) if readers else []
+    readers, send_policy, rows = messages.readers_and_after(conversation_id, members, after)
     frames = [(row["position"], json.dumps({"type": "message", **row}))
               for row in messages.render_rows(send_policy, rows)]
     return Pass(readers, frames, len(rows) == messages.LIVE_BATCH)
