@@ -189,7 +189,8 @@ def announce_on_commit(message: dict) -> None:
     watcher of the advance `message` names: this process's at once, the
     others through the log group (controlplane.log.appended)."""
     def announce():
-        publisher.send(LOG_GROUP, {**message, "origin": log_watcher.wake_here(message)})
+        origin = log_watcher.wake_here(message)
+        publisher.send(LOG_GROUP, message if origin is None else {**message, "origin": origin})
 
     transaction.on_commit(announce, robust=True)
 
