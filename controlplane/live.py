@@ -24,9 +24,7 @@ from django.db import transaction
 logger = logging.getLogger("switchboard.live")
 
 LOG_GROUP = "switchboard.log"
-# How many of its own announcements a process remembers, to skip their
-# broker copies (controlplane.live.LogWatcher.wake_here).
-HEARD_HERE_KEPT = 10_000
+HEARD_HERE_KEPT = 10_000  # own announcements remembered, to skip their broker copies (LogWatcher.wake_here)
 
 
 def member_group(member) -> str:
@@ -321,9 +319,10 @@ class LogWatcher:
 
     def _heard(self, message: dict) -> None:
         """A message of the log group: skipped if this process announced it itself."""
-        if self._heard_here.pop(message.get("origin"), False) is None:
-            return
-        self._wake(message)
+        if message.get("origin") in self._heard_here:
+            del self._heard_here[message["origin"]]
+        else:
+            self._wake(message)
 
     def _wake(self, message: dict) -> None:
         self._announced = max(self._announced, message.get("position", 0))
