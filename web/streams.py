@@ -77,7 +77,11 @@ class ConversationStream:
         except Exception:
             logger.exception("live stream of conversation %s failed", self.conversation_id)
             for socket in list(self.sockets):
-                await socket.fail()
+                # Each is closed on its own: one already gone must not leave the rest open on no stream.
+                try:
+                    await socket.fail()
+                except Exception:
+                    logger.warning("could not close a live socket of a failed stream", exc_info=True)
         finally:
             log_watcher.unwatch(self.interest)
             self._on_empty(self)

@@ -54,3 +54,35 @@ def test_a_conversation_deleted_while_watched_has_no_readers_left(room, ann, ben
     Conversation.objects.filter(pk=channel.pk).delete()
     result = read_pass(channel.pk, {ann.pk, ben.pk}, after=0)
     assert (result.readers, result.frames) == (set(), [])
+
+
+@pytest.mark.asyncio
+async def test_a_failed_stream_closes_every_socket_even_when_one_cannot_be_closed(monkeypatch):
+    # given: a stream of three sockets whose pass fails; the first socket is already gone and cannot be closed
+    import asyncio
+
+    from web import streams as live_streams
+
+    class Socket:
+        def __init__(self, broken: bool) -> None:
+            self.member_pk, self.position, self.broken, self.failed = 1, 0, broken, False
+
+        async def fail(self) -> None:
+            if self.broken:
+                raise RuntimeError("the socket is already closed")
+            self.failed = True
+
+    def failing_pass(*args):
+        raise RuntimeError("the database went away")
+
+    monkeypatch.setattr(live_streams, "read_pass", failing_pass)
+    monkeypatch.setattr(live_streams, "db_call", lambda fn: lambda *a: asyncio.sleep(0, result=fn(*a)))
+    sockets = [Socket(broken=True), Socket(broken=False), Socket(broken=False)]
+    ended = asyncio.Event()
+    conversation = Conversation(pk=99, space_id=1)
+    stream = live_streams.ConversationStream(conversation, on_empty=lambda s: ended.set())
+    stream.sockets = dict.fromkeys(sockets)  # a set, in this order: the one that cannot be closed comes first
+    # when: its pass fails
+    await asyncio.wait_for(ended.wait(), 5)
+    # then: every other socket was closed, so its page reconnects instead of waiting on no stream
+    assert [s.failed for s in sockets[1:]] == [True, True]
