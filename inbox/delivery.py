@@ -116,24 +116,31 @@ def _acknowledge_with_orm(member: Member, token: str) -> bool:
     return True
 
 
-# Which items a settling statement takes (`_settle_sql`): an owner's one
-# token, or the items a batch of push receivers answered with a 2xx.
-BY_TOKEN = "member_id = %(member)s AND token = %(token)s"
-BY_IDS = "id = ANY(%(ids)s)"
+# Which items a settling statement takes (`_settle_sql`), and which mailbox
+# it locks before them: an owner's one token (its own mailbox), or the items
+# a batch of push receivers answered with a 2xx (none: the record has
+# `mailbox.lock`ed every owner's already).
+BY_TOKEN = ("member_id = %(member)s AND token = %(token)s", "member_id = %(member)s")
+BY_IDS = ("id = ANY(%(ids)s)", "false")
 
 
 @functools.cache
-def _settle_sql(which: str) -> str:
+def _settle_sql(which: tuple[str, str]) -> str:
     """`settle_acknowledged` for the admitted items `which` names, as one
     PostgreSQL statement. It returns how many items it found, and the
     public ids of the members whose items it settled (to announce to)."""
+    items, boxes = which
     item, box, share, member = (connection.ops.quote_name(model._meta.db_table)
                                 for model in (InboxItem, Mailbox, MailboxShare, Member))
     return (
-        # The item rows first, then their mailbox rows, as settle_acknowledged
-        # locks them (the mailbox rows by the UPDATEs, which take no-key locks).
-        f"WITH item AS (SELECT id, member_id, sender_id, content_bytes, state FROM {item} "
-        f"  WHERE {which} AND admission = %(admitted)s ORDER BY id FOR NO KEY UPDATE), "
+        # The mailbox first, then the item rows, then the mailbox's counts:
+        # the system's lock order (mailbox.lock), which a push worker's record
+        # holds the other way round would deadlock against. The subquery on
+        # `locked` is uncorrelated, so it runs once, before the item scan.
+        f"WITH locked AS MATERIALIZED (SELECT 1 FROM {box} WHERE {boxes} FOR NO KEY UPDATE), "
+        f"item AS (SELECT id, member_id, sender_id, content_bytes, state FROM {item} "
+        f"  WHERE {items} AND admission = %(admitted)s AND (SELECT count(*) FROM locked) >= 0 "
+        f"  ORDER BY id FOR NO KEY UPDATE), "
         f"settled AS (UPDATE {item} i SET state = %(acknowledged)s, acknowledged_at = %(at)s FROM item "
         f"  WHERE i.id = item.id AND item.state = %(pending)s "
         f"  RETURNING item.member_id, item.sender_id, item.content_bytes), "
@@ -149,7 +156,7 @@ def _settle_sql(which: str) -> str:
         f"  ARRAY(SELECT public_id FROM {member} WHERE id IN (SELECT member_id FROM settled))")
 
 
-def _settle_in_one_statement(which: str, params: dict) -> tuple[int, list[str]]:
+def _settle_in_one_statement(which: tuple[str, str], params: dict) -> tuple[int, list[str]]:
     params = {**params, "admitted": InboxItem.Admission.ADMITTED, "acknowledged": InboxItem.State.ACKNOWLEDGED,
               "pending": InboxItem.State.PENDING, "at": now()}
     with connection.cursor() as cursor:

@@ -193,3 +193,32 @@ def test_recording_a_batch_does_not_hold_what_a_sends_commit_checks_its_keys_aga
     # then: both finished; the delivery waits for its retry
     assert results == [[]] and not recording.is_alive()  # recorded, nothing handed on
     assert Delivery.objects.get(pk=job.delivery_id).state == "pending"
+
+
+def test_an_owners_acknowledgement_takes_its_mailbox_before_the_item(api_for):
+    """A push worker's record holds the mailboxes of the items it settles
+    (taken first, in member order) and then takes the items. The owner
+    acknowledging one of those items by token must wait for the mailbox
+    without holding the item."""
+    from inbox.models import InboxItem
+
+    # given: bob has one pending item from alice
+    alice, bob = (services.create_member(h, actor=None) for h in ("alice", "bob"))
+    space = services.create_space(slug="lab", name="Lab", visibility="open", send_policy="open", actor=alice)
+    services.join_space(space, actor=bob)
+    direct, _ = services.get_or_create_direct(space, bob, actor=alice)
+    send_message(direct, body="for bob", actor=alice)
+    item, as_bob = InboxItem.objects.get(member=bob), api_for(bob)
+    # when: a record holds bob's mailbox while bob acknowledges, then takes the item
+    other = other_writer()
+    other.execute(f"SELECT 1 FROM {MAILBOX} WHERE member_id = %s FOR NO KEY UPDATE", [bob.pk])
+    acknowledging, results = in_thread(
+        lambda: as_bob.post("/v0/me/inbox/acknowledge", {"deliveryToken": item.token}).status_code)
+    other.execute(f"SELECT 1 FROM {InboxItem._meta.db_table} WHERE id = %s FOR NO KEY UPDATE", [item.pk])
+    other.commit()
+    other.close()
+    acknowledging.join(10)
+    # then: no cycle: both finished, and the item is acknowledged
+    assert results == [200] and not acknowledging.is_alive()
+    item.refresh_from_db()
+    assert item.state == InboxItem.State.ACKNOWLEDGED
