@@ -76,12 +76,12 @@ class ConversationStream:
                     await asyncio.wait_for(self.interest.event.wait(), settings.FEED_RECHECK_SECONDS)
         except Exception:
             logger.exception("live stream of conversation %s failed", self.conversation_id)
-            for socket in list(self.sockets):
-                # Each is closed on its own: one already gone must not leave the rest open on no stream.
-                try:
-                    await socket.fail()
-                except Exception:
-                    logger.warning("could not close a live socket of a failed stream", exc_info=True)
+            # Emptied and forgotten before any close is awaited: a socket
+            # joining meanwhile starts a new stream instead of this ended one.
+            sockets, self.sockets = list(self.sockets), set()
+            self._on_empty(self)
+            for socket in sockets:
+                await _close(socket)
         finally:
             log_watcher.unwatch(self.interest)
             self._on_empty(self)
@@ -99,6 +99,16 @@ class ConversationStream:
         except Exception:
             logger.warning("could not send to a live socket; dropping it", exc_info=True)
             self.leave(socket)
+            await _close(socket)  # if it is still open, its page reconnects rather than wait on no stream
+
+
+async def _close(socket) -> None:
+    """Close `socket` (1011: its page reconnects from its last frame), if it
+    still can be: each on its own, so one already gone stops no other."""
+    try:
+        await socket.fail()
+    except Exception:
+        logger.warning("could not close a live socket", exc_info=True)
 
 
 class Streams:

@@ -56,33 +56,97 @@ def test_a_conversation_deleted_while_watched_has_no_readers_left(room, ann, ben
     assert (result.readers, result.frames) == (set(), [])
 
 
-@pytest.mark.asyncio
-async def test_a_failed_stream_closes_every_socket_even_when_one_cannot_be_closed(monkeypatch):
-    # given: a stream of three sockets whose pass fails; the first socket is already gone and cannot be closed
+class Socket:
+    """A live socket as a stream sees it (web.consumers.ConversationConsumer)."""
+
+    def __init__(self, *, broken: bool = False, unsendable: bool = False, closing=None) -> None:
+        self.member_pk, self.position, self.failed = 1, 0, False
+        self.broken, self.unsendable = broken, unsendable  # cannot be closed; cannot be sent to
+        self.closing = closing  # awaited while it closes
+
+    async def deliver(self, frames, caught_up: bool) -> None:
+        if self.unsendable:
+            raise RuntimeError("the socket cannot be sent to")
+
+    async def fail(self) -> None:
+        if self.closing is not None:
+            await self.closing()
+        if self.broken:
+            raise RuntimeError("the socket is already closed")
+        self.failed = True
+
+
+@pytest.fixture
+def passes(monkeypatch):
+    """Streams whose passes run on the loop, with what `answer()` returns or raises."""
     import asyncio
 
     from web import streams as live_streams
 
-    class Socket:
-        def __init__(self, broken: bool) -> None:
-            self.member_pk, self.position, self.broken, self.failed = 1, 0, broken, False
+    def use(answer):
+        monkeypatch.setattr(live_streams, "read_pass", lambda *args: answer())
+        monkeypatch.setattr(live_streams, "db_call", lambda fn: lambda *a: asyncio.sleep(0, result=fn(*a)))
+        return live_streams
 
-        async def fail(self) -> None:
-            if self.broken:
-                raise RuntimeError("the socket is already closed")
-            self.failed = True
+    return use
 
-    def failing_pass(*args):
-        raise RuntimeError("the database went away")
 
-    monkeypatch.setattr(live_streams, "read_pass", failing_pass)
-    monkeypatch.setattr(live_streams, "db_call", lambda fn: lambda *a: asyncio.sleep(0, result=fn(*a)))
-    sockets = [Socket(broken=True), Socket(broken=False), Socket(broken=False)]
+def the_database_went_away():
+    raise RuntimeError("the database went away")
+
+
+@pytest.mark.asyncio
+async def test_a_failed_stream_closes_every_socket_even_when_one_cannot_be_closed(passes):
+    # given: a stream of three sockets whose pass fails; the first socket is already gone and cannot be closed
+    import asyncio
+
+    live_streams = passes(the_database_went_away)
+    sockets = [Socket(broken=True), Socket(), Socket()]
     ended = asyncio.Event()
-    conversation = Conversation(pk=99, space_id=1)
-    stream = live_streams.ConversationStream(conversation, on_empty=lambda s: ended.set())
+    stream = live_streams.ConversationStream(Conversation(pk=99, space_id=1), on_empty=lambda s: ended.set())
     stream.sockets = dict.fromkeys(sockets)  # a set, in this order: the one that cannot be closed comes first
     # when: its pass fails
     await asyncio.wait_for(ended.wait(), 5)
     # then: every other socket was closed, so its page reconnects instead of waiting on no stream
     assert [s.failed for s in sockets[1:]] == [True, True]
+
+
+@pytest.mark.asyncio
+async def test_a_socket_joining_while_a_failed_stream_closes_gets_a_stream_that_runs(passes):
+    # given: a conversation's stream whose pass fails, with a socket that takes a while to close
+    import asyncio
+
+    live_streams = passes(the_database_went_away)
+    streams, conversation, joined = live_streams.Streams(), Conversation(pk=98, space_id=1), []
+    late = Socket()
+
+    async def a_page_reconnects_meanwhile():
+        joined.append(streams.join(late, conversation))
+
+    first = Socket(closing=a_page_reconnects_meanwhile)
+    failed = streams.join(first, conversation)
+    # when: the stream fails, and a socket joins while it is closing the first
+    for _ in range(100):
+        if late.failed:
+            break
+        await asyncio.sleep(0.01)
+    # then: the late socket went to a new stream, which ran (and failed, closing it too), not to the ended one
+    assert first.failed and joined and joined[0] is not failed
+    assert late.failed
+
+
+@pytest.mark.asyncio
+async def test_a_socket_that_cannot_be_sent_to_is_closed_as_it_leaves(passes):
+    # given: a stream whose pass has a frame for its socket, which cannot be sent to
+    import asyncio
+
+    from web.streams import Pass
+
+    live_streams = passes(lambda: Pass(readers={1}, frames=[(1, "{}")], full=False))
+    socket, ended = Socket(unsendable=True), asyncio.Event()
+    stream = live_streams.ConversationStream(Conversation(pk=97, space_id=1), on_empty=lambda s: ended.set())
+    stream.join(socket)
+    # when: the pass delivers
+    await asyncio.wait_for(ended.wait(), 5)
+    # then: it left the stream and was closed, so its page reconnects instead of hearing nothing more
+    assert socket not in stream.sockets and socket.failed
