@@ -13,6 +13,7 @@ from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q, Subquery
 
 from controlplane.clock import now
+from controlplane.db import Compiled, model_columns, model_from_row
 from controlplane.errors import InvalidEventId, UnknownDelivery, UnknownEvent
 from controlplane.log import log_head
 from controlplane.models import Member
@@ -57,10 +58,16 @@ def oldest_pending(member_ids: Iterable[int]) -> dict[int, InboxItem]:
     would show them first (what a push subscription of their inbox offers
     next): two statements however many members. (As one, `id IN (the
     firsts)`, the planner may hash the whole inbox table to find them.)"""
-    first = _pending_in_order(OuterRef("pk"), None, (0, 0)).values("pk")[:1]
-    firsts = [pk for pk in Member.objects.filter(pk__in=member_ids).annotate(first=Subquery(first))
-              .values_list("first", flat=True) if pk is not None]
-    return {item.member_id: item for item in InboxItem.objects.filter(pk__in=firsts)} if firsts else {}
+    with connection.cursor() as cursor:
+        cursor.execute(*_FIRSTS.sql(sorted(set(member_ids))))
+        firsts = [pk for pk, in cursor.fetchall() if pk is not None]
+        if not firsts:
+            return {}
+        table = connection.ops.quote_name(InboxItem._meta.db_table)
+        cursor.execute(f"SELECT {model_columns(InboxItem, 'i')} FROM {table} i "
+                       f"WHERE i.id IN ({', '.join(['%s'] * len(firsts))})", firsts)
+        items = [model_from_row(InboxItem, row) for row in cursor.fetchall()]
+    return {item.member_id: item for item in items}
 
 
 def read_inbox(member: Member, *, bound: int | None = None, after: tuple[int, int] = (0, 0)) -> InboxPage:
@@ -73,7 +80,9 @@ def read_inbox(member: Member, *, bound: int | None = None, after: tuple[int, in
     simply drop out of later pages."""
     if bound is None:
         bound = log_head().position
-    rows = list(_pending_in_order(member, bound, after)[: PAGE_ITEMS + 1])
+    with connection.cursor() as cursor:
+        cursor.execute(*_PAGE.sql(member.pk, bound, *after))
+        rows = [model_from_row(InboxItem, row) for row in cursor.fetchall()]
     page, size = [], 0
     for row in rows[:PAGE_ITEMS]:
         if page and size + row.content_bytes > PAGE_BYTES:
@@ -82,6 +91,14 @@ def read_inbox(member: Member, *, bound: int | None = None, after: tuple[int, in
         size += row.content_bytes
     more = len(rows) > len(page)
     return InboxPage(page, (bound, page[-1].position, page[-1].id) if more else None)
+
+
+# The two reads above, compiled once (controlplane.db.Compiled): building
+# the held-item rule's query cost several times running it.
+_FIRSTS = Compiled(lambda members: Member.objects.filter(pk__in=members).annotate(
+    first=Subquery(_pending_in_order(OuterRef("pk"), None, (0, 0)).values("pk")[:1])).values_list("first", flat=True))
+_PAGE = Compiled(lambda member, bound, position, last_id: _pending_in_order(member, bound, (position, last_id))
+                 .values_list(*(field.attname for field in InboxItem._meta.concrete_fields))[: PAGE_ITEMS + 1])
 
 
 def pending_count(member: Member) -> int:
