@@ -63,14 +63,22 @@ def db_call(fn):
 
 
 def rows_sql(rows: list[tuple], columns: dict[str, str]) -> tuple[str, list]:
-    """`rows` as a derived table with `columns` (name: SQL type), for one
-    `UPDATE … FROM (…) v` instead of a statement per row: a portable
-    `SELECT … UNION ALL SELECT …` (PostgreSQL and SQLite alike). Every value
-    is cast to its column's type: PostgreSQL types a UNION by its first
-    row, and a NULL there would otherwise make a later number a mismatch."""
-    casts = [f"CAST(%s AS {sql_type})" for sql_type in columns.values()]
-    first = "SELECT " + ", ".join(f"{cast} AS {name}" for cast, name in zip(casts, columns))
-    rest = " UNION ALL SELECT " + ", ".join(casts)
+    """`rows` (at least one) as a derived table with `columns` (name: SQL
+    type), for one `UPDATE … FROM (…) v` or `INSERT … SELECT` instead of a
+    statement per row.
+
+    On PostgreSQL, one array per column, unnested: the statement's text is
+    the same however many rows, so psycopg converts it once and PostgreSQL
+    prepares it once (DB_PREPARE_THRESHOLD), where a row of placeholders per
+    row made a new statement for every batch size, parsed and planned on
+    every run. Elsewhere (SQLite) a `SELECT … UNION ALL SELECT …`: its
+    values keep their own types, so the SQL types are PostgreSQL's alone."""
+    if connection.vendor == "postgresql":
+        arrays = ", ".join(f"%s::{sql_type}[]" for sql_type in columns.values())
+        return (f"SELECT * FROM unnest({arrays}) AS v({', '.join(columns)})",
+                [[row[n] for row in rows] for n in range(len(columns))])
+    first = "SELECT " + ", ".join(f"%s AS {name}" for name in columns)
+    rest = " UNION ALL SELECT " + ", ".join(["%s"] * len(columns))
     return first + rest * (len(rows) - 1), [value for row in rows for value in row]
 
 

@@ -140,7 +140,9 @@ def mark_sending(deliveries: list[Delivery], first: set[int], at, until) -> None
                        f"FROM ({values}) v WHERE {table}.id = v.id", [adapt(until), adapt(at), *params])
 
 
-ATTEMPT_COLUMNS = ("delivery_id", "number", "started_at", "duration_ms", "status_code", "error_class", "key_id")
+ATTEMPT_COLUMNS = {"delivery_id": "BIGINT", "number": "INTEGER", "started_at": "TIMESTAMPTZ",
+                   "duration_ms": "INTEGER", "status_code": "SMALLINT", "error_class": "VARCHAR(64)",
+                   "key_id": "VARCHAR(40)"}
 
 
 def insert_attempts(rows: list[tuple]) -> None:
@@ -148,11 +150,10 @@ def insert_attempts(rows: list[tuple]) -> None:
     statement (the ORM's bulk_create prepared each row for longer than the
     insert ran)."""
     adapt = connection.ops.adapt_datetimefield_value
-    one = "(" + ", ".join(["%s"] * len(ATTEMPT_COLUMNS)) + ")"
+    values, params = rows_sql([(*row[:2], adapt(row[2]), *row[3:]) for row in rows], ATTEMPT_COLUMNS)
     with connection.cursor() as cursor:
         cursor.execute(f"INSERT INTO {connection.ops.quote_name(Attempt._meta.db_table)} "
-                       f"({', '.join(ATTEMPT_COLUMNS)}) VALUES {', '.join([one] * len(rows))}",
-                       [adapt(v) if n == 2 else v for row in rows for n, v in enumerate(row)])
+                       f"({', '.join(ATTEMPT_COLUMNS)}) {values}", params)
 
 
 def mark_delivered(answered: list[tuple[int, int]], at) -> list[tuple[int, int | None, int]]:

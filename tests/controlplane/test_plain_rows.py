@@ -1,11 +1,13 @@
 """Rows read with plain SQL become the instances the ORM would load
 (controlplane.db.model_columns, model_from_row): every field, converted as
 the ORM converts it (booleans and aware datetimes on SQLite too). A query
-compiled once (controlplane.db.Compiled) answers as the ORM does."""
+compiled once (controlplane.db.Compiled) answers as the ORM does. Rows
+sent as a derived table (rows_sql) read back as they were."""
 import pytest
+from django.conf import settings
 from django.db import connection
 
-from controlplane.db import Compiled, model_columns, model_from_row
+from controlplane.db import Compiled, model_columns, model_from_row, rows_sql
 from controlplane.models import Member
 
 
@@ -71,3 +73,22 @@ def test_a_compiled_query_refuses_an_argument_it_does_not_pass_on(make_member):
     compiled = Compiled(lambda n: Member.objects.filter(handle=f"compiled{n}").values_list("pk", flat=True))
     with pytest.raises(ValueError, match="must become one of its parameters"):
         compiled.sql(2)
+
+
+ROW_COLUMNS = {"id": "BIGINT", "n": "INTEGER", "label": "VARCHAR(40)", "gone": "SMALLINT"}
+
+
+@pytest.mark.django_db
+def test_a_derived_table_reads_back_its_rows_nulls_first_and_only_nulls_included():
+    rows = [(1, None, "a", None), (2, 5, None, None), (3, None, None, None)]
+    values, params = rows_sql(rows, ROW_COLUMNS)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT id, n, label, gone FROM ({values}) v ORDER BY id", params)
+        assert cursor.fetchall() == rows
+
+
+@pytest.mark.skipif(not settings.IS_POSTGRES, reason="PostgreSQL's arrays; SQLite prepares nothing")
+def test_a_derived_table_is_the_same_statement_whatever_its_number_of_rows():
+    """So psycopg converts it once and PostgreSQL prepares it once."""
+    statements = {rows_sql([(n, n, "x", None)] * n, ROW_COLUMNS)[0] for n in (1, 2, 50)}
+    assert len(statements) == 1
