@@ -67,18 +67,24 @@ def rows_sql(rows: list[tuple], columns: dict[str, str]) -> tuple[str, list]:
     type), for one `UPDATE … FROM (…) v` or `INSERT … SELECT` instead of a
     statement per row.
 
-    On PostgreSQL, one array per column, unnested: the statement's text is
+    On PostgreSQL with server-side binding (DB_PREPARE_THRESHOLD), one
+    array per column, sent in binary and unnested: the statement's text is
     the same however many rows, so psycopg converts it once and PostgreSQL
-    prepares it once (DB_PREPARE_THRESHOLD), where a row of placeholders per
-    row made a new statement for every batch size, parsed and planned on
-    every run. Elsewhere (SQLite) a `SELECT … UNION ALL SELECT …`: its
-    values keep their own types, so the SQL types are PostgreSQL's alone."""
-    if connection.vendor == "postgresql":
-        arrays = ", ".join(f"%s::{sql_type}[]" for sql_type in columns.values())
+    prepares it once, where a row of placeholders per row made a new
+    statement for every batch size, parsed and planned on every run. (In
+    text, an array of pushed items' bodies took milliseconds to escape.)
+    Otherwise a `SELECT … UNION ALL SELECT …`, every value cast to its
+    column's type on PostgreSQL, which types a UNION by its first row (a
+    NULL there made a later number a mismatch); SQLite's values keep their
+    own types."""
+    if connection.vendor == "postgresql" and connection.settings_dict["OPTIONS"].get("server_side_binding"):
+        arrays = ", ".join(f"%b::{sql_type}[]" for sql_type in columns.values())
         return (f"SELECT * FROM unnest({arrays}) AS v({', '.join(columns)})",
                 [[row[n] for row in rows] for n in range(len(columns))])
-    first = "SELECT " + ", ".join(f"%s AS {name}" for name in columns)
-    rest = " UNION ALL SELECT " + ", ".join(["%s"] * len(columns))
+    cast = "CAST(%s AS {})" if connection.vendor == "postgresql" else "%s"
+    casts = [cast.format(sql_type) for sql_type in columns.values()]
+    first = "SELECT " + ", ".join(f"{value} AS {name}" for value, name in zip(casts, columns))
+    rest = " UNION ALL SELECT " + ", ".join(casts)
     return first + rest * (len(rows) - 1), [value for row in rows for value in row]
 
 

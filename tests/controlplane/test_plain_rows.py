@@ -87,7 +87,8 @@ def test_a_derived_table_reads_back_its_rows_nulls_first_and_only_nulls_included
         assert cursor.fetchall() == rows
 
 
-@pytest.mark.skipif(not settings.IS_POSTGRES, reason="PostgreSQL's arrays; SQLite prepares nothing")
+@pytest.mark.skipif(not settings.IS_POSTGRES or not settings.DATABASES["default"]["OPTIONS"].get("server_side_binding"),
+                    reason="PostgreSQL's arrays, with server-side binding (DB_PREPARE_THRESHOLD above 0)")
 def test_a_derived_table_is_the_same_statement_whatever_its_number_of_rows():
     """So psycopg converts it once and PostgreSQL prepares it once."""
     statements = {rows_sql([(n, n, "x", None)] * n, ROW_COLUMNS)[0] for n in (1, 2, 50)}
