@@ -151,9 +151,10 @@ def _settle_sql(which: tuple[str, str]) -> str:
                                 for model in (InboxItem, Mailbox, MailboxShare, Member))
     return (
         # The mailbox first, then the item rows, then the mailbox's counts:
-        # the system's lock order (mailbox.lock), which a push worker's record
-        # holds the other way round would deadlock against. The subquery on
-        # `locked` is uncorrelated, so it runs once, before the item scan.
+        # the system's lock order (mailbox.lock). A push worker's record
+        # holds the mailbox and then takes the items; taking the item first
+        # deadlocked against it. The subquery on `locked` is uncorrelated,
+        # so it runs once, before the item scan.
         f"WITH locked AS MATERIALIZED (SELECT 1 FROM {box} WHERE {boxes} FOR NO KEY UPDATE), "
         f"item AS (SELECT id, member_id, sender_id, content_bytes, state FROM {item} "
         f"  WHERE {items} AND admission = %(admitted)s AND (SELECT count(*) FROM locked) >= 0 "

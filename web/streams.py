@@ -108,7 +108,7 @@ async def _close(socket) -> None:
     try:
         await socket.fail()
     except Exception:
-        logger.warning("could not close a live socket", exc_info=True)
+        logger.debug("could not close a live socket (gone already?)", exc_info=True)
 
 
 class Streams:
