@@ -5,6 +5,7 @@ and the watcher's group membership and listeners kept sound."""
 import asyncio
 
 import pytest
+import pytest_asyncio
 from asgiref.sync import sync_to_async
 from django.test import AsyncClient
 
@@ -23,6 +24,14 @@ async def alice_in_the_lab():
                                                         send_policy="open", actor=alice)
     general = await sync_to_async(services.create_channel)(space, "general", actor=alice)
     return alice, token, space, general
+
+
+@pytest_asyncio.fixture(autouse=True)
+async def watcher_stops():
+    """This process's log watcher, started on the test's event loop by
+    whatever waits, leaves the log group and stops with the test."""
+    yield
+    await log_watcher.stop()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -42,7 +42,7 @@ OPEN: list[WebsocketCommunicator] = []
 @pytest_asyncio.fixture(autouse=True)
 async def sockets_finish():
     """Every socket's application instance ends with its test, a refused or
-    server-closed one too."""
+    server-closed one too, and so does the log watcher."""
     yield
     while OPEN:
         await OPEN.pop().disconnect()
@@ -51,6 +51,7 @@ async def sockets_finish():
             break
         await asyncio.sleep(0.01)
     assert not streams.running()
+    await log_watcher.stop()  # started on this test's loop: it leaves the log group and stops with it
 
 
 async def open_socket(path, member=None, origin=None, cookie=None):
