@@ -4,6 +4,7 @@ sockets, messages or members it answers for."""
 import json
 
 import pytest
+import pytest_asyncio
 
 from controlplane.models import Conversation, Space
 from inbox.services import send_message
@@ -76,11 +77,15 @@ class Socket:
         self.failed = True
 
 
-@pytest.fixture
-def passes(monkeypatch):
-    """Streams whose passes run on the loop, with what `answer()` returns or raises."""
+@pytest_asyncio.fixture
+async def passes(monkeypatch):
+    """Streams whose passes run on the loop, with what `answer()` returns or
+    raises. The log watcher their streams start on the test's loop stops
+    with it: a channels-redis receive can lose the loop's one cancellation
+    at its close and keep it waiting."""
     import asyncio
 
+    from controlplane.live import log_watcher
     from web import streams as live_streams
 
     def use(answer):
@@ -88,7 +93,8 @@ def passes(monkeypatch):
         monkeypatch.setattr(live_streams, "db_call", lambda fn: lambda *a: asyncio.sleep(0, result=fn(*a)))
         return live_streams
 
-    return use
+    yield use
+    await log_watcher.stop()
 
 
 def the_database_went_away():
