@@ -41,6 +41,17 @@ class SessionSocket:
 
     memberships: Memberships | None = None
 
+    async def __call__(self, scope, receive, send):
+        """The socket's whole life. One that ends without a disconnect (its
+        channel-layer receive failed: Redis lost) still leaves its groups
+        and stream: its renewal would otherwise add a dead channel to its
+        groups for as long as the process lives. (A second `disconnect`
+        does nothing.)"""
+        try:
+            return await super().__call__(scope, receive, send)
+        finally:
+            await self.disconnect(SERVER_ERROR)
+
     async def join(self, *groups: str) -> None:
         """Join `groups` for as long as the socket is open (renewed; left at `leave_groups`)."""
         if self.memberships is None:

@@ -12,7 +12,7 @@ from django.test import Client
 
 from controlplane import services
 from controlplane.asgi import router
-from controlplane.live import LOG_GROUP, log_watcher
+from controlplane.live import LOG_GROUP, log_watcher, member_group
 from controlplane.models import Member
 from inbox.delivery import acknowledge_delivery
 from inbox.models import InboxItem
@@ -309,3 +309,49 @@ async def test_suspending_a_member_closes_all_their_sockets_at_once(room, ann, b
     # then: both close as signed out, without waiting for a message
     for socket in (conversation, inbox):
         assert (await socket.receive_output(timeout=5)) == {"type": "websocket.close", "code": 4401}
+
+
+async def test_a_socket_whose_channel_layer_fails_still_leaves_its_groups_and_stream(room, ben, monkeypatch):
+    # given: ben's live page, whose channel's receive from the layer can be made to fail (Redis lost)
+    _, channel = room
+    layer, joined, left, failing = get_channel_layer(), set(), set(), asyncio.Event()
+    add, discard, receive = layer.group_add, layer.group_discard, layer.receive
+
+    async def group_add(group, name):
+        joined.add((group, name))
+        await add(group, name)
+
+    async def group_discard(group, name):
+        left.add((group, name))
+        await discard(group, name)
+
+    def pages():
+        return {n for group, n in joined if group == member_group(ben)}
+
+    async def receive_until_lost(name):
+        got, lost = asyncio.ensure_future(receive(name)), asyncio.ensure_future(failing.wait())
+        await asyncio.wait({got, lost}, return_when=asyncio.FIRST_COMPLETED)
+        lost.cancel()
+        if got.done() or name not in pages():  # (the log watcher's channel goes on)
+            return await got
+        got.cancel()
+        raise ConnectionError("the channel layer went away")
+
+    monkeypatch.setattr(layer, "group_add", group_add)
+    monkeypatch.setattr(layer, "group_discard", group_discard)
+    monkeypatch.setattr(layer, "receive", receive_until_lost)
+    socket = await watching(ben, channel)
+    await frames_until_live(socket)
+    assert streams.running() == 1 and pages()
+    # when: the receive fails, so the consumer ends without a disconnect
+    failing.set()
+    with pytest.raises(ConnectionError):
+        await socket.wait(timeout=5)
+    OPEN.remove(socket)
+    # then: it left every group it joined (no renewal keeps a dead channel there), and its stream ended
+    assert pages() and {(g, n) for g, n in joined if n in pages()} <= left
+    for _ in range(100):
+        if not streams.running():
+            break
+        await asyncio.sleep(0.01)
+    assert not streams.running()
