@@ -80,10 +80,11 @@ def _after_param(scope) -> int | None:
 
 
 class ConversationConsumer(SessionSocket, AsyncWebsocketConsumer):
+    stream = None  # set once it has caught up; a consumer that ended before that has none
+
     async def connect(self):
         self.conversation_id = self.scope["url_route"]["kwargs"]["conversation"]
         self.position = _after_param(self.scope)
-        self.stream = None
         self.caught_up = False
         if self.position is None:
             await self.close()  # a malformed request: the handshake is refused
