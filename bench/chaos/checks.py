@@ -180,14 +180,19 @@ def check(book: Book, people: dict, conversations: dict, receiver_log: Path,
                                                                grant__status="revoked", state="pending").count()
 
     # Live sockets: every frame of #general, once each, in order.
-    general = list(Message.objects.filter(conversation__public_id=conversations["#general"])
-                   .order_by("position").values_list("public_id", flat=True))
+    general = dict(Message.objects.filter(conversation__public_id=conversations["#general"])
+                   .values_list("public_id", "position"))
     for name, frames in book.frames.items():
         ids = [public_id for _, public_id in frames]
         positions = [p for p, _ in frames]
         duplicated["socket frames"] += len(ids) - len(set(ids))
-        lost["socket frames"] += len(set(general) - set(ids))
+        missing = sorted(general[public_id] for public_id in set(general) - set(ids))
+        lost["socket frames"] += len(missing)
         disorder["socket frames"] += sum(b <= a for a, b in zip(positions, positions[1:]))
+        if missing:  # when it went quiet, against the faults' times in the log
+            print(f"  {name}: {len(missing)} frames missing, positions {missing[0]}..{missing[-1]}; its last "
+                  f"frame (position {positions[-1] if positions else None}) came "
+                  f"{book.last_frame_at.get(name, 0):.1f} s into the run", flush=True)
 
     # Mailbox counters: the pending bytes they count.
     for mailbox in Mailbox.objects.all():

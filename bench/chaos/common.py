@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
+import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,12 @@ class Book:
     withdrawn: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))  # 404: a barrier took it
     frames: dict[str, list[tuple[int, str]]] = field(default_factory=lambda: defaultdict(list))  # socket -> frames
     reconnects: int = 0
+    socket_errors: Counter = field(default_factory=Counter)  # connections lost with an error message, by kind
+    began: float = field(default_factory=time.monotonic)  # the run's clock, for the log's times
+    last_frame_at: dict[str, float] = field(default_factory=dict)  # socket -> seconds into the run
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.began
     faults: Counter = field(default_factory=Counter)
     faults_missed: Counter = field(default_factory=Counter)
     grants: list[str] = field(default_factory=list)

@@ -74,7 +74,8 @@ class Faults:
             (self.book.faults if hit else self.book.faults_missed)[kind] += 1
             if not hit:
                 schedule.append(kind)
-            print(f"  fault: {kind}{'' if hit else ' (armed, not reached: tried again later)'}", flush=True)
+            print(f"  {self.book.elapsed():6.1f} s fault: {kind}"
+                  f"{'' if hit else ' (armed, not reached: tried again later)'}", flush=True)
 
 
 async def supervise(supervisor: Supervisor, stop: asyncio.Event) -> None:

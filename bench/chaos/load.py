@@ -199,9 +199,15 @@ async def socket(name: str, base: str, session_id: str, conversation: str, book:
                     async for frame in ws:
                         if stop.is_set():
                             break
+                        if frame.type is aiohttp.WSMsgType.ERROR:
+                            # A reset connection or a missed pong (a node killed): aiohttp yields
+                            # it as a message, and the page reconnects from its last frame.
+                            book.socket_errors[type(frame.data).__name__] += 1
+                            break
                         data = json.loads(frame.data)
                         if data["type"] == "message":
                             frames.append((data["position"], data["id"]))
+                            book.last_frame_at[name] = book.elapsed()
                         elif data["type"] == "resync":
                             book.refused["socket resync"] += 1
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError):

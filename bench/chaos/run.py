@@ -84,7 +84,10 @@ async def drive(args, work: Path, env: dict, people: dict, supervisor: Superviso
         stop_sockets.set()
         for task in sockets:
             task.cancel()
-        await asyncio.gather(*sockets, return_exceptions=True)
+        for ended in await asyncio.gather(*sockets, return_exceptions=True):
+            if isinstance(ended, Exception):  # the client itself failed: its frames would read as lost
+                print(f"  a socket client failed: {ended!r}", flush=True)
+                book.refused["socket client failed"] += 1
     stop_super.set()
     await super_task
     await proxy.close()
@@ -124,6 +127,8 @@ def table(book: Book, counts: dict[str, Counter]) -> tuple[str, int]:
     rows += [f"| {name} | {value} |" for name, value in book.operations.items()]
     rows.append(f"| client retries | {book.retries} |")
     rows.append(f"| socket reconnects | {book.reconnects} |")
+    rows.append(f"| socket connections lost with an error | {sum(book.socket_errors.values())}"
+                f"{' (' + ', '.join(f'{k} {v}' for k, v in book.socket_errors.items()) + ')' if book.socket_errors else ''} |")
     bad = 0
     for heading, counter in counts.items():
         total = sum(counter.values())
