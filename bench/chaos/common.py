@@ -51,13 +51,14 @@ class Book:
     socket_errors: Counter = field(default_factory=Counter)  # connections lost with an error message, by kind
     began: float = field(default_factory=time.monotonic)  # the run's clock, for the log's times
     last_frame_at: dict[str, float] = field(default_factory=dict)  # socket -> seconds into the run
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.began
     faults: Counter = field(default_factory=Counter)
     faults_missed: Counter = field(default_factory=Counter)
     grants: list[str] = field(default_factory=list)
     operations: Counter = field(default_factory=Counter)
+
+    def elapsed(self) -> float:
+        """Seconds since the run began."""
+        return time.monotonic() - self.began
 
 
 class Api:
