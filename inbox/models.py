@@ -142,6 +142,11 @@ class InboxItem(models.Model):
                          condition=models.Q(admission="withheld", state="pending")),
             models.Index(fields=["grant"], name="inboxitem_grant_pending",
                          condition=models.Q(grant__isnull=False, state="pending")),
+            # The held page (inbox.reads.held_items): without it, a member's
+            # held items were found by reading every item they ever had, the
+            # acknowledged tombstones included.
+            models.Index(fields=["member", "position", "id"], name="inboxitem_held",
+                         condition=models.Q(admission="held", state="pending")),
         ]
 
     def __str__(self) -> str:

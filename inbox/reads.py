@@ -39,15 +39,21 @@ def inbox_page(member: Member, cursor: str | None) -> dict:
     return {"items": [render_entry(item) for item in items], "nextCursor": next_cursor}
 
 
+def held_after(member: Member, position: int, last_id: int):
+    """The query of `member`'s held items after (position, id), oldest
+    first: one page and one more (the `inboxitem_held` index serves it)."""
+    return (InboxItem.objects.filter(member=member, admission=InboxItem.Admission.HELD,
+                                     state=InboxItem.State.PENDING, position__gte=position)
+            .filter(Q(position__gt=position) | Q(position=position, id__gt=last_id))
+            .order_by("position", "id")[: delivery.PAGE_ITEMS + 1])
+
+
 def held_items(member: Member, cursor: str | None) -> tuple[list[InboxItem], str | None]:
     """One page of the items `member`'s firewall holds, oldest first, and the
     cursor of the next page, if any."""
     caller = caller_id(member)
     position, last_id = unpack_cursor(cursor, count=2, caller=caller, stream=HELD_STREAM) if cursor else (0, 0)
-    rows = list(InboxItem.objects.filter(member=member, admission=InboxItem.Admission.HELD,
-                                         state=InboxItem.State.PENDING, position__gte=position)
-                .filter(Q(position__gt=position) | Q(position=position, id__gt=last_id))
-                .order_by("position", "id")[: delivery.PAGE_ITEMS + 1])
+    rows = list(held_after(member, position, last_id))
     page = rows[: delivery.PAGE_ITEMS]
     more = len(rows) > len(page)
     return page, pack_cursor((page[-1].position, page[-1].id), caller=caller, stream=HELD_STREAM) if more else None

@@ -6,7 +6,7 @@ import pytest
 from django.db import connections
 
 from controlplane import services
-from inbox import firewall
+from inbox import firewall, reads
 from controlplane.models import EventAddressee
 from inbox.models import InboxItem, Mailbox
 from inbox.services import send_message
@@ -326,3 +326,22 @@ def test_every_held_item_can_be_listed_page_by_page(space, alice, bob, as_bob, a
 
 def page_cursor(api) -> str:
     return api.get("/v0/me/inbox/held").json()["nextCursor"]
+
+
+@pytest.mark.postgres
+def test_the_held_page_reads_held_items_only(space, alice, bob, as_bob, django_capture_on_commit_callbacks):
+    # given: held items beside admitted ones (and every acknowledged tombstone a member ever had)
+    direct, _ = services.get_or_create_direct(space, alice, actor=bob)
+    send_message(direct, body="admitted", actor=alice)
+    as_bob.put("/v0/me/inbox/firewall", {"rules": [{"action": "hold"}]})
+    for i in range(3):
+        with django_capture_on_commit_callbacks(execute=True):
+            send_message(direct, body=f"held {i}", actor=alice)
+    # when: the held page's query is planned (sequential scans ruled out, as on a big table)
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+    plan = reads.held_after(bob, 0, 0).explain()
+    # then: it walks the held items' own index, in page order, not the member's whole inbox
+    assert "inboxitem_held" in plan and "Sort" not in plan
+    assert [e["item"]["content"] for e in as_bob.get("/v0/me/inbox/held").json()["items"]] == [
+        f"held {i}" for i in range(3)]
