@@ -13,7 +13,9 @@ after 20 warm-up requests, read as the stage's member:
 - next page: the first page's `nextCursor`;
 - middle page: a cursor built here at the middle item (a reader that has
   paged through half its inbox without acknowledging);
-- event lookup: `GET /v0/inbox-events/evt_…` of the middle item.
+- event lookup: `GET /v0/inbox-events/evt_…` of the middle item;
+- held page: `GET /v0/me/inbox/held` (nothing is held: what finding the
+  held items costs beside a big inbox).
 
 Then `--clients` concurrent aiohttp clients, each its own member (`ack00`, …)
 with ACK_ITEMS pending items, acknowledge distinct tokens taken from the
@@ -178,6 +180,7 @@ async def read_stage(base_url: str, member: Member, items: int, extra: dict[str,
             result["middle"] = await time_requests(session, extra["middle"], requests,
                                                    min(items - items // 2 - 1, PAGE_ITEMS))
         result["event"] = await time_requests(session, extra["event"], requests, None)
+        result["held"] = await time_requests(session, "/v0/me/inbox/held", requests, 0)
     return result
 
 
@@ -258,13 +261,13 @@ def run(base_url: str, dsn: str, *, requests: int, largest: int, clients: int, w
         stages[name].update(asyncio.run(read_stage(base_url, member, count, middle_paths(dsn, member, count),
                                                    requests)))
 
-    # Every page against the 10-item first page (event lookups against the
-    # 10-item lookup), and 1M against 10k for the same page.
+    # Every page against the 10-item first page (event lookups and held pages
+    # against the 10-item stage's own), and 1M against 10k for the same page.
     result["ratios"] = {
         f"{page}_{label}_{key}": _ratio(stages[num].get(page, {}).get(key), ref.get(key))
-        for page in ("first", "next", "middle", "event")
-        for label, num, ref in (("10k/10", "10k", stages["10"]["event" if page == "event" else "first"]),
-                                ("1M/10", "1M", stages["10"]["event" if page == "event" else "first"]),
+        for page in ("first", "next", "middle", "event", "held")
+        for label, num, ref in (("10k/10", "10k", stages["10"][page if page in ("event", "held") else "first"]),
+                                ("1M/10", "1M", stages["10"][page if page in ("event", "held") else "first"]),
                                 ("1M/10k", "1M", stages["10k"].get(page, {})))
         for key in ("p50_ms", "p99_ms")
     }

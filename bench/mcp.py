@@ -52,7 +52,7 @@ import redis
 from bench import inbox, live
 from bench.load import latency_summary
 from bench.servers import PY, ROOT, free_port
-from bench.webhooks import _raw, _reset, _stats
+from bench.webhooks import _raw, _reset, _stats, _wait_for_receipts
 
 ITEM = "org.switchboard/inbox.item"
 PUSH_SUBSCRIPTIONS = 100
@@ -307,12 +307,7 @@ def _push(env: dict, dsn: str, out_dir: Path, base: str, ca: str, *, items: int,
         _reset(base, ca)
         cpu_before, started = _cpu_ticks(), time.time()
         go.touch()
-        deadline = time.monotonic() + PUSH_TIMEOUT
-        while True:
-            received = _stats(base, ca)
-            if len({i for i, _, _ in received}) >= expected or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)  # each look is a TLS request to the receiver, on the same cores
+        _wait_for_receipts(base, ca, lambda n: n["unique"] >= expected, time.monotonic() + PUSH_TIMEOUT)
         cpu_after = _cpu_ticks()
         time.sleep(1.0)  # room for duplicates, and for what the workers do once the inboxes are empty
         received = _stats(base, ca)

@@ -41,7 +41,6 @@ def _operations() -> dict:
     from controlplane.access import get_conversation_to_write
     from inbox import delivery
     from inbox import services as inbox_services
-    from inbox.models import InboxItem
     from web.streams import read_pass
 
     tag = uuid.uuid4().hex[:8]
@@ -61,11 +60,10 @@ def _operations() -> dict:
     def live_pass():
         read_pass(channel.pk, {ann.pk, bob.pk}, 0)
 
-    def acknowledge():  # bob's oldest pending item (each send leaves one)
-        token = InboxItem.objects.filter(member=bob, state=InboxItem.State.PENDING).values_list(
-            "token", flat=True).order_by("id").first()
-        if token is not None:
-            delivery.acknowledge_delivery(bob, token, actor=bob)
+    def acknowledge():  # bob's oldest pending item (each send leaves one), found as a push finds it
+        item = delivery.oldest_pending([bob.pk]).get(bob.pk)
+        if item is not None:
+            delivery.acknowledge_delivery(bob, item.token, actor=bob)
 
     return {"send": send, "live pass": live_pass, "acknowledgement": acknowledge}
 
