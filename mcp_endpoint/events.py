@@ -147,8 +147,7 @@ async def stream(ctx, params: StreamParams) -> dict:
         raise MCPError(RESOURCE_EXHAUSTED, f"At most {MAX_STREAMS} open streams per member and server.",
                        data={"limit": "streams", "max": MAX_STREAMS}) from None
     try:
-        if not owner.inbox:  # the inbox's streams are nudged through its mailbox's group
-            owner.watch(**await _db(sources.interest, member, source, arguments))
+        owner.watch(**await _db(sources.interest, member, source, arguments))
         batch = await _db(sources.read, member, source, arguments, params.cursor, sources.MAX_EVENTS)
         await send("active", cursor=batch.start, truncated=batch.truncated)
         last_beat, last_count = time.monotonic(), None

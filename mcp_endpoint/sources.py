@@ -85,9 +85,14 @@ def _space(member: Member, arguments: dict) -> Space:
 
 
 def interest(member: Member, source: Source, arguments: dict) -> dict:
-    """For `spaces.work.available`, the `controlplane.live.Interest` (its
-    arguments) of the commits that may add to its stream: events in the
-    space, and changes of who may read it (a reader who lost it is told)."""
+    """The `controlplane.live.Interest` (its arguments) of the commits that
+    may add to a stream. The inbox's: those addressed to the member (the
+    committing process wakes its streams at once, as it does its live pages;
+    the mailbox's group still brings what the log does not announce, such
+    as acknowledgements). `spaces.work.available`: events in the space, and
+    changes of who may read it (a reader who lost it is told)."""
+    if source.name in (ITEM, PENDING):
+        return {"addressed": {member.pk}}
     space = _space(member, arguments)
     return {"events_in": {space.pk}, "spaces": {space.pk}}
 

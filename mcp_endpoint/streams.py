@@ -1,6 +1,8 @@
-"""What an `events/stream` consumer listens to while it waits: its inbox's
-nudges (the mailbox announces every admission and acknowledgement to the
-member's inbox group), the member's suspension (`session.ended` to the
+"""What an `events/stream` consumer listens to while it waits: the commits
+its source's interest names (`mcp_endpoint.sources.interest`: the
+committing process wakes them at once), its inbox's nudges (the mailbox
+announces every admission and acknowledgement to the member's inbox
+group), the member's suspension (`session.ended` to the
 member's group, as for their live pages), and, for the inbox events,
 whether a newer consumer took over.
 
@@ -84,10 +86,10 @@ class StreamOwner:
                 self.nudged.set()
 
     def watch(self, **interest) -> None:
-        """For space events, before the first read: wake only for the
-        commits this `controlplane.live.Interest` (its arguments) names. A
-        lost nudge is found by the process's log watcher (its look at the
-        log head), not by a re-read of every stream."""
+        """Before the first read: wake for the commits this
+        `controlplane.live.Interest` (its arguments) names, besides the
+        nudges. A lost nudge is found by the process's log watcher (its look
+        at the log head), not by a re-read of every stream."""
         self._interest = log_watcher.watch(**interest)
 
     async def wait(self, timeout: float) -> str | None:

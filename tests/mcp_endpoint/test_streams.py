@@ -119,3 +119,31 @@ def test_a_work_stream_is_woken_only_by_commits_in_its_space(monkeypatch):
     assert not wakes(lambda: services.join_space(channels["elsewhere"].space, actor=bo))
     assert wakes(lambda: send_message(channels["lab"], body="here", actor=ada))
     assert wakes(lambda: services.join_space(channels["lab"].space, actor=bo))
+
+
+@pytest.mark.django_db
+def test_an_inbox_stream_is_woken_by_commits_addressed_to_its_member(monkeypatch):
+    from controlplane import services
+    from inbox.services import send_message
+
+    # given: every log nudge the commits send, kept; ada's inbox stream's interest
+    nudges = []
+    monkeypatch.setattr("controlplane.log.announce_on_commit", nudges.append)
+    ada, bo, cy = (services.create_member(handle, actor=None) for handle in ("ada", "bo", "cy"))
+    space = services.create_space(slug="lab", name="lab", visibility="open", send_policy="open", actor=bo)
+    for member in (ada, cy):
+        services.join_space(space, actor=member)
+    to_ada, _ = services.get_or_create_direct(space, ada, actor=bo)
+    to_cy, _ = services.get_or_create_direct(space, cy, actor=bo)
+    interests = [Interest(**sources.interest(ada, sources.SOURCES[name], {}))
+                 for name in ("org.switchboard/inbox.item", "org.switchboard/inbox.pending")]
+
+    def wakes(commit) -> bool:
+        nudges.clear()
+        commit()
+        assert nudges  # the commit was announced
+        return all(any(interest.matches(nudge) for nudge in nudges) for interest in interests)
+
+    # then: a message to someone else does not wake it; one to ada does
+    assert not wakes(lambda: send_message(to_cy, body="not for ada", actor=bo))
+    assert wakes(lambda: send_message(to_ada, body="for ada", actor=bo))
