@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from django.db import connection, transaction
 
 from controlplane.clock import now
+from controlplane.db import model_columns, model_from_row
 from controlplane.live import announce_on_commit
 from controlplane.models import Event, EventAddressee, LogHead
 from controlplane.tracing import current_request_id
@@ -133,7 +134,13 @@ def append_events(events: list[NewEvent], positions: list[int] | None = None) ->
 
 
 def log_head() -> LogHead:
-    return LogHead.objects.filter(id=1).first() or LogHead()
+    """The log head row as it is now (unlocked): every read's bound and the
+    retention floor. Plain SQL: reads ask for it on every page."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {model_columns(LogHead, 'h')} FROM {connection.ops.quote_name(LogHead._meta.db_table)} h "
+                       f"WHERE h.id = 1")
+        row = cursor.fetchone()
+    return model_from_row(LogHead, row) if row else LogHead()
 
 
 PRUNE_BATCH = 5_000

@@ -8,9 +8,11 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
+from django.db import connection
 from django.db.models import Exists, OuterRef, Q
 
 from controlplane.access import participant_conversations, readable_spaces
+from controlplane.db import Compiled
 from controlplane.errors import ResyncRequired
 from controlplane.log import log_head
 from controlplane.models import Event, EventAddressee, Member, Space
@@ -64,13 +66,37 @@ def space_feed(space: Space, viewer: Member | None, after: int | None, limit: in
     return page
 
 
+def _addressed(viewer: Member, after: int, limit: int):
+    """The positions of the events addressed to `viewer` after `after`, in
+    spaces they can still read and of no space, in order: a page and one more."""
+    return (EventAddressee.objects.filter(member=viewer, event_id__gt=after)
+            .filter(Q(space__in=readable_spaces(viewer)) | Q(space__isnull=True))
+            .order_by("event_id").values_list("event_id", flat=True)[: limit + 1])
+
+
+# `_addressed` for an active reader, compiled once per page size: MCP inbox
+# streams read the inbox feed on every nudge, and building the query cost
+# more than running it.
+_ADDRESSED: dict[int, Compiled] = {}
+
+
+def _addressed_positions(viewer: Member, after: int, limit: int) -> list[int]:
+    if viewer.status != Member.Status.ACTIVE:  # the rare reader the rule reads no space for
+        return list(_addressed(viewer, after, limit))
+    compiled = _ADDRESSED.get(limit)
+    if compiled is None:
+        compiled = _ADDRESSED[limit] = Compiled(
+            lambda member, at: _addressed(Member(pk=member, status=Member.Status.ACTIVE), at, limit))
+    with connection.cursor() as cursor:
+        cursor.execute(*compiled.sql(viewer.pk, after))
+        return [position for position, in cursor.fetchall()]
+
+
 def inbox_feed(viewer: Member, after: int | None, limit: int) -> FeedPage:
     """Events addressed to `viewer` in spaces they can still read, and those
     of no space (notices about their own subscriptions)."""
     start = start_position(after)
-    positions = list(EventAddressee.objects.filter(member=viewer, event_id__gt=start)
-                     .filter(Q(space__in=readable_spaces(viewer)) | Q(space__isnull=True))
-                     .order_by("event_id").values_list("event_id", flat=True)[: limit + 1])
+    positions = _addressed_positions(viewer, start, limit)
     has_more = len(positions) > limit
     positions = positions[:limit]
     rows = list(Event.objects.filter(position__in=positions).select_related("space", "conversation", "actor")

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from django.db import connection
 
 from controlplane.access import get_readable_space
 from controlplane.clock import now, rfc3339
 from controlplane.cursors import caller_id, pack_cursor, unpack_cursor
+from controlplane.db import Compiled, model_from_row
 from controlplane.errors import ResyncRequired
 from controlplane.log import log_head
 from controlplane.models import Member, Space
@@ -147,11 +149,9 @@ def _items(member: Member, source: Source, after: int, max_events: int) -> Batch
                  for e in page.events if e.kind in ("message.admitted", "message.rejected")}
         surfaced = {e.position: e.position for e in page.events}
         for public_id, message_position in Message.objects.filter(public_id__in=list(named)).values_list(
-                "public_id", "position"):
+                "public_id", "position") if named else ():
             surfaced[message_position] = named[public_id].position
-        items = (InboxItem.objects.filter(member=member, admission=InboxItem.Admission.ADMITTED,
-                                          state=InboxItem.State.PENDING, position__in=list(surfaced))
-                 if surfaced else InboxItem.objects.none())
+        items = _pending_at(member.pk, sorted(surfaced)) if surfaced else []
         for event_position, _id, item in sorted((surfaced[item.position], item.id, item) for item in items):
             if len(events) >= max_events:  # what is left of this page comes next time
                 return Batch(events, _cursor(member, source, {}, position), has_more=True)
@@ -162,6 +162,19 @@ def _items(member: Member, source: Source, after: int, max_events: int) -> Batch
         if not has_more or len(events) >= max_events:
             break
     return Batch(events, _cursor(member, source, {}, position), has_more=has_more)
+
+
+# A member's pending items at some positions, compiled once per number of
+# positions: a stream reads them on every nudge.
+_PENDING_AT = Compiled(lambda member, positions: InboxItem.objects.filter(
+    member_id=member, admission=InboxItem.Admission.ADMITTED, state=InboxItem.State.PENDING,
+    position__in=positions).values_list(*(f.attname for f in InboxItem._meta.concrete_fields)))
+
+
+def _pending_at(member_id: int, positions: list[int]) -> list[InboxItem]:
+    with connection.cursor() as cursor:
+        cursor.execute(*_PENDING_AT.sql(member_id, positions))
+        return [model_from_row(InboxItem, row) for row in cursor.fetchall()]
 
 
 def _work(member: Member, source: Source, arguments: dict, after: int) -> Batch:
