@@ -226,3 +226,22 @@ def test_every_snapshot_page_reads_the_moment_it_was_taken(space, alice, bob, as
     unresolved = [u for p in pages for u in p["unresolved"]]
     assert [(u["message"]["body"], u["state"], u["acknowledged_at"]) for u in unresolved] == [
         ("task 0", "pending", None), ("task 1", "pending", None), ("task 2", "pending", None)]
+
+
+def test_the_inbox_feed_compiled_once_reads_each_members_own_events(private_direct, alice, bob, carol, api_for):
+    # given: one query shape (the same page size) for every reader
+    space, direct = private_direct
+    services.add_member(space, carol, actor=alice)
+    to_carol, _ = services.get_or_create_direct(space, carol, actor=alice)
+    send_message(direct, body="for bob", actor=alice)
+    send_message(to_carol, body="for carol", actor=alice)
+    services.remove_member(space, bob, actor=alice)
+    send_message(to_carol, body="for carol again", actor=alice)
+
+    def bodies(member):
+        return [e["data"]["message"]["body"] for e in drain(api_for(member), "/v0/me/inbox/events", limit=10)[0]]
+
+    # then: each reader gets their own, as the read rule says now, whoever read first
+    assert bodies(carol) == ["for carol", "for carol again"]
+    assert bodies(bob) == []
+    assert bodies(carol) == ["for carol", "for carol again"]
