@@ -23,7 +23,7 @@ from controlplane.errors import NotFound
 from controlplane.models import Conversation, Member, Membership, Participant, Space
 
 
-def _reader(member: Member | None) -> bool:
+def reads_as_member(member: Member | None) -> bool:
     """Whether `member` reads as a member: anonymous callers read as None,
     suspended members not at all."""
     return member is not None and member.status == Member.Status.ACTIVE
@@ -33,7 +33,7 @@ def is_active_admin(member: Member | None) -> bool:
     """Admin powers (the admin site, the approval queue, approvals, every
     space) belong to admin members who are active: suspending or demoting
     one ends them at once, whatever their Django user's flags say."""
-    return _reader(member) and member.is_admin
+    return reads_as_member(member) and member.is_admin
 
 
 def admin_member(user) -> Member | None:
@@ -45,7 +45,7 @@ def admin_member(user) -> Member | None:
 
 
 def active_membership(space: Space, member: Member | None) -> Membership | None:
-    if not _reader(member):
+    if not reads_as_member(member):
         return None
     return Membership.objects.filter(space=space, member=member, status=Membership.Status.ACTIVE).first()
 
@@ -54,7 +54,7 @@ def readable_spaces(member: Member | None) -> QuerySet[Space]:
     """Open spaces, and those `member` actively belongs to."""
     if member is None:
         return Space.objects.filter(visibility=Space.Visibility.OPEN)
-    if not _reader(member):
+    if not reads_as_member(member):
         return Space.objects.none()
     mine = Membership.objects.filter(member=member, status=Membership.Status.ACTIVE).values("space_id")
     return Space.objects.filter(Q(visibility=Space.Visibility.OPEN) | Q(id__in=mine))
@@ -69,7 +69,7 @@ def may_administer(space: Space, member: Member | None) -> bool:
 
 
 def can_read_space(space: Space, member: Member | None) -> bool:
-    if member is not None and not _reader(member):
+    if member is not None and not reads_as_member(member):
         return False
     return space.visibility == Space.Visibility.OPEN or active_membership(space, member) is not None
 
@@ -82,7 +82,7 @@ def get_space_for(slug: str, member: Member | None) -> Space:
     (a request space must be findable to ask to join).
     """
     space = Space.objects.filter(slug=slug).first()
-    if member is not None and not _reader(member):
+    if member is not None and not reads_as_member(member):
         raise NotFound()
     if space is None or (member is None and space.visibility != Space.Visibility.OPEN):
         raise NotFound()
@@ -129,7 +129,7 @@ def readable_q(member: Member | None, *, space: str = "space", conversation: str
     `space` and `conversation`), keeping those `member` may read."""
     if member is None:
         return Q(**{f"{space}__visibility": Space.Visibility.OPEN}) & _conversation_q(None, f"{conversation}__")
-    if not _reader(member):
+    if not reads_as_member(member):
         return Q(pk__in=[])
     return Q(**{f"{space}__in": readable_spaces(member)}) & _conversation_q(member, f"{conversation}__")
 
@@ -229,7 +229,7 @@ def readers_of_conversations(conversation_ids: set[int], members: set[int]) -> d
 def readable_conversation(member: Member | None, public_id: str) -> Conversation | None:
     """The conversation, with its space, if `member` (a signed-in member) may
     read it now."""
-    if not _reader(member):
+    if not reads_as_member(member):
         return None
     conversation = Conversation.objects.select_related("space").filter(public_id=public_id).first()
     if conversation is None or member.pk not in readers_of(conversation, {member.pk}):
@@ -267,7 +267,7 @@ def get_conversation_to_write(slug: str, ref: str, member: Member) -> Conversati
 
     Plain SQL: on the hottest path, compiling the equivalent ORM query cost
     more CPU than running it."""
-    if not _reader(member):
+    if not reads_as_member(member):
         raise NotFound()
     by_name = ref.startswith("#")
     with connection.cursor() as cursor:

@@ -136,9 +136,9 @@ def append_events(events: list[NewEvent], positions: list[int] | None = None) ->
 def log_head() -> LogHead:
     """The log head row as it is now (unlocked): every read's bound and the
     retention floor. Plain SQL: reads ask for it on every page."""
+    table = connection.ops.quote_name(LogHead._meta.db_table)
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {model_columns(LogHead, 'h')} FROM {connection.ops.quote_name(LogHead._meta.db_table)} h "
-                       f"WHERE h.id = 1")
+        cursor.execute(f"SELECT {model_columns(LogHead, 'h')} FROM {table} h WHERE h.id = 1")
         row = cursor.fetchone()
     return model_from_row(LogHead, row) if row else LogHead()
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from django.db import connection
 from django.db.models import Exists, OuterRef, Q
 
-from controlplane.access import participant_conversations, readable_spaces
+from controlplane.access import participant_conversations, readable_spaces, reads_as_member
 from controlplane.db import Compiled
 from controlplane.errors import ResyncRequired
 from controlplane.log import log_head
@@ -81,10 +81,10 @@ _ADDRESSED: dict[int, Compiled] = {}
 
 
 def _addressed_positions(viewer: Member, after: int, limit: int) -> list[int]:
-    if viewer.status != Member.Status.ACTIVE:  # the rare reader the rule reads no space for
+    if not reads_as_member(viewer):  # the rare reader the rule reads no space for
         return list(_addressed(viewer, after, limit))
     compiled = _ADDRESSED.get(limit)
-    if compiled is None:
+    if compiled is None:  # built for a stand-in who reads as a member, as `viewer` does
         compiled = _ADDRESSED[limit] = Compiled(
             lambda member, at: _addressed(Member(pk=member, status=Member.Status.ACTIVE), at, limit))
     with connection.cursor() as cursor:
