@@ -33,6 +33,18 @@ def tasks_run_synchronously(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def fresh_channel_layer():
+    """Each test gets its own channel layer object. A channels-redis receive
+    left suspended when a test's event loop closed never runs its `finally`:
+    its lock stays held and bound to that dead loop, and every later test
+    on the same layer object would fail on it."""
+    yield
+    from channels.layers import channel_layers
+
+    channel_layers.backends.clear()
+
+
+@pytest.fixture(autouse=True)
 def fresh_rate_limits():
     """Each test starts with no rate-limit or verification marks (they live
     in the cache). On Redis only those keys go: the database also holds the
