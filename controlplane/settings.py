@@ -194,7 +194,7 @@ if REDIS_URL:
     }
     CACHES = {
         "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "BACKEND": "controlplane.cache.RedisCache",
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": REDIS_NAMESPACE,
         }

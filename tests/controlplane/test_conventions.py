@@ -178,6 +178,30 @@ def test_counting_a_request_against_the_limit_is_one_redis_round_trip(monkeypatc
     assert sent == [["SET", "INCRBY"]] * 3
 
 
+@pytest.mark.skipif(not settings.REDIS_URL, reason="needs Redis: the shared deployment's cache")
+def test_the_redis_cache_keeps_one_client_per_connection_pool():
+    import redis
+
+    from django.core.cache import cache
+
+    # given: the cache's client, as every cache operation and rate limit asks for it
+    client = cache._cache.get_client(write=True)
+    built = []
+    init = redis.Redis.__init__
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(redis.Redis, "__init__", lambda r, *a, **kw: built.append(r) or init(r, *a, **kw))
+        # when: the limit counts a request, and the cache is used
+        from controlplane.ratelimit import hit
+
+        hit("one-client", limit=10, window=60)
+        cache.set("one-client", 1)
+        assert cache.get("one-client") == 1
+    # then: no client was built for them, and the one kept is the same
+    assert built == []
+    assert cache._cache.get_client(write=True) is client
+    assert client.connection_pool is cache._cache._get_connection_pool(True)
+
+
 def test_credential_creation_is_throttled_per_member(settings, as_alice, as_bob):
     # given
     settings.CREDENTIALS_PER_HOUR = 2

@@ -1,0 +1,30 @@
+"""The cache on Redis (REDIS_URL): Django's backend, keeping its clients.
+
+Django's `RedisCacheClient.get_client` builds a new `redis.Redis` for every
+cache operation, and each one fills a table of about 170 response
+callbacks: on the API's hot routes that was more CPU than the rate limit's
+round trip itself. A `redis.Redis` is safe to share (its connection pool
+hands each command a connection), so this client keeps one per pool.
+"""
+from __future__ import annotations
+
+from django.core.cache.backends import redis
+
+
+class _Client(redis.RedisCacheClient):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._clients = {}
+
+    def get_client(self, key=None, *, write=False):
+        pool = self._get_connection_pool(write)
+        client = self._clients.get(id(pool))
+        if client is None:
+            client = self._clients[id(pool)] = self._client(connection_pool=pool)
+        return client
+
+
+class RedisCache(redis.RedisCache):
+    def __init__(self, server, params):
+        super().__init__(server, params)
+        self._class = _Client
