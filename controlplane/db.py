@@ -88,6 +88,23 @@ def rows_sql(rows: list[tuple], columns: dict[str, str]) -> tuple[str, list]:
     return first + rest * (len(rows) - 1), [value for row in rows for value in row]
 
 
+def unprepared_rows(queryset) -> list[tuple]:
+    """The rows of `queryset`, which PostgreSQL plans with its parameters on
+    every run, never as a prepared statement (DB_PREPARE_THRESHOLD): for a
+    read whose best plan depends on them. After five runs a prepared
+    statement may keep one generic plan for every value; for a space feed
+    that plan walked the whole log by position, filtering on the space (a
+    page of a small space in a million-event log read 100,000 rows)."""
+    sql, params = queryset.query.sql_with_params()
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            with connection.wrap_database_errors:
+                cursor.cursor.execute(sql, params, prepare=False)
+        else:
+            cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
 def datetime_from_db(value):
     """A datetime column read with plain SQL, as the ORM's converters give
     it: aware on SQLite too, where the cursor gives it naive (or as text)."""

@@ -12,7 +12,7 @@ from django.db import connection
 from django.db.models import Exists, OuterRef, Q
 
 from controlplane.access import participant_conversations, readable_spaces, reads_as_member
-from controlplane.db import Compiled
+from controlplane.db import Compiled, unprepared_rows
 from controlplane.errors import ResyncRequired
 from controlplane.log import log_head
 from controlplane.models import Event, EventAddressee, Member, Space
@@ -46,22 +46,28 @@ def check_retained(after: int | None) -> None:
         raise ResyncRequired(details={"floor": floor})
 
 
-def _page(queryset, after: int, limit: int) -> FeedPage:
-    rows = list(queryset.select_related("space", "conversation", "actor").order_by("position")[: limit + 1])
-    has_more = len(rows) > limit
-    rows = rows[:limit]
-    return FeedPage(rows, rows[-1].position if rows else after, has_more)
+def _page(positions: list[int], after: int, limit: int) -> FeedPage:
+    """The events at `positions` (a page's and one more, in order)."""
+    has_more = len(positions) > limit
+    positions = positions[:limit]
+    rows = list(Event.objects.filter(position__in=positions).select_related("space", "conversation", "actor")
+                .order_by("position")) if positions else []
+    return FeedPage(rows, positions[-1] if positions else after, has_more)
 
 
 def space_feed(space: Space, viewer: Member | None, after: int | None, limit: int) -> FeedPage:
     """Events of `space` that `viewer` may see: everything except direct and
     group conversation events they do not take part in. The caller has
-    checked that `viewer` can read the space."""
+    checked that `viewer` can read the space. The positions are planned for
+    their space on every read (`unprepared_rows`): a small space's page
+    comes from its own index, a busy space's from the log's."""
     start = start_position(after)
     visible = Q(restricted=False)
     if viewer is not None:
         visible |= Q(conversation__in=participant_conversations(viewer))
-    page = _page(Event.objects.filter(visible, space=space, position__gt=start), start, limit)
+    positions = (Event.objects.filter(visible, space=space, position__gt=start).order_by("position")
+                 .values_list("position")[: limit + 1])
+    page = _page([position for position, in unprepared_rows(positions)], start, limit)
     check_retained(after)
     return page
 
@@ -96,13 +102,9 @@ def inbox_feed(viewer: Member, after: int | None, limit: int) -> FeedPage:
     """Events addressed to `viewer` in spaces they can still read, and those
     of no space (notices about their own subscriptions)."""
     start = start_position(after)
-    positions = _addressed_positions(viewer, start, limit)
-    has_more = len(positions) > limit
-    positions = positions[:limit]
-    rows = list(Event.objects.filter(position__in=positions).select_related("space", "conversation", "actor")
-                .order_by("position")) if positions else []
+    page = _page(_addressed_positions(viewer, start, limit), start, limit)
     check_retained(after)
-    return FeedPage(rows, positions[-1] if positions else start, has_more)
+    return page
 
 
 SNAPSHOT_PAGE_MAX = 100

@@ -6,6 +6,7 @@ import pytest
 
 from controlplane import services
 from controlplane.clock import freeze, now
+from controlplane.db import unprepared_rows
 from controlplane.log import prune_events
 from controlplane.models import LogHead
 from inbox.services import send_message
@@ -245,3 +246,35 @@ def test_the_inbox_feed_compiled_once_reads_each_members_own_events(private_dire
     assert bodies(carol) == ["for carol", "for carol again"]
     assert bodies(bob) == []
     assert bodies(carol) == ["for carol", "for carol again"]
+
+
+
+@pytest.mark.postgres
+def test_a_small_spaces_feed_is_planned_for_its_space_on_every_read(general, alice, bob, as_bob, monkeypatch):
+    # given: a busy space's 20,000 events after a small space's one, statistics taken
+    from django.db import connection
+
+    from inbox import feeds
+
+    busy = services.create_space(slug="busy", name="Busy", visibility="open", send_policy="open", actor=alice)
+    chatter = services.create_channel(busy, "chatter", actor=alice)
+    send_message(general, body="the small space's", actor=alice)
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO controlplane_event (position, kind, space_id, conversation_id, actor_id, "
+                       "restricted, data, created_at) SELECT 1000 + g, 'message.created', %s, %s, %s, false, "
+                       "'{}'::jsonb, now() FROM generate_series(1, 20000) g", [busy.pk, chatter.pk, alice.pk])
+        cursor.execute("ANALYZE controlplane_event")
+    reads = []
+    monkeypatch.setattr(feeds, "unprepared_rows", lambda queryset: reads.append(queryset) or unprepared_rows(queryset))
+    # when: its feed is read more often than a statement takes to be prepared and its plan to go generic
+    pages = [feed(as_bob)["events"] for _ in range(12)]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements WHERE statement LIKE %s",
+                       ['%"controlplane_event"."space_id" = $%'])
+        prepared = cursor.fetchall()
+    plan = reads[-1].explain()
+    # then: every read found its page, none as a prepared statement, each planned through the space's index in order
+    assert all([e["data"]["message"]["body"] for e in page if e["kind"] == "message.created"] == ["the small space's"]
+               for page in pages)
+    assert len(reads) == 12 and prepared == []
+    assert "event_space_position" in plan and "Sort" not in plan, plan
