@@ -177,9 +177,11 @@ class Compiled:
     cost several times their running (an inbox page, a push's next items).
 
     `build(*args)` returns the queryset. Each argument is an int, a list of
-    ints (an `IN`: one shape per length) or None (a shape of its own, for
-    builds that leave a filter out); the ints become the compiled SQL's
-    parameters. The first run of a shape builds it with stand-in values and
+    ints (an `IN`) or None (a shape of its own, for builds that leave a
+    filter out); the ints become the compiled SQL's parameters. A list is
+    padded to the next power of two by repeating its last value, which
+    changes no `IN`'s answer: a few shapes serve every length, and each
+    shape's statement is run often enough to be prepared. The first run of a shape builds it with stand-in values and
     finds where each one went, so an argument the build reads in Python,
     instead of passing it on as a parameter, is refused there."""
 
@@ -191,6 +193,7 @@ class Compiled:
 
     def sql(self, *args) -> tuple[str, list]:
         """The SQL and parameters of `build(*args)`."""
+        args = [padded(a) if isinstance(a, list) else a for a in args]
         shape = (connection.vendor, *(None if a is None else len(a) if isinstance(a, list) else -1 for a in args))
         plan = self._plans.get(shape)
         if plan is None:
@@ -215,6 +218,14 @@ class Compiled:
         if {value for _, value in slots} != set(order.values()):
             raise ValueError("every argument of a compiled query must become one of its parameters")
         return sql, list(params), slots
+
+
+def padded(values: list) -> list:
+    """`values` (the members of an `IN`) padded to the next power of two by
+    repeating the last one: the same answer, from one of a few statements."""
+    if len(values) < 2:
+        return values
+    return values + values[-1:] * ((1 << (len(values) - 1).bit_length()) - len(values))
 
 
 _STAND_IN = -(2**62)  # no real id or position comes near

@@ -57,13 +57,15 @@ def test_a_compiled_query_answers_as_the_orm_does_and_compiles_once_per_shape(ma
 
     compiled = Compiled(build)
     cases = [(pks[:3], pks[1], None), (pks[2:5], pks[0], None), (pks[:3], pks[0], pks[1]), (pks[1:4], pks[2], pks[3]),
-             (pks, pks[0], None), ([pks[4]], pks[4], pks[4])]
+             (pks, pks[0], None), ([pks[4]], pks[4], pks[4]), (pks[:4], pks[0], None), (pks[:2], pks[0], None)]
     for members, floor, ceiling in cases:
         # when / then: the same rows as the ORM's own query of the same arguments
         expected = list(build(members, floor, ceiling))
         assert _run(compiled, members, floor, ceiling) == expected
-    # and one compile per shape (list length, ceiling or none): the ORM built each case once more above
-    shapes = {(len(m), c is None) for m, _, c in cases}
+    # and one compile per shape (list length padded to a power of two, ceiling or none): three members and
+    # four share one; the ORM built each case once more above
+    shapes = {({1: 1, 2: 2, 3: 4, 4: 4, 5: 8}[len(m)], c is None) for m, _, c in cases}
+    assert len(shapes) == 5
     assert len(builds) == len(cases) + len(shapes)
 
 
