@@ -228,4 +228,11 @@ def padded(values: list) -> list:
     return values + values[-1:] * ((1 << (len(values) - 1).bit_length()) - len(values))
 
 
+def in_list(values) -> tuple[str, list]:
+    """The placeholders of a plain-SQL `IN (…)` of `values`, and its
+    parameters, padded (`padded`)."""
+    values = padded(list(values))
+    return ", ".join(["%s"] * len(values)), values
+
+
 _STAND_IN = -(2**62)  # no real id or position comes near

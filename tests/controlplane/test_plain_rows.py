@@ -7,7 +7,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from controlplane.db import Compiled, model_columns, model_from_row, rows_sql
+from controlplane.db import Compiled, in_list, model_columns, model_from_row, rows_sql
 from controlplane.models import Member
 
 
@@ -67,6 +67,18 @@ def test_a_compiled_query_answers_as_the_orm_does_and_compiles_once_per_shape(ma
     shapes = {({1: 1, 2: 2, 3: 4, 4: 4, 5: 8}[len(m)], c is None) for m, _, c in cases}
     assert len(shapes) == 5
     assert len(builds) == len(cases) + len(shapes)
+
+
+def test_a_plain_in_list_is_padded_and_answers_the_same(make_member):
+    pks = [make_member(f"inlist{n}").pk for n in range(5)]
+    table = connection.ops.quote_name(Member._meta.db_table)
+    for members in (pks[:1], pks[:2], pks[:3], pks):
+        marks, params = in_list(members)
+        # a power of two of placeholders, the last value repeated
+        assert len(params) in (1, 2, 4, 8) and params[:len(members)] == members and set(params) == set(members)
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT id FROM {table} WHERE id IN ({marks}) ORDER BY id", params)
+            assert [pk for pk, in cursor.fetchall()] == sorted(members)
 
 
 def test_a_compiled_query_refuses_an_argument_it_does_not_pass_on(make_member):
