@@ -183,9 +183,10 @@ class Compiled:
     filter out); the ints become the compiled SQL's parameters. A list is
     padded to the next power of two by repeating its last value, which
     changes no `IN`'s answer: a few shapes serve every length, and each
-    shape's statement is run often enough to be prepared. The first run of a shape builds it with stand-in values and
-    finds where each one went, so an argument the build reads in Python,
-    instead of passing it on as a parameter, is refused there."""
+    shape's statement is run often enough to be prepared. The first run of
+    a shape builds it with stand-in values and finds where each one went,
+    so an argument the build reads in Python, instead of passing it on as a
+    parameter, is refused there."""
 
     SHAPES = 256  # compiled shapes kept per query
 

@@ -248,9 +248,8 @@ def test_the_inbox_feed_compiled_once_reads_each_members_own_events(private_dire
     assert bodies(carol) == ["for carol", "for carol again"]
 
 
-
 @pytest.mark.postgres
-def test_a_small_spaces_feed_is_planned_for_its_space_on_every_read(general, alice, bob, as_bob, monkeypatch):
+def test_a_small_spaces_feed_is_planned_for_its_space_on_every_read(general, alice, as_bob, monkeypatch):
     # given: a busy space's 20,000 events after a small space's one, statistics taken
     from django.db import connection
 
