@@ -12,7 +12,7 @@ from django.db import connection
 from django.db.models import Exists, OuterRef, Q
 
 from controlplane.access import participant_conversations, readable_spaces, reads_as_member
-from controlplane.db import Compiled, unprepared_rows
+from controlplane.db import Compiled, padded, unprepared_rows
 from controlplane.errors import ResyncRequired
 from controlplane.log import log_head
 from controlplane.models import Event, EventAddressee, Member, Space
@@ -50,7 +50,7 @@ def _page(positions: list[int], after: int, limit: int) -> FeedPage:
     """The events at `positions` (a page's and one more, in order)."""
     has_more = len(positions) > limit
     positions = positions[:limit]
-    rows = list(Event.objects.filter(position__in=positions).select_related("space", "conversation", "actor")
+    rows = list(Event.objects.filter(position__in=padded(positions)).select_related("space", "conversation", "actor")
                 .order_by("position")) if positions else []
     return FeedPage(rows, positions[-1] if positions else after, has_more)
 
