@@ -308,7 +308,7 @@ def _push(env: dict, dsn: str, out_dir: Path, base: str, ca: str, *, items: int,
         _reset(base, ca)
         cpu_before, started = _cpu_ticks(), time.time()
         go.touch()
-        _wait_for_receipts(base, ca, lambda n: n["unique"] >= expected, time.monotonic() + PUSH_TIMEOUT)
+        _wait_for_receipts(base, ca, lambda n: n["unique"] >= expected, time.monotonic() + PUSH_TIMEOUT, procs)
         cpu_after = _cpu_ticks()
         time.sleep(1.0)  # room for duplicates, and for what the workers do once the inboxes are empty
         received = _stats(base, ca)

@@ -61,14 +61,16 @@ def _reset(base: str, ca: str) -> None:
     httpx.post(f"{base}/reset", verify=ca, timeout=30)
 
 
-def _wait_for_receipts(base: str, ca: str, enough, deadline: float) -> None:
+def _wait_for_receipts(base: str, ca: str, enough, deadline: float, procs=()) -> None:
     """Until the receiver's counts (`{"received": n, "unique": m}`) are
-    `enough`, or `deadline` (monotonic) passes: short looks on one kept-alive
+    `enough`, `deadline` (monotonic) passes, or one of the sending `procs`
+    has exited (a crashed worker sends nothing more): short looks on one kept-alive
     connection, each a few bytes, so the looking costs the cores under
     measurement next to nothing (fetching every receipt each time over a new
     TLS connection took a visible share of them)."""
     with httpx.Client(base_url=base, verify=ca, timeout=30) as http:
-        while not enough(http.get("/count").json()) and time.monotonic() < deadline:
+        while (not enough(http.get("/count").json()) and time.monotonic() < deadline
+               and all(proc.poll() is None for proc in procs)):
             time.sleep(0.02)
 
 
@@ -139,7 +141,7 @@ def _wakes(env: dict, url_base: str, stats_base: str, ca: str, workers: int, out
         for r in range(ROUNDS):
             _reset(stats_base, ca)
             started = _due_wakes(subscriptions, r)
-            _wait_for_receipts(stats_base, ca, lambda n: n["received"] >= SUBSCRIPTIONS, time.monotonic() + 120)
+            _wait_for_receipts(stats_base, ca, lambda n: n["received"] >= SUBSCRIPTIONS, time.monotonic() + 120, procs)
             received = _stats(stats_base, ca)
             last = max((at for _, _, at in received), default=started)
             rounds.append({"wakes": len(received), "unique": len({i for i, _, _ in received}),
