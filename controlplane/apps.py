@@ -14,7 +14,9 @@ class ControlPlaneConfig(AppConfig):
 
     def ready(self):
         from controlplane import converters, tracing
-        from controlplane.api import schema  # noqa: F401  (registers OpenAPI extensions)
+        from controlplane.api import authentication, schema  # noqa: F401  (schema registers OpenAPI extensions)
+
+        authentication.watch_changes()
 
         converters.register()  # before any URLconf (HTTP or WebSocket) is built
         tracing.stamp_log_records()

@@ -28,3 +28,16 @@ class RedisCache(redis.RedisCache):
     def __init__(self, server, params):
         super().__init__(server, params)
         self._class = _Client
+
+
+def raw_redis(name: str):
+    """The default cache's Redis client and the full key for `name` (its
+    prefix and version applied), for values kept outside Django's pickling;
+    None where the cache is not on Redis."""
+    from django.core.cache import DEFAULT_CACHE_ALIAS, caches
+
+    cache = caches[DEFAULT_CACHE_ALIAS]
+    if not isinstance(cache, redis.RedisCache):
+        return None
+    key = cache.make_and_validate_key(name)
+    return cache._cache.get_client(key, write=True), key

@@ -33,7 +33,14 @@ def hit(key: str, *, limit: int, window: int) -> float | None:
     if limit <= 0:
         return None
     now = timestamp()
-    count = _count(f"rl:{key}:{window}:{int(now // window)}", window * 2)
+    return _wait(_count(_slot(key, window, now), window * 2), limit, window, now)
+
+
+def _slot(key: str, window: int, now: float) -> str:
+    return f"rl:{key}:{window}:{int(now // window)}"
+
+
+def _wait(count: int, limit: int, window: int, now: float) -> float | None:
     return None if count <= limit else window - (now % window)
 
 
@@ -43,10 +50,7 @@ def _count(slot: str, ttl: int) -> int:
     expiry, then INCR, in one transaction. Elsewhere add, else incr."""
     backend = caches[DEFAULT_CACHE_ALIAS]
     if isinstance(backend, RedisCache):
-        key = backend.make_and_validate_key(slot)
-        pipeline = backend._cache.get_client(key, write=True).pipeline()
-        _, count = pipeline.set(key, 0, ex=ttl, nx=True).incr(key).execute()
-        return count
+        return _count_on_redis(backend, slot, ttl)[0]
     if backend.add(slot, 1, ttl):
         return 1
     try:
@@ -56,10 +60,37 @@ def _count(slot: str, ttl: int) -> int:
         return 1
 
 
+def _count_on_redis(backend, slot: str, ttl: int, read: str | None = None) -> tuple[int, bytes | None]:
+    key = backend.make_and_validate_key(slot)
+    pipeline = backend._cache.get_client(key, write=True).pipeline()
+    pipeline.set(key, 0, ex=ttl, nx=True).incr(key)
+    if read is not None:
+        pipeline.get(read)
+    _, count, *value = pipeline.execute()
+    return count, (value[0] if value else None)
+
+
+MEMBER_WINDOW = 60
+
+
 def member_request_wait(member) -> float | None:
     """Count one API request or web action of `member` against their
     RATE_LIMIT_PER_MINUTE: one budget, however many credentials and tabs."""
-    return hit(f"mem:{member.public_id}", limit=settings.RATE_LIMIT_PER_MINUTE, window=60)
+    return hit(f"mem:{member.public_id}", limit=settings.RATE_LIMIT_PER_MINUTE, window=MEMBER_WINDOW)
+
+
+def member_request_wait_reading(public_id: str, read: str) -> tuple[float | None, bytes | None]:
+    """`member_request_wait` for the member `public_id`, on Redis, and the
+    raw value of the Redis key `read` in the same round trip (the bearer
+    check's epoch: one round trip for both on every API request)."""
+    backend = caches[DEFAULT_CACHE_ALIAS]
+    limit = settings.RATE_LIMIT_PER_MINUTE
+    if limit <= 0:
+        return None, backend._cache.get_client(read, write=True).get(read)
+    now = timestamp()
+    count, value = _count_on_redis(backend, _slot(f"mem:{public_id}", MEMBER_WINDOW, now), MEMBER_WINDOW * 2,
+                                  read)
+    return _wait(count, limit, MEMBER_WINDOW, now), value
 
 
 SIGNIN_WINDOW = 15 * 60

@@ -49,6 +49,9 @@ CLAIM_TTL_HOURS = env_int("CLAIM_TTL_HOURS", 24)
 EVENT_RETENTION_DAYS = env_int("EVENT_RETENTION_DAYS", 30)
 RATE_LIMIT_PER_MINUTE = env_int("RATE_LIMIT_PER_MINUTE", 12000)  # per member
 CREDENTIALS_PER_HOUR = env_int("CREDENTIALS_PER_HOUR", 10)  # new credentials per member
+# With Redis: how long a process may reuse a bearer lookup while no member
+# or credential has changed (controlplane.api.authentication); 0 turns it off.
+CREDENTIAL_CACHE_SECONDS = env_int("CREDENTIAL_CACHE_SECONDS", 5)
 # How much of one recipient's 10 MiB mailbox one sender's pending items may fill.
 MAILBOX_SENDER_SHARE = env_int("MAILBOX_SENDER_SHARE", 2 * 1024 * 1024)
 VERIFY_PER_HOUR = env_int("VERIFY_PER_HOUR", 30)  # webhook endpoint verifications per member

@@ -20,10 +20,9 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
-from controlplane.api.authentication import WWW_AUTHENTICATE, credential_for_bearer
+from controlplane.api.authentication import WWW_AUTHENTICATE, authenticate_bearer
 from controlplane.db import db_call
 from controlplane.errors import ApiError, Forbidden, InvalidRequest, RateLimited
-from controlplane.ratelimit import member_request_wait
 
 if TYPE_CHECKING:
     from mcp.server.lowlevel import Server
@@ -54,10 +53,10 @@ def host_check(headers: dict) -> ApiError | None:
 def _authenticate(header: str):
     """The member the bearer credential names, counted against the API's
     rate limit (one budget for the member, over every surface)."""
-    member = credential_for_bearer(header).member
-    if (wait := member_request_wait(member)) is not None:
+    credential, wait = authenticate_bearer(header)
+    if wait is not None:
         raise RateLimited.after(wait)
-    return member
+    return credential.member
 
 
 async def _refuse(send, error: ApiError) -> None:

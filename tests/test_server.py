@@ -107,6 +107,29 @@ def test_long_poll_on_one_node_wakes_for_a_send_on_another(settings):
     assert [e["data"]["message"]["body"] for e in events] == ["hey @bob"]
 
 
+def test_a_revocation_or_a_suspension_holds_on_every_node_once_it_answers():
+    # given: alice's two credentials, each used on two server processes (with
+    # Redis, each process remembers the lookups it made)
+    from controlplane import services
+    from controlplane.models import Member
+
+    first = member_with_token("alice")
+    with serving("--no-worker") as (node_a, _), serving("--no-worker") as (node_b, _):
+        created = httpx.post(f"{node_a}/v0/me/credentials", headers=first).json()
+        second = {"Authorization": f"Bearer {created['token']}"}
+        for node in (node_a, node_b, node_a, node_b):
+            assert [httpx.get(f"{node}/v0/me", headers=h).status_code for h in (first, second)] == [200, 200]
+        # when: the second credential is revoked through one node
+        assert httpx.delete(f"{node_a}/v0/me/credentials/{created['id']}", headers=first).status_code == 204
+        # then: from its answer on, neither node takes it; the first still works
+        assert [httpx.get(f"{node}/v0/me", headers=second).status_code for node in (node_b, node_a)] == [401, 401]
+        assert [httpx.get(f"{node}/v0/me", headers=first).status_code for node in (node_b, node_a)] == [200, 200]
+        # when: alice is suspended (what the admin site does), in this process
+        services.update_member(Member.objects.get(handle="alice"), status=Member.Status.SUSPENDED, actor=None)
+        # then
+        assert [httpx.get(f"{node}/v0/me", headers=first).status_code for node in (node_b, node_a)] == [401, 401]
+
+
 @pytest.mark.postgres
 def test_waiting_long_polls_hold_no_database_connection():
     # given: a pool of 2 connections and 12 long-polls waiting at once

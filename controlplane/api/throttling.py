@@ -19,10 +19,13 @@ class MemberRateThrottle(_Throttle):
     (anonymous callers: per client address)."""
 
     def allow_request(self, request, view):
-        # A long-poll re-reading its feed is one request, counted once.
-        if getattr(request._request, "switchboard_repoll", False):
-            return True
-        if request.user is not None:
+        django_request = request._request
+        if hasattr(django_request, "switchboard_rate_wait"):
+            # A bearer credential: counted with its check (BearerTokenAuthentication).
+            self._wait = django_request.switchboard_rate_wait
+        elif getattr(django_request, "switchboard_repoll", False):
+            return True  # a long-poll re-reading its feed is one request, counted once
+        elif request.user is not None:
             self._wait = member_request_wait(request.user)
         else:
             self._wait = hit(f"ip:{client_address(request)}", limit=settings.RATE_LIMIT_PER_MINUTE, window=60)
