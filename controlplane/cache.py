@@ -5,10 +5,20 @@ cache operation, and each one fills a table of about 170 response
 callbacks: on the API's hot routes that was more CPU than the rate limit's
 round trip itself. A `redis.Redis` is safe to share (its connection pool
 hands each command a connection), so this client keeps one per pool.
+
+Django's cache handler also keeps its backends per context, not per
+thread: under ASGI every request builds its own backend, and with it its
+own client and connection pools, so every request that counted a rate
+limit opened a new connection to Redis. The client and its pools are
+kept once per process and configuration instead (redis-py's pools are
+thread-safe, and start afresh in a forked child).
 """
 from __future__ import annotations
 
+import threading
+
 from django.core.cache.backends import redis
+from django.utils.functional import cached_property
 
 
 class _Client(redis.RedisCacheClient):
@@ -24,10 +34,18 @@ class _Client(redis.RedisCacheClient):
         return client
 
 
+_clients: dict[tuple, _Client] = {}
+_clients_lock = threading.Lock()
+
+
 class RedisCache(redis.RedisCache):
-    def __init__(self, server, params):
-        super().__init__(server, params)
-        self._class = _Client
+    @cached_property
+    def _cache(self):
+        key = (tuple(self._servers), repr(sorted(self._options.items())))
+        if (client := _clients.get(key)) is None:
+            with _clients_lock:
+                client = _clients.setdefault(key, _Client(self._servers, **self._options))
+        return client
 
 
 def raw_redis(name: str):

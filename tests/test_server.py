@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from django.conf import settings
 from django.db import connection
 
 from controlplane.processes import descendants, in_session, kill_all
@@ -105,6 +106,25 @@ def test_long_poll_on_one_node_wakes_for_a_send_on_another(settings):
             assert sent.status_code == 201
             events = poll.result(timeout=30).json()["events"]
     assert [e["data"]["message"]["body"] for e in events] == ["hey @bob"]
+
+
+@pytest.mark.skipif(not settings.REDIS_URL, reason="needs Redis: the rate limit's counters")
+def test_requests_share_the_servers_redis_connections(settings):
+    import redis
+
+    # given: a server counting every request against its member's rate limit
+    headers = member_with_token("alice")
+    server = redis.Redis.from_url(settings.REDIS_URL)
+    with serving("--no-worker", RATE_LIMIT_PER_MINUTE=1_000_000) as (base, _), httpx.Client() as client:
+        assert client.get(f"{base}/v0/me", headers=headers).status_code == 200
+        opened = server.info("stats")["total_connections_received"]
+        # when
+        statuses = {client.get(f"{base}/v0/me", headers=headers).status_code for _ in range(100)}
+        # then: counted on the connections the server already had (Django
+        # builds a cache backend per request context: one pool per request
+        # opened a connection each time)
+        assert statuses == {200}
+        assert server.info("stats")["total_connections_received"] - opened < 10
 
 
 def test_a_revocation_or_a_suspension_holds_on_every_node_once_it_answers():

@@ -202,6 +202,24 @@ def test_the_redis_cache_keeps_one_client_per_connection_pool():
     assert client.connection_pool is cache._cache._get_connection_pool(True)
 
 
+@pytest.mark.skipif(not settings.REDIS_URL, reason="needs Redis: the shared deployment's cache")
+def test_every_request_context_shares_one_redis_client():
+    import contextvars
+
+    from django.core.cache import DEFAULT_CACHE_ALIAS, caches
+
+    # given: two request contexts (under ASGI each request runs in its own)
+    def backend_and_client():
+        backend = caches[DEFAULT_CACHE_ALIAS]
+        return backend, backend._cache.get_client(write=True)
+
+    # when
+    (first, client), (second, other) = (contextvars.Context().run(backend_and_client) for _ in range(2))
+    # then: Django built a backend for each, and both count on one client and one pool
+    assert first is not second
+    assert client is other and client.connection_pool is other.connection_pool
+
+
 def test_credential_creation_is_throttled_per_member(settings, as_alice, as_bob):
     # given
     settings.CREDENTIALS_PER_HOUR = 2
