@@ -8,10 +8,14 @@ from django.core.cache import cache
 from webhooks import engine, mcp, pump
 from webhooks.due import TIMER_KEY
 
-# Short runs: a stopping cluster waits for its tasks, and a lease left by a
-# killed worker expires soon. The timer hands over to a fresh run while
-# anything falls due within a minute.
-RUN_SECONDS = 10
+# How long the timer stays. Each handover to the next run leaves a moment
+# with no timer, in which a new wake waits for a task to start (seen at
+# 100–650 ms): long runs make that rare. A stopping cluster ends a run at
+# once (pump.run), and a killed timer's key lapses within TIMER_KEY_SECONDS
+# whatever the length; the bound is django-q2's task timeout (Q_CLUSTER
+# "timeout", 60 s), which must outlast the run plus the 15 s a send in
+# flight at its end may take.
+RUN_SECONDS = 40
 # The timer renews its key every second while it runs: a killed timer's key
 # is gone within TIMER_KEY_SECONDS, and new wakes queue tasks again.
 TIMER_KEY_SECONDS = 3
@@ -32,8 +36,9 @@ def deliver() -> int:
         if timer:
             cache.delete(TIMER_KEY)
     # After the key is gone: a wake committed while it was held queued no
-    # task (webhooks.due.kick_on_commit), and is found here.
-    if timer and engine.next_due_in(60) is not None:
+    # task (webhooks.due.kick_on_commit), and is found here. A run that sent
+    # anything hands over too: more is likely to come.
+    if timer and (sent or engine.next_due_in(60) is not None):
         from django_q.tasks import async_task
 
         async_task("webhooks.tasks.deliver")  # the next run takes over the timer

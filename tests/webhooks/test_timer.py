@@ -104,3 +104,38 @@ def test_the_timer_goes_on_with_a_fresh_connection_after_its_own_was_cut(world, 
     assert sent == 1
     (wake,) = receiver.wakes()
     assert Delivery.objects.get().state == "delivered" and wake.json()["type"] == "spaces.events.available"
+
+
+@pytest.mark.parametrize("sent, due_soon, handed_over", [(3, False, True), (0, True, True), (0, False, False)])
+def test_a_timer_run_hands_over_while_it_sent_anything_or_anything_falls_due(monkeypatch, sent, due_soon,
+                                                                            handed_over):
+    # given: a run that becomes the timer, sends `sent` wakes and ends
+    from django_q import tasks as q_tasks
+
+    from webhooks import engine, tasks
+
+    queued = []
+    monkeypatch.setattr(q_tasks, "async_task", lambda name, *args: queued.append(name))
+    monkeypatch.setattr(tasks.mcp, "offer_waiting", lambda: None)
+
+    async def run(seconds, wait, renew):
+        assert wait and seconds == tasks.RUN_SECONDS
+        return sent
+
+    monkeypatch.setattr(tasks.pump, "run", run)
+    monkeypatch.setattr(engine, "next_due_in", lambda horizon: 1.0 if due_soon else None)
+    cache.delete(due.TIMER_KEY)
+    # when
+    assert tasks.deliver() == sent
+    # then: a run that sent something hands over (more is likely to come), as
+    # does one that leaves something due; an idle one lets the timer lapse
+    assert queued == (["webhooks.tasks.deliver"] if handed_over else [])
+    assert cache.get(due.TIMER_KEY) is None
+
+
+def test_a_timer_run_and_a_send_at_its_end_fit_in_a_task():
+    # A run ends after RUN_SECONDS plus the sends still in flight (at most the
+    # transport's total timeout each): django-q2 kills a task past its timeout.
+    from webhooks import tasks, transport
+
+    assert tasks.RUN_SECONDS + transport.TOTAL_TIMEOUT + 2 < settings.Q_CLUSTER["timeout"]
