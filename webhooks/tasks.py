@@ -5,17 +5,22 @@ import asyncio
 
 from django.core.cache import cache
 
+from controlplane import live
 from webhooks import engine, mcp, pump
 from webhooks.due import TIMER_KEY
 
-# How long the timer stays. Each handover to the next run leaves a moment
-# with no timer, in which a new wake waits for a task to start (seen at
-# 100–650 ms): long runs make that rare. A stopping cluster ends a run at
-# once (pump.run), and a killed timer's key lapses within TIMER_KEY_SECONDS
-# whatever the length; the bound is django-q2's task timeout (Q_CLUSTER
-# "timeout", 60 s), which must outlast the run plus the 15 s a send in
-# flight at its end may take.
+# How long the timer stays, with Redis (one timer for the whole cluster).
+# Each handover to the next run leaves a moment with no timer, in which a
+# new wake waits for a task to start (seen at 100–650 ms): long runs make
+# that rare. A stopping cluster ends a run at once (pump.run), and a killed
+# timer's key lapses within TIMER_KEY_SECONDS whatever the length; the
+# bound is django-q2's task timeout (Q_CLUSTER "timeout", 60 s), which must
+# outlast the run plus the 15 s a send in flight at its end may take.
 RUN_SECONDS = 40
+# Without Redis each worker process has a cache of its own, so a run may be
+# the timer in every one of them at once: short runs give the other tasks
+# (firewall classification, sweeps) a worker back soon.
+LOCAL_RUN_SECONDS = 10
 # The timer renews its key every second while it runs: a killed timer's key
 # is gone within TIMER_KEY_SECONDS, and new wakes queue tasks again.
 TIMER_KEY_SECONDS = 3
@@ -28,17 +33,19 @@ def deliver() -> int:
     is due now and return. Kicked after a new wake commits while no timer
     runs, and swept once a minute."""
     mcp.offer_waiting()
+    shared = live.shared_layer()
     timer = cache.add(TIMER_KEY, 1, timeout=TIMER_KEY_SECONDS)
     renew = (lambda: cache.touch(TIMER_KEY, TIMER_KEY_SECONDS)) if timer else None
     try:
-        sent = asyncio.run(pump.run(seconds=RUN_SECONDS, wait=timer, renew=renew))
+        sent = asyncio.run(pump.run(seconds=RUN_SECONDS if shared else LOCAL_RUN_SECONDS, wait=timer, renew=renew))
     finally:
         if timer:
             cache.delete(TIMER_KEY)
     # After the key is gone: a wake committed while it was held queued no
-    # task (webhooks.due.kick_on_commit), and is found here. A run that sent
-    # anything hands over too: more is likely to come.
-    if timer and (sent or engine.next_due_in(60) is not None):
+    # task (webhooks.due.kick_on_commit), and is found here. The cluster's
+    # one timer also hands over after a run that sent anything: more is
+    # likely to come.
+    if timer and ((shared and sent) or engine.next_due_in(60) is not None):
         from django_q.tasks import async_task
 
         async_task("webhooks.tasks.deliver")  # the next run takes over the timer

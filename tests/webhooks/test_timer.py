@@ -106,20 +106,24 @@ def test_the_timer_goes_on_with_a_fresh_connection_after_its_own_was_cut(world, 
     assert Delivery.objects.get().state == "delivered" and wake.json()["type"] == "spaces.events.available"
 
 
-@pytest.mark.parametrize("sent, due_soon, handed_over", [(3, False, True), (0, True, True), (0, False, False)])
-def test_a_timer_run_hands_over_while_it_sent_anything_or_anything_falls_due(monkeypatch, sent, due_soon,
+@pytest.mark.parametrize("shared, sent, due_soon, handed_over", [
+    (True, 3, False, True), (True, 0, True, True), (True, 0, False, False),
+    (False, 3, False, False), (False, 0, True, True)])
+def test_a_timer_run_hands_over_while_it_sent_anything_or_anything_falls_due(monkeypatch, shared, sent, due_soon,
                                                                             handed_over):
-    # given: a run that becomes the timer, sends `sent` wakes and ends
+    # given: a run that becomes the timer, sends `sent` wakes and ends; with
+    # a shared layer and cache (Redis) it is the cluster's one timer
     from django_q import tasks as q_tasks
 
     from webhooks import engine, tasks
 
     queued = []
+    monkeypatch.setattr("controlplane.live.shared_layer", lambda: shared)
     monkeypatch.setattr(q_tasks, "async_task", lambda name, *args: queued.append(name))
     monkeypatch.setattr(tasks.mcp, "offer_waiting", lambda: None)
 
     async def run(seconds, wait, renew):
-        assert wait and seconds == tasks.RUN_SECONDS
+        assert wait and seconds == (tasks.RUN_SECONDS if shared else tasks.LOCAL_RUN_SECONDS)
         return sent
 
     monkeypatch.setattr(tasks.pump, "run", run)
@@ -127,8 +131,9 @@ def test_a_timer_run_hands_over_while_it_sent_anything_or_anything_falls_due(mon
     cache.delete(due.TIMER_KEY)
     # when
     assert tasks.deliver() == sent
-    # then: a run that sent something hands over (more is likely to come), as
-    # does one that leaves something due; an idle one lets the timer lapse
+    # then: the cluster's timer hands over after a run that sent something
+    # (more is likely to come); any timer does when it leaves something due,
+    # and an idle one lets the timer lapse
     assert queued == (["webhooks.tasks.deliver"] if handed_over else [])
     assert cache.get(due.TIMER_KEY) is None
 
