@@ -54,6 +54,7 @@ def headlines(results: dict) -> dict[str, float]:
                 out[f"frame ÷ send response, {q} ({setup})"] = ratio
     mcp = results.get("mcp", {})
     if "ratio_push_to_raw" in mcp.get("push", {}):
+        out["pushed items/s"] = mcp["push"]["push"]["items_per_s"]
         out["pushed items/s ÷ raw POSTs/s"] = mcp["push"]["ratio_push_to_raw"]
     for q, ratio in mcp.get("stream", {}).get("ratios", {}).items():
         out[f"stream event ÷ frame, {q}"] = ratio

@@ -82,6 +82,11 @@ def timed(fn, *args):
         calls.append((fn.__name__, wall, time.perf_counter() - started))
 pump._Database.__call__ = lambda self, fn, *args: asyncio.get_running_loop().run_in_executor(
     self._executor, timed, fn, *args)
+sends, send = [], pump._send
+def counted(transport, signer, job):
+    sends.append((job.subscription_id, time.time()))
+    return send(transport, signer, job)
+pump._send = counted
 Delivery.objects.exists()  # connected before the go
 live.shared_layer()  # the channel layer's modules loaded (110 ms) before the go, as in a worker that has run before
 open(go + ".ready." + str(os.getpid()), "w").close()
@@ -97,6 +102,8 @@ threading.Thread(target=watch, daemon=True).start()
 asyncio.run(pump.run(seconds={timeout}, wait=True))
 with open(go + ".calls." + str(os.getpid()), "w") as f:
     json.dump(calls, f)
+with open(go + ".sends." + str(os.getpid()), "w") as f:
+    json.dump(sends, f)
 if profiler:
     profiler.dump_stats(profile + "-" + str(os.getpid()) + ".prof")
 """
@@ -329,6 +336,10 @@ def _push(env: dict, dsn: str, out_dir: Path, base: str, ca: str, *, items: int,
     seconds = max(last - started, 1e-6)
     deliveries = Delivery.objects.filter(subscription__in=subscriptions)
     threads = [_db_thread(json.loads(path.read_text()), started, last) for path in go.parent.glob("go.calls.*")]
+    # Which worker sent how many items, for how many subscriptions, until when (the split of the chains).
+    split = [{"items": len(rows), "subscriptions": len({s for s, _ in rows}),
+              "last_send_s": round(max((at for _, at in rows), default=started) - started, 3)}
+             for rows in (json.loads(path.read_text()) for path in sorted(go.parent.glob("go.sends.*")))]
     return {"subscriptions": PUSH_SUBSCRIPTIONS, "items_each": items, "items": expected, "workers": workers,
             "received": len(received), "unique": len(first_at), "duplicates": len(received) - len(first_at),
             "per_subscription_min_max": [min(per.values(), default=0), max(per.values(), default=0)],
@@ -344,7 +355,7 @@ def _push(env: dict, dsn: str, out_dir: Path, base: str, ca: str, *, items: int,
             "seconds_after_last": round(stopped - last, 2),
             "machine_cpu_cores": round((cpu_after[0] - cpu_before[0]) / max(cpu_after[1] - cpu_before[1], 1)
                                        * os.cpu_count(), 2),
-            "db_threads": threads, "profiles": sorted(str(p.relative_to(ROOT)) for p in out_dir.glob("mcp-worker-*.prof")),
+            "db_threads": threads, "workers_split": split, "profiles": sorted(str(p.relative_to(ROOT)) for p in out_dir.glob("mcp-worker-*.prof")),
             "subscribe_seconds": round(subscribe_seconds, 2), "load_seconds": loaded.get("load_seconds"),
             "worker_exit_codes": [p.returncode for p in procs]}
 

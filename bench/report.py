@@ -376,7 +376,9 @@ def mcp_markdown(r: dict) -> list[str]:
                   f"{push['deliveries']}; {push['cancelled_after_last']} cancelled in the "
                   f"{push['seconds_after_last']} s after the last item; kicks queued {p['kicks_queued']}. "
                   f"Machine CPU busy {push['machine_cpu_cores']:.2f} cores; the workers' database threads busy "
-                  f"{busy}.", ""]
+                  f"{busy}." + (" Split of the chains (items, subscriptions, last send s): " + "; ".join(
+                      f"{w['items']:,}, {w['subscriptions']}, {w['last_send_s']}" for w in push["workers_split"])
+                      if push.get("workers_split") else ""), ""]
     return lines
 
 

@@ -164,6 +164,21 @@ def recreate_database() -> None:
         conn.execute(f"CREATE DATABASE {DB_NAME}")
 
 
+def clear_redis(url: str) -> int:
+    """Forget what earlier runs left in Redis under the servers' namespace:
+    rate-limit and verification counts and remembered lookups keyed by ids
+    that the recreated database hands out again (a run's 100 subscriptions
+    ran into an earlier run's hourly verification limit). Returns how many
+    keys went."""
+    from controlplane.keys import redis_namespace
+
+    with redis.Redis.from_url(url, socket_timeout=10) as client:
+        keys = list(client.scan_iter(match=f"*{redis_namespace(ADMIN_KEY)}*", count=1000))
+        for start in range(0, len(keys), 1000):
+            client.delete(*keys[start:start + 1000])
+    return len(keys)
+
+
 def drop_database() -> None:
     with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
@@ -344,6 +359,8 @@ def main(argv=None) -> int:
     results = report["results"]
     failed = False
     recreate_database()
+    if not args.no_redis:
+        clear_redis(args.redis_url)
     try:
         subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True, timeout=300)
         fixture.boot_django(env)
