@@ -4,11 +4,12 @@ server process answers any request, as for the REST API).
 
 The SDK's session manager must be running before it serves a request.
 The first request that passes the Host check and the credential check
-loads the SDK (about 30 MiB, docs/benchmarks.md) and starts the manager on
-the server's event loop, where it runs until the process ends: a process
-that never serves `/mcp` (or only refuses it) never pays for it. Servers
-that speak the ASGI lifespan protocol (uvicorn, which `serve` runs) stop it
-at shutdown (controlplane.asgi owns lifespan; Django's handler refuses it).
+loads the SDK's server modules (about 27 MiB, mcp_endpoint.sdk) and starts
+the manager on the server's event loop, where it runs until the process
+ends: a process that never serves `/mcp` (or only refuses it) never pays
+for it. Servers that speak the ASGI lifespan protocol (uvicorn, which
+`serve` runs) stop it at shutdown (controlplane.asgi owns lifespan;
+Django's handler refuses it).
 """
 from __future__ import annotations
 
@@ -79,6 +80,9 @@ class McpEndpoint:
         self._stop = asyncio.Event()
 
     def _new_manager(self) -> StreamableHTTPSessionManager:
+        from mcp_endpoint.sdk import load_lean
+
+        load_lean()
         from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
         from mcp.server.transport_security import TransportSecuritySettings
 
