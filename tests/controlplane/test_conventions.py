@@ -202,6 +202,17 @@ def test_the_redis_cache_keeps_one_client_per_connection_pool():
     assert client.connection_pool is cache._cache._get_connection_pool(True)
 
 
+def test_redis_replies_are_parsed_by_hiredis():
+    # Every counted request reads a pipeline's replies and every live frame
+    # comes through the channel layer: with redis-py's pure-Python parser,
+    # sends through `serve` were 6% slower (docs/benchmarks.md, round fifteen).
+    from redis.asyncio.connection import DefaultParser as AsyncParser
+    from redis.connection import DefaultParser
+
+    assert DefaultParser.__name__ == "_HiredisParser"
+    assert AsyncParser.__name__ == "_AsyncHiredisParser"
+
+
 @pytest.mark.skipif(not settings.REDIS_URL, reason="needs Redis: the shared deployment's cache")
 def test_every_request_context_shares_one_redis_client():
     import contextvars
