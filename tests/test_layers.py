@@ -146,7 +146,7 @@ def test_the_web_processes_load_no_http_client_and_no_mcp_sdk_until_they_need_th
     # The ASGI application (every app, the admin, the URL rules) imports the
     # URL rules (webhooks.destinations), not aiohttp: about 7 MiB per web
     # process that never verifies an endpoint; and the MCP endpoint loads
-    # the SDK at its first request, not at import: about 30 MiB per process
+    # the SDK at its first request, not at import: about 27 MiB per process
     # that never serves /mcp (docs/benchmarks.md, rounds four and five).
     import os
     import subprocess
