@@ -183,7 +183,8 @@ class Event(models.Model):
 class EventAddressee(models.Model):
     """Who an event is addressed to: the index behind the inbox feed."""
 
-    member = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="+")
+    # Indexed by addressee_member_position, whose first column it is.
+    member = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="+", db_index=False)
     event = models.ForeignKey(Event, on_delete=models.CASCADE, related_name="addressees")
     # null: a notice about the member's own things (a suspended inbox subscription)
     space = models.ForeignKey(Space, null=True, on_delete=models.CASCADE, related_name="+")

@@ -28,7 +28,8 @@ class Message(models.Model):
 
     public_id = models.CharField(max_length=40, unique=True, default=new_message_id, editable=False)
     space = models.ForeignKey(Space, on_delete=models.CASCADE, related_name="+")
-    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
+    # Indexed by message_conversation_position, whose first column it is.
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages", db_index=False)
     author = models.ForeignKey(Member, on_delete=models.PROTECT, related_name="+")
     body = models.TextField()
     body_bytes = models.PositiveIntegerField()
@@ -62,8 +63,9 @@ class Recipient(models.Model):
         RESOLVED = "resolved"
         REJECTED = "rejected"  # withdrawn by a revocation barrier before hand-off
 
-    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="recipients")
-    member = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="+")
+    # Indexed by recipient_unique and recipient_member_state, whose first columns they are.
+    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="recipients", db_index=False)
+    member = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="+", db_index=False)
     position = models.BigIntegerField()  # the message's, for snapshot order
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     acknowledged_at = models.DateTimeField(null=True, blank=True)
@@ -169,7 +171,8 @@ class MailboxShare(models.Model):
     MAILBOX_SENDER_SHARE limit is enforced against, so one noisy sender
     cannot fill another member's mailbox for everyone."""
 
-    member = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="+")
+    # Indexed by mailboxshare_unique, whose first column it is.
+    member = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="+", db_index=False)
     sender = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="+")
     pending_bytes = models.BigIntegerField(default=0)
 

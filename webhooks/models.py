@@ -202,7 +202,8 @@ class Attempt(models.Model):
     """One HTTP attempt of a delivery: when, how long, and its outcome (a
     status code or an error class). Never a URL, header or secret."""
 
-    delivery = models.ForeignKey(Delivery, on_delete=models.CASCADE, related_name="attempt_rows")
+    # Indexed by attempt_number, whose first column it is.
+    delivery = models.ForeignKey(Delivery, on_delete=models.CASCADE, related_name="attempt_rows", db_index=False)
     number = models.PositiveIntegerField()
     started_at = models.DateTimeField()
     duration_ms = models.PositiveIntegerField()
