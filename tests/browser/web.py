@@ -22,7 +22,10 @@ def sign_in(browser, base: str, handle: str, viewport=WIDTHS["desktop"]):
     context.set_default_timeout(10_000)
     page = context.new_page()
     page.goto(f"{base}/app/login/")
-    page.keyboard.type(handle)  # the handle field has focus
+    # The handle field takes the focus by itself (autofocus), which a busy
+    # browser may apply after the load event: keys typed before it are lost.
+    page.wait_for_function("document.activeElement && document.activeElement.id === 'id_username'")
+    page.keyboard.type(handle)
     page.keyboard.press("Tab")
     page.keyboard.type(PASSWORD)
     page.keyboard.press("Enter")
