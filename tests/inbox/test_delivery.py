@@ -244,3 +244,38 @@ def test_a_rejected_send_announces_nothing(space, alice, bob, monkeypatch, djang
         with pytest.raises(MailboxFull):
             send_message(direct, body="too big for the box", actor=alice)
     assert sent == []
+
+
+@pytest.mark.postgres
+def test_the_next_pending_item_is_read_through_the_pending_index_whatever_plan_postgresql_keeps(make_member):
+    # A prepared statement may run one generic plan for any parameters: the
+    # item a push offers next (and an inbox page) must still be found through
+    # `inboxitem_pending`, not by walking every item the member ever had.
+    import json
+    import re
+
+    from django.db import connection
+    from psycopg.sql import Literal
+
+    from inbox import delivery
+    # given: 5,000 items, the last one pending, the table analysed
+    member = make_member("ada")
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO inbox_inboxitem (member_id, token, kind, payload, content_bytes, position, state, "
+                       "created_at, admission) SELECT %s, 'dlv_probe_' || n, 'message', '{}'::jsonb, 1, n, "
+                       "CASE WHEN n = 5000 THEN 'pending' ELSE 'acknowledged' END, now(), 'admitted' "
+                       "FROM generate_series(1, 5000) n", [member.pk])
+        cursor.execute("ANALYZE inbox_inboxitem")
+        # when: the statement is prepared and planned generically
+        sql, params = delivery._FIRSTS.sql([member.pk])
+        numbered = iter(range(1, len(params) + 1))
+        types = ", ".join("bigint" if isinstance(value, int) else "text" for value in params)
+        cursor.execute(f"PREPARE next_item ({types}) AS " + re.sub("%s", lambda _: f"${next(numbered)}", sql))
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        arguments = ", ".join(Literal(value).as_string() for value in params)
+        cursor.execute(f"EXPLAIN (FORMAT JSON) EXECUTE next_item({arguments})")
+        plan = json.dumps(cursor.fetchone()[0])
+        cursor.execute("DEALLOCATE next_item")
+    # then
+    assert "inboxitem_pending" in plan
+    assert delivery.oldest_pending([member.pk])[member.pk].position == 5000
