@@ -244,8 +244,8 @@ def _inline_constants(sql: str, params: list, slots: list[tuple[int, int]]) -> t
             parts.append(part)
             continue
         value = params[index]
-        if index not in arguments and isinstance(value, (str, int)):  # choices (str) and psycopg's Int8 too
-            plain = str.__str__(value) if isinstance(value, str) else int(value)
+        if index not in arguments and isinstance(value, (str, int)):  # choices and psycopg's Int8 too
+            plain = value if isinstance(value, bool) else str.__str__(value) if isinstance(value, str) else int(value)
             parts.append(pg.Literal(plain).as_string().replace("%", "%%"))
         else:
             moved[index] = len(kept)

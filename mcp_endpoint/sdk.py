@@ -4,9 +4,9 @@
 `mcp/__init__.py` imports the SDK's client (and `httpx`), and
 `mcp/server/__init__.py` its MCPServer framework, neither of which the
 endpoint uses: 4–5 MiB of the 31 the SDK adds to a server process that
-serves `/mcp` (docs/benchmarks.md). `load_lean()` registers those two packages as plain
-packages before the first import from them; their submodules import as
-usual. The first use of a name that only an `__init__` defines (`from mcp
+serves `/mcp` (docs/benchmarks.md). `load_lean()` registers those two
+packages as plain packages before the first import from them; their
+submodules import as usual. The first use of a name that only an `__init__` defines (`from mcp
 import Client`, in a process that is also a client: the tests) runs that
 `__init__` then, in full, so nothing else sees a difference."""
 from __future__ import annotations

@@ -81,6 +81,27 @@ def test_a_plain_in_list_is_padded_and_answers_the_same(make_member):
             assert [pk for pk, in cursor.fetchall()] == sorted(members)
 
 
+def test_a_compiled_querys_own_values_answer_as_the_orms_whatever_they_hold(make_member):
+    # given: members whose names hold a LIKE wildcard and a quote, one an admin
+    for n, name in enumerate(["50% off", "it's 50% off", "50 percent"]):
+        make_member(f"compiledlit{n}", display_name=name, is_admin=n == 1)
+
+    def build(floor):  # a choice, a pattern with an escaped wildcard, a quote: none of them arguments
+        return (Member.objects.filter(pk__gte=floor, is_admin=False, status=Member.Status.ACTIVE)
+                .exclude(display_name="it's").filter(display_name__contains="50%").values_list("handle", flat=True))
+
+    compiled = Compiled(build)
+    sql, params = compiled.sql(0)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        answered = sorted(handle for handle, in cursor.fetchall())
+    # then: the ORM's answer; on PostgreSQL only the argument is a parameter (the rest are literals a
+    # generic plan can match against a partial index's condition)
+    assert answered == sorted(build(0)) == ["compiledlit0"]
+    if settings.IS_POSTGRES:
+        assert params == [0]
+
+
 def test_a_compiled_query_refuses_an_argument_it_does_not_pass_on(make_member):
     make_member("compiledref")
     # the argument is made into a handle, so no parameter carries it: the compiled SQL could not take it
