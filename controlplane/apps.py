@@ -14,7 +14,7 @@ class ControlPlaneConfig(AppConfig):
 
     def ready(self):
         from controlplane import converters, tracing
-        from controlplane.api import authentication, schema  # noqa: F401  (schema registers OpenAPI extensions)
+        from controlplane.api import authentication
 
         authentication.watch_changes()
 

@@ -243,7 +243,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": ["controlplane.api.parsers.StrictJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "EXCEPTION_HANDLER": "controlplane.errors.api_exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "controlplane.api.schema.SwitchboardAutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "controlplane.api.openapi.SwitchboardAutoSchema",
     "UNAUTHENTICATED_USER": None,
 }
 SPECTACULAR_SETTINGS = {
@@ -255,8 +255,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "SCHEMA_PATH_PREFIX": r"/v0",
+    "PREPROCESSING_HOOKS": ["controlplane.api.openapi.apply_annotations"],
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
-                             "controlplane.api.schema.add_body_limit"],
+                             "controlplane.api.openapi.add_body_limit"],
     "ENUM_NAME_OVERRIDES": {
         "MemberKindEnum": "controlplane.models.Member.Kind",
         "ConversationKindEnum": ["channel", "direct", "group"],

@@ -1,8 +1,16 @@
-"""OpenAPI helpers: every route documents the error codes it can answer."""
+"""What the views say about themselves in the OpenAPI schema: every route
+documents the error codes it can answer.
+
+`extend_schema` and `extend_schema_view` are drf-spectacular's, applied
+when the schema is built (controlplane.api.openapi) rather than when a view
+module is imported: drf-spectacular's decorators load its schema generator,
+and with it `django.test` and `unittest` (3 MiB), in every process that
+imports a view. Served requests never need it."""
 from __future__ import annotations
 
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from drf_spectacular.openapi import AutoSchema
+import threading
+
+from drf_spectacular import utils
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import serializers
 
@@ -48,18 +56,6 @@ def errors(*codes: str) -> dict[int, OpenApiResponse]:
     }
 
 
-def add_body_limit(result, generator, request, public):
-    """Postprocessing hook: a request body over DATA_UPLOAD_MAX_MEMORY_SIZE
-    is 413 BODY_TOO_LARGE before any view runs, so every route that takes a
-    body lists it."""
-    for operations in result["paths"].values():
-        for operation in operations.values():
-            responses = operation.get("responses", {})
-            if "requestBody" in operation and "413" not in responses and "401" in responses:
-                responses["413"] = {**responses["401"], "description": "Error codes: `BODY_TOO_LARGE`"}
-    return result
-
-
 IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key", str, OpenApiParameter.HEADER, required=False,
     description="8–128 visible ASCII characters; a retry with the same key and request replays the original response.",
@@ -71,31 +67,40 @@ SNAPSHOT_PAGE = OpenApiParameter("page", str, description="`next_page` of the pr
 WAIT_MS = OpenApiParameter("wait_ms", int, description="Long-poll up to this many milliseconds (0–30000).")
 
 
-class SwitchboardAutoSchema(AutoSchema):
-    def get_auth(self):
-        from controlplane.api.permissions import ReadableAnonymously
+class _Deferred:
+    """A drf-spectacular decorator, noted now and applied by `apply_deferred`."""
 
-        auth = super().get_auth()
-        anonymous_reads = any(isinstance(p, ReadableAnonymously) for p in self.view.get_permissions())
-        if anonymous_reads and self.method == "GET" and {} not in auth:
-            auth.append({})
-        return auth
+    def __init__(self, name: str, kwargs: dict):
+        self.name, self.kwargs = name, kwargs
 
-    def get_tags(self):
-        return [self.path.split("/")[2] if self.path.count("/") >= 2 else "switchboard"]
+    def __call__(self, target):
+        with _lock:
+            _pending.append((self, target))
+        return target
 
-
-class BearerScheme(OpenApiAuthenticationExtension):
-    target_class = "controlplane.api.authentication.BearerTokenAuthentication"
-    name = "bearer"
-
-    def get_security_definition(self, auto_schema):
-        return {"type": "http", "scheme": "bearer", "description": "A credential token, `sbt_…`."}
+    def real(self):
+        kwargs = {key: value.real() if isinstance(value, _Deferred) else value
+                  for key, value in self.kwargs.items()}
+        return getattr(utils, self.name)(**kwargs)
 
 
-class SessionScheme(OpenApiAuthenticationExtension):
-    target_class = "controlplane.api.authentication.MemberSessionAuthentication"
-    name = "session"
+_pending: list[tuple[_Deferred, object]] = []
+_lock = threading.Lock()
 
-    def get_security_definition(self, auto_schema):
-        return {"type": "apiKey", "in": "cookie", "name": "sessionid"}
+
+def extend_schema(**kwargs) -> _Deferred:
+    return _Deferred("extend_schema", kwargs)
+
+
+def extend_schema_view(**kwargs) -> _Deferred:
+    return _Deferred("extend_schema_view", kwargs)
+
+
+def apply_deferred() -> None:
+    """Apply every decorator noted so far, in the order the views were
+    decorated: what drf-spectacular's would have done at import."""
+    with _lock:
+        while _pending:
+            decorator, target = _pending.pop(0)
+            if decorator.real()(target) is not target:
+                raise TypeError(f"{decorator.name} replaced {target!r}")

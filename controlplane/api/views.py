@@ -3,7 +3,6 @@
 Views validate, call one service, and render."""
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -11,7 +10,7 @@ from controlplane import services
 from controlplane.api.fields import validated
 from controlplane.api.pagination import paginate
 from controlplane.api.permissions import IsAdmin, ReadableAnonymously
-from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, LIMIT, errors
+from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, LIMIT, errors, extend_schema
 from controlplane.api.serializers import (ChannelCreateIn, ConversationOut, CredentialCreateIn, CredentialCreatedOut,
                                           CredentialOut, EmptyIn, GroupCreateIn, MemberCreateIn, MemberOut, MemberRefIn,
                                           MembershipAddIn, MembershipOut, MySpaceOut, SpaceCreateIn, SpaceOut,

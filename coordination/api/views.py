@@ -1,14 +1,14 @@
 """Tasks (SPEC §10)."""
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.access import get_readable_space, get_space_for
 from controlplane.api.fields import validated
 from controlplane.api.pagination import paginate
-from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, LIMIT, errors
+from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, LIMIT, errors, extend_schema
 from controlplane.api.serializers import EmptyIn, envelope
 from controlplane.idempotency import idempotent
 from coordination import services

@@ -1,7 +1,7 @@
 """Grants and approval requests (SPEC §5)."""
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiParameter
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -9,7 +9,7 @@ from controlplane.access import get_space_for
 from controlplane.api.fields import validated
 from controlplane.api.pagination import paginate
 from controlplane.api.permissions import IsAdmin
-from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, LIMIT, errors
+from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, LIMIT, errors, extend_schema, extend_schema_view
 from controlplane.api.serializers import EmptyIn, envelope
 from controlplane.idempotency import idempotent
 from controlplane.services import require_owner

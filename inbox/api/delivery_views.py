@@ -1,14 +1,14 @@
 """The durable inbox API: read_inbox, acknowledge_delivery, read_event."""
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import inline_serializer
 from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.api.fields import (StrictCharField, StrictChoiceField, StrictIntegerField, StrictSerializer,
                                      validated)
-from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, errors
+from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, errors, extend_schema
 from controlplane.idempotency import idempotent
 from controlplane.services import parse_handle
 from inbox import firewall, reads

@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 
-from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.access import get_conversation_to_write, get_readable_space
 from controlplane.api.fields import validated
 from controlplane.api.permissions import ReadableAnonymously
-from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, LIMIT, MAX_BYTES, SNAPSHOT_PAGE, WAIT_MS, errors
+from controlplane.api.schema import (
+    CURSOR, IDEMPOTENCY_KEY, LIMIT, MAX_BYTES, SNAPSHOT_PAGE, WAIT_MS, errors, extend_schema,
+)
 from controlplane import faults
 from controlplane.api.serializers import EmptyIn, envelope
 from controlplane.cursors import caller_id, pack_cursor, unpack_cursor

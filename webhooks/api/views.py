@@ -1,7 +1,7 @@
 """Webhook endpoints, subscriptions, history, replay and signing keys (SPEC §8)."""
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema, extend_schema_view, inline_serializer
+from drf_spectacular.utils import inline_serializer
 from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -10,7 +10,7 @@ from controlplane.access import get_space_for
 from controlplane.api.fields import validated
 from controlplane.api.pagination import paginate
 from controlplane.api.permissions import ReadableAnonymously
-from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, LIMIT, errors
+from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, LIMIT, errors, extend_schema, extend_schema_view
 from controlplane.api.serializers import EmptyIn, envelope
 from controlplane.clock import rfc3339
 from controlplane.idempotency import idempotent
