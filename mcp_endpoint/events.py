@@ -13,7 +13,6 @@ from typing import Any
 
 import mcp_types as types
 from django.conf import settings
-from jsonschema import Draft202012Validator
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -86,9 +85,8 @@ def _select(params: SelectParams) -> tuple[sources.Source, dict]:
     if source is None:
         raise MCPError(errors.NOT_FOUND, f"No event named {params.name!r}.", data={"kind": "event"})
     arguments = params.arguments or {}
-    problem = next(iter(Draft202012Validator(source.input_schema).iter_errors(arguments)), None)
-    if problem is not None:
-        raise MCPError(types.INVALID_PARAMS, f"{source.name}: arguments: {problem.message}")
+    if (problem := source.problem(arguments)) is not None:
+        raise MCPError(types.INVALID_PARAMS, f"{source.name}: {problem}")
     return source, arguments
 
 

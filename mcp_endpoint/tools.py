@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-
-from jsonschema import Draft202012Validator
+from functools import cached_property
 
 from controlplane.access import get_conversation_to_write
 from controlplane.errors import InvalidIdempotencyKey, InvalidRequest
@@ -24,6 +23,7 @@ from controlplane.models import Member
 from inbox import collectives, reads, services
 from inbox.models import Collective
 from inbox.render import render_message
+from mcp_endpoint.schemas import checker
 
 TOKEN = {"type": "string", "pattern": r"^dlv_[A-Za-z0-9_-]{43}$",
          "description": "A delivery token from read_inbox (dlv_ + 43 base64url characters)."}
@@ -45,6 +45,11 @@ class Tool:
     output_schema: dict
     run: Callable[[Member, dict], dict]
     read_only: bool = True
+
+    @cached_property
+    def problem(self):
+        """How arguments misfit `input_schema` (mcp_endpoint.schemas), or None."""
+        return checker(self.input_schema)
 
 
 def _send(member: Member, arguments: dict) -> dict:
@@ -147,9 +152,6 @@ def check_arguments(tool: Tool, arguments: dict | None) -> dict:
     """The arguments, checked against the tool's input schema (400, so
     InvalidParams, when they do not fit)."""
     arguments = {} if arguments is None else arguments
-    error = next(iter(sorted(Draft202012Validator(tool.input_schema).iter_errors(arguments),
-                             key=lambda e: list(e.path))), None)
-    if error is not None:
-        where = "/".join(str(p) for p in error.path) or "arguments"
-        raise InvalidRequest(f"{tool.name}: {where}: {error.message}")
+    if (problem := tool.problem(arguments)) is not None:
+        raise InvalidRequest(f"{tool.name}: {problem}")
     return arguments

@@ -184,15 +184,18 @@ def test_the_web_processes_load_no_schema_generator_until_the_schema_is_asked_fo
 def test_the_mcp_endpoint_loads_the_sdks_server_modules_without_its_client_or_framework():
     # The SDK's package __init__ files import its client and its MCPServer
     # framework: a few MiB of every process that serves /mcp
-    # (mcp_endpoint.sdk). A later import of those names still works.
+    # (mcp_endpoint.sdk). A later import of those names still works. The
+    # arguments' schemas are compiled by fastjsonschema (mcp_endpoint.schemas):
+    # jsonschema would cost about 3 MiB more.
     import os
     import subprocess
     import sys
 
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "controlplane.settings", "DEBUG": "1"}
     script = ("import sys, django; django.setup(); from mcp_endpoint.endpoint import mcp_endpoint; "
-              "mcp_endpoint._new_manager(); "
-              "print(sorted(m for m in sys.modules if m.startswith(('mcp.client', 'mcp.server.mcpserver')))); "
+              "mcp_endpoint._new_manager(); from mcp_endpoint import events, tools; "
+              "print(sorted(m for m in sys.modules if m.startswith(('mcp.client', 'mcp.server.mcpserver', "
+              "'jsonschema')))); "
               "from mcp import Client; import mcp.server, mcp.types; "
               "print(Client.__module__, mcp.server.MCPServer.__module__, mcp.types.Tool.__name__)")
     lean, later = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,

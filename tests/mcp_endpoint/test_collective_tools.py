@@ -39,3 +39,21 @@ def test_bad_collective_arguments_are_invalid_params(space, alice, collective):
                                      "collective": collective})
     # then: 400 INVALID_REQUEST, which the endpoint answers as -32602
     assert refused.value.status == 400 and refused.value.code == "INVALID_REQUEST"
+
+
+@pytest.mark.parametrize(("name", "arguments", "message"), [
+    ("acknowledge_delivery", {}, "acknowledge_delivery: arguments must contain ['deliveryToken'] properties"),
+    ("acknowledge_delivery", {"deliveryToken": "dlv_short"},
+     "acknowledge_delivery: arguments.deliveryToken must match pattern ^dlv_[A-Za-z0-9_-]{43}$"),
+    ("read_inbox", {"cursor": "c", "limit": 5}, "read_inbox: arguments must not contain {'limit'} properties"),
+    ("read_inbox", {"cursor": 5}, "read_inbox: arguments.cursor must be string"),
+    ("send_message", {"space": "lab", "conversation": "#general", "body": "q",
+                      "collective": {"op": "gather", "deadline_ms": 10}},
+     "send_message: arguments.collective.deadline_ms must be bigger than or equal to 1000"),
+])
+def test_arguments_that_misfit_a_tools_schema_say_where_and_why(name, arguments, message):
+    # when: no database is touched: the schema refuses first
+    with pytest.raises(ApiError) as refused:
+        check_arguments(TOOLS[name], arguments)
+    # then
+    assert (refused.value.code, refused.value.message) == ("INVALID_REQUEST", message)
