@@ -1,4 +1,27 @@
+import sys
+
 from django.apps import AppConfig
+
+
+def load_rest_framework_without_unused_extras() -> None:
+    """Import Django REST framework's compatibility module with PyYAML and
+    Pygments hidden. It imports both when they are installed, for renderers
+    this project does not use (DRF's OpenAPI YAML, the browsable API): 2.7
+    MiB of every process (docs/benchmarks.md, round sixteen). Both import as
+    usual afterwards (the schema's YAML renderer uses PyYAML). Runs while the
+    apps load, before any model imports the framework."""
+    hidden = [name for name in ("yaml", "pygments") if name not in sys.modules]
+    if "rest_framework.compat" in sys.modules or not hidden:
+        return
+    sys.modules.update(dict.fromkeys(hidden))  # None: `import` raises ImportError
+    try:
+        import rest_framework.compat  # noqa: F401
+    finally:
+        for name in hidden:
+            del sys.modules[name]
+
+
+load_rest_framework_without_unused_extras()
 
 
 class ControlPlaneConfig(AppConfig):

@@ -160,7 +160,7 @@ def test_the_web_processes_load_no_http_client_and_no_mcp_sdk_until_they_need_th
     assert loaded == "[]"
 
 
-def test_the_web_processes_load_no_schema_generator_until_the_schema_is_asked_for():
+def test_the_web_processes_load_no_schema_generator_nor_unused_renderers_until_asked():
     # drf-spectacular's generator imports django.test and unittest: 3 MiB of
     # every process (docs/benchmarks.md, round sixteen). The views' schema
     # annotations wait for it (controlplane.api.schema); the schema still has
@@ -170,7 +170,7 @@ def test_the_web_processes_load_no_schema_generator_until_the_schema_is_asked_fo
     import sys
 
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "controlplane.settings", "DEBUG": "1"}
-    watched = "('unittest', 'django.test', 'drf_spectacular.openapi', 'drf_spectacular.generators')"
+    watched = "('unittest', 'django.test', 'drf_spectacular.openapi', 'drf_spectacular.generators', 'yaml', 'pygments')"
     script = ("import sys, controlplane.asgi; from django.urls import get_resolver; get_resolver().url_patterns; "
               f"print(sorted(m for m in {watched} if m in sys.modules)); "
               "from django.test import Client; status = Client().get('/v0/schema/').status_code; "
@@ -178,7 +178,9 @@ def test_the_web_processes_load_no_schema_generator_until_the_schema_is_asked_fo
     served, asked = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
                                    check=True).stdout.strip().splitlines()
     assert served == "[]"
-    assert asked == "200 ['django.test', 'drf_spectacular.generators', 'drf_spectacular.openapi', 'unittest']"
+    # and: the schema's YAML renderer loads PyYAML when asked (controlplane.apps hides it
+    # from Django REST framework's compatibility module only)
+    assert asked == "200 ['django.test', 'drf_spectacular.generators', 'drf_spectacular.openapi', 'unittest', 'yaml']"
 
 
 def test_the_mcp_endpoint_loads_the_sdks_server_modules_without_its_client_or_framework():
