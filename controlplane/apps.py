@@ -1,3 +1,4 @@
+import importlib
 import sys
 
 from django.apps import AppConfig
@@ -15,7 +16,7 @@ def load_rest_framework_without_unused_extras() -> None:
         return
     sys.modules.update(dict.fromkeys(hidden))  # None: `import` raises ImportError
     try:
-        import rest_framework.compat  # noqa: F401
+        importlib.import_module("rest_framework.compat")
     finally:
         for name in hidden:
             del sys.modules[name]
