@@ -52,6 +52,10 @@ def headlines(results: dict) -> dict[str, float]:
         for q in ("p50", "p99"):
             if (ratio := row.get("ratios", {}).get(f"{q}_to_send")) is not None:
                 out[f"frame ÷ send response, {q} ({setup})"] = ratio
+        # Both sides of the ratio: a change can move it by slowing the send.
+        for side, figure in (("frame", "frame"), ("send response", "send_response")):
+            if (ms := row.get(figure, {}).get("p50_ms")) is not None:
+                out[f"{side} p50 ms ({setup})"] = ms
     mcp = results.get("mcp", {})
     if "ratio_push_to_raw" in mcp.get("push", {}):
         out["pushed items/s"] = mcp["push"]["push"]["items_per_s"]
