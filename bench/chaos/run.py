@@ -76,8 +76,9 @@ async def drive(args, work: Path, env: dict, people: dict, supervisor: Superviso
             if done or time.monotonic() > deadline:
                 break
             await asyncio.sleep(2)
-        if not done:
-            print(f"  not settled after {SETTLE_TIMEOUT:.0f} s: {why}", flush=True)
+        settle_seconds = SETTLE_TIMEOUT - (deadline - time.monotonic())
+        print(f"  settled in {settle_seconds:.0f} s" if done
+              else f"  not settled after {SETTLE_TIMEOUT:.0f} s: {why}", flush=True)
         stop_readers.set()  # each reads on until a pass finds nothing
         await asyncio.gather(*readers)
         await _sockets_caught_up(book, conversations, len(nodes))
@@ -91,7 +92,7 @@ async def drive(args, work: Path, env: dict, people: dict, supervisor: Superviso
     stop_super.set()
     await super_task
     await proxy.close()
-    return {"load_seconds": round(load_seconds, 1)}, conversations, heads
+    return {"load_seconds": round(load_seconds, 1), "settle_seconds": round(settle_seconds, 1)}, conversations, heads
 
 
 async def _progress(book: Book, total: int) -> None:
