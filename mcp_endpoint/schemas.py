@@ -7,6 +7,7 @@ package's own constants, never a caller's."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cached_property
 
 import fastjsonschema
 
@@ -24,3 +25,14 @@ def checker(schema: dict) -> Callable[[object], str | None]:
         return None
 
     return problem
+
+
+class Checked:
+    """For a tool or an event source with an `input_schema`: `problem`, its
+    checker, compiled at first use."""
+
+    input_schema: dict
+
+    @cached_property
+    def problem(self) -> Callable[[object], str | None]:
+        return checker(self.input_schema)

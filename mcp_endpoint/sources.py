@@ -18,7 +18,6 @@ cursor older than the retention floor starts at the floor instead and says
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 
 from django.db import connection
 
@@ -32,7 +31,7 @@ from controlplane.models import Member, Space
 from inbox import delivery, feeds
 from inbox.models import InboxItem, Message
 from inbox.render import item_occurrence
-from mcp_endpoint.schemas import checker
+from mcp_endpoint.schemas import Checked
 from webhooks.mcp import ITEM, PENDING, WORK, work_data, work_task
 
 FEED_PAGE = 100
@@ -50,17 +49,12 @@ class Batch:
 
 
 @dataclass(frozen=True)
-class Source:
+class Source(Checked):
     name: str
     description: str
     input_schema: dict
     payload_schema: dict
     delivery: tuple[str, ...] = ("poll", "push", "webhook")
-
-    @cached_property
-    def problem(self):
-        """How arguments misfit `input_schema` (mcp_endpoint.schemas), or None."""
-        return checker(self.input_schema)
 
     def stream_key(self, arguments: dict) -> str:
         return f"mcp:{self.name}" + "".join(f":{arguments[k]}" for k in ("space", "task_id") if arguments.get(k))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
 
 from controlplane.access import get_conversation_to_write
 from controlplane.errors import InvalidIdempotencyKey, InvalidRequest
@@ -23,7 +22,7 @@ from controlplane.models import Member
 from inbox import collectives, reads, services
 from inbox.models import Collective
 from inbox.render import render_message
-from mcp_endpoint.schemas import checker
+from mcp_endpoint.schemas import Checked
 
 TOKEN = {"type": "string", "pattern": r"^dlv_[A-Za-z0-9_-]{43}$",
          "description": "A delivery token from read_inbox (dlv_ + 43 base64url characters)."}
@@ -38,18 +37,13 @@ def _object(properties: dict, required: tuple[str, ...] = ()) -> dict:
 
 
 @dataclass(frozen=True)
-class Tool:
+class Tool(Checked):
     name: str
     description: str
     input_schema: dict
     output_schema: dict
     run: Callable[[Member, dict], dict]
     read_only: bool = True
-
-    @cached_property
-    def problem(self):
-        """How arguments misfit `input_schema` (mcp_endpoint.schemas), or None."""
-        return checker(self.input_schema)
 
 
 def _send(member: Member, arguments: dict) -> dict:
