@@ -37,10 +37,9 @@ from collections import defaultdict
 from pathlib import Path
 
 import aiohttp
-import redis
 
 from bench.load import latency_summary
-from bench.report import LOG_GROUP_KEY
+from bench.report import log_topic_subscribers
 from bench.servers import PY, ROOT, Server
 
 PASSWORD = "bench-live-password-0123456789"
@@ -231,13 +230,6 @@ async def _layer_round_trip(redis_url: str | None, rounds: int, gap: float) -> d
     return {"layer": type(layer).__name__, **latency_summary(samples)}
 
 
-def _group_size(redis_url: str | None) -> int | None:
-    if not redis_url:
-        return None
-    with redis.Redis.from_url(redis_url, socket_timeout=2) as client:
-        return client.zcard(LOG_GROUP_KEY)
-
-
 def _setup(env: dict, out_dir: Path, label: str, count: int, clients: int, members: tuple, stamp: str, *,
            sends: int, gap: float) -> dict:
     sender, reader, reader_token = members
@@ -257,7 +249,7 @@ def _setup(env: dict, out_dir: Path, label: str, count: int, clients: int, membe
             return slug, data["conversation"]["id"], await _sign_in(bases[-1], reader)
 
         slug, conversation, session_id = asyncio.run(prepare())
-        group_before = _group_size(env.get("REDIS_URL"))
+        subscribers_before = log_topic_subscribers(env.get("REDIS_URL"))
         for server in servers:
             server.memory.start()
         started = time.monotonic()
@@ -273,7 +265,7 @@ def _setup(env: dict, out_dir: Path, label: str, count: int, clients: int, membe
             "server_peak_rss_mib": max((p["peak_rss_mib"] for p in processes if "controlplane.asgi" in p["cmdline"]
                                         or "daphne" in p["cmdline"]), default=None),
             "server_cpu_cores": round(sum(p["cpu_seconds"] for p in processes) / wall, 2),
-            "log_group_channels_before": group_before, "server_logs": [s.log_summary() for s in servers]}
+            "log_topic_subscribers_before": subscribers_before, "server_logs": [s.log_summary() for s in servers]}
 
 
 def run(env: dict, out_dir: Path, *, clients: int, sends: int, gap: float) -> dict:

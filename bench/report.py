@@ -6,15 +6,27 @@ from controlplane.keys import redis_namespace
 # A fixed root key for the run (bench/run.py gives it to every server):
 # cursors built here must verify in the servers, and the Redis names are its.
 ADMIN_KEY = "bench-only-server-admin-key-0123456789abcdefghijklmnopqrstuvwxyz"
-# channels_redis keeps a group as a sorted set of channel names; stale names
-# left by earlier processes make every group_send on commit fan out to them.
-LOG_GROUP_KEY = f"{redis_namespace(ADMIN_KEY)}:group:switchboard.log"
+# Every server process subscribes to the log topic once (controlplane.live.topic_channel).
+LOG_TOPIC_CHANNEL = f"{redis_namespace(ADMIN_KEY)}:topic:switchboard.log"
 TARGET_SENDS_SHARE = 0.08  # sends/s / 16-client insert tx/s (issue: ≥ 8%)
 TARGET_RSS_MIB = 120
 TARGET_FEED_RATIO = 1.3
 TARGET_FRAME_P50_MS, TARGET_FRAME_P99_MS = 17, 37
 TARGET_STREAM_TO_FRAME = 1.5  # MCP stream event latency / WebSocket frame latency, p50 and p99
 TARGET_PUSH_TO_RAW = 0.5      # pushed inbox items/s / raw signed POSTs/s
+
+
+def log_topic_subscribers(url: str | None) -> int | None:
+    """How many processes listen to the log topic on Redis (None without Redis)."""
+    if not url:
+        return None
+    import redis
+
+    try:
+        with redis.Redis.from_url(url, socket_timeout=2) as client:
+            return dict(client.pubsub_numsub(LOG_TOPIC_CHANNEL)).get(LOG_TOPIC_CHANNEL.encode(), 0)
+    except redis.RedisError:
+        return None
 
 
 def fmt(value, digits: int = 1) -> str:
@@ -74,11 +86,12 @@ def markdown(report: dict) -> str:
                          f"{r['server_log']['tracebacks']} | "
                          f"{verdict(bool(base16) and r['sends_per_s'] >= TARGET_SENDS_SHARE * base16)} | "
                          f"{verdict(max(rss, default=0) <= TARGET_RSS_MIB)} |")
-        groups = [r["log_group_channels"]["before"] for r in res["sends"].values() if "log_group_channels" in r]
-        groups = [g for g in groups if g is not None]
-        if groups:
-            lines += ["", f"Channels in the Redis log group (`{LOG_GROUP_KEY}`) before each setup: "
-                      + ", ".join(map(str, groups)) + " (each one gets a copy of every send's nudge)."]
+        listening = [r["log_topic_subscribers"]["before"] for r in res["sends"].values()
+                     if "log_topic_subscribers" in r]
+        listening = [n for n in listening if n is not None]
+        if listening:
+            lines += ["", f"Processes subscribed to the Redis log topic (`{LOG_TOPIC_CHANNEL}`) before each setup: "
+                      + ", ".join(map(str, listening)) + " (each hears every commit's nudge)."]
         lines += ["", "RSS: m = main process (the only one for Daphne), w = worker, h = helper (multiprocessing resource tracker); "
                   "peak of VmRSS sampled every 0.1 s. CPU cores: CPU time used during warm-up + measurement / wall time "
                   "(server: all its processes; client: this process; machine: every process, PostgreSQL and Redis included).", ""]

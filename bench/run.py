@@ -57,7 +57,7 @@ import psycopg  # noqa: E402
 import redis  # noqa: E402
 
 from bench import feeds, fixture, inbox, live, load, mcp, mentions, peer, statements, tasks, webhooks  # noqa: E402
-from bench.report import ADMIN_KEY, LOG_GROUP_KEY, markdown  # noqa: E402
+from bench.report import ADMIN_KEY, log_topic_subscribers, markdown  # noqa: E402
 from bench.servers import PY, SETUPS, Server  # noqa: E402
 
 DB_NAME = "switchboard_bench"
@@ -147,15 +147,6 @@ def redis_up(url: str) -> bool:
             return bool(client.ping())
     except redis.RedisError:
         return False
-
-
-def log_group_size(url: str) -> int | None:
-    """How many channels the log group holds in Redis (None without Redis)."""
-    try:
-        with redis.Redis.from_url(url, socket_timeout=2) as client:
-            return client.zcard(LOG_GROUP_KEY)
-    except redis.RedisError:
-        return None
 
 
 def recreate_database() -> None:
@@ -265,7 +256,7 @@ def run_sends(args, env, fx, out_dir: Path, run_id: str) -> dict:
         try:
             with Server(name, env, out_dir, "sends") as server:
                 asyncio.run(fixture.ensure_spaces(server.base_url, fx))
-                group_before = None if args.no_redis else log_group_size(args.redis_url)
+                subscribers_before = None if args.no_redis else log_topic_subscribers(args.redis_url)
                 server.memory.start()
                 profiler = profile_start(server, out_dir / f"sends-{name}.collapsed",
                                          args.warmup + args.seconds) if args.profile_sends else None
@@ -288,8 +279,8 @@ def run_sends(args, env, fx, out_dir: Path, run_id: str) -> dict:
                              "server_cpu_cores": round(sum(p["cpu_seconds"] for p in processes) / window, 2),
                              "client_cpu_cores": round(client_cpu / window, 2),
                              "machine_cpu_cores": round(machine_busy / os.sysconf("SC_CLK_TCK") / window, 2),
-                             "log_group_channels": {"before": group_before, "after": None if args.no_redis
-                                                    else log_group_size(args.redis_url)}}
+                             "log_topic_subscribers": {"before": subscribers_before, "after": None if args.no_redis
+                                                       else log_topic_subscribers(args.redis_url)}}
         except Exception as exc:  # one broken setup must not hide the others
             results[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
     return results

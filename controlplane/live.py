@@ -1,4 +1,5 @@
-"""Side effects after commit: Channels group messages, and the per-process
+"""Side effects after commit: Channels group messages, topics every process
+listens to (the log's advances, new due deliveries), and the per-process
 watcher that wakes long-polls when the event log advances anywhere.
 
 The durable rows are the truth; everything here is a nudge. A lost nudge
@@ -11,6 +12,7 @@ import asyncio
 import collections
 import contextlib
 import itertools
+import json
 import logging
 import os
 import threading
@@ -23,7 +25,12 @@ from django.db import transaction
 
 logger = logging.getLogger("switchboard.live")
 
-LOG_GROUP = "switchboard.log"
+LOG_GROUP = "switchboard.log"  # a topic (Publisher.publish, listen)
+# A topic's subscription that heard nothing for this long pings Redis, so a
+# connection that died silently is found and replaced.
+SUBSCRIPTION_IDLE_SECONDS = 30.0
+# A publish waits at most this long for Redis (it runs in the committing thread).
+PUBLISH_TIMEOUT_SECONDS = 1.0
 HEARD_HERE_KEPT = 10_000  # own announcements remembered, to skip their broker copies (LogWatcher.wake_here)
 
 
@@ -55,6 +62,15 @@ class Publisher:
     those get a `group_send` (two to four round trips each, even to an
     empty group). Most groups are empty most of the time: a member's inbox
     group has members only while their inbox page or an MCP stream is open.
+
+    Topics (`publish`, heard through `listen`) are what every process
+    listens to, once each: the log's advances after every commit, new due
+    deliveries. On Redis each is one PUBLISH, from the committing thread,
+    to a pub/sub channel that each listening process subscribes to: a
+    `group_send` to every process's channel in a group took three round
+    trips and a script on the publisher's thread, whose interpreter time
+    delayed the same process's live pass (docs/benchmarks.md, round
+    seventeen).
     """
 
     IN_FLIGHT = 32
@@ -68,6 +84,8 @@ class Publisher:
         self._queued: dict[object, list[tuple[str, dict]]] = {}  # by layer, on the publisher's loop
         self._flushers: dict[object, asyncio.Task] = {}
         self._sending: set[asyncio.Task] = set()
+        self._redis = None  # the topics' client, made once per process
+        self._redis_pid = 0
 
     async def _send(self, layer, group: str, message: dict) -> None:
         loop = asyncio.get_running_loop()
@@ -118,6 +136,29 @@ class Publisher:
             loop = self._server_loop
             return loop if loop is not None and loop.is_running() else None
         return self._background_loop()
+
+    def publish(self, topic: str, message: dict) -> None:
+        """Tell every process that `listen`s to `topic` of `message`: one
+        PUBLISH on Redis; without it, the in-memory layer's group of that
+        name (this process is the only one). A failure is logged."""
+        if not topics_on_redis():
+            self.send(topic, message)
+            return
+        try:
+            self._topics_client().publish(topic_channel(topic), json.dumps(message, separators=(",", ":")))
+        except Exception:
+            logger.warning("could not publish to %s", topic, exc_info=True)
+
+    def _topics_client(self):
+        """One client per process (it is thread-safe; a forked child opens its
+        own). Two threads racing to make it make two, and one is kept."""
+        if self._redis is None or self._redis_pid != os.getpid():
+            import redis
+
+            self._redis = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=PUBLISH_TIMEOUT_SECONDS,
+                                               socket_connect_timeout=PUBLISH_TIMEOUT_SECONDS)
+            self._redis_pid = os.getpid()
+        return self._redis
 
     def send(self, group: str, message: dict) -> None:
         layer = get_channel_layer()
@@ -182,13 +223,30 @@ def group_send_on_commit(group: str, message: dict) -> None:
     transaction.on_commit(lambda: publisher.send(group, message), robust=True)
 
 
+def publish_on_commit(topic: str, message: dict) -> None:
+    """`publisher.publish` once the current transaction commits."""
+    transaction.on_commit(lambda: publisher.publish(topic, message), robust=True)
+
+
+def topics_on_redis() -> bool:
+    """Whether topics go through Redis pub/sub: the channel layer is
+    channels-redis (REDIS_URL). The in-memory layer's groups carry them in
+    a process of their own, and any other layer's groups likewise."""
+    return bool(settings.REDIS_URL) and hasattr(get_channel_layer(), "_group_key")
+
+
+def topic_channel(topic: str) -> str:
+    """A topic's Redis pub/sub channel, in this deployment's namespace."""
+    return f"{settings.REDIS_NAMESPACE}:topic:{topic}"
+
+
 def announce_on_commit(message: dict) -> None:
     """Once the current transaction commits, tell every process's log
     watcher of the advance `message` names: this process's at once, the
     others through the log group (controlplane.log.appended)."""
     def announce():
         origin = log_watcher.wake_here(message)
-        publisher.send(LOG_GROUP, message if origin is None else {**message, "origin": origin})
+        publisher.publish(LOG_GROUP, message if origin is None else {**message, "origin": origin})
 
     transaction.on_commit(announce, robust=True)
 
@@ -286,10 +344,11 @@ class LogWatcher:
         self._interests.discard(interest)
 
     async def stop(self) -> None:
-        """Leave the log group, at the server's shutdown (the lifespan's):
-        a channel left behind would be sent every nudge of every process
-        until its membership expires, a day later. (The tasks a server
-        leaves at its exit are cancelled too late to leave.)"""
+        """Stop listening, at the server's shutdown (the lifespan's): on
+        Redis the subscription's connection closes; with a channel layer's
+        group, a channel left behind would be sent every nudge until its
+        membership expires, a day later. (The tasks a server leaves at its
+        exit are cancelled too late to leave.)"""
         tasks, self._tasks = self._tasks, []
         if self._loop is asyncio.get_running_loop():
             for task in tasks:
@@ -356,13 +415,16 @@ class LogWatcher:
 
 
 async def listen(group: str, on_message: Callable[[dict], None]) -> None:
-    """Call `on_message` with every message sent to `group`, until
-    cancelled: a channel of its own in the group (renewed, see
-    `Memberships`), joined again after a lost layer. Returns at once
-    without a channel layer."""
+    """Call `on_message` with every message published to the topic `group`
+    (`Publisher.publish`), until cancelled. On Redis a subscription to its
+    pub/sub channel; otherwise a channel of its own in the layer's group
+    (renewed, see `Memberships`). Either is made again after a lost
+    connection. Returns at once without a channel layer."""
     layer = get_channel_layer()
     if layer is None:
         return
+    if topics_on_redis():
+        return await _subscribe(group, on_message)
     while True:
         memberships = None
         try:
@@ -385,6 +447,36 @@ async def listen(group: str, on_message: Callable[[dict], None]) -> None:
                 raise
             logger.warning("lost the channel layer while listening to %s; retrying", group, exc_info=True)
             await asyncio.sleep(1.0)
+
+
+async def _subscribe(topic: str, on_message: Callable[[dict], None]) -> None:
+    import redis.asyncio
+
+    while True:
+        # Named after its channel: Redis's CLIENT LIST tells each process's subscriptions apart.
+        client = redis.asyncio.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=5,
+                                              client_name=topic_channel(topic))
+        subscription = client.pubsub(ignore_subscribe_messages=True)
+        try:
+            await subscription.subscribe(topic_channel(topic))
+            while True:
+                message = await subscription.get_message(ignore_subscribe_messages=True,
+                                                         timeout=SUBSCRIPTION_IDLE_SECONDS)
+                if message is None:
+                    await subscription.ping()  # a connection that died silently fails here
+                elif message["type"] == "message":
+                    on_message(json.loads(message["data"]))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            if asyncio.current_task().cancelling():
+                raise
+            logger.warning("lost Redis while listening to %s; subscribing again", topic, exc_info=True)
+            await asyncio.sleep(1.0)
+        finally:
+            with contextlib.suppress(Exception):
+                await subscription.aclose()
+                await client.aclose()
 
 
 class Memberships:

@@ -352,30 +352,38 @@ def test_a_burst_of_nudges_over_redis_loses_none(monkeypatch, settings):
 
 
 @pytest.mark.postgres
-def test_a_stopped_server_leaves_the_log_group(settings):
-    """A server's long-polls and live pages hear of commits through one
-    channel per process in the log group. Stopped (SIGTERM, as a service
-    manager stops it), it leaves the group: a channel left behind would be
-    sent every commit's nudge, by every process, for a day."""
-    # given: a server whose long-poll joined the log group
+def test_a_server_hears_the_log_topic_through_one_subscription_until_it_stops(settings):
+    """A server process's long-polls and live pages hear of every process's
+    commits through one subscription to the log topic (Redis pub/sub),
+    made when something first waits. Stopped (SIGTERM, as a service manager
+    stops it), its subscription is gone with its connection."""
+    # given: a server whose long-poll started its log watcher
     import redis
-    group = redis.Redis.from_url(settings.REDIS_URL)
-    key = f"{settings.REDIS_NAMESPACE}:group:switchboard.log"
-    group.delete(key)
+
+    from controlplane.live import LOG_GROUP, topic_channel
+    client, channel = redis.Redis.from_url(settings.REDIS_URL), topic_channel(LOG_GROUP)
+
+    def subscribers() -> int:
+        return dict(client.pubsub_numsub(channel))[channel.encode()]
+
+    before = subscribers()  # a server another test stopped may still be leaving
     bob = member_with_token("bob")
     with serving("--no-worker") as (base, process):
         cursor = httpx.get(f"{base}/v0/me/inbox/events", headers=bob).json()["cursor"]
         assert httpx.get(f"{base}/v0/me/inbox/events", params={"cursor": cursor, "wait_ms": 200}, headers=bob,
                          timeout=10).status_code == 200
         deadline = time.monotonic() + 10
-        while group.zcard(key) != 1:  # the watcher joins on its own task
-            assert time.monotonic() < deadline, "the server's log watcher never joined the log group"
+        while subscribers() != before + 1:  # the watcher subscribes on its own task
+            assert time.monotonic() < deadline, "the server's log watcher never subscribed to the log topic"
             time.sleep(0.05)
         # when
         process.send_signal(signal.SIGTERM)
         process.wait(20)
     # then
-    assert group.zcard(key) == 0
+    deadline = time.monotonic() + 5
+    while subscribers() > before:
+        assert time.monotonic() < deadline, "the stopped server's subscription stayed"
+        time.sleep(0.05)
 
 
 @pytest.mark.postgres

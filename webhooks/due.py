@@ -32,7 +32,7 @@ def kick_on_commit() -> None:
 
 
 def nudge_timer_on_commit() -> None:
-    live.group_send_on_commit(DUE_GROUP, {"type": "webhooks.due"})
+    live.publish_on_commit(DUE_GROUP, {"type": "webhooks.due"})
 
 
 def _kick_unless_timed() -> None:

@@ -222,7 +222,9 @@ def test_recipients_inbox_groups_hear_of_new_items_after_commit(space, alice, bo
     # given
     from controlplane import live
     sent = []
-    monkeypatch.setattr(live.publisher, "send", lambda group, message: sent.append((group, message)))
+    record = lambda group, message: sent.append((group, message))
+    monkeypatch.setattr(live.publisher, "send", record)
+    monkeypatch.setattr(live.publisher, "publish", record)  # topics
     group, _ = services.get_or_create_group(space, [alice, bob, carol], actor=alice)
     # when
     with django_capture_on_commit_callbacks(execute=True):
@@ -237,7 +239,9 @@ def test_a_rejected_send_announces_nothing(space, alice, bob, monkeypatch, djang
     from controlplane import live
     from inbox import mailbox
     sent = []
-    monkeypatch.setattr(live.publisher, "send", lambda group, message: sent.append(group))
+    record = lambda group, message: sent.append(group)
+    monkeypatch.setattr(live.publisher, "send", record)
+    monkeypatch.setattr(live.publisher, "publish", record)  # topics
     monkeypatch.setattr(mailbox, "MAILBOX_LIMIT_BYTES", 10)
     direct, _ = services.get_or_create_direct(space, bob, actor=alice)
     with django_capture_on_commit_callbacks(execute=True):

@@ -57,7 +57,9 @@ def test_both_insert_paths_write_and_publish_the_same(space, alice, bob, carol, 
     group, _ = services.get_or_create_group(space, [alice, bob, carol], actor=alice)
     hooked, sent = [], []
     monkeypatch.setattr(log, "_APPEND_HOOKS", [*log._APPEND_HOOKS, hooked.extend])
-    monkeypatch.setattr(live.publisher, "send", lambda group, note: sent.append((group, note)))
+    record = lambda group, note: sent.append((group, note))
+    monkeypatch.setattr(live.publisher, "send", record)
+    monkeypatch.setattr(live.publisher, "publish", record)  # topics
     # (the firewall's kick is recorded, not run: the rows stay as written)
     monkeypatch.setattr(writes, "kick_on_commit", lambda task, *args: sent.append((task, args)))
     snapshots = []
@@ -90,7 +92,9 @@ def test_both_acknowledgement_paths_settle_and_publish_the_same(space, alice, bo
                                                                  django_capture_on_commit_callbacks):
     # given: bob sends alice and carol two direct messages each; a recording publisher
     sent = []
-    monkeypatch.setattr(live.publisher, "send", lambda group, note: sent.append((group, note)))
+    record = lambda group, note: sent.append((group, note))
+    monkeypatch.setattr(live.publisher, "send", record)
+    monkeypatch.setattr(live.publisher, "publish", record)  # topics
     for reader in (alice, carol):
         direct, _ = services.get_or_create_direct(space, reader, actor=bob)
         for n in range(2):
@@ -130,7 +134,9 @@ def test_both_batch_acknowledgement_paths_settle_and_publish_the_same(space, ali
     from inbox import mailbox
 
     sent = []
-    monkeypatch.setattr(live.publisher, "send", lambda group, note: sent.append((group, note)))
+    record = lambda group, note: sent.append((group, note))
+    monkeypatch.setattr(live.publisher, "send", record)
+    monkeypatch.setattr(live.publisher, "publish", record)  # topics
     for reader, count in ((alice, 3), (carol, 2)):
         direct, _ = services.get_or_create_direct(space, reader, actor=bob)
         for n in range(count):

@@ -12,7 +12,7 @@ from django.test import Client
 
 from controlplane import services
 from controlplane.asgi import router
-from controlplane.live import LOG_GROUP, log_watcher, member_group
+from controlplane.live import LOG_GROUP, log_watcher, member_group, publisher, topics_on_redis
 from controlplane.models import Member
 from inbox.delivery import acknowledge_delivery
 from inbox.models import InboxItem
@@ -76,15 +76,18 @@ async def watching(member, conversation, after=0):
 
 
 async def log_watcher_listening():
-    """Wait until this process's log watcher has joined the log group."""
-    layer = get_channel_layer()
+    """Wait until this process's log watcher hears the log topic (as another
+    process's commit reaches it: Redis pub/sub, or the in-memory layer's group)."""
     for _ in range(100):
         mark = log_watcher.mark()
-        await layer.group_send(LOG_GROUP, {"type": "log.advanced"})
+        if topics_on_redis():
+            await asyncio.to_thread(publisher.publish, LOG_GROUP, {"type": "log.advanced"})
+        else:
+            await get_channel_layer().group_send(LOG_GROUP, {"type": "log.advanced"})
         await log_watcher.wait(mark, 0.05)
         if mark.is_set():
             return
-    raise AssertionError("the log watcher never joined the log group")
+    raise AssertionError("the log watcher never heard the log topic")
 
 
 async def frames_until_live(socket) -> list[dict]:
