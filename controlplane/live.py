@@ -29,7 +29,7 @@ LOG_GROUP = "switchboard.log"  # a topic (Publisher.publish, listen)
 # A topic's subscription that heard nothing for this long pings Redis, so a
 # connection that died silently is found and replaced.
 SUBSCRIPTION_IDLE_SECONDS = 30.0
-# A publish waits at most this long for Redis (it runs in the committing thread).
+# A topic's PUBLISH waits at most this long for Redis (on the publisher's loop).
 PUBLISH_TIMEOUT_SECONDS = 1.0
 HEARD_HERE_KEPT = 10_000  # own announcements remembered, to skip their broker copies (LogWatcher.wake_here)
 
@@ -65,12 +65,13 @@ class Publisher:
 
     Topics (`publish`, heard through `listen`) are what every process
     listens to, once each: the log's advances after every commit, new due
-    deliveries. On Redis each is one PUBLISH, from the committing thread,
-    to a pub/sub channel that each listening process subscribes to: a
-    `group_send` to every process's channel in a group took three round
-    trips and a script on the publisher's thread, whose interpreter time
-    delayed the same process's live pass (docs/benchmarks.md, round
-    seventeen).
+    deliveries. On Redis each is one PUBLISH to a pub/sub channel that each
+    listening process subscribes to, sent from the background loop like a
+    group message (those queued meanwhile in one pipeline): a `group_send`
+    to every process's channel in a group took three round trips and a
+    script there, whose interpreter time delayed the same process's live
+    pass, and a PUBLISH from the committing thread made the send's own
+    response wait (docs/benchmarks.md, round seventeen).
     """
 
     IN_FLIGHT = 32
@@ -84,8 +85,9 @@ class Publisher:
         self._queued: dict[object, list[tuple[str, dict]]] = {}  # by layer, on the publisher's loop
         self._flushers: dict[object, asyncio.Task] = {}
         self._sending: set[asyncio.Task] = set()
-        self._redis = None  # the topics' client, made once per process
-        self._redis_pid = 0
+        self._topics: list[tuple[str, str]] = []  # (channel, message) to publish, on the publisher's loop
+        self._publishing: asyncio.Task | None = None
+        self._topics_client = None  # made on the publisher's loop, for that loop
 
     async def _send(self, layer, group: str, message: dict) -> None:
         loop = asyncio.get_running_loop()
@@ -129,6 +131,7 @@ class Publisher:
                 loop = asyncio.new_event_loop()
                 threading.Thread(target=loop.run_forever, name="switchboard-publisher", daemon=True).start()
                 self._own_loop, self._own_loop_pid = loop, os.getpid()
+                self._topics, self._publishing, self._topics_client = [], None, None  # the old loop's
             return self._own_loop
 
     def _target_loop(self, layer) -> asyncio.AbstractEventLoop | None:
@@ -145,20 +148,36 @@ class Publisher:
             self.send(topic, message)
             return
         try:
-            self._topics_client().publish(topic_channel(topic), json.dumps(message, separators=(",", ":")))
+            self._background_loop().call_soon_threadsafe(
+                self._queue_topic, topic_channel(topic), json.dumps(message, separators=(",", ":")))
         except Exception:
             logger.warning("could not publish to %s", topic, exc_info=True)
 
-    def _topics_client(self):
-        """One client per process (it is thread-safe; a forked child opens its
-        own). Two threads racing to make it make two, and one is kept."""
-        if self._redis is None or self._redis_pid != os.getpid():
-            import redis
+    def _queue_topic(self, channel: str, message: str) -> None:
+        """On the publisher's loop: queue a PUBLISH, and start publishing
+        unless it runs."""
+        self._topics.append((channel, message))
+        if self._publishing is None or self._publishing.done():
+            self._publishing = asyncio.get_running_loop().create_task(self._publish_topics())
 
-            self._redis = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=PUBLISH_TIMEOUT_SECONDS,
-                                               socket_connect_timeout=PUBLISH_TIMEOUT_SECONDS)
-            self._redis_pid = os.getpid()
-        return self._redis
+    async def _publish_topics(self) -> None:
+        """Publish what is queued, in order: what queues meanwhile goes in
+        the next pipeline."""
+        if self._topics_client is None:
+            import redis.asyncio
+
+            self._topics_client = redis.asyncio.Redis.from_url(
+                settings.REDIS_URL, socket_timeout=PUBLISH_TIMEOUT_SECONDS,
+                socket_connect_timeout=PUBLISH_TIMEOUT_SECONDS)
+        while self._topics:
+            batch, self._topics = self._topics, []
+            try:
+                async with self._topics_client.pipeline(transaction=False) as pipe:
+                    for channel, message in batch:
+                        pipe.publish(channel, message)
+                    await pipe.execute()
+            except Exception:
+                logger.warning("could not publish %d topic messages", len(batch), exc_info=True)
 
     def send(self, group: str, message: dict) -> None:
         layer = get_channel_layer()
