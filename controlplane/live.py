@@ -262,7 +262,7 @@ def topic_channel(topic: str) -> str:
 def announce_on_commit(message: dict) -> None:
     """Once the current transaction commits, tell every process's log
     watcher of the advance `message` names: this process's at once, the
-    others through the log group (controlplane.log.appended)."""
+    others through the log topic (controlplane.log.appended)."""
     def announce():
         origin = log_watcher.wake_here(message)
         publisher.publish(LOG_GROUP, message if origin is None else {**message, "origin": origin})
@@ -493,9 +493,9 @@ async def _subscribe(topic: str, on_message: Callable[[dict], None]) -> None:
             logger.warning("lost Redis while listening to %s; subscribing again", topic, exc_info=True)
             await asyncio.sleep(1.0)
         finally:
-            with contextlib.suppress(Exception):
-                await subscription.aclose()
-                await client.aclose()
+            for closing in (subscription, client):
+                with contextlib.suppress(Exception):
+                    await closing.aclose()
 
 
 class Memberships:
