@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
@@ -133,9 +134,10 @@ class RateLimited(ApiError):
 
 
 class Unavailable(ApiError):
-    """The database could not be reached (restarting, failing over): nothing
-    was done that a retry would repeat (sends and other writes take an
-    Idempotency-Key for the case where the outcome is unknown)."""
+    """The database or Redis could not be reached (restarting, failing
+    over): nothing was done that a retry would repeat (sends and other
+    writes take an Idempotency-Key for the case where the outcome is
+    unknown)."""
 
     status, code, message = 503, "UNAVAILABLE", "The service is briefly unavailable; retry."
 
@@ -170,6 +172,13 @@ def from_drf(exc: drf.APIException) -> ApiError:
     return ApiError(str(exc.detail), status=exc.status_code)
 
 
+def _redis_unreachable(exc) -> bool:
+    """A connection error or timeout of Redis (the cache: rate limits,
+    remembered lookups), without importing redis where nothing uses it."""
+    errors = sys.modules.get("redis.exceptions")
+    return errors is not None and isinstance(exc, (errors.ConnectionError, errors.TimeoutError))
+
+
 def api_exception_handler(exc, context):
     """DRF's EXCEPTION_HANDLER: every error leaves in the contract's shape."""
     if isinstance(exc, Http404):
@@ -182,8 +191,9 @@ def api_exception_handler(exc, context):
         exc = InvalidRequest("The request was rejected.")
     elif isinstance(exc, drf.APIException):
         exc = from_drf(exc)
-    elif isinstance(exc, (OperationalError, InterfaceError)):
-        logger.warning("database unavailable: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    elif isinstance(exc, (OperationalError, InterfaceError)) or _redis_unreachable(exc):
+        logger.warning("%s unavailable: %s", "Redis" if _redis_unreachable(exc) else "database",
+                       str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         exc = Unavailable()
     if not isinstance(exc, ApiError):
         logger.exception("unhandled error in API view", exc_info=exc)

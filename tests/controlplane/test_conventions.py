@@ -381,6 +381,24 @@ def test_a_lost_database_is_503_with_retry_after(as_alice):
     connection.close_pool()  # the pool's other cut connections would fail the test's own teardown
 
 
+def test_a_lost_redis_is_503_with_retry_after(as_alice, settings):
+    # given: the cache (rate limits, remembered bearer lookups) on a Redis
+    # that refuses connections, as while it restarts
+    import socket
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    settings.RATE_LIMIT_PER_MINUTE = 1000
+    settings.CACHES = {"default": {"BACKEND": "controlplane.cache.RedisCache",
+                                   "LOCATION": f"redis://127.0.0.1:{port}/0", "KEY_PREFIX": "lost"}}
+    # when
+    response = as_alice.get("/v0/me")
+    # then: the same answer as a lost database's, not a logged 500
+    assert response.status_code == 503 and response["Retry-After"] == "1"
+    assert error_code(response) == "UNAVAILABLE" and response.json()["error"]["details"] == {"retry_after": 1}
+
+
 def test_a_credential_carries_its_owners_name(as_alice):
     created = as_alice.post("/v0/me/credentials", {"name": "laptop CLI"})
     unnamed = as_alice.post("/v0/me/credentials")
