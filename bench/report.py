@@ -6,7 +6,7 @@ from controlplane.keys import redis_namespace
 # A fixed root key for the run (bench/run.py gives it to every server):
 # cursors built here must verify in the servers, and the Redis names are its.
 ADMIN_KEY = "bench-only-server-admin-key-0123456789abcdefghijklmnopqrstuvwxyz"
-# Every server process subscribes to the log topic once (controlplane.live.topic_channel).
+# Every server process subscribes to the log topic once (controlplane.topics.redis_channel).
 LOG_TOPIC_CHANNEL = f"{redis_namespace(ADMIN_KEY)}:topic:switchboard.log"
 TARGET_SENDS_SHARE = 0.08  # sends/s / 16-client insert tx/s (issue: ≥ 8%)
 TARGET_RSS_MIB = 120

@@ -1,6 +1,7 @@
 """Side effects after commit: Channels group messages, topics every process
-listens to (the log's advances, new due deliveries), and the per-process
-watcher that wakes long-polls when the event log advances anywhere.
+listens to (published here, heard through controlplane.topics), and the
+per-process watcher that wakes long-polls when the event log advances
+anywhere.
 
 The durable rows are the truth; everything here is a nudge. A lost nudge
 delays a long-poll by at most twice settings.FEED_RECHECK_SECONDS (the
@@ -10,25 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import itertools
 import json
 import logging
 import os
 import threading
-from collections.abc import Callable
 
 from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.conf import settings
 from django.db import transaction
 
+from controlplane import topics
+
 logger = logging.getLogger("switchboard.live")
 
-LOG_GROUP = "switchboard.log"  # a topic (Publisher.publish, listen)
-# A topic's subscription that heard nothing for this long pings Redis, so a
-# connection that died silently is found and replaced.
-SUBSCRIPTION_IDLE_SECONDS = 30.0
+LOG_TOPIC = "switchboard.log"
 # A topic's PUBLISH waits at most this long for Redis (on the publisher's loop).
 PUBLISH_TIMEOUT_SECONDS = 1.0
 HEARD_HERE_KEPT = 10_000  # own announcements remembered, to skip their broker copies (LogWatcher.wake_here)
@@ -38,7 +36,6 @@ def member_group(member) -> str:
     """The Channels group of every live socket of one member (the web app's
     pages join it); `{"type": "session.ended"}` to it closes them all."""
     return f"member.{member.public_id}"
-GROUP_READD_SECONDS = 3600
 
 
 class Publisher:
@@ -63,7 +60,7 @@ class Publisher:
     empty group). Most groups are empty most of the time: a member's inbox
     group has members only while their inbox page or an MCP stream is open.
 
-    Topics (`publish`, heard through `listen`) are what every process
+    Topics (`publish`, heard through `controlplane.topics.listen`) are what every process
     listens to, once each: the log's advances after every commit, new due
     deliveries. On Redis each is one PUBLISH to a pub/sub channel that each
     listening process subscribes to, sent from the background loop like a
@@ -144,12 +141,12 @@ class Publisher:
         """Tell every process that `listen`s to `topic` of `message`: one
         PUBLISH on Redis; without it, the in-memory layer's group of that
         name (this process is the only one). A failure is logged."""
-        if not topics_on_redis():
+        if not topics.on_redis():
             self.send(topic, message)
             return
         try:
             self._background_loop().call_soon_threadsafe(
-                self._queue_topic, topic_channel(topic), json.dumps(message, separators=(",", ":")))
+                self._queue_topic, topics.redis_channel(topic), json.dumps(message, separators=(",", ":")))
         except Exception:
             logger.warning("could not publish to %s", topic, exc_info=True)
 
@@ -247,25 +244,13 @@ def publish_on_commit(topic: str, message: dict) -> None:
     transaction.on_commit(lambda: publisher.publish(topic, message), robust=True)
 
 
-def topics_on_redis() -> bool:
-    """Whether topics go through Redis pub/sub: the channel layer is
-    channels-redis (REDIS_URL). The in-memory layer's groups carry them in
-    a process of their own, and any other layer's groups likewise."""
-    return bool(settings.REDIS_URL) and hasattr(get_channel_layer(), "_group_key")
-
-
-def topic_channel(topic: str) -> str:
-    """A topic's Redis pub/sub channel, in this deployment's namespace."""
-    return f"{settings.REDIS_NAMESPACE}:topic:{topic}"
-
-
 def announce_on_commit(message: dict) -> None:
     """Once the current transaction commits, tell every process's log
     watcher of the advance `message` names: this process's at once, the
     others through the log topic (controlplane.log.appended)."""
     def announce():
         origin = log_watcher.wake_here(message)
-        publisher.publish(LOG_GROUP, message if origin is None else {**message, "origin": origin})
+        publisher.publish(LOG_TOPIC, message if origin is None else {**message, "origin": origin})
 
     transaction.on_commit(announce, robust=True)
 
@@ -301,7 +286,7 @@ class Interest:
 
 
 class LogWatcher:
-    """One per process: listens on the log group and wakes local waiters:
+    """One per process: listens to the log topic and wakes local waiters:
     those that took a `mark` on any advance, those that `watch` an
     `Interest` (long-polls, live pages) on the advances it names.
 
@@ -371,7 +356,7 @@ class LogWatcher:
         tasks, self._tasks = self._tasks, []
         if self._loop is asyncio.get_running_loop():
             for task in tasks:
-                await stop_task(task)
+                await topics.stop_task(task)
 
     def wake_here(self, message: dict) -> str | None:
         """From any thread: wake this process's waiters for a commit it
@@ -396,7 +381,7 @@ class LogWatcher:
         self._wake(message)
 
     def _heard(self, message: dict) -> None:
-        """A message of the log group: skipped if this process announced it itself."""
+        """A message of the log topic: skipped if this process announced it itself."""
         if message.get("origin") in self._heard_here:
             del self._heard_here[message["origin"]]
         else:
@@ -411,7 +396,7 @@ class LogWatcher:
                 interest.event.set()
 
     async def _listen(self) -> None:
-        await listen(LOG_GROUP, self._heard)
+        await topics.listen(LOG_TOPIC, self._heard)
 
     async def _check_head(self) -> None:
         from controlplane.db import db_call
@@ -431,124 +416,6 @@ class LogWatcher:
             if seen is not None and self._announced < seen:
                 self._wake({"type": "log.advanced", "position": seen})  # says nothing of what: wakes everyone
             seen = head
-
-
-async def listen(group: str, on_message: Callable[[dict], None]) -> None:
-    """Call `on_message` with every message published to the topic `group`
-    (`Publisher.publish`), until cancelled. On Redis a subscription to its
-    pub/sub channel; otherwise a channel of its own in the layer's group
-    (renewed, see `Memberships`). Either is made again after a lost
-    connection. Returns at once without a channel layer."""
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    if topics_on_redis():
-        return await _subscribe(group, on_message)
-    while True:
-        memberships = None
-        try:
-            memberships = Memberships(layer, await layer.new_channel())
-            await memberships.join(group)
-            while True:
-                on_message(await layer.receive(memberships.channel))
-                # A receive from a busy channel's buffer never waits: let a cancellation in.
-                await asyncio.sleep(0)
-        except asyncio.CancelledError:
-            if memberships is not None:
-                await memberships.leave()
-            raise
-        except Exception:
-            # Some layers turn a cancellation (the loop shutting down)
-            # into their own errors: stop rather than retry then.
-            if memberships is not None:
-                await memberships.leave()
-            if asyncio.current_task().cancelling():
-                raise
-            logger.warning("lost the channel layer while listening to %s; retrying", group, exc_info=True)
-            await asyncio.sleep(1.0)
-
-
-async def _subscribe(topic: str, on_message: Callable[[dict], None]) -> None:
-    import redis.asyncio
-
-    while True:
-        # Named after its channel: Redis's CLIENT LIST tells each process's subscriptions apart.
-        client = redis.asyncio.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=5,
-                                              client_name=topic_channel(topic))
-        subscription = client.pubsub(ignore_subscribe_messages=True)
-        try:
-            await subscription.subscribe(topic_channel(topic))
-            while True:
-                message = await subscription.get_message(ignore_subscribe_messages=True,
-                                                         timeout=SUBSCRIPTION_IDLE_SECONDS)
-                if message is None:
-                    await subscription.ping()  # a connection that died silently fails here
-                elif message["type"] == "message":
-                    on_message(json.loads(message["data"]))
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            if asyncio.current_task().cancelling():
-                raise
-            logger.warning("lost Redis while listening to %s; subscribing again", topic, exc_info=True)
-            await asyncio.sleep(1.0)
-        finally:
-            for closing in (subscription, client):
-                with contextlib.suppress(Exception):
-                    await closing.aclose()
-
-
-class Memberships:
-    """A long-lived channel's groups (a live page's, an MCP stream's),
-    joined again every GROUP_READD_SECONDS until left: channels-redis (and
-    the in-memory layer) forget a membership `group_expiry` after it was
-    made (a day by default), however busy the channel. Without the renewal a
-    page open for a day stopped hearing of its inbox and of its session's
-    end, and a stream of being replaced."""
-
-    def __init__(self, layer, channel: str) -> None:
-        self._layer, self.channel = layer, channel
-        self._groups: list[str] = []
-        self._renewal: asyncio.Task | None = None
-
-    async def join(self, *groups: str) -> None:
-        for group in groups:
-            await self._layer.group_add(group, self.channel)
-            self._groups.append(group)
-        if self._renewal is None:
-            self._renewal = asyncio.get_running_loop().create_task(self._renew())
-
-    async def _renew(self) -> None:
-        while True:
-            await asyncio.sleep(GROUP_READD_SECONDS)
-            try:
-                for group in self._groups:
-                    await self._layer.group_add(group, self.channel)
-            except Exception:
-                logger.warning("could not renew a channel's groups; trying again later", exc_info=True)
-
-    async def leave(self) -> None:
-        """Leave every group, best effort (a second call does nothing)."""
-        if self._renewal is not None:
-            await stop_task(self._renewal)
-            self._renewal = None
-        groups, self._groups = self._groups, []
-        for group in groups:
-            # A channel left behind would get a copy of every message until its membership expires.
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._layer.group_discard(group, self.channel), 1.0)
-
-
-async def stop_task(task: asyncio.Task) -> None:
-    """Cancel `task` and wait until it has ended, cancelling it again while
-    it has not: a receive from channels-redis can lose a cancellation that
-    comes while the layer's receive lock passes to it, and go on waiting
-    for messages that will not come."""
-    while not task.done():
-        task.cancel()
-        await asyncio.wait({task}, timeout=0.5)
-    if not task.cancelled() and task.exception() is not None:
-        logger.debug("a stopped task had failed", exc_info=task.exception())
 
 
 def shared_layer() -> bool:

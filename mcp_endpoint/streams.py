@@ -24,7 +24,8 @@ import time
 
 from channels.layers import get_channel_layer
 
-from controlplane.live import Interest, Memberships, log_watcher, member_group, stop_task
+from controlplane.live import Interest, log_watcher, member_group
+from controlplane.topics import Memberships, stop_task
 from inbox.mailbox import inbox_group
 from webhooks.mcp import ITEM, PENDING
 

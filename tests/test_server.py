@@ -360,8 +360,9 @@ def test_a_server_hears_the_log_topic_through_one_subscription_until_it_stops(se
     # given: a server whose long-poll started its log watcher
     import redis
 
-    from controlplane.live import LOG_GROUP, topic_channel
-    client, channel = redis.Redis.from_url(settings.REDIS_URL), topic_channel(LOG_GROUP)
+    from controlplane.live import LOG_TOPIC
+    from controlplane.topics import redis_channel
+    client, channel = redis.Redis.from_url(settings.REDIS_URL), redis_channel(LOG_TOPIC)
 
     def subscribers() -> int:
         return dict(client.pubsub_numsub(channel))[channel.encode()]

@@ -18,7 +18,8 @@ import json
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 
 from controlplane.access import readable_conversation
-from controlplane.live import Memberships, member_group
+from controlplane.live import member_group
+from controlplane.topics import Memberships
 from controlplane.models import Member
 from inbox.delivery import pending_count
 from inbox.mailbox import inbox_group

@@ -14,7 +14,7 @@ from webhooks.models import Attempt, Delivery, Endpoint, Subscription, new_deliv
 
 # The running delivery timer listens here (webhooks.pump): a new due
 # delivery reaches it at once instead of at its next poll.
-DUE_GROUP = "switchboard.webhooks.due"
+DUE_TOPIC = "switchboard.webhooks.due"
 # Held in the cache by the worker that is the timer (webhooks.tasks.deliver).
 TIMER_KEY = "webhooks:timer"
 
@@ -32,7 +32,7 @@ def kick_on_commit() -> None:
 
 
 def nudge_timer_on_commit() -> None:
-    live.publish_on_commit(DUE_GROUP, {"type": "webhooks.due"})
+    live.publish_on_commit(DUE_TOPIC, {"type": "webhooks.due"})
 
 
 def _kick_unless_timed() -> None:

@@ -3,7 +3,7 @@ concurrently on one event loop, and record the answers in batches, while a
 single database thread does the ORM work.
 
 `run(seconds=…, wait=True)` is the timer (webhooks.tasks): it stays for its
-run, woken by nudges through the channel layer (webhooks.due.DUE_GROUP) or
+run, woken by nudges on its topic (webhooks.due.DUE_TOPIC) or
 by its own short poll; `wait=False` sends what is due now and returns.
 """
 from __future__ import annotations
@@ -15,16 +15,16 @@ import time
 
 from django.db import InterfaceError, OperationalError, connections
 
-from controlplane import faults, live
+from controlplane import faults, live, topics
 from controlplane.clock import now, timestamp
 from controlplane.processes import cluster_stopping
 from webhooks import crypto
-from webhooks.due import DUE_GROUP
+from webhooks.due import DUE_TOPIC
 from webhooks.engine import MAX_IN_FLIGHT, Job, Result, log_attempt, record_or_leave, claim_due, next_due_in
 from webhooks.transport import Transport
 
 POLL_SECONDS = 0.05
-# A timer that hears of new deliveries (webhooks.due.DUE_GROUP) looks on its
+# A timer that hears of new deliveries (webhooks.due.DUE_TOPIC) looks on its
 # own only for what no nudge announces: retry times and expired leases, which
 # next_due_in finds, and anything a lost nudge left.
 NUDGED_POLL_SECONDS = 0.5
@@ -96,10 +96,10 @@ async def run(*, seconds: float, wait: bool, resolver=None, renew=None) -> int:
     db = _Database()
     in_flight: set[asyncio.Task] = set()
     sent = 0
-    # The timer hears of new due deliveries at once (webhooks.due.DUE_GROUP)
+    # The timer hears of new due deliveries at once (webhooks.due.DUE_TOPIC)
     # where the channel layer reaches the processes that commit them.
     nudged = asyncio.Event()
-    listener = asyncio.create_task(live.listen(DUE_GROUP, lambda _: nudged.set())) \
+    listener = asyncio.create_task(topics.listen(DUE_TOPIC, lambda _: nudged.set())) \
         if wait and live.shared_layer() else None
     poll = NUDGED_POLL_SECONDS if listener else POLL_SECONDS
     try:
@@ -156,7 +156,7 @@ async def run(*, seconds: float, wait: bool, resolver=None, renew=None) -> int:
             for task in in_flight:
                 task.cancel()
         if listener:
-            await live.stop_task(listener)
+            await topics.stop_task(listener)
         await db.close()
     return sent
 

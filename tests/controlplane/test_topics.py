@@ -1,4 +1,4 @@
-"""Topics on Redis (controlplane.live): what every process listens to once
+"""Topics on Redis (controlplane.topics, published by controlplane.live): what every process listens to once
 (the log's advances, new due deliveries) goes out as one PUBLISH and is
 heard through one pub/sub subscription per listener."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from django.conf import settings
 
-from controlplane import live
+from controlplane import live, topics
 
 pytestmark = pytest.mark.postgres  # with REDIS_URL: the production path
 
@@ -36,9 +36,9 @@ async def test_one_publish_from_a_committing_thread_reaches_every_listener(monke
 
     monkeypatch.setattr(layer, "group_send", no_group_send)
     heard: list[list[dict]] = [[], []]
-    listeners = [asyncio.create_task(live.listen(topic, got.append)) for got in heard]
+    listeners = [asyncio.create_task(topics.listen(topic, got.append)) for got in heard]
     try:
-        await _subscribed(2, live.topic_channel(topic))
+        await _subscribed(2, topics.redis_channel(topic))
         # when: a request thread publishes once
         await asyncio.to_thread(live.publisher.publish, topic, {"type": "log.advanced", "position": 7,
                                                                  "conversations": [3], "members": None})
@@ -50,7 +50,7 @@ async def test_one_publish_from_a_committing_thread_reaches_every_listener(monke
         assert heard == [[{"type": "log.advanced", "position": 7, "conversations": [3], "members": None}]] * 2
     finally:
         for task in listeners:
-            await live.stop_task(task)
+            await topics.stop_task(task)
 
 
 @pytest.mark.asyncio
@@ -59,9 +59,9 @@ async def test_a_listener_whose_connection_redis_dropped_subscribes_again():
     import redis.asyncio
 
     topic = "switchboard.test.dropped"
-    channel = live.topic_channel(topic)
+    channel = topics.redis_channel(topic)
     heard: list[dict] = []
-    listener = asyncio.create_task(live.listen(topic, heard.append))
+    listener = asyncio.create_task(topics.listen(topic, heard.append))
     try:
         await _subscribed(1, channel)
         # when: Redis drops its connection (a restart, a failover: found by its name)
@@ -77,7 +77,7 @@ async def test_a_listener_whose_connection_redis_dropped_subscribes_again():
             await asyncio.sleep(0.05)
         assert heard and heard[0] == {"type": "again"}
     finally:
-        await live.stop_task(listener)
+        await topics.stop_task(listener)
     # and a stopped listener's subscription is gone with it
     await asyncio.sleep(0.1)
     async with redis.asyncio.Redis.from_url(settings.REDIS_URL) as admin:

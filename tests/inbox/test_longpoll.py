@@ -167,21 +167,21 @@ async def test_log_watcher_renews_its_group_membership_under_steady_traffic(monk
     # given: memberships expire after 1 s, renewed every 0.3 s, and a commit every 0.1 s
     from channels.layers import InMemoryChannelLayer
 
-    from controlplane import live
+    from controlplane import live, topics
     layer = InMemoryChannelLayer(group_expiry=1)
-    monkeypatch.setattr(live, "get_channel_layer", lambda: layer)
-    monkeypatch.setattr(live, "GROUP_READD_SECONDS", 0.3)
+    monkeypatch.setattr(topics, "get_channel_layer", lambda: layer)
+    monkeypatch.setattr(topics, "GROUP_READD_SECONDS", 0.3)
     watcher = live.LogWatcher()
     watcher.mark()
     for _ in range(100):  # until the listener has joined the group
-        if layer.groups.get(live.LOG_GROUP):
+        if layer.groups.get(live.LOG_TOPIC):
             break
         await asyncio.sleep(0.01)
     wakes = 0
     # when: traffic runs for longer than the expiry
     for _ in range(25):
         mark = watcher.mark()
-        await layer.group_send(live.LOG_GROUP, {"type": "log.advanced"})
+        await layer.group_send(live.LOG_TOPIC, {"type": "log.advanced"})
         await watcher.wait(mark, 0.5)
         wakes += mark.is_set()
         await asyncio.sleep(0.1)
@@ -195,14 +195,14 @@ async def test_a_commit_wakes_its_own_process_at_once_and_the_brokers_copy_is_sk
     # given: a watcher listening on a layer of its own, and two interests
     from channels.layers import InMemoryChannelLayer
 
-    from controlplane import live
+    from controlplane import live, topics
 
     layer = InMemoryChannelLayer()
-    monkeypatch.setattr(live, "get_channel_layer", lambda: layer)
+    monkeypatch.setattr(topics, "get_channel_layer", lambda: layer)
     watcher = live.LogWatcher()
     mine, other = watcher.watch(conversations={7}), watcher.watch(conversations={8})
     for _ in range(100):  # until the listener has joined the group
-        if layer.groups.get(live.LOG_GROUP):
+        if layer.groups.get(live.LOG_TOPIC):
             break
         await asyncio.sleep(0.01)
     advance = {"type": "log.advanced", "position": 41, "conversations": [7], "spaces": [1], "access_spaces": [],
@@ -215,11 +215,11 @@ async def test_a_commit_wakes_its_own_process_at_once_and_the_brokers_copy_is_sk
         assert origin and not other.event.is_set()
         # when: the broker's copy arrives
         mine.event.clear()
-        await layer.group_send(live.LOG_GROUP, {**advance, "origin": origin})
+        await layer.group_send(live.LOG_TOPIC, {**advance, "origin": origin})
         await asyncio.sleep(0.2)
         # then: it is skipped; another process's advance still wakes
         assert not mine.event.is_set()
-        await layer.group_send(live.LOG_GROUP, {**advance, "origin": "another process"})
+        await layer.group_send(live.LOG_TOPIC, {**advance, "origin": "another process"})
         await asyncio.wait_for(mine.event.wait(), 1)
     finally:
         await watcher.stop()
@@ -230,7 +230,7 @@ async def test_a_commit_wakes_its_own_process_at_once_and_the_brokers_copy_is_sk
 @pytest.mark.asyncio
 async def test_a_group_listener_stops_when_cancelled_under_a_stream_of_messages(monkeypatch):
     # given: a layer that always has a message ready (a busy group), and a listener on it
-    from controlplane import live
+    from controlplane import topics
 
     class Flooded:
         async def new_channel(self):
@@ -245,9 +245,9 @@ async def test_a_group_listener_stops_when_cancelled_under_a_stream_of_messages(
         async def receive(self, channel):
             return {"type": "webhooks.due"}
 
-    monkeypatch.setattr(live, "get_channel_layer", Flooded)
+    monkeypatch.setattr(topics, "get_channel_layer", Flooded)
     heard = []
-    listener = asyncio.create_task(live.listen("busy", heard.append))
+    listener = asyncio.create_task(topics.listen("busy", heard.append))
     await asyncio.sleep(0.05)
     # when
     listener.cancel()
@@ -263,7 +263,7 @@ async def test_a_task_that_loses_a_cancellation_is_still_stopped():
     layer's receive lock passes to it; `stop_task` cancels again until the
     task has ended, where awaiting it once would wait for ever."""
     # given: a task that swallows the first cancellation it gets
-    from controlplane import live
+    from controlplane import topics
     swallowed = []
 
     async def forgetful():
@@ -278,6 +278,6 @@ async def test_a_task_that_loses_a_cancellation_is_still_stopped():
     task = asyncio.create_task(forgetful())
     await asyncio.sleep(0)
     # when
-    await asyncio.wait_for(live.stop_task(task), 5)
+    await asyncio.wait_for(topics.stop_task(task), 5)
     # then
     assert task.cancelled() and swallowed == [0]

@@ -74,10 +74,10 @@ def test_an_inbox_stream_open_past_the_group_expiry_is_still_told_it_was_replace
     inbox stream for longer still hears of its replacement."""
     from channels.layers import get_channel_layer
 
-    from controlplane import live
+    from controlplane import topics
 
     monkeypatch.setattr(get_channel_layer(), "group_expiry", 2)
-    monkeypatch.setattr(live, "GROUP_READD_SECONDS", 0.5)
+    monkeypatch.setattr(topics, "GROUP_READD_SECONDS", 0.5)
 
     async def story():
         item = sources.SOURCES["org.switchboard/inbox.item"]

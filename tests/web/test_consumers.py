@@ -12,7 +12,8 @@ from django.test import Client
 
 from controlplane import services
 from controlplane.asgi import router
-from controlplane.live import LOG_GROUP, log_watcher, member_group, publisher, topics_on_redis
+from controlplane import topics
+from controlplane.live import LOG_TOPIC, log_watcher, member_group, publisher
 from controlplane.models import Member
 from inbox.delivery import acknowledge_delivery
 from inbox.models import InboxItem
@@ -80,10 +81,10 @@ async def log_watcher_listening():
     process's commit reaches it: Redis pub/sub, or the in-memory layer's group)."""
     for _ in range(100):
         mark = log_watcher.mark()
-        if topics_on_redis():
-            await asyncio.to_thread(publisher.publish, LOG_GROUP, {"type": "log.advanced"})
+        if topics.on_redis():
+            await asyncio.to_thread(publisher.publish, LOG_TOPIC, {"type": "log.advanced"})
         else:
-            await get_channel_layer().group_send(LOG_GROUP, {"type": "log.advanced"})
+            await get_channel_layer().group_send(LOG_TOPIC, {"type": "log.advanced"})
         await log_watcher.wait(mark, 0.05)
         if mark.is_set():
             return
@@ -224,10 +225,8 @@ async def test_a_socket_open_past_the_group_expiry_still_counts_live_and_ends_wi
     """The layer forgets a membership `group_expiry` after it was made (a
     day by default): a socket renews its own, so a page open for longer
     still hears of its inbox and is closed when its member is suspended."""
-    from controlplane import live
-
     monkeypatch.setattr(get_channel_layer(), "group_expiry", 2)
-    monkeypatch.setattr(live, "GROUP_READD_SECONDS", 0.5)
+    monkeypatch.setattr(topics, "GROUP_READD_SECONDS", 0.5)
     space, _ = room
     direct, _ = await db_call(services.get_or_create_direct)(space, ben, actor=ann)
     socket, connected = await open_socket("/ws/inbox/", ben)
