@@ -172,11 +172,27 @@ def from_drf(exc: drf.APIException) -> ApiError:
     return ApiError(str(exc.detail), status=exc.status_code)
 
 
-def _redis_unreachable(exc) -> bool:
-    """A connection error or timeout of Redis (the cache: rate limits,
-    remembered lookups), without importing redis where nothing uses it."""
+def _lost_service(exc) -> str | None:
+    """Which backing service `exc` says is out of reach: the database, or
+    Redis (the cache: rate limits, remembered lookups; matched without
+    importing redis where nothing uses it), else None."""
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        return "database"
     errors = sys.modules.get("redis.exceptions")
-    return errors is not None and isinstance(exc, (errors.ConnectionError, errors.TimeoutError))
+    if errors is not None and isinstance(exc, (errors.ConnectionError, errors.TimeoutError)):
+        return "Redis"
+    return None
+
+
+def as_unavailable(exc) -> Unavailable | None:
+    """`Unavailable` (503, retry) if `exc` is a lost database or Redis (a
+    restart, a failover), logged as such; else None. Every surface answers
+    such a loss this way: the API, the web app, `/mcp`."""
+    service = _lost_service(exc)
+    if service is None:
+        return None
+    logger.warning("%s unavailable: %s", service, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    return Unavailable()
 
 
 def api_exception_handler(exc, context):
@@ -191,10 +207,8 @@ def api_exception_handler(exc, context):
         exc = InvalidRequest("The request was rejected.")
     elif isinstance(exc, drf.APIException):
         exc = from_drf(exc)
-    elif isinstance(exc, (OperationalError, InterfaceError)) or _redis_unreachable(exc):
-        logger.warning("%s unavailable: %s", "Redis" if _redis_unreachable(exc) else "database",
-                       str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-        exc = Unavailable()
+    elif (unavailable := as_unavailable(exc)) is not None:
+        exc = unavailable
     if not isinstance(exc, ApiError):
         logger.exception("unhandled error in API view", exc_info=exc)
         exc = ApiError("Internal error.", status=500, code="INTERNAL")

@@ -23,7 +23,7 @@ from django.http.request import split_domain_port, validate_host
 
 from controlplane.api.authentication import WWW_AUTHENTICATE, authenticate_bearer
 from controlplane.db import db_call
-from controlplane.errors import ApiError, Forbidden, InvalidRequest, RateLimited
+from controlplane.errors import ApiError, Forbidden, InvalidRequest, RateLimited, as_unavailable
 
 if TYPE_CHECKING:
     from mcp.server.lowlevel import Server
@@ -121,5 +121,9 @@ class McpEndpoint:
             member = await db_call(_authenticate)(headers.get(b"authorization", b"").decode("latin-1"))
         except ApiError as error:
             return await _refuse(send, error)
+        except Exception as exc:
+            if (unavailable := as_unavailable(exc)) is None:
+                raise
+            return await _refuse(send, unavailable)
         await self.start()
         await self.manager.handle_request({**scope, MEMBER_KEY: member}, receive, send)

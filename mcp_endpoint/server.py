@@ -14,7 +14,7 @@ from mcp.shared.exceptions import MCPError
 from rest_framework.exceptions import ValidationError
 
 from controlplane.db import db_call
-from controlplane.errors import ApiError
+from controlplane.errors import ApiError, as_unavailable
 from controlplane.models import Member
 from mcp_endpoint import errors
 from mcp_endpoint.asgi import MEMBER_KEY
@@ -51,6 +51,10 @@ def run_tool(member: Member, name: str, arguments: dict | None) -> types.CallToo
         if (protocol := errors.protocol_error(exc)) is not None:
             raise protocol from None
         return errors.refusal(exc)
+    except Exception as exc:  # a lost database or Redis: the API's 503, to retry
+        if (unavailable := as_unavailable(exc)) is None:
+            raise
+        return errors.refusal(unavailable)
 
 
 async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:

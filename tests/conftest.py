@@ -107,6 +107,20 @@ def clear_of_window_edge(window: int = 60, margin: float = 2.0) -> None:
         time.sleep(left + 0.05)
 
 
+@pytest.fixture
+def lost_redis(settings):
+    """The cache (rate limits, remembered bearer lookups) on a Redis that
+    refuses connections, as while it restarts."""
+    import socket
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    settings.RATE_LIMIT_PER_MINUTE = 1000
+    settings.CACHES = {"default": {"BACKEND": "controlplane.cache.RedisCache",
+                                   "LOCATION": f"redis://127.0.0.1:{port}/0", "KEY_PREFIX": "lost"}}
+
+
 def error_code(response) -> str:
     body = response.json()
     assert set(body) == {"error"}, body

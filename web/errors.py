@@ -1,7 +1,11 @@
-"""Django-level error handlers (named by the composition root: urls.py and
-settings.CSRF_FAILURE_VIEW): the web app answers a browser on its own pages
-in HTML, everyone else gets the contract's JSON (controlplane.errors)."""
+"""Django-level error handlers (named by the composition root: urls.py,
+settings.CSRF_FAILURE_VIEW and settings.MIDDLEWARE): the web app answers a
+browser on its own pages in HTML, everyone else gets the contract's JSON
+(controlplane.errors)."""
 from __future__ import annotations
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.http import JsonResponse
 
 from controlplane import errors
 from controlplane.errors import ApiError, Forbidden, NotFound
@@ -17,6 +21,33 @@ def _web_page(request, error: ApiError):
 def not_found(request, exception=None):
     page = _web_page(request, NotFound("There is no such page."))
     return page if page is not None else errors.not_found(request, exception)
+
+
+class ServiceUnavailable:
+    """Middleware, last in the chain so that it sees a view's exception
+    first: a page, an action or the admin whose database or Redis is out of
+    reach (a restart, a failover) answers 503 UNAVAILABLE with Retry-After,
+    as the API does (controlplane.errors.as_unavailable), not a logged 500.
+    The web app's page for it reads neither (web/unavailable.html)."""
+
+    async_capable = True
+    sync_capable = True
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
+
+    def __call__(self, request):
+        return self.get_response(request)
+
+    def process_exception(self, request, exception):
+        error = errors.as_unavailable(exception)
+        if error is None:
+            return None
+        if request.path.startswith(("/app/", "/staff/")):
+            return error_response(request, error, page="web/unavailable.html")
+        return JsonResponse(error.body(), status=error.status, headers=error.headers)
 
 
 def csrf_failure(request, reason=""):

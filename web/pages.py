@@ -30,17 +30,18 @@ def wants_json(request) -> bool:
     return "application/json" in request.headers.get("Accept", "")
 
 
-def error_response(request, error: ApiError):
+def error_response(request, error: ApiError, page: str = "web/error.html"):
     """An error as the page's caller wants it: the contract's JSON shape for
-    scripts, a page for browsers, and for htmx a fragment shown in the page's
-    error area (never swapped into the element the request would replace)."""
+    scripts, a page for browsers (`page`), and for htmx a fragment shown in
+    the page's error area (never swapped into the element the request would
+    replace)."""
     if wants_json(request):
         response = JsonResponse(error.body(), status=error.status)
     elif request.headers.get("HX-Request"):
         response = render(request, "web/_error.html", {"error": error}, status=error.status)
         response["HX-Retarget"], response["HX-Reswap"] = "#htmx-error", "innerHTML"
     else:
-        response = render(request, "web/error.html", {"error": error}, status=error.status)
+        response = render(request, page, {"error": error}, status=error.status)
     for name, value in error.headers.items():
         response[name] = value
     return response

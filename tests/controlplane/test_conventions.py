@@ -381,17 +381,8 @@ def test_a_lost_database_is_503_with_retry_after(as_alice):
     connection.close_pool()  # the pool's other cut connections would fail the test's own teardown
 
 
-def test_a_lost_redis_is_503_with_retry_after(as_alice, settings):
-    # given: the cache (rate limits, remembered bearer lookups) on a Redis
-    # that refuses connections, as while it restarts
-    import socket
-
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        port = closed.getsockname()[1]
-    settings.RATE_LIMIT_PER_MINUTE = 1000
-    settings.CACHES = {"default": {"BACKEND": "controlplane.cache.RedisCache",
-                                   "LOCATION": f"redis://127.0.0.1:{port}/0", "KEY_PREFIX": "lost"}}
+def test_a_lost_redis_is_503_with_retry_after(as_alice, lost_redis):
+    # given: the cache on a Redis that refuses connections (lost_redis)
     # when
     response = as_alice.get("/v0/me")
     # then: the same answer as a lost database's, not a logged 500

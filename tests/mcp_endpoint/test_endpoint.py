@@ -67,3 +67,35 @@ def test_the_sdk_starts_at_the_first_accepted_request_not_at_a_refused_one(make_
     # then
     assert refused.status_code == 401 and started_by_refusal is False
     assert accepted.status_code == 200 and started is True
+
+
+def test_a_lost_redis_is_the_apis_503_at_the_door(make_member, lost_redis):
+    """The endpoint counts every request against the API's rate limit, in
+    Redis: while Redis restarts, `/mcp` answers as the API does (503
+    UNAVAILABLE, Retry-After), not with a failure of the ASGI application."""
+    # given: a valid credential, and the cache on a Redis that refuses connections (lost_redis)
+    from controlplane import services
+    _, token = services.issue_credential(make_member("ada"), actor=None)
+    # when
+    response = discover("testserver", token)
+    # then
+    assert response.status_code == 503 and response.headers["Retry-After"] == "1"
+    assert response.json()["error"]["code"] == "UNAVAILABLE"
+
+
+def test_a_tool_that_loses_the_database_is_a_refusal_to_retry(make_member, monkeypatch):
+    # given: the inbox's read fails as it does when the database restarts under it
+    from django.db import OperationalError
+
+    from inbox import reads
+    from mcp_endpoint.server import run_tool
+
+    def lost(*args):
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(reads, "inbox_page", lost)
+    # when
+    result = run_tool(make_member("ada"), "read_inbox", {})
+    # then: the API's error body, as a tool's refusal (not the SDK's internal error)
+    assert result.is_error and result.structured_content["error"]["code"] == "UNAVAILABLE"
+    assert result.structured_content["error"]["details"] == {"retry_after": 1}

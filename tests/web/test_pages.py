@@ -8,7 +8,7 @@ from controlplane import services
 from controlplane.models import Member
 from inbox.models import Message
 from inbox.services import send_message
-from tests.conftest import clear_of_window_edge
+from tests.conftest import clear_of_window_edge, error_code
 from tests.web.conftest import PASSWORD
 
 pytestmark = pytest.mark.django_db
@@ -169,6 +169,25 @@ def test_the_composer_accepts_and_refuses_exactly_what_the_api_does(ann, room, b
         assert by_web.json()["error"]["code"] == by_api.json()["error"]["code"]
     else:
         assert Message.objects.filter(body=body).count() == 2
+
+
+def test_an_action_that_lost_redis_is_a_503_to_retry_in_every_form_and_changes_nothing(
+        ann, room, browser_of, lost_redis):
+    # given: the cache the actions' rate limit counts in refuses connections (lost_redis)
+    space, channel = room
+    client, url = browser_of(ann), f"{page_url(space, channel)}send"
+    form = {"body": "hi", "idempotency_key": "web-lost-0001"}
+    # when: the same send from a browser's form, from htmx and from a script
+    page = client.post(url, form, headers={"Accept": "text/html"})
+    fragment = client.post(url, form, headers={"HX-Request": "true"})
+    scripted = post_json(client, url, form)
+    # then: each says retry, the way it can show it, and nothing was sent
+    for response in (page, fragment, scripted):
+        assert response.status_code == 503 and response["Retry-After"] == "1"
+    assert b"briefly unavailable" in page.content and b"UNAVAILABLE" in page.content
+    assert fragment["HX-Retarget"] == "#htmx-error" and b"UNAVAILABLE" in fragment.content
+    assert error_code(scripted) == "UNAVAILABLE" and scripted.json()["error"]["details"] == {"retry_after": 1}
+    assert not Message.objects.exists()
 
 
 def test_observers_and_outsiders_cannot_send(ann, human, room, browser_of):
