@@ -1,10 +1,34 @@
 """Request checks that come before everything else."""
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
+from django.http.request import split_domain_port, validate_host
 
+from controlplane.errors import ApiError, Forbidden, InvalidRequest
 from controlplane.tracing import HEADER, begin_request, end_request
+
+
+def _allowed(host: str | None) -> bool:
+    return bool(host) and validate_host(host, settings.ALLOWED_HOSTS)
+
+
+def host_check(headers: dict) -> ApiError | None:
+    """Django's own Host check (ALLOWED_HOSTS, with its subdomain and
+    wildcard forms) for `Host`, and for `Origin` when a browser sends one,
+    for the ASGI applications Django's handler does not serve (`/mcp`, the
+    WebSockets): the DNS-rebinding protection the MCP transport asks for,
+    from the setting the rest of the server uses. `headers` as an ASGI
+    scope's, by name."""
+    domain, _ = split_domain_port(headers.get(b"host", b"").decode("latin-1"))
+    if not _allowed(domain):
+        return InvalidRequest("This host is not served here.", details={"reason": "host"})
+    origin = headers.get(b"origin")
+    if origin is not None and not _allowed(urlsplit(origin.decode("latin-1")).hostname):
+        return Forbidden("Requests from this origin are not accepted.", details={"reason": "origin"})
+    return None
 
 
 class HostCheck:

@@ -16,14 +16,13 @@ from __future__ import annotations
 import asyncio
 import json
 from typing import TYPE_CHECKING, Callable
-from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.http.request import split_domain_port, validate_host
 
 from controlplane.api.authentication import WWW_AUTHENTICATE, authenticate_bearer
 from controlplane.db import db_call
-from controlplane.errors import ApiError, Forbidden, InvalidRequest, RateLimited, as_unavailable
+from controlplane.errors import ApiError, RateLimited, as_unavailable
+from controlplane.middleware import host_check
 
 if TYPE_CHECKING:
     from mcp.server.lowlevel import Server
@@ -31,24 +30,6 @@ if TYPE_CHECKING:
 
 # Where the endpoint puts the caller for the server's handlers (mcp_endpoint.server.caller).
 MEMBER_KEY = "switchboard.member"
-
-
-def _allowed(host: str | None) -> bool:
-    return bool(host) and validate_host(host, settings.ALLOWED_HOSTS)
-
-
-def host_check(headers: dict) -> ApiError | None:
-    """Django's own Host check (ALLOWED_HOSTS, with its subdomain and
-    wildcard forms) for `Host`, and for `Origin` when a browser sends one:
-    the DNS-rebinding protection the MCP transport asks for, from the
-    setting the rest of the server uses."""
-    domain, _ = split_domain_port(headers.get(b"host", b"").decode("latin-1"))
-    if not _allowed(domain):
-        return InvalidRequest("This host is not served here.", details={"reason": "host"})
-    origin = headers.get(b"origin")
-    if origin is not None and not _allowed(urlsplit(origin.decode("latin-1")).hostname):
-        return Forbidden("Requests from this origin are not accepted.", details={"reason": "origin"})
-    return None
 
 
 def _authenticate(header: str):

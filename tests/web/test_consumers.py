@@ -55,8 +55,8 @@ async def sockets_finish():
     await log_watcher.stop()  # started on this test's loop: it leaves the log group and stops with it
 
 
-async def open_socket(path, member=None, origin=None, cookie=None):
-    headers = [(b"host", b"testserver")]
+async def open_socket(path, member=None, origin=None, cookie=None, host="testserver"):
+    headers = [(b"host", host.encode())]
     if member is not None:
         cookie = await db_call(session_cookie)(member)
     if cookie is not None:
@@ -143,6 +143,23 @@ async def test_sockets_opened_by_another_sites_page_are_refused(room, ben):
     path = f"/ws/conversations/{channel.public_id}/"
     assert (await open_socket(path, ben, origin="https://evil.example"))[1] is False
     socket, connected = await open_socket(path, ben, origin="http://testserver")
+    assert connected
+    await socket.disconnect()
+
+
+async def test_sockets_on_a_host_this_server_does_not_serve_are_refused(room, ben, settings):
+    """A name of the attacker's that resolves to this server (DNS
+    rebinding) makes its page same-origin with the socket: the Host must be
+    one of ALLOWED_HOSTS, as for every HTTP request and for `/mcp`."""
+    # given: a production host list
+    settings.ALLOWED_HOSTS = ["switchboard.example"]
+    _, channel = room
+    path = f"/ws/conversations/{channel.public_id}/"
+    # when / then: the rebound name is refused with or without an Origin; the served host is not
+    assert (await open_socket(path, ben, origin="http://rebound.example", host="rebound.example"))[1] is False
+    assert (await open_socket(path, ben, host="rebound.example"))[1] is False
+    socket, connected = await open_socket(path, ben, origin="https://switchboard.example",
+                                          host="switchboard.example")
     assert connected
     await socket.disconnect()
 
