@@ -142,7 +142,7 @@ async def stream(ctx, params: StreamParams) -> dict:
     try:
         await owner.start()
     except TooManyStreams:
-        raise MCPError(RESOURCE_EXHAUSTED, f"At most {MAX_STREAMS} open streams per member and server.",
+        raise MCPError(RESOURCE_EXHAUSTED, f"At most {MAX_STREAMS} open streams per member.",
                        data={"limit": "streams", "max": MAX_STREAMS}) from None
     try:
         owner.watch(**await _db(sources.interest, member, source, arguments))

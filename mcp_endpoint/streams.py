@@ -13,32 +13,93 @@ that hears a newer claim ends with `terminated`. Claims are ordered the
 same way everywhere, so of two that start together exactly one survives;
 and a replaced consumer's cleanup only removes its own channel, so however
 late it fails, it never ends its replacement.
+
+A member holds at most MAX_PER_MEMBER streams in all (`Places`): counted
+on Redis where the deployment shares one (every process's streams), else
+in the process, which is then the whole deployment.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
 import hashlib
+import logging
 import secrets
 import time
 
 from channels.layers import get_channel_layer
 
+from controlplane.cache import raw_redis
 from controlplane.live import Interest, log_watcher, member_group
 from controlplane.topics import Memberships, stop_task
 from inbox.mailbox import inbox_group
 from webhooks.mcp import ITEM, PENDING
 
+logger = logging.getLogger("switchboard.mcp")
+
 CLAIM = "mcp.stream.claim"
-# Streams one member may hold open on one server process: each is a task
-# that reads again on every nudge (for space events, on every commit in
-# the space).
+# Streams one member may hold open: each is a task that reads again on
+# every nudge (for space events, on every commit in the space).
 MAX_PER_MEMBER = 8
-_open: collections.Counter[int] = collections.Counter()
+# On Redis a stream's place lasts this long unless renewed (every third of
+# it while the stream is open): a killed process's places free themselves.
+PLACE_SECONDS = 60
 
 
 class TooManyStreams(Exception):
     pass
+
+
+# KEYS[1]: the member's places (a sorted set: stream token → end of its
+# place); ARGV: now, the new place's end, the most places, its token.
+_TAKE = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[4])
+redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2]) - tonumber(ARGV[1])))
+return 1
+"""
+
+
+class Places:
+    """Each member's open streams, at most MAX_PER_MEMBER: in the shared
+    cache on Redis (one check and place, atomically, in a script), else in
+    this process. Blocking calls: run them off the event loop."""
+
+    def __init__(self) -> None:
+        self._here: collections.Counter[int] = collections.Counter()
+
+    @staticmethod
+    def _shared(member_pk: int):
+        return raw_redis(f"mcp-streams:{member_pk}")
+
+    def take(self, member_pk: int, token: str) -> bool:
+        if (shared := self._shared(member_pk)) is not None:
+            client, key = shared
+            now = time.time()
+            return bool(client.eval(_TAKE, 1, key, now, now + PLACE_SECONDS, MAX_PER_MEMBER, token))
+        if self._here[member_pk] >= MAX_PER_MEMBER:
+            return False
+        self._here[member_pk] += 1
+        return True
+
+    def renew(self, member_pk: int, token: str) -> None:
+        if (shared := self._shared(member_pk)) is not None:
+            client, key = shared
+            client.zadd(key, {token: time.time() + PLACE_SECONDS}, xx=True)
+            client.expire(key, PLACE_SECONDS)
+
+    def give_back(self, member_pk: int, token: str) -> None:
+        if (shared := self._shared(member_pk)) is not None:
+            client, key = shared
+            client.zrem(key, token)
+            return
+        self._here[member_pk] -= 1
+        if self._here[member_pk] <= 0:
+            del self._here[member_pk]
+
+
+places = Places()
 
 
 class StreamOwner:
@@ -50,6 +111,7 @@ class StreamOwner:
         self.member_pk = member.pk
         self.counted = False
         self.claim = (time.time_ns(), secrets.token_hex(8))
+        self._renewal: asyncio.Task | None = None
         self.replaced = asyncio.Event()
         self.suspended = asyncio.Event()
         self.nudged = asyncio.Event()
@@ -60,11 +122,11 @@ class StreamOwner:
         self._interest: Interest | None = None
 
     async def start(self) -> None:
-        """Raises TooManyStreams past MAX_PER_MEMBER on this process."""
-        if _open[self.member_pk] >= MAX_PER_MEMBER:
+        """Raises TooManyStreams past the member's MAX_PER_MEMBER."""
+        if not await asyncio.to_thread(places.take, self.member_pk, self.claim[1]):
             raise TooManyStreams()
-        _open[self.member_pk] += 1
         self.counted = True
+        self._renewal = asyncio.get_running_loop().create_task(self._renew())
         if self._layer is None:
             return
         self._channel = await self._layer.new_channel()
@@ -74,6 +136,14 @@ class StreamOwner:
         if self.inbox:
             await self._layer.group_send(self.owner_group, {"type": CLAIM, "at": self.claim[0],
                                                             "token": self.claim[1]})
+
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(PLACE_SECONDS / 3)
+            try:
+                await asyncio.to_thread(places.renew, self.member_pk, self.claim[1])
+            except Exception:
+                logger.warning("could not renew a stream's place; trying again later", exc_info=True)
 
     async def _listen(self) -> None:
         while True:
@@ -115,11 +185,15 @@ class StreamOwner:
         if self._interest is not None:
             log_watcher.unwatch(self._interest)
             self._interest = None
+        if self._renewal is not None:
+            await stop_task(self._renewal)
+            self._renewal = None
         if self.counted:
-            _open[self.member_pk] -= 1
-            if _open[self.member_pk] <= 0:
-                del _open[self.member_pk]
             self.counted = False
+            try:
+                await asyncio.to_thread(places.give_back, self.member_pk, self.claim[1])
+            except Exception:  # its place ends with PLACE_SECONDS
+                logger.warning("could not give back a stream's place", exc_info=True)
         if self._listener is not None:
             await stop_task(self._listener)
         if self._memberships is not None:

@@ -14,7 +14,7 @@ class Member:
         self.pk, self.public_id = pk, f"mem_{pk:016d}"
 
 
-def test_a_member_holds_at_most_so_many_streams_per_process():
+def test_a_member_holds_at_most_so_many_streams():
     async def story():
         work = sources.SOURCES["spaces.work.available"]
         owners = [StreamOwner(Member(1), work, {"space": "lab"}) for _ in range(MAX_PER_MEMBER)]
@@ -31,6 +31,46 @@ def test_a_member_holds_at_most_so_many_streams_per_process():
             await owner.stop()
 
     asyncio.run(story())
+
+
+@pytest.mark.postgres  # with REDIS_URL: the shared deployment
+def test_on_redis_a_members_streams_are_counted_across_processes(monkeypatch):
+    """Places another process holds count here; a place its process no
+    longer renews (killed) frees itself; a stopped stream gives its back."""
+    import time
+
+    from controlplane.cache import raw_redis
+    from mcp_endpoint import streams
+
+    work = sources.SOURCES["spaces.work.available"]
+    client, key = raw_redis("mcp-streams:41")
+    client.delete(key)
+
+    async def story():
+        # given: another process holds all but one of member 41's places, and one that lapsed
+        client.zadd(key, {f"elsewhere-{n}": time.time() + 60 for n in range(MAX_PER_MEMBER - 1)})
+        client.zadd(key, {"killed": time.time() - 1})
+        # when / then: one more stream here, and no other
+        here = StreamOwner(Member(41), work, {"space": "lab"})
+        await here.start()
+        with pytest.raises(TooManyStreams):
+            await StreamOwner(Member(41), work, {"space": "lab"}).start()
+        assert client.zcard(key) == MAX_PER_MEMBER and client.zscore(key, "killed") is None
+        # and a stream renews its place while it is open, and gives it back when it stops
+        monkeypatch.setattr(streams, "PLACE_SECONDS", 0.3)
+        renewal = here._renewal
+        here._renewal = asyncio.get_running_loop().create_task(here._renew())
+        await streams.stop_task(renewal)
+        await asyncio.sleep(0.25)
+        assert time.time() < client.zscore(key, here.claim[1]) <= time.time() + 0.3  # was a minute ahead
+        await here.stop()
+        assert client.zscore(key, here.claim[1]) is None
+        assert client.zcard(key) == MAX_PER_MEMBER - 1
+
+    try:
+        asyncio.run(story())
+    finally:
+        client.delete(key)
 
 
 def test_of_two_inbox_streams_the_newer_owns_it_and_the_older_is_told():
