@@ -122,20 +122,26 @@ class StreamOwner:
         self._interest: Interest | None = None
 
     async def start(self) -> None:
-        """Raises TooManyStreams past the member's MAX_PER_MEMBER."""
+        """Raises TooManyStreams past the member's MAX_PER_MEMBER. A start
+        that fails midway (the channel layer lost) undoes itself: its place,
+        its renewal and its groups go with it."""
         if not await asyncio.to_thread(places.take, self.member_pk, self.claim[1]):
             raise TooManyStreams()
         self.counted = True
         self._renewal = asyncio.get_running_loop().create_task(self._renew())
         if self._layer is None:
             return
-        self._channel = await self._layer.new_channel()
-        self._memberships = Memberships(self._layer, self._channel)
-        await self._memberships.join(*self.groups)
-        self._listener = asyncio.get_running_loop().create_task(self._listen())
-        if self.inbox:
-            await self._layer.group_send(self.owner_group, {"type": CLAIM, "at": self.claim[0],
-                                                            "token": self.claim[1]})
+        try:
+            self._channel = await self._layer.new_channel()
+            self._memberships = Memberships(self._layer, self._channel)
+            await self._memberships.join(*self.groups)
+            self._listener = asyncio.get_running_loop().create_task(self._listen())
+            if self.inbox:
+                await self._layer.group_send(self.owner_group, {"type": CLAIM, "at": self.claim[0],
+                                                                "token": self.claim[1]})
+        except BaseException:
+            await self.stop()
+            raise
 
     async def _renew(self) -> None:
         while True:

@@ -33,6 +33,32 @@ def test_a_member_holds_at_most_so_many_streams():
     asyncio.run(story())
 
 
+def test_a_start_that_loses_the_channel_layer_gives_its_place_back():
+    class Lost:
+        async def new_channel(self):
+            raise ConnectionError("the channel layer is gone")
+
+    async def story():
+        work = sources.SOURCES["spaces.work.available"]
+        # given: a member with every place but one taken
+        owners = [StreamOwner(Member(6), work, {"space": "lab"}) for _ in range(MAX_PER_MEMBER - 1)]
+        for owner in owners:
+            await owner.start()
+        # when: the last one's start fails after it took its place
+        failed = StreamOwner(Member(6), work, {"space": "lab"})
+        failed._layer = Lost()
+        with pytest.raises(ConnectionError):
+            await failed.start()
+        # then: its place and its renewal are gone with it
+        assert failed._renewal is None and not failed.counted
+        last = StreamOwner(Member(6), work, {"space": "lab"})
+        await last.start()
+        for owner in [*owners, last]:
+            await owner.stop()
+
+    asyncio.run(story())
+
+
 @pytest.mark.postgres  # with REDIS_URL: the shared deployment
 def test_on_redis_a_members_streams_are_counted_across_processes(monkeypatch):
     """Places another process holds count here; a place its process no
