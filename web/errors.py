@@ -9,11 +9,11 @@ from django.http import JsonResponse
 
 from controlplane import errors
 from controlplane.errors import ApiError, Forbidden, NotFound
-from web.pages import error_response
+from web.pages import WEB_PATHS, error_response
 
 
 def _web_page(request, error: ApiError):
-    if request.path.startswith(("/app/", "/staff/")) and "text/html" in request.headers.get("Accept", ""):
+    if request.path.startswith(WEB_PATHS) and "text/html" in request.headers.get("Accept", ""):
         return error_response(request, error)
     return None
 
@@ -28,7 +28,8 @@ class ServiceUnavailable:
     first: a page, an action or the admin whose database or Redis is out of
     reach (a restart, a failover) answers 503 UNAVAILABLE with Retry-After,
     as the API does (controlplane.errors.as_unavailable), not a logged 500.
-    The web app's page for it reads neither (web/unavailable.html)."""
+    Its page and fragment are rendered without the request (whose context
+    processors read the database): `error_response(plain=True)`."""
 
     async_capable = True
     sync_capable = True
@@ -45,8 +46,8 @@ class ServiceUnavailable:
         error = errors.as_unavailable(exception)
         if error is None:
             return None
-        if request.path.startswith(("/app/", "/staff/")):
-            return error_response(request, error, page="web/unavailable.html")
+        if request.path.startswith(WEB_PATHS):
+            return error_response(request, error, plain=True)
         return JsonResponse(error.body(), status=error.status, headers=error.headers)
 
 

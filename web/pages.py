@@ -9,8 +9,9 @@ from __future__ import annotations
 import functools
 
 from django.contrib.auth.views import redirect_to_login
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
 from django.shortcuts import render
+from django.template.loader import render_to_string
 from rest_framework.exceptions import APIException
 
 from controlplane.errors import ApiError, Forbidden, RateLimited, Unauthenticated, from_drf
@@ -26,22 +27,32 @@ def member_of(user) -> Member | None:
     return member if member is not None and member.is_active else None
 
 
+# The web app's own paths: errors there are pages (or htmx fragments), not JSON.
+WEB_PATHS = ("/app/", "/staff/")
+
+
 def wants_json(request) -> bool:
     return "application/json" in request.headers.get("Accept", "")
 
 
-def error_response(request, error: ApiError, page: str = "web/error.html"):
+def error_response(request, error: ApiError, *, plain: bool = False):
     """An error as the page's caller wants it: the contract's JSON shape for
-    scripts, a page for browsers (`page`), and for htmx a fragment shown in
-    the page's error area (never swapped into the element the request would
-    replace)."""
+    scripts, a page for browsers, and for htmx a fragment shown in the
+    page's error area (never swapped into the element the request would
+    replace). `plain`, for a lost database or Redis: rendered without the
+    request, whose context processors read the session, the member and
+    their inbox, and on a page that reads nothing (web/unavailable.html)."""
+    htmx = bool(request.headers.get("HX-Request"))
     if wants_json(request):
         response = JsonResponse(error.body(), status=error.status)
-    elif request.headers.get("HX-Request"):
-        response = render(request, "web/_error.html", {"error": error}, status=error.status)
-        response["HX-Retarget"], response["HX-Reswap"] = "#htmx-error", "innerHTML"
+    elif plain:
+        template = "web/_error.html" if htmx else "web/unavailable.html"
+        response = HttpResponse(render_to_string(template, {"error": error}), status=error.status)
     else:
-        response = render(request, page, {"error": error}, status=error.status)
+        response = render(request, "web/_error.html" if htmx else "web/error.html", {"error": error},
+                          status=error.status)
+    if htmx and not wants_json(request):
+        response["HX-Retarget"], response["HX-Reswap"] = "#htmx-error", "innerHTML"
     for name, value in error.headers.items():
         response[name] = value
     return response

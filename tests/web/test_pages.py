@@ -190,6 +190,32 @@ def test_an_action_that_lost_redis_is_a_503_to_retry_in_every_form_and_changes_n
     assert not Message.objects.exists()
 
 
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_page_that_lost_the_database_before_its_session_is_a_503_that_reads_nothing(ann, room, browser_of):
+    # given: a signed-in browser, and every connection to the database cut
+    # before each request (as a restart does), so its session cannot be read
+    from django.db import connection
+
+    from tests.servers import cut_every_database_connection
+    space, channel = room
+    client = browser_of(ann)
+    answers = []
+    for headers in ({"Accept": "text/html"}, {"HX-Request": "true"}, {"Accept": "application/json"}):
+        cut_every_database_connection()
+        # when
+        answers.append(client.get(page_url(space, channel), headers=headers))
+    page, fragment, scripted = answers
+    # then: each form says retry; the page and the fragment were rendered without the database
+    for response in answers:
+        assert response.status_code == 503 and response["Retry-After"] == "1"
+    assert b"briefly unavailable" in page.content
+    assert fragment["HX-Retarget"] == "#htmx-error" and b"UNAVAILABLE" in fragment.content
+    assert error_code(scripted) == "UNAVAILABLE"
+    connection.close()
+    connection.close_pool()  # the pool's other cut connections would fail the test's own teardown
+
+
 def test_observers_and_outsiders_cannot_send(ann, human, room, browser_of):
     space, channel = room
     watcher = human("watcher")
