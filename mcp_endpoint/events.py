@@ -8,6 +8,7 @@ bad arguments are InvalidParams (-32602).
 """
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -17,7 +18,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field
 
 from controlplane.db import db_call
-from controlplane.errors import ApiError, NotFound, VerificationFailed
+from controlplane.errors import ApiError, NotFound, VerificationFailed, as_unavailable
 from mcp_endpoint import errors, sources
 from mcp_endpoint.server import caller
 from mcp_endpoint.streams import MAX_PER_MEMBER as MAX_STREAMS
@@ -230,10 +231,25 @@ async def unsubscribe(ctx, params: UnsubscribeParams) -> dict:
     return {}
 
 
-METHODS = {
+def _unavailable_as_mcp(handler):
+    """A lost database or Redis (controlplane.errors.as_unavailable) as the
+    API's `UNAVAILABLE` body in the JSON-RPC error (`_as_mcp`), to retry,
+    rather than the SDK's bare internal error."""
+    @functools.wraps(handler)
+    async def wrapped(ctx, params):
+        try:
+            return await handler(ctx, params)
+        except Exception as exc:
+            if (unavailable := as_unavailable(exc)) is None:
+                raise
+            raise _as_mcp(unavailable) from None
+    return wrapped
+
+
+METHODS = {method: (params, _unavailable_as_mcp(handler)) for method, (params, handler) in {
     "events/list": (ListParams, list_events),
     "events/poll": (PollParams, poll),
     "events/stream": (StreamParams, stream),
     "events/subscribe": (SubscribeParams, subscribe),
     "events/unsubscribe": (UnsubscribeParams, unsubscribe),
-}
+}.items()}

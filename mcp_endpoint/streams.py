@@ -50,21 +50,31 @@ class TooManyStreams(Exception):
     pass
 
 
-# KEYS[1]: the member's places (a sorted set: stream token → end of its
-# place); ARGV: now, the new place's end, the most places, its token.
-_TAKE = """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[4])
-redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2]) - tonumber(ARGV[1])))
+# KEYS[1]: a member's places, a sorted set (stream token → end of its
+# place, by Redis's own clock, so that processes' clocks cannot disagree).
+_NOW = "local t = redis.call('TIME') local now = tonumber(t[1]) + tonumber(t[2]) / 1000000 "
+# ARGV: seconds a place lasts, the most places, the new place's token.
+_TAKE = _NOW + """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[3])
+redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[1])))
+return 1
+"""
+# ARGV: seconds a place lasts, the token. A place that lapsed meanwhile
+# (Redis unreachable for longer) is placed again: its stream is open.
+_RENEW = _NOW + """
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[2])
+redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[1])))
 return 1
 """
 
 
 class Places:
-    """Each member's open streams, at most MAX_PER_MEMBER: in the shared
-    cache on Redis (one check and place, atomically, in a script), else in
-    this process. Blocking calls: run them off the event loop."""
+    """Each member's open streams, at most MAX_PER_MEMBER: on Redis where
+    the deployment shares it (a script checks and places at once; the
+    calls go to a worker thread), else counted in this process, on its
+    event loop."""
 
     def __init__(self) -> None:
         self._here: collections.Counter[int] = collections.Counter()
@@ -73,30 +83,44 @@ class Places:
     def _shared(member_pk: int):
         return raw_redis(f"mcp-streams:{member_pk}")
 
-    def take(self, member_pk: int, token: str) -> bool:
-        if (shared := self._shared(member_pk)) is not None:
-            client, key = shared
-            now = time.time()
-            return bool(client.eval(_TAKE, 1, key, now, now + PLACE_SECONDS, MAX_PER_MEMBER, token))
-        if self._here[member_pk] >= MAX_PER_MEMBER:
-            return False
-        self._here[member_pk] += 1
-        return True
+    def on_redis(self) -> bool:
+        return self._shared(0) is not None
 
-    def renew(self, member_pk: int, token: str) -> None:
+    async def take(self, member_pk: int, token: str) -> bool:
+        if (shared := self._shared(member_pk)) is None:
+            if self._here[member_pk] >= MAX_PER_MEMBER:
+                return False
+            self._here[member_pk] += 1
+            return True
+        client, key = shared
+        taking = asyncio.get_running_loop().run_in_executor(
+            None, client.eval, _TAKE, 1, key, PLACE_SECONDS, MAX_PER_MEMBER, token)
+        try:
+            return bool(await asyncio.shield(taking))
+        except asyncio.CancelledError:
+            # The script may still place it: give it back once it has.
+            taking.add_done_callback(lambda done: done.cancelled() or done.exception() is not None
+                                     or not done.result() or self.give_back(member_pk, token))
+            raise
+
+    async def renew(self, member_pk: int, token: str) -> None:
         if (shared := self._shared(member_pk)) is not None:
             client, key = shared
-            client.zadd(key, {token: time.time() + PLACE_SECONDS}, xx=True)
-            client.expire(key, PLACE_SECONDS)
+            await asyncio.to_thread(client.eval, _RENEW, 1, key, PLACE_SECONDS, token)
 
     def give_back(self, member_pk: int, token: str) -> None:
-        if (shared := self._shared(member_pk)) is not None:
-            client, key = shared
-            client.zrem(key, token)
+        """On the event loop, without waiting (a stream cancelled with its
+        client cannot wait): on Redis the place goes on a worker thread,
+        and a failure leaves it to lapse after PLACE_SECONDS."""
+        if (shared := self._shared(member_pk)) is None:
+            self._here[member_pk] -= 1
+            if self._here[member_pk] <= 0:
+                del self._here[member_pk]
             return
-        self._here[member_pk] -= 1
-        if self._here[member_pk] <= 0:
-            del self._here[member_pk]
+        client, key = shared
+        giving = asyncio.get_running_loop().run_in_executor(None, client.zrem, key, token)
+        giving.add_done_callback(lambda done: done.cancelled() or done.exception() is None or logger.warning(
+            "could not give back a stream's place; it lapses", exc_info=done.exception()))
 
 
 places = Places()
@@ -125,10 +149,11 @@ class StreamOwner:
         """Raises TooManyStreams past the member's MAX_PER_MEMBER. A start
         that fails midway (the channel layer lost) undoes itself: its place,
         its renewal and its groups go with it."""
-        if not await asyncio.to_thread(places.take, self.member_pk, self.claim[1]):
+        if not await places.take(self.member_pk, self.claim[1]):
             raise TooManyStreams()
         self.counted = True
-        self._renewal = asyncio.get_running_loop().create_task(self._renew())
+        if places.on_redis():
+            self._renewal = asyncio.get_running_loop().create_task(self._renew())
         if self._layer is None:
             return
         try:
@@ -147,7 +172,7 @@ class StreamOwner:
         while True:
             await asyncio.sleep(PLACE_SECONDS / 3)
             try:
-                await asyncio.to_thread(places.renew, self.member_pk, self.claim[1])
+                await places.renew(self.member_pk, self.claim[1])
             except Exception:
                 logger.warning("could not renew a stream's place; trying again later", exc_info=True)
 
@@ -188,18 +213,17 @@ class StreamOwner:
         return "replaced" if self.replaced.is_set() else "suspended" if self.suspended.is_set() else None
 
     async def stop(self) -> None:
+        # First what waits for nothing: the SDK ends a stream whose client
+        # went by cancelling it, which interrupts this at its first wait.
         if self._interest is not None:
             log_watcher.unwatch(self._interest)
             self._interest = None
         if self._renewal is not None:
-            await stop_task(self._renewal)
+            self._renewal.cancel()
             self._renewal = None
         if self.counted:
             self.counted = False
-            try:
-                await asyncio.to_thread(places.give_back, self.member_pk, self.claim[1])
-            except Exception:  # its place ends with PLACE_SECONDS
-                logger.warning("could not give back a stream's place", exc_info=True)
+            places.give_back(self.member_pk, self.claim[1])
         if self._listener is not None:
             await stop_task(self._listener)
         if self._memberships is not None:

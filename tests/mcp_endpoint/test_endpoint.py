@@ -99,3 +99,24 @@ def test_a_tool_that_loses_the_database_is_a_refusal_to_retry(make_member, monke
     # then: the API's error body, as a tool's refusal (not the SDK's internal error)
     assert result.is_error and result.structured_content["error"]["code"] == "UNAVAILABLE"
     assert result.structured_content["error"]["details"] == {"retry_after": 1}
+
+
+def test_every_event_method_answers_a_lost_service_with_the_apis_unavailable_body():
+    # given: the Events extension's methods, and handlers that lose the database or fail otherwise
+    from django.db import OperationalError
+    from mcp.shared.exceptions import MCPError
+
+    async def lost(ctx, params):
+        raise OperationalError("server closed the connection unexpectedly")
+
+    async def broken(ctx, params):
+        raise ValueError("a bug")
+
+    # when / then: every method goes through the one mapping
+    assert all(handler.__wrapped__ is getattr(events, handler.__name__) for _, handler in events.METHODS.values())
+    with pytest.raises(MCPError) as unavailable:
+        asyncio.run(events._unavailable_as_mcp(lost)(None, None))
+    assert unavailable.value.error.data["code"] == "UNAVAILABLE"
+    assert unavailable.value.error.data["details"] == {"retry_after": 1}
+    with pytest.raises(ValueError):  # anything else stays the SDK's internal error
+        asyncio.run(events._unavailable_as_mcp(broken)(None, None))
