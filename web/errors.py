@@ -4,8 +4,8 @@ browser on its own pages in HTML, everyone else gets the contract's JSON
 (controlplane.errors)."""
 from __future__ import annotations
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import JsonResponse
+from django.utils.deprecation import MiddlewareMixin
 
 from controlplane import errors
 from controlplane.errors import ApiError, Forbidden, NotFound
@@ -23,24 +23,14 @@ def not_found(request, exception=None):
     return page if page is not None else errors.not_found(request, exception)
 
 
-class ServiceUnavailable:
+class ServiceUnavailable(MiddlewareMixin):
     """Middleware, last in the chain so that it sees a view's exception
     first: a page, an action or the admin whose database or Redis is out of
     reach (a restart, a failover) answers 503 UNAVAILABLE with Retry-After,
     as the API does (controlplane.errors.as_unavailable), not a logged 500.
     Its page and fragment are rendered without the request (whose context
-    processors read the database): `error_response(plain=True)`."""
-
-    async_capable = True
-    sync_capable = True
-
-    def __init__(self, get_response):
-        self.get_response = get_response
-        if iscoroutinefunction(get_response):
-            markcoroutinefunction(self)
-
-    def __call__(self, request):
-        return self.get_response(request)
+    processors read the database): `error_response(plain=True)`. (With
+    only this hook, Django's mixin adds no thread hop to an async chain.)"""
 
     def process_exception(self, request, exception):
         error = errors.as_unavailable(exception)
