@@ -1,0 +1,83 @@
+"""The publisher on Redis (controlplane.live.publisher): group messages
+sent after commits, a burst larger than the connection pool, and only to
+groups that have a member."""
+import time
+
+import pytest
+
+pytestmark = pytest.mark.postgres  # with REDIS_URL: the production path
+
+
+def test_a_burst_of_nudges_over_redis_loses_none(monkeypatch, settings):
+    """More after-commit group messages at once than the Redis pool has
+    connections: each waits its turn (none fails with MaxConnectionsError)
+    and every one arrives."""
+    # given: a channels-redis layer whose pool (40) is far smaller than the burst (300)
+    import asyncio
+
+    from channels_redis.core import RedisChannelLayer
+
+    from controlplane import live
+    layer = RedisChannelLayer(hosts=[{"address": settings.REDIS_URL, "max_connections": 40, "socket_timeout": 30}],
+                              prefix="switchboard-burst", capacity=1000)
+    monkeypatch.setattr(live, "get_channel_layer", lambda: layer)
+    channel = asyncio.run(layer.new_channel())
+
+    async def join():
+        for i in range(300):
+            await layer.group_add(f"burst{i}", channel)
+
+    asyncio.run(join())
+    failures = []
+    monkeypatch.setattr(live, "_log_failure", lambda future: future.exception() and failures.append(future.exception()))
+    # when: 300 sends, all handed to the publisher at once
+    for i in range(300):
+        live.publisher.send(f"burst{i}", {"type": "burst", "i": i})
+
+    async def collect():
+        received = []
+        try:
+            while len(received) < 300:
+                received.append((await asyncio.wait_for(layer.receive(channel), 10))["i"])
+        except TimeoutError:
+            pass
+        return sorted(received)
+
+    # then
+    received = asyncio.run(collect())
+    assert failures == []
+    assert received == list(range(300))
+
+
+def test_the_publisher_sends_only_to_groups_with_a_member(monkeypatch, settings):
+    """On Redis, one pipelined read tells the groups with a member from the
+    empty ones (most inbox groups, most of the time), which get no
+    `group_send` of their own."""
+    # given: a channels-redis layer with a channel in one group
+    import asyncio
+
+    from channels_redis.core import RedisChannelLayer
+
+    from controlplane import live
+    layer = RedisChannelLayer(hosts=[{"address": settings.REDIS_URL, "socket_timeout": 30}],
+                              prefix="switchboard-listened")
+    monkeypatch.setattr(live, "get_channel_layer", lambda: layer)
+    channel = asyncio.run(layer.new_channel())
+    asyncio.run(layer.group_add("listened", channel))
+    sent_to = []
+    group_send = layer.group_send
+
+    async def spy(group, message):
+        sent_to.append(group)
+        await group_send(group, message)
+
+    monkeypatch.setattr(layer, "group_send", spy)
+    # when: a message to each of two groups, one of them empty
+    for group in ("empty", "listened"):
+        live.publisher.send(group, {"type": "note", "group": group})
+
+    # then: the listened group's member gets its message, and only that group got a send
+    received = asyncio.run(asyncio.wait_for(layer.receive(channel), 10))
+    assert received["group"] == "listened"
+    time.sleep(0.2)  # room for a send that should not happen
+    assert sent_to == ["listened"]
