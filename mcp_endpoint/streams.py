@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import hashlib
 import logging
 import secrets
@@ -108,19 +109,21 @@ class Places:
             client, key = shared
             await asyncio.to_thread(client.eval, _RENEW, 1, key, PLACE_SECONDS, token)
 
-    def give_back(self, member_pk: int, token: str) -> None:
+    def give_back(self, member_pk: int, token: str) -> asyncio.Future | None:
         """On the event loop, without waiting (a stream cancelled with its
         client cannot wait): on Redis the place goes on a worker thread,
-        and a failure leaves it to lapse after PLACE_SECONDS."""
+        whose future this returns to wait for if one can; a failure leaves
+        the place to lapse after PLACE_SECONDS."""
         if (shared := self._shared(member_pk)) is None:
             self._here[member_pk] -= 1
             if self._here[member_pk] <= 0:
                 del self._here[member_pk]
-            return
+            return None
         client, key = shared
         giving = asyncio.get_running_loop().run_in_executor(None, client.zrem, key, token)
         giving.add_done_callback(lambda done: done.cancelled() or done.exception() is None or logger.warning(
             "could not give back a stream's place; it lapses", exc_info=done.exception()))
+        return giving
 
 
 places = Places()
@@ -221,10 +224,14 @@ class StreamOwner:
         if self._renewal is not None:
             self._renewal.cancel()
             self._renewal = None
+        giving = None
         if self.counted:
             self.counted = False
-            places.give_back(self.member_pk, self.claim[1])
+            giving = places.give_back(self.member_pk, self.claim[1])
         if self._listener is not None:
             await stop_task(self._listener)
         if self._memberships is not None:
             await self._memberships.leave()
+        if giving is not None:  # a stop that is not cancelled ends with its place back
+            with contextlib.suppress(Exception):
+                await asyncio.shield(giving)
