@@ -62,11 +62,22 @@ redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[3])
 redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[1])))
 return 1
 """
-# ARGV: seconds a place lasts, the token. A place that lapsed meanwhile
-# (Redis unreachable for longer) is placed again: its stream is open.
+# A renewal places a place that lapsed meanwhile (Redis unreachable for
+# longer) again: its stream is open. But not one given back (KEYS[2], the
+# tokens given back, for as long as a place lasts): a renewal already on
+# its way when its stream stopped (the task cancelled, its call not) would
+# hold a place for nobody. ARGV: seconds a place lasts, the token.
 _RENEW = _NOW + """
+if redis.call('ZSCORE', KEYS[2], ARGV[2]) then return 0 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[2])
 redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[1])))
+return 1
+"""
+_GIVE_BACK = _NOW + """
+redis.call('ZREM', KEYS[1], ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[1]), ARGV[2])
+redis.call('EXPIRE', KEYS[2], math.ceil(tonumber(ARGV[1])))
 return 1
 """
 
@@ -83,6 +94,10 @@ class Places:
     @staticmethod
     def _shared(member_pk: int):
         return raw_redis(f"mcp-streams:{member_pk}")
+
+    @staticmethod
+    def _given_back(member_pk: int) -> str:
+        return raw_redis(f"mcp-streams-gone:{member_pk}")[1]
 
     def on_redis(self) -> bool:
         return self._shared(0) is not None
@@ -107,7 +122,7 @@ class Places:
     async def renew(self, member_pk: int, token: str) -> None:
         if (shared := self._shared(member_pk)) is not None:
             client, key = shared
-            await asyncio.to_thread(client.eval, _RENEW, 1, key, PLACE_SECONDS, token)
+            await asyncio.to_thread(client.eval, _RENEW, 2, key, self._given_back(member_pk), PLACE_SECONDS, token)
 
     def give_back(self, member_pk: int, token: str) -> asyncio.Future | None:
         """On the event loop, without waiting (a stream cancelled with its
@@ -120,7 +135,8 @@ class Places:
                 del self._here[member_pk]
             return None
         client, key = shared
-        giving = asyncio.get_running_loop().run_in_executor(None, client.zrem, key, token)
+        giving = asyncio.get_running_loop().run_in_executor(
+            None, client.eval, _GIVE_BACK, 2, key, self._given_back(member_pk), PLACE_SECONDS, token)
         giving.add_done_callback(lambda done: done.cancelled() or done.exception() is None or logger.warning(
             "could not give back a stream's place; it lapses", exc_info=done.exception()))
         return giving

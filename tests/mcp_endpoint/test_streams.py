@@ -95,7 +95,8 @@ def test_a_start_that_loses_the_channel_layer_gives_its_place_back():
 @pytest.mark.postgres  # with REDIS_URL: the shared deployment
 def test_on_redis_a_members_streams_are_counted_across_processes(monkeypatch):
     """Places another process holds count here; a place its process no
-    longer renews (killed) frees itself; a stopped stream gives its back."""
+    longer renews (killed) frees itself; a stopped stream gives its back,
+    for good."""
     import time
 
     from controlplane.cache import raw_redis
@@ -128,11 +129,14 @@ def test_on_redis_a_members_streams_are_counted_across_processes(monkeypatch):
                 break
             await asyncio.sleep(0.01)
         assert client.zcard(key) == MAX_PER_MEMBER - 1
+        # and a renewal that was on its way when the stream stopped does not place it again
+        await streams.places.renew(41, here.claim[1])
+        assert client.zscore(key, here.claim[1]) is None
 
     try:
         asyncio.run(story())
     finally:
-        client.delete(key)
+        client.delete(key, raw_redis("mcp-streams-gone:41")[1])
 
 
 def test_of_two_inbox_streams_the_newer_owns_it_and_the_older_is_told():
