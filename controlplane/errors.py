@@ -33,6 +33,10 @@ class ApiError(Exception):
     def body(self) -> dict:
         return error_body(self.code, self.message, self.details)
 
+    def json_response(self) -> JsonResponse:
+        """For Django's handlers and middleware, outside DRF's views."""
+        return JsonResponse(self.body(), status=self.status, headers=self.headers)
+
 
 class InvalidRequest(ApiError):
     pass
@@ -218,7 +222,7 @@ def api_exception_handler(exc, context):
 
 # Django-level handlers for errors raised outside DRF views.
 def _json(code: str, message: str, status: int) -> JsonResponse:
-    return JsonResponse(error_body(code, message), status=status)
+    return ApiError(message, code=code, status=status).json_response()
 
 
 def bad_request(request, exception=None):

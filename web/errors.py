@@ -4,7 +4,6 @@ browser on its own pages in HTML, everyone else gets the contract's JSON
 (controlplane.errors)."""
 from __future__ import annotations
 
-from django.http import JsonResponse
 from django.utils.deprecation import MiddlewareMixin
 
 from controlplane import errors
@@ -38,7 +37,7 @@ class ServiceUnavailable(MiddlewareMixin):
             return None
         if request.path.startswith(WEB_PATHS):
             return error_response(request, error, plain=True)
-        return JsonResponse(error.body(), status=error.status, headers=error.headers)
+        return error.json_response()
 
 
 def csrf_failure(request, reason=""):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 
 from django.contrib.auth.views import redirect_to_login
-from django.http import HttpResponse, JsonResponse
+from django.http import HttpResponse
 from django.shortcuts import render
 from django.template.loader import render_to_string
 from rest_framework.exceptions import APIException
@@ -44,7 +44,7 @@ def error_response(request, error: ApiError, *, plain: bool = False):
     their inbox, and on a page that reads nothing (web/unavailable.html)."""
     htmx = bool(request.headers.get("HX-Request"))
     if wants_json(request):
-        response = JsonResponse(error.body(), status=error.status)
+        response = error.json_response()
     elif plain:
         template = "web/_error.html" if htmx else "web/unavailable.html"
         response = HttpResponse(render_to_string(template, {"error": error}), status=error.status)
