@@ -85,6 +85,8 @@ class Publisher:
         self._topics: list[tuple[str, str]] = []  # (channel, message) to publish, on the publisher's loop
         self._publishing: asyncio.Task | None = None
         self._topics_client = None  # made on the publisher's loop, for that loop
+        self._handed: list[tuple] = []  # (callback, args) for the publisher's loop, under _lock
+        self._handing = False  # whether the loop has been asked to take them
 
     async def _send(self, layer, group: str, message: dict) -> None:
         loop = asyncio.get_running_loop()
@@ -129,7 +131,37 @@ class Publisher:
                 threading.Thread(target=loop.run_forever, name="switchboard-publisher", daemon=True).start()
                 self._own_loop, self._own_loop_pid = loop, os.getpid()
                 self._topics, self._publishing, self._topics_client = [], None, None  # the old loop's
+                self._handed, self._handing = [], False
             return self._own_loop
+
+    def _hand_over(self, callback, *args) -> None:
+        """Run `callback(*args)` on the publisher's own loop, from any
+        thread, in order. What is handed over before the loop takes the last
+        ones goes with them, for one wake-up: each `call_soon_threadsafe`
+        writes to the loop's wake-up socket, and a push worker's record
+        announced every acknowledged item so (docs/benchmarks.md, round
+        nineteen)."""
+        loop = self._background_loop()
+        with self._lock:
+            self._handed.append((callback, args))
+            if self._handing:
+                return
+            self._handing = True
+        try:
+            loop.call_soon_threadsafe(self._take_handed)
+        except BaseException:
+            with self._lock:
+                self._handing = False
+            raise
+
+    def _take_handed(self) -> None:
+        with self._lock:
+            handed, self._handed, self._handing = self._handed, [], False
+        for callback, args in handed:
+            try:
+                callback(*args)
+            except Exception:
+                logger.warning("could not queue a message to publish", exc_info=True)
 
     def _target_loop(self, layer) -> asyncio.AbstractEventLoop | None:
         if isinstance(layer, InMemoryChannelLayer):
@@ -145,8 +177,7 @@ class Publisher:
             self.send(topic, message)
             return
         try:
-            self._background_loop().call_soon_threadsafe(
-                self._queue_topic, topics.redis_channel(topic), json.dumps(message, separators=(",", ":")))
+            self._hand_over(self._queue_topic, topics.redis_channel(topic), json.dumps(message, separators=(",", ":")))
         except Exception:
             logger.warning("could not publish to %s", topic, exc_info=True)
 
@@ -184,8 +215,8 @@ class Publisher:
         try:
             if loop is None:
                 async_to_sync(layer.group_send)(group, message)
-            elif hasattr(layer, "_group_key"):  # channels-redis: batched
-                loop.call_soon_threadsafe(self._queue, layer, group, message)
+            elif hasattr(layer, "_group_key"):  # channels-redis (on the publisher's loop): batched
+                self._hand_over(self._queue, layer, group, message)
             else:
                 asyncio.run_coroutine_threadsafe(self._send(layer, group, message), loop).add_done_callback(
                     _log_failure)

@@ -13,7 +13,7 @@ from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q, Subquery
 
 from controlplane.clock import now
-from controlplane.db import Compiled, in_list, model_columns, model_from_row
+from controlplane.db import Compiled, ids_in, model_columns, model_from_row
 from controlplane.errors import InvalidEventId, UnknownDelivery, UnknownEvent
 from controlplane.log import log_head
 from controlplane.models import Member
@@ -64,8 +64,8 @@ def oldest_pending(member_ids: Iterable[int]) -> dict[int, InboxItem]:
         if not firsts:
             return {}
         table = connection.ops.quote_name(InboxItem._meta.db_table)
-        marks, params = in_list(firsts)
-        cursor.execute(f"SELECT {model_columns(InboxItem, 'i')} FROM {table} i WHERE i.id IN ({marks})", params)
+        which, params = ids_in("i.id", firsts)
+        cursor.execute(f"SELECT {model_columns(InboxItem, 'i')} FROM {table} i WHERE {which}", params)
         items = [model_from_row(InboxItem, row) for row in cursor.fetchall()]
     return {item.member_id: item for item in items}
 

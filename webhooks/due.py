@@ -7,7 +7,7 @@ from django.core.cache import cache
 from django.db import connection, transaction
 
 from controlplane import live
-from controlplane.db import datetime_from_db, in_list, model_columns, models_from_row, rows_sql
+from controlplane.db import datetime_from_db, ids_in, model_columns, models_from_row, rows_sql
 from controlplane.models import Member, Space
 from inbox.models import InboxItem
 from webhooks.models import Attempt, Delivery, Endpoint, Subscription, new_delivery_id
@@ -95,12 +95,12 @@ def claimed(ids: list[int]) -> list[Delivery]:
         return []
     table = {alias: connection.ops.quote_name(model._meta.db_table) for model, alias in CLAIMED}
     columns = ", ".join(model_columns(model, alias) for model, alias in CLAIMED)
-    marks, params = in_list(ids)
+    which, params = ids_in("d.id", ids)
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {columns} FROM {table['d']} d JOIN {table['s']} s ON s.id = d.subscription_id "
                        f"JOIN {table['o']} o ON o.id = s.owner_id LEFT JOIN {table['sp']} sp ON sp.id = s.space_id "
                        f"JOIN {table['e']} e ON e.id = s.endpoint_id LEFT JOIN {table['i']} i ON i.id = d.item_id "
-                       f"WHERE d.id IN ({marks})", params)
+                       f"WHERE {which}", params)
         rows = cursor.fetchall()
     found = {}
     for row in rows:
@@ -248,9 +248,8 @@ def send_next_items(offers: list[tuple[int, int, str]], at, until) -> dict[int, 
         sent = {subscription: (pk, public_id) for pk, public_id, subscription in cursor.fetchall()}
         if not sent:
             return {}
-        marks, params = in_list(sent)
+        which, params = ids_in("s.id", sent)
         cursor.execute(f"SELECT s.id, s.public_id, e.url, e.secret, e.previous_secret, e.previous_secret_until "
-                       f"FROM {subscriptions} s JOIN {endpoints} e ON e.id = s.endpoint_id WHERE s.id IN ({marks})",
-                       params)
+                       f"FROM {subscriptions} s JOIN {endpoints} e ON e.id = s.endpoint_id WHERE {which}", params)
         return {pk: (*sent[pk], public_id, url, secret, previous, datetime_from_db(until))
                 for pk, public_id, url, secret, previous, until in cursor.fetchall()}

@@ -81,3 +81,37 @@ def test_the_publisher_sends_only_to_groups_with_a_member(monkeypatch, settings)
     assert received["group"] == "listened"
     time.sleep(0.2)  # room for a send that should not happen
     assert sent_to == ["listened"]
+
+
+def test_messages_handed_over_while_the_publisher_is_busy_wake_its_loop_once(monkeypatch, settings):
+    """What one thread hands over before the publisher's loop takes it
+    (a push worker's record announces every acknowledged item) goes over in
+    one wake-up of that loop, not one each, and all of it arrives."""
+    # given: a channels-redis layer with a channel in one group, and the publisher's loop busy
+    import asyncio
+    import threading
+
+    from channels_redis.core import RedisChannelLayer
+
+    from controlplane import live
+    layer = RedisChannelLayer(hosts=[{"address": settings.REDIS_URL, "socket_timeout": 30}],
+                              prefix="switchboard-handed", capacity=1000)
+    monkeypatch.setattr(live, "get_channel_layer", lambda: layer)
+    channel = asyncio.run(layer.new_channel())
+    asyncio.run(layer.group_add("handed", channel))
+    loop = live.publisher._background_loop()
+    busy, wakes = threading.Event(), []
+    loop.call_soon_threadsafe(busy.wait, 10)
+    wake = loop.call_soon_threadsafe
+    monkeypatch.setattr(loop, "call_soon_threadsafe", lambda *args: wakes.append(args) or wake(*args))
+    # when: 100 messages handed over meanwhile, then the loop free again
+    for i in range(100):
+        live.publisher.send("handed", {"type": "note", "i": i})
+    busy.set()
+
+    async def collect():
+        return [(await asyncio.wait_for(layer.receive(channel), 10))["i"] for _ in range(100)]
+
+    # then: one wake-up, and every message arrived
+    assert sorted(asyncio.run(collect())) == list(range(100))
+    assert len(wakes) == 1
