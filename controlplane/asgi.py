@@ -21,7 +21,8 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 
 from controlplane.bodylimit import BodyLimit  # noqa: E402
 from controlplane.db import pooled  # noqa: E402
-from controlplane.live import log_watcher, publisher  # noqa: E402
+from controlplane.live import log_watcher  # noqa: E402
+from controlplane.publishing import publisher  # noqa: E402
 from controlplane.tracing import with_request_id  # noqa: E402
 from mcp_endpoint.endpoint import mcp_endpoint  # noqa: E402
 from web.routing import websocket_urlpatterns  # noqa: E402

@@ -1,5 +1,5 @@
 """Topics: messages every process listens to, once each (the log's
-advances, new due deliveries). Published by `controlplane.live.publisher`,
+advances, new due deliveries). Published by `controlplane.publishing.publisher`,
 heard through `listen`. On Redis a topic is a pub/sub channel
 (`redis_channel`) with one subscription per listening process; with the
 in-memory layer, a group of the same name in the one process there is.
@@ -41,7 +41,7 @@ def redis_channel(topic: str) -> str:
 
 async def listen(topic: str, on_message: Callable[[dict], None]) -> None:
     """Call `on_message` with every message published to `topic`
-    (`controlplane.live.publisher.publish`), until cancelled. On Redis a subscription to its
+    (`controlplane.publishing.publisher.publish`), until cancelled. On Redis a subscription to its
     pub/sub channel; otherwise a channel of its own in the layer's group
     (renewed, see `Memberships`). Either is made again after a lost
     connection. Returns at once without a channel layer."""

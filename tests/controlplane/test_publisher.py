@@ -1,4 +1,4 @@
-"""The publisher on Redis (controlplane.live.publisher): group messages
+"""The publisher on Redis (controlplane.publishing.publisher): group messages
 sent after commits, a burst larger than the connection pool, and only to
 groups that have a member."""
 import time
@@ -17,10 +17,10 @@ def test_a_burst_of_nudges_over_redis_loses_none(monkeypatch, settings):
 
     from channels_redis.core import RedisChannelLayer
 
-    from controlplane import live
+    from controlplane import publishing
     layer = RedisChannelLayer(hosts=[{"address": settings.REDIS_URL, "max_connections": 40, "socket_timeout": 30}],
                               prefix="switchboard-burst", capacity=1000)
-    monkeypatch.setattr(live, "get_channel_layer", lambda: layer)
+    monkeypatch.setattr(publishing, "get_channel_layer", lambda: layer)
     channel = asyncio.run(layer.new_channel())
 
     async def join():
@@ -29,10 +29,10 @@ def test_a_burst_of_nudges_over_redis_loses_none(monkeypatch, settings):
 
     asyncio.run(join())
     failures = []
-    monkeypatch.setattr(live, "_log_failure", lambda future: future.exception() and failures.append(future.exception()))
+    monkeypatch.setattr(publishing, "_log_failure", lambda future: future.exception() and failures.append(future.exception()))
     # when: 300 sends, all handed to the publisher at once
     for i in range(300):
-        live.publisher.send(f"burst{i}", {"type": "burst", "i": i})
+        publishing.publisher.send(f"burst{i}", {"type": "burst", "i": i})
 
     async def collect():
         received = []
@@ -58,10 +58,10 @@ def test_the_publisher_sends_only_to_groups_with_a_member(monkeypatch, settings)
 
     from channels_redis.core import RedisChannelLayer
 
-    from controlplane import live
+    from controlplane import publishing
     layer = RedisChannelLayer(hosts=[{"address": settings.REDIS_URL, "socket_timeout": 30}],
                               prefix="switchboard-listened")
-    monkeypatch.setattr(live, "get_channel_layer", lambda: layer)
+    monkeypatch.setattr(publishing, "get_channel_layer", lambda: layer)
     channel = asyncio.run(layer.new_channel())
     asyncio.run(layer.group_add("listened", channel))
     sent_to = []
@@ -74,7 +74,7 @@ def test_the_publisher_sends_only_to_groups_with_a_member(monkeypatch, settings)
     monkeypatch.setattr(layer, "group_send", spy)
     # when: a message to each of two groups, one of them empty
     for group in ("empty", "listened"):
-        live.publisher.send(group, {"type": "note", "group": group})
+        publishing.publisher.send(group, {"type": "note", "group": group})
 
     # then: the listened group's member gets its message, and only that group got a send
     received = asyncio.run(asyncio.wait_for(layer.receive(channel), 10))
@@ -93,20 +93,20 @@ def test_messages_handed_over_while_the_publisher_is_busy_wake_its_loop_once(mon
 
     from channels_redis.core import RedisChannelLayer
 
-    from controlplane import live
+    from controlplane import publishing
     layer = RedisChannelLayer(hosts=[{"address": settings.REDIS_URL, "socket_timeout": 30}],
                               prefix="switchboard-handed", capacity=1000)
-    monkeypatch.setattr(live, "get_channel_layer", lambda: layer)
+    monkeypatch.setattr(publishing, "get_channel_layer", lambda: layer)
     channel = asyncio.run(layer.new_channel())
     asyncio.run(layer.group_add("handed", channel))
-    loop = live.publisher._background_loop()
+    loop = publishing.publisher._background_loop()
     busy, wakes = threading.Event(), []
     loop.call_soon_threadsafe(busy.wait, 10)
     wake = loop.call_soon_threadsafe
     monkeypatch.setattr(loop, "call_soon_threadsafe", lambda *args: wakes.append(args) or wake(*args))
     # when: 100 messages handed over meanwhile, then the loop free again
     for i in range(100):
-        live.publisher.send("handed", {"type": "note", "i": i})
+        publishing.publisher.send("handed", {"type": "note", "i": i})
     busy.set()
 
     async def collect():

@@ -1,4 +1,4 @@
-"""Topics on Redis (controlplane.topics, published by controlplane.live): what every process listens to once
+"""Topics on Redis (controlplane.topics, published by controlplane.publishing): what every process listens to once
 (the log's advances, new due deliveries) goes out as one PUBLISH and is
 heard through one pub/sub subscription per listener."""
 from __future__ import annotations
@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from channels.layers import get_channel_layer
 from django.conf import settings
 
-from controlplane import live, topics
+from controlplane import topics
+from controlplane.publishing import publisher
 
 pytestmark = pytest.mark.postgres  # with REDIS_URL: the production path
 
@@ -29,7 +31,7 @@ async def test_one_publish_from_a_committing_thread_reaches_every_listener(monke
     # given: two listeners to a topic (as two processes' watchers are), and a
     # channel layer that must not be used for it
     topic = "switchboard.test.reaches"
-    layer = live.get_channel_layer()
+    layer = get_channel_layer()
 
     async def no_group_send(group, message):
         raise AssertionError(f"a topic went through the layer's group {group}")
@@ -40,7 +42,7 @@ async def test_one_publish_from_a_committing_thread_reaches_every_listener(monke
     try:
         await _subscribed(2, topics.redis_channel(topic))
         # when: a request thread publishes once
-        await asyncio.to_thread(live.publisher.publish, topic, {"type": "log.advanced", "position": 7,
+        await asyncio.to_thread(publisher.publish, topic, {"type": "log.advanced", "position": 7,
                                                                  "conversations": [3], "members": None})
         for _ in range(100):
             if all(heard):
@@ -71,7 +73,7 @@ async def test_a_listener_whose_connection_redis_dropped_subscribes_again():
             await admin.client_kill_filter(_id=ids[0])
         # then: it subscribes again and hears what is published after that
         for _ in range(300):
-            await asyncio.to_thread(live.publisher.publish, topic, {"type": "again"})
+            await asyncio.to_thread(publisher.publish, topic, {"type": "again"})
             if heard:
                 break
             await asyncio.sleep(0.05)

@@ -220,11 +220,11 @@ def test_one_sender_fills_only_its_share_of_a_mailbox(space, alice, bob, carol, 
 def test_recipients_inbox_groups_hear_of_new_items_after_commit(space, alice, bob, carol, monkeypatch,
                                                                  django_capture_on_commit_callbacks):
     # given
-    from controlplane import live
+    from controlplane.publishing import publisher
     sent = []
     record = lambda group, message: sent.append((group, message))
-    monkeypatch.setattr(live.publisher, "send", record)
-    monkeypatch.setattr(live.publisher, "publish", record)  # topics
+    monkeypatch.setattr(publisher, "send", record)
+    monkeypatch.setattr(publisher, "publish", record)  # topics
     group, _ = services.get_or_create_group(space, [alice, bob, carol], actor=alice)
     # when
     with django_capture_on_commit_callbacks(execute=True):
@@ -236,12 +236,12 @@ def test_recipients_inbox_groups_hear_of_new_items_after_commit(space, alice, bo
 
 
 def test_a_rejected_send_announces_nothing(space, alice, bob, monkeypatch, django_capture_on_commit_callbacks):
-    from controlplane import live
+    from controlplane.publishing import publisher
     from inbox import mailbox
     sent = []
     record = lambda group, message: sent.append(group)
-    monkeypatch.setattr(live.publisher, "send", record)
-    monkeypatch.setattr(live.publisher, "publish", record)  # topics
+    monkeypatch.setattr(publisher, "send", record)
+    monkeypatch.setattr(publisher, "publish", record)  # topics
     monkeypatch.setattr(mailbox, "MAILBOX_LIMIT_BYTES", 10)
     direct, _ = services.get_or_create_direct(space, bob, actor=alice)
     with django_capture_on_commit_callbacks(execute=True):

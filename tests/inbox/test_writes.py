@@ -7,6 +7,7 @@ import pytest
 from django.forms.models import model_to_dict
 
 from controlplane import live, log, services
+from controlplane.publishing import publisher
 from controlplane.models import Event, EventAddressee
 from grants.services import create_grant
 from inbox import delivery, firewall, writes
@@ -58,8 +59,8 @@ def test_both_insert_paths_write_and_publish_the_same(space, alice, bob, carol, 
     hooked, sent = [], []
     monkeypatch.setattr(log, "_APPEND_HOOKS", [*log._APPEND_HOOKS, hooked.extend])
     record = lambda group, note: sent.append((group, note))
-    monkeypatch.setattr(live.publisher, "send", record)
-    monkeypatch.setattr(live.publisher, "publish", record)  # topics
+    monkeypatch.setattr(publisher, "send", record)
+    monkeypatch.setattr(publisher, "publish", record)  # topics
     # (the firewall's kick is recorded, not run: the rows stay as written)
     monkeypatch.setattr(writes, "kick_on_commit", lambda task, *args: sent.append((task, args)))
     snapshots = []
@@ -93,8 +94,8 @@ def test_both_acknowledgement_paths_settle_and_publish_the_same(space, alice, bo
     # given: bob sends alice and carol two direct messages each; a recording publisher
     sent = []
     record = lambda group, note: sent.append((group, note))
-    monkeypatch.setattr(live.publisher, "send", record)
-    monkeypatch.setattr(live.publisher, "publish", record)  # topics
+    monkeypatch.setattr(publisher, "send", record)
+    monkeypatch.setattr(publisher, "publish", record)  # topics
     for reader in (alice, carol):
         direct, _ = services.get_or_create_direct(space, reader, actor=bob)
         for n in range(2):
@@ -135,8 +136,8 @@ def test_both_batch_acknowledgement_paths_settle_and_publish_the_same(space, ali
 
     sent = []
     record = lambda group, note: sent.append((group, note))
-    monkeypatch.setattr(live.publisher, "send", record)
-    monkeypatch.setattr(live.publisher, "publish", record)  # topics
+    monkeypatch.setattr(publisher, "send", record)
+    monkeypatch.setattr(publisher, "publish", record)  # topics
     for reader, count in ((alice, 3), (carol, 2)):
         direct, _ = services.get_or_create_direct(space, reader, actor=bob)
         for n in range(count):

@@ -13,7 +13,8 @@ from django.test import Client
 from controlplane import services
 from controlplane.asgi import router
 from controlplane import topics
-from controlplane.live import LOG_TOPIC, log_watcher, member_group, publisher
+from controlplane.live import LOG_TOPIC, log_watcher, member_group
+from controlplane.publishing import publisher
 from controlplane.models import Member
 from inbox.delivery import acknowledge_delivery
 from inbox.models import InboxItem
