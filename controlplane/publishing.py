@@ -71,6 +71,14 @@ class Publisher:
         self._topics_client = None  # made on the publisher's loop, for that loop
         self._handed: list[tuple] = []  # (callback, args) for the publisher's loop, under _lock
         self._handing = False  # whether the loop has been asked to take them
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        """In a forked child (django-q2's workers): a lock another thread
+        held at the fork stays held, with no thread left to release it, and
+        what was handed over is the parent's loop's to send."""
+        self._lock = threading.Lock()
+        self._handed, self._handing = [], False
 
     async def _send(self, layer, group: str, message: dict) -> None:
         loop = asyncio.get_running_loop()

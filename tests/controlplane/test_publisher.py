@@ -1,13 +1,19 @@
 """The publisher on Redis (controlplane.publishing.publisher): group messages
 sent after commits, a burst larger than the connection pool, and only to
 groups that have a member."""
+import os
+import signal
+import threading
 import time
 
 import pytest
 
-pytestmark = pytest.mark.postgres  # with REDIS_URL: the production path
+from controlplane.publishing import publisher
+
+on_redis = pytest.mark.postgres  # with REDIS_URL: the production path
 
 
+@on_redis
 def test_a_burst_of_nudges_over_redis_loses_none(monkeypatch, settings):
     """More after-commit group messages at once than the Redis pool has
     connections: each waits its turn (none fails with MaxConnectionsError)
@@ -49,6 +55,7 @@ def test_a_burst_of_nudges_over_redis_loses_none(monkeypatch, settings):
     assert received == list(range(300))
 
 
+@on_redis
 def test_the_publisher_sends_only_to_groups_with_a_member(monkeypatch, settings):
     """On Redis, one pipelined read tells the groups with a member from the
     empty ones (most inbox groups, most of the time), which get no
@@ -83,6 +90,7 @@ def test_the_publisher_sends_only_to_groups_with_a_member(monkeypatch, settings)
     assert sent_to == ["listened"]
 
 
+@on_redis
 def test_messages_handed_over_while_the_publisher_is_busy_wake_its_loop_once(monkeypatch, settings):
     """What one thread hands over before the publisher's loop takes it
     (a push worker's record announces every acknowledged item) goes over in
@@ -115,3 +123,31 @@ def test_messages_handed_over_while_the_publisher_is_busy_wake_its_loop_once(mon
     # then: one wake-up, and every message arrived
     assert sorted(asyncio.run(collect())) == list(range(100))
     assert len(wakes) == 1
+
+
+def test_a_child_forked_while_another_thread_held_the_publishers_lock_can_still_publish():
+    """django-q2 forks its workers from a process that may be publishing:
+    the child must not inherit a held lock that nobody will release."""
+    # given: another thread holds the publisher's lock
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with publisher._lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(5)
+    # when: the process forks meanwhile, and the child hands something to its publisher's loop
+    child = os.fork()
+    if child == 0:
+        signal.alarm(5)  # a child that cannot publish hangs until this kills it
+        publisher._hand_over(os._exit, 0)  # run on the child's own publisher loop: exits 0
+        time.sleep(10)
+        os._exit(1)
+    release.set()
+    holder.join()
+    # then: the child's loop ran what it was handed
+    _, status = os.waitpid(child, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
