@@ -266,9 +266,10 @@ def padded(values: list) -> list:
 def ids_in(column: str, ids) -> tuple[str, list]:
     """A plain-SQL condition that `column` (an integer column) is one of
     `ids`, and its parameters. On PostgreSQL `= ANY` of one bigint array:
-    one statement text whatever the number, converted once and prepared
-    once, where psycopg parses again on every run a statement of more than
-    50 parameters (a push worker's record ran two such, with up to 64 ids).
+    one statement text whatever the number (prepared once per array type
+    psycopg picks for the largest id), where psycopg parses again on every
+    run a statement of more than 50 parameters (a push worker's record ran
+    two such, with up to 64 ids).
     Elsewhere an `IN (…)` of placeholders, padded (`padded`)."""
     if connection.vendor == "postgresql":
         return f"{column} = ANY(%s::bigint[])", [list(ids)]

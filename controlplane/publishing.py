@@ -62,23 +62,28 @@ class Publisher:
         self._own_loop: asyncio.AbstractEventLoop | None = None
         self._own_loop_pid = 0
         self._lock = threading.Lock()
-        self._gates: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
-        self._queued: dict[object, list[tuple[str, dict]]] = {}  # by layer, on the publisher's loop
-        self._flushers: dict[object, asyncio.Task] = {}
-        self._sending: set[asyncio.Task] = set()
-        self._topics: list[tuple[str, str]] = []  # (channel, message) to publish, on the publisher's loop
-        self._publishing: asyncio.Task | None = None
-        self._topics_client = None  # made on the publisher's loop, for that loop
-        self._handed: list[tuple] = []  # (callback, args) for the publisher's loop, under _lock
-        self._handing = False  # whether the loop has been asked to take them
+        self._forget_loop()
         os.register_at_fork(after_in_child=self._forked)
 
     def _forked(self) -> None:
         """In a forked child (django-q2's workers): a lock another thread
         held at the fork stays held, with no thread left to release it, and
-        what was handed over is the parent's loop's to send."""
+        the parent's loop, its tasks and what was handed to it stay the
+        parent's (a flusher inherited mid-batch would never finish here)."""
         self._lock = threading.Lock()
-        self._handed, self._handing = [], False
+        self._forget_loop()
+
+    def _forget_loop(self) -> None:
+        """What belongs to the publisher's loop (and lives on it), dropped with it."""
+        self._gates: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+        self._queued: dict[object, list[tuple[str, dict]]] = {}  # by layer
+        self._flushers: dict[object, asyncio.Task] = {}
+        self._sending: set[asyncio.Task] = set()
+        self._topics: list[tuple[str, str]] = []  # (channel, message) to publish
+        self._publishing: asyncio.Task | None = None
+        self._topics_client = None  # made on the loop, for that loop
+        self._handed: list[tuple] = []  # (callback, args) for the loop, under _lock
+        self._handing = False  # whether the loop has been asked to take them
 
     async def _send(self, layer, group: str, message: dict) -> None:
         loop = asyncio.get_running_loop()
@@ -117,14 +122,16 @@ class Publisher:
 
     def _background_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
-            # A forked child inherits the loop object but not its thread.
-            if self._own_loop is None or self._own_loop.is_closed() or self._own_loop_pid != os.getpid():
-                loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="switchboard-publisher", daemon=True).start()
-                self._own_loop, self._own_loop_pid = loop, os.getpid()
-                self._topics, self._publishing, self._topics_client = [], None, None  # the old loop's
-                self._handed, self._handing = [], False
-            return self._own_loop
+            return self._background_loop_locked()
+
+    def _background_loop_locked(self) -> asyncio.AbstractEventLoop:
+        # A forked child inherits the loop object but not its thread.
+        if self._own_loop is None or self._own_loop.is_closed() or self._own_loop_pid != os.getpid():
+            self._forget_loop()  # the old loop's
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="switchboard-publisher", daemon=True).start()
+            self._own_loop, self._own_loop_pid = loop, os.getpid()
+        return self._own_loop
 
     def _hand_over(self, callback, *args) -> None:
         """Run `callback(*args)` on the publisher's own loop, from any
@@ -133,8 +140,8 @@ class Publisher:
         writes to the loop's wake-up socket, and a push worker's record
         announced every acknowledged item so (docs/benchmarks.md, round
         nineteen)."""
-        loop = self._background_loop()
         with self._lock:
+            loop = self._background_loop_locked()
             self._handed.append((callback, args))
             if self._handing:
                 return

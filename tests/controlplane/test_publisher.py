@@ -125,10 +125,17 @@ def test_messages_handed_over_while_the_publisher_is_busy_wake_its_loop_once(mon
     assert len(wakes) == 1
 
 
-def test_a_child_forked_while_another_thread_held_the_publishers_lock_can_still_publish():
+def test_a_child_forked_while_another_thread_held_the_publishers_lock_can_still_publish(monkeypatch):
     """django-q2 forks its workers from a process that may be publishing:
-    the child must not inherit a held lock that nobody will release."""
-    # given: another thread holds the publisher's lock
+    the child must not inherit a held lock that nobody will release, nor a
+    batch the parent's loop was sending (its flusher never finishes there,
+    and no other would start)."""
+    # given: another thread holds the publisher's lock, and a batch is being flushed
+    class Flushing:
+        def done(self):
+            return False
+
+    monkeypatch.setitem(publisher._flushers, "layer", Flushing())
     held, release = threading.Event(), threading.Event()
 
     def hold():
@@ -138,16 +145,20 @@ def test_a_child_forked_while_another_thread_held_the_publishers_lock_can_still_
 
     holder = threading.Thread(target=hold)
     holder.start()
-    held.wait(5)
+    assert held.wait(5)
     # when: the process forks meanwhile, and the child hands something to its publisher's loop
     child = os.fork()
     if child == 0:
-        signal.alarm(5)  # a child that cannot publish hangs until this kills it
-        publisher._hand_over(os._exit, 0)  # run on the child's own publisher loop: exits 0
-        time.sleep(10)
-        os._exit(1)
+        try:  # the child never returns into the test session
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)  # not pytest-timeout's handler: a hung child dies
+            signal.alarm(5)
+            # run on the child's own publisher loop: exits 0 if no flusher came along
+            publisher._hand_over(lambda: os._exit(2 if "layer" in publisher._flushers else 0))
+            time.sleep(10)
+        finally:
+            os._exit(1)
     release.set()
     holder.join()
-    # then: the child's loop ran what it was handed
+    # then: the child's own loop ran what it was handed, with nothing of the parent's
     _, status = os.waitpid(child, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
