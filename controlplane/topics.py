@@ -5,8 +5,9 @@ heard through `listen`. On Redis a topic is a pub/sub channel
 in-memory layer, a group of the same name in the one process there is.
 
 Also the channel-layer groups a long-lived channel keeps (`Memberships`,
-which the in-memory topics use too) and `stop_task`, which stops a listener
-for certain.
+which the in-memory topics use too), `stop_task`, which stops a listener
+for certain, and `heeding_cancellation` for receives whose caller cancels
+them only once.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -143,6 +145,27 @@ class Memberships:
             # A channel left behind would get a copy of every message until its membership expires.
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._layer.group_discard(group, self.channel), 1.0)
+
+
+_stopping: set[asyncio.Task] = set()  # the receives `heeding_cancellation` is still stopping
+
+
+async def heeding_cancellation(receive: Callable[[], Awaitable[Any]]) -> Any:
+    """`await receive()`, except that a cancellation ends it at once, heeded
+    or not by the receive itself, which `stop_task` then stops in the
+    background. A consumer's dispatch loop (Channels) ends by cancelling its
+    pending channel-layer receive and waiting for it: a cancellation lost by
+    channels-redis (see `stop_task`) kept that wait, and the socket with
+    it, open and silent until a message came for some channel of the
+    process, which after a Redis restart could be never."""
+    task = asyncio.ensure_future(receive())
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        stopper = asyncio.ensure_future(stop_task(task))
+        _stopping.add(stopper)
+        stopper.add_done_callback(_stopping.discard)
+        raise
 
 
 async def stop_task(task: asyncio.Task) -> None:

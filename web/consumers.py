@@ -13,13 +13,14 @@ space; a pass also runs every FEED_RECHECK_SECONDS in case a nudge was lost.
 """
 from __future__ import annotations
 
+import functools
 import json
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 
 from controlplane.access import readable_conversation
 from controlplane.live import member_group
-from controlplane.topics import Memberships
+from controlplane.topics import Memberships, heeding_cancellation
 from controlplane.models import Member
 from inbox.delivery import pending_count
 from inbox.mailbox import inbox_group
@@ -41,6 +42,16 @@ class SessionSocket:
     suspension, closes it (4401)."""
 
     memberships: Memberships | None = None
+
+    @property
+    def channel_receive(self):
+        return self._channel_receive
+
+    @channel_receive.setter
+    def channel_receive(self, receive) -> None:
+        # Set by Channels' consumer just before its dispatch loop, which ends
+        # by cancelling the receive and waiting for it: see heeding_cancellation.
+        self._channel_receive = functools.partial(heeding_cancellation, receive)
 
     async def __call__(self, scope, receive, send):
         """The socket's whole life. One that ends without a disconnect (its

@@ -375,3 +375,40 @@ async def test_a_socket_whose_channel_layer_fails_still_leaves_its_groups_and_st
             break
         await asyncio.sleep(0.01)
     assert not streams.running()
+
+
+async def test_a_socket_ends_even_when_its_channel_layer_loses_the_cancellation_of_a_receive(room, ben, monkeypatch):
+    # given: a channel layer that is lost while ben's page connects (its groups cannot be joined),
+    # and whose receive lets the first cancellation pass, as channels-redis's can while Redis is away
+    _, channel = room
+    layer, page, stuck = get_channel_layer(), set(), asyncio.Event()
+    add, receive = layer.group_add, layer.receive
+
+    async def group_add(group, name):
+        if group == member_group(ben):
+            page.add(name)
+            raise ConnectionError("the channel layer went away")
+        await add(group, name)
+
+    async def receive_losing_a_cancellation(name):
+        try:
+            return await receive(name)
+        except asyncio.CancelledError:
+            if name not in page:  # (the log watcher's channel is stopped as usual)
+                raise
+            stuck.set()
+            return await receive(name)  # waits on, until cancelled again
+
+    monkeypatch.setattr(layer, "group_add", group_add)
+    monkeypatch.setattr(layer, "receive", receive_losing_a_cancellation)
+    await log_watcher_listening()
+    socket, connected = await open_socket(f"/ws/conversations/{channel.public_id}/", ben)
+    # when: its connect fails after the handshake, so its dispatch loop cancels the pending receive
+    assert connected
+    # then: the page's application ends by itself (the server closes its connection, and the page
+    # reconnects) instead of waiting on the receive, open and out of any stream
+    await asyncio.wait({socket.future}, timeout=2)
+    assert stuck.is_set() and socket.future.done()
+    with pytest.raises(ConnectionError):
+        await socket.wait()
+    OPEN.remove(socket)
