@@ -210,12 +210,11 @@ class Publisher:
         layer = get_channel_layer()
         if layer is None:
             return
-        loop = self._target_loop(layer)
         try:
-            if loop is None:
-                async_to_sync(layer.group_send)(group, message)
-            elif hasattr(layer, "_group_key"):  # channels-redis (on the publisher's loop): batched
+            if hasattr(layer, "_group_key"):  # channels-redis (on the publisher's loop): batched
                 self._hand_over(self._queue, layer, group, message)
+            elif (loop := self._target_loop(layer)) is None:
+                async_to_sync(layer.group_send)(group, message)
             else:
                 asyncio.run_coroutine_threadsafe(self._send(layer, group, message), loop).add_done_callback(
                     _log_failure)

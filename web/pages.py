@@ -42,16 +42,16 @@ def error_response(request, error: ApiError, *, plain: bool = False):
     replace). `plain`, for a lost database or Redis: rendered without the
     request, whose context processors read the session, the member and
     their inbox, and on a page that reads nothing (web/unavailable.html)."""
-    htmx = bool(request.headers.get("HX-Request"))
     if wants_json(request):
-        response = error.json_response()
-    elif plain:
+        return error.json_response()  # with the error's headers
+    htmx = bool(request.headers.get("HX-Request"))
+    if plain:
         template = "web/_error.html" if htmx else "web/unavailable.html"
         response = HttpResponse(render_to_string(template, {"error": error}), status=error.status)
     else:
         response = render(request, "web/_error.html" if htmx else "web/error.html", {"error": error},
                           status=error.status)
-    if htmx and not wants_json(request):
+    if htmx:
         response["HX-Retarget"], response["HX-Reswap"] = "#htmx-error", "innerHTML"
     for name, value in error.headers.items():
         response[name] = value
