@@ -27,6 +27,8 @@ logger = logging.getLogger("switchboard.live")
 # connection that died silently is found and replaced.
 SUBSCRIPTION_IDLE_SECONDS = 30.0
 GROUP_READD_SECONDS = 3600
+# How long `heeding_cancellation` waits for a cancelled receive to stop: two of stop_task's cancellations.
+STOP_WAIT_SECONDS = 1.0
 
 
 def on_redis() -> bool:
@@ -151,12 +153,13 @@ _stopping: set[asyncio.Task] = set()  # the receives `heeding_cancellation` is s
 
 
 async def heeding_cancellation(receive: Callable[[], Awaitable[Any]]) -> Any:
-    """`await receive()`, except that a cancellation ends it at once, heeded
-    or not by the receive itself, which `stop_task` then stops in the
+    """`await receive()`, except that a cancellation ends it within
+    STOP_WAIT_SECONDS, heeded or not by the receive itself: it is stopped
+    with `stop_task`, waited for that long, and left to stop in the
     background. A consumer's dispatch loop (Channels) ends by cancelling its
-    pending channel-layer receive and waiting for it: a cancellation lost by
-    channels-redis (see `stop_task`) kept that wait, and the socket with
-    it, open and silent until a message came for some channel of the
+    pending channel-layer receive once and waiting for it: a cancellation
+    lost by channels-redis (see `stop_task`) kept that wait, and the socket
+    with it, open and silent until a message came for some channel of the
     process, which after a Redis restart could be never."""
     task = asyncio.ensure_future(receive())
     try:
@@ -165,6 +168,9 @@ async def heeding_cancellation(receive: Callable[[], Awaitable[Any]]) -> Any:
         stopper = asyncio.ensure_future(stop_task(task))
         _stopping.add(stopper)
         stopper.add_done_callback(_stopping.discard)
+        # Mostly the receive has ended by the next step, as when awaited;
+        # one that lost the cancellation is cancelled again meanwhile.
+        await asyncio.wait({stopper}, timeout=STOP_WAIT_SECONDS)
         raise
 
 

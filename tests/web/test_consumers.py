@@ -48,6 +48,8 @@ async def sockets_finish():
     yield
     while OPEN:
         await OPEN.pop().disconnect()
+    if topics._stopping:  # receives that lost a cancellation (topics.heeding_cancellation) stop before the loop ends
+        await asyncio.wait(set(topics._stopping), timeout=5)
     for _ in range(500):  # and their streams end, so no read is left running
         if not streams.running():
             break
@@ -412,7 +414,5 @@ async def test_a_socket_ends_even_when_its_channel_layer_loses_the_cancellation_
     with pytest.raises(ConnectionError):
         await socket.wait()
     OPEN.remove(socket)
-    # and the receive that lost its cancellation is stopped all the same, in the background
-    await asyncio.wait_for(stuck.wait(), 2)
-    await asyncio.wait(set(topics._stopping), timeout=3)
-    assert not topics._stopping
+    # and the receive that lost the first cancellation was ended by another
+    assert stuck.is_set() and not topics._stopping
