@@ -149,7 +149,7 @@ class Memberships:
                 await asyncio.wait_for(self._layer.group_discard(group, self.channel), 1.0)
 
 
-_stopping: set[asyncio.Task] = set()  # the receives `heeding_cancellation` is still stopping
+_stopping: set[asyncio.Task] = set()  # heeding_cancellation's stop_task runs, while a receive has not ended
 
 
 async def heeding_cancellation(receive: Callable[[], Awaitable[Any]]) -> Any:
