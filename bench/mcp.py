@@ -18,10 +18,13 @@
    verification challenge) to the local HTTPS receiver of the webhook phase
    (bench/receiver.py, its own process, a throwaway CA); `workers` worker processes
    run the delivery engine (webhooks.pump) from a go signal; items/s is the
-   items received over the time from the go signal to the last receipt.
-   Each 2xx acknowledges its item and only then is the subscription's next
-   item offered, so each subscription is sequential. Baseline in the same
-   run: raw signed POSTs/s to the same receiver (bench/webhooks.py).
+   items received over the time from the go signal to the last receipt,
+   and warm items/s the same from the moment every subscription has had its
+   first item (its connection open, as a running worker's are) to the
+   last. Each 2xx acknowledges its item and only then is the subscription's
+   next item offered, so each subscription is sequential. Baseline in the
+   same run: raw signed POSTs/s to the same receiver, half just before the
+   pushes and half just after (bench/webhooks.py, `raw_around`).
 
 The engine's kicks (django-q2 tasks queued after each commit, for a
 cluster that this phase does not run) go to a queue of the bench's own
@@ -52,7 +55,7 @@ import redis
 from bench import inbox, live
 from bench.load import latency_summary
 from bench.servers import PY, ROOT, free_port
-from bench.webhooks import _raw, _reset, _stats, _wait_for_receipts
+from bench.webhooks import _reset, _stats, _wait_for_receipts, raw_around
 
 ITEM = "org.switchboard/inbox.item"
 PUSH_SUBSCRIPTIONS = 100
@@ -277,6 +280,21 @@ def _db_thread(calls: list, start: float, end: float) -> dict:
             "calls": dict(Counter(name for name, at, _ in calls if start <= at <= end))}
 
 
+def warm_window(received: list[tuple[str, str, float]], started: float) -> tuple[float, int]:
+    """(when every subscription had had its first item, how many items came
+    after that moment), from the receiver's (webhook id, subscription id,
+    time) receipts: the pushes of workers whose connections are all open, as
+    a running worker's are. An item received twice counts at its first
+    receipt."""
+    first_of_item: dict[str, float] = {}
+    first_of_subscription: dict[str, float] = {}
+    for item, subscription, at in received:
+        first_of_item[item] = min(at, first_of_item.get(item, at))
+        first_of_subscription[subscription] = min(at, first_of_subscription.get(subscription, at))
+    warm_from = max(first_of_subscription.values(), default=started)
+    return warm_from, sum(at > warm_from for at in first_of_item.values())
+
+
 def _push(env: dict, dsn: str, out_dir: Path, base: str, ca: str, *, items: int, workers: int,
           profile: bool) -> dict:
     from django.db.models import Count
@@ -334,6 +352,7 @@ def _push(env: dict, dsn: str, out_dir: Path, base: str, ca: str, *, items: int,
     per = Counter(s for _, s, _ in received)
     last = max(first_at.values(), default=started)
     seconds = max(last - started, 1e-6)
+    warm_from, warm_items = warm_window(received, started)
     deliveries = Delivery.objects.filter(subscription__in=subscriptions)
     threads = [_db_thread(json.loads(path.read_text()), started, last) for path in go.parent.glob("go.calls.*")]
     # Which worker sent how many items, for how many subscriptions, until when (the split of the chains).
@@ -345,6 +364,8 @@ def _push(env: dict, dsn: str, out_dir: Path, base: str, ca: str, *, items: int,
             "per_subscription_min_max": [min(per.values(), default=0), max(per.values(), default=0)],
             "seconds": round(seconds, 3), "items_per_s": round(len(first_at) / seconds, 1),
             "first_receipt_s": round(min(first_at.values(), default=started) - started, 3),
+            "warm_from_s": round(warm_from - started, 3), "warm_items": warm_items,
+            "warm_items_per_s": round(warm_items / max(last - warm_from, 1e-6), 1),
             "pending_left": InboxItem.objects.filter(member__handle__startswith=prefix,
                                                      state=InboxItem.State.PENDING).count(),
             "attempts": Attempt.objects.filter(delivery__subscription__in=subscriptions).count(),
@@ -365,8 +386,9 @@ def _push_phase(env: dict, dsn: str, out_dir: Path, *, items: int, workers: int,
     kicks = redis.Redis.from_url(env["REDIS_URL"], socket_timeout=5) if env.get("REDIS_URL") else None
     try:
         with _receiver(out_dir) as (base, ca):
-            result = {"raw": asyncio.run(_raw(f"{base}/hook", seconds))}
-            result["push"] = _push(env, dsn, out_dir, base, ca, items=items, workers=workers, profile=profile)
+            result = dict(zip(("raw", "push"), raw_around(
+                f"{base}/hook", seconds,
+                lambda: _push(env, dsn, out_dir, base, ca, items=items, workers=workers, profile=profile))))
     finally:
         if kicks is not None:  # without Redis they went to the ORM broker, in the bench database
             queued = kicks.llen(f"django_q:{KICK_QUEUE}:q")
@@ -374,6 +396,7 @@ def _push_phase(env: dict, dsn: str, out_dir: Path, *, items: int, workers: int,
             kicks.close()
     result["kicks_queued"] = queued if kicks is not None else None
     result["ratio_push_to_raw"] = round(result["push"]["items_per_s"] / result["raw"]["posts_per_s"], 2)
+    result["ratio_warm_push_to_raw"] = round(result["push"]["warm_items_per_s"] / result["raw"]["posts_per_s"], 2)
     return result
 
 

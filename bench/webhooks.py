@@ -5,12 +5,17 @@ a throwaway CA trusted through WEBHOOK_CA_BUNDLE), in the same run:
 
 1. raw: this process signs (Ed25519, the engine's Signer) and POSTs wakes
    as fast as it can through the engine's own transport, with the engine's
-   concurrency (64 in flight), for `seconds`: the ceiling for one process.
+   concurrency (64 in flight), for `seconds` in two halves, just before
+   and just after the wakes (`raw_around`), each counted after
+   RAW_WARMUP_SECONDS (its connections opened): the ceiling for one process.
 2. wakes: 1,000 active subscriptions over 20 endpoints, one due wake each,
    sent by `workers` worker processes each running the delivery timer for
-   the whole phase (claim with SKIP LOCKED, sign, POST, record), three
-   rounds; wakes/s is wakes over the time from a round's commit (whose
-   nudge wakes the timers, as a send's does) to its last receipt.
+   the whole phase (claim with SKIP LOCKED, sign, POST, record), a warm-up
+   round and then ROUNDS rounds; wakes/s is wakes over the time from a
+   round's commit (whose nudge wakes the timers, as a send's does) to its
+   last receipt, over the rounds after the warm-up. The warm-up round's
+   figure is kept beside it: it also opens the workers' connections and
+   prepares their statements, which a running timer has done long before.
 3. latency: `manage.py serve` (its ASGI server and the django-q2 cluster, Redis
    broker) and one inbox subscription with debounce 0; `latency_sends`
    direct messages one at a time, 100 ms apart; latency is from just before
@@ -34,6 +39,8 @@ from bench.servers import PY, ROOT, free_port
 SUBSCRIPTIONS = 1_000
 ENDPOINTS = 20
 ROUNDS = 3
+WARMUP_ROUNDS = 1
+RAW_WARMUP_SECONDS = 0.5
 GO_FILE_ENV = "BENCH_WEBHOOK_GO"
 # A worker: the delivery timer (one run, one transport, woken by the nudges
 # each round's commit sends, as in `serve`) until the stop file.
@@ -74,28 +81,47 @@ def _wait_for_receipts(base: str, ca: str, enough, deadline: float, procs=()) ->
             time.sleep(0.02)
 
 
-async def _raw(url: str, seconds: float) -> dict:
+async def _raw_posts(url: str, seconds: float) -> tuple[int, int, float, list[float]]:
+    """(requests, errors, seconds counted, latencies) of raw signed POSTs, 64 in
+    flight, counted after RAW_WARMUP_SECONDS (the connections open)."""
     from webhooks import crypto
     from webhooks.transport import Transport
 
     signer = crypto.Signer(await asyncio.to_thread(crypto.active_signing_key))
     body = b'{"type":"spaces.events.available","id":"whd_bench","event_range":{"after":"a","through":"b"}}'
     sent, errors, latencies = 0, 0, []
-    deadline = time.monotonic() + seconds
+    # Counted: the requests that start after the warm-up and before the deadline.
+    measured_from = time.monotonic() + RAW_WARMUP_SECONDS
+    deadline = measured_from + seconds
     async with Transport(limit=64) as transport:
         async def client():
             nonlocal sent, errors
-            while time.monotonic() < deadline:
-                started = time.monotonic()
+            while (started := time.monotonic()) < deadline:
                 headers = signer.headers("whd_bench", body, secret=None, timestamp=int(time.time()))
                 outcome = await transport.post(url, body, headers)
-                latencies.append(time.monotonic() - started)
-                sent += 1
-                errors += not outcome.ok
-        started = time.monotonic()
+                if started >= measured_from:
+                    latencies.append(time.monotonic() - started)
+                    sent += 1
+                    errors += not outcome.ok
+
         await asyncio.gather(*(client() for _ in range(64)))
-        elapsed = time.monotonic() - started
-    return {"posts_per_s": round(sent / elapsed, 1), "errors": errors, **latency_summary(latencies)}
+        elapsed = time.monotonic() - measured_from
+    return sent, errors, elapsed, latencies
+
+
+def raw_around(url: str, seconds: float, measure):
+    """(the raw signed POSTs baseline, `measure()`): half of the baseline's
+    `seconds` just before the measurement and half just after, so that a
+    shift in what the shared machine gives (which moves one run's figures
+    by a fifth) reaches both sides of the ratio."""
+    before = asyncio.run(_raw_posts(url, seconds / 2))
+    measured = measure()
+    after = asyncio.run(_raw_posts(url, seconds / 2))
+    rates = [round(sent / elapsed, 1) for sent, _, elapsed, _ in (before, after)]
+    raw = {"posts_per_s": round(sum(rates) / 2, 1), "before_after_posts_per_s": rates,
+           "errors": before[1] + after[1], "warmup_s": RAW_WARMUP_SECONDS,
+           **latency_summary(before[3] + after[3])}
+    return raw, measured
 
 
 def _prepare_subscriptions(url_base: str) -> tuple:
@@ -138,7 +164,7 @@ def _wakes(env: dict, url_base: str, stats_base: str, ca: str, workers: int, out
     rounds = []
     try:
         time.sleep(3)  # let the workers boot
-        for r in range(ROUNDS):
+        for r in range(WARMUP_ROUNDS + ROUNDS):
             _reset(stats_base, ca)
             started = _due_wakes(subscriptions, r)
             _wait_for_receipts(stats_base, ca, lambda n: n["received"] >= SUBSCRIPTIONS, time.monotonic() + 120, procs)
@@ -146,14 +172,16 @@ def _wakes(env: dict, url_base: str, stats_base: str, ca: str, workers: int, out
             last = max((at for _, _, at in received), default=started)
             rounds.append({"wakes": len(received), "unique": len({i for i, _, _ in received}),
                            "seconds": round(last - started, 3),
-                           "wakes_per_s": round(len(received) / max(last - started, 1e-6), 1)})
+                           "wakes_per_s": round(len(received) / max(last - started, 1e-6), 1),
+                           "warmup": r < WARMUP_ROUNDS})
     finally:
         (go.parent / "go.stop").touch()
         for proc in procs:
             proc.wait(60) if proc.poll() is None else None
     from webhooks.models import Attempt, Delivery
+    measured = [r for r in rounds if not r["warmup"]]
     return {"workers": workers, "subscriptions": SUBSCRIPTIONS, "endpoints": ENDPOINTS, "rounds": rounds,
-            "wakes_per_s": round(sum(r["wakes"] for r in rounds) / sum(r["seconds"] for r in rounds), 1),
+            "wakes_per_s": round(sum(r["wakes"] for r in measured) / sum(r["seconds"] for r in measured), 1),
             "attempts": Attempt.objects.filter(delivery__subscription__owner=owner).count(),
             "delivered": Delivery.objects.filter(subscription__owner=owner, state="delivered").count()}
 
@@ -218,7 +246,10 @@ def _latency(env: dict, url: str, stats_base: str, ca: str, sends: int, out_dir:
         if covering:
             latencies.append(min(covering) - started)
     result = {"sends": sends, "wakes": len(received), "covered": len(latencies), **latency_summary(latencies),
-              "send_response": latency_summary(responses)}
+              "send_response": latency_summary(responses),
+              # The tail, by send: (send number, receipt ms, its response ms).
+              "slowest": sorted(((n, round(1000 * latency, 1), round(1000 * responses[n], 1))
+                                 for n, latency in enumerate(latencies)), key=lambda row: -row[1])[:5]}
     result["ratio_to_send"] = {q: round(result[f"{q}_ms"] / result["send_response"][f"{q}_ms"], 2)
                                for q in ("p50", "p99") if result[f"{q}_ms"] and result["send_response"][f"{q}_ms"]}
     return result
@@ -249,9 +280,11 @@ def run(env: dict, out_dir: Path, *, seconds: float, workers: int, latency_sends
             except httpx.TransportError:
                 assert time.monotonic() < deadline, "the receiver did not start"
                 time.sleep(0.1)
-        result = {"raw": asyncio.run(_raw(f"{url_base}/hook", seconds))}
-        _reset(stats_base, ca)
-        result["wakes"] = _wakes(env, url_base, stats_base, ca, workers, out_dir)
+        def wakes():
+            _reset(stats_base, ca)
+            return _wakes(env, url_base, stats_base, ca, workers, out_dir)
+
+        result = dict(zip(("raw", "wakes"), raw_around(f"{url_base}/hook", seconds, wakes)))
         result["latency"] = _latency(env, f"{url_base}/hook", stats_base, ca, latency_sends, out_dir)
         result["ratio_wakes_to_raw"] = round(result["wakes"]["wakes_per_s"] / result["raw"]["posts_per_s"], 2)
         return result
