@@ -42,7 +42,7 @@ from inbox.delivery import acknowledge_items, oldest_pending
 from inbox.models import InboxItem
 from webhooks import mcp
 from webhooks.due import (READY, claimed, due_sql, insert_attempts, mark_delivered, mark_sending, send_next_items,
-                          set_by_wrong_clock)
+                          set_by_wrong_clock, soonest_due_at)
 from webhooks.models import Delivery, Subscription
 
 if TYPE_CHECKING:  # aiohttp: the web processes import the engine, and send nothing
@@ -141,7 +141,7 @@ def lease() -> dt.timedelta:
 def sendable(at) -> Q:
     """Deliveries whose subscription may send now: active, and within its
     lease (MCP-managed ones have one; past it nothing is sent, nothing lost).
-    The claim's plain SQL (`webhooks.due.due_sql`) states the same condition."""
+    The claim's plain SQL states the same condition (`webhooks.due.SENDABLE`)."""
     return Q(subscription__status=Subscription.Status.ACTIVE) & (
         Q(subscription__lease_expires_at__isnull=True) | Q(subscription__lease_expires_at__gt=at))
 
@@ -425,12 +425,12 @@ def next_due_in(horizon: float) -> float | None:
     """Seconds until the next delivery falls due (0 if one is due), or None
     if none does within `horizon` seconds."""
     at = now()
+    params = ready_params(at)
     candidates = [
-        Delivery.objects.filter(sendable(at), state__in=[Delivery.State.OPEN, Delivery.State.PENDING])
-        .order_by("due_at").values_list("due_at", flat=True).first(),
+        soonest_due_at(params),
         Delivery.objects.filter(state=Delivery.State.SENDING).order_by("claimed_until")
         .values_list("claimed_until", flat=True).first(),
-        at if set_by_wrong_clock(ready_params(at)) else None,  # due now
+        at if set_by_wrong_clock(params) else None,  # due now
     ]
     waits = [max(0.0, (c - at).total_seconds()) for c in candidates if c is not None]
     soonest = min(waits, default=None)

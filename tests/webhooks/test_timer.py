@@ -2,6 +2,7 @@
 worker, going on after its connection was cut, and the one task queued
 only while no timer runs."""
 import asyncio
+import datetime as dt
 import threading
 import time
 
@@ -144,3 +145,50 @@ def test_a_timer_run_and_a_send_at_its_end_fit_in_a_task():
     from webhooks import tasks, transport
 
     assert tasks.RUN_SECONDS + transport.TOTAL_TIMEOUT + 2 < settings.Q_CLUSTER["timeout"]
+
+
+@pytest.mark.postgres
+def test_the_timer_looks_for_its_next_due_wake_without_reading_every_subscription(make_member):
+    # given: a young database, as a benchmark's was (no statistics gathered),
+    # with 1,000 subscriptions, 4,000 finished wakes (still in the due index
+    # until a vacuum: each was pending there first) and one open wake due in 30 s
+    from django.db import connection
+
+    from controlplane.clock import now
+    from webhooks import engine
+    from webhooks.models import Endpoint, Subscription
+
+    owner = make_member("ada")
+    endpoint = Endpoint.objects.create(owner=owner, url="https://hooks.example.com/w")
+    subscriptions = Subscription.objects.bulk_create(
+        Subscription(owner=owner, endpoint=endpoint, kind="inbox", status="active", activation_position=0,
+                     debounce_ms=0) for _ in range(1000))
+    Delivery.objects.bulk_create(Delivery(subscription=subscriptions[n % 1000], after_position=n,
+                                          through_position=n + 1, state=Delivery.State.PENDING, due_at=now())
+                                 for n in range(4000))
+    Delivery.objects.update(state=Delivery.State.DELIVERED)
+    Delivery.objects.create(subscription=subscriptions[0], after_position=4000, through_position=4001,
+                            due_at=now() + dt.timedelta(seconds=30))
+    statements = []
+
+    def record(execute, sql, params, many, context):
+        statements.append((sql, params))
+        return execute(sql, params, many, context)
+
+    # when
+    with connection.execute_wrapper(record):
+        due_in = engine.next_due_in(60)
+    # then: the open wake is found...
+    assert 25 < due_in <= 30
+    # ...reading the subscription of that candidate only, whatever plan the statistics allow
+    read = 0
+    with connection.cursor() as cursor:
+        for sql, params in statements:
+            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
+            nodes = [cursor.fetchone()[0][0]["Plan"]]
+            while nodes:
+                node = nodes.pop()
+                nodes += node.get("Plans", [])
+                if node.get("Relation Name") == Subscription._meta.db_table:
+                    read += node["Actual Rows"] * node["Actual Loops"]
+    assert read <= 1
