@@ -147,6 +147,26 @@ def test_a_timer_run_and_a_send_at_its_end_fit_in_a_task():
     assert tasks.RUN_SECONDS + transport.TOTAL_TIMEOUT + 2 < settings.Q_CLUSTER["timeout"]
 
 
+
+def test_the_timer_waits_for_the_soonest_wake_whose_subscription_may_send(make_member):
+    # given: a wake due in 20 s whose subscription is suspended, one due in 30 s
+    # whose lease ran out, and one due in 40 s of an active subscription
+    from controlplane.clock import now
+    from webhooks import engine
+    from webhooks.models import Endpoint, Subscription
+
+    owner = make_member("ada")
+    endpoint = Endpoint.objects.create(owner=owner, url="https://hooks.example.com/w")
+    for status, lease, due_in in (("suspended", None, 20), ("active", now() - dt.timedelta(seconds=1), 30),
+                                  ("active", now() + dt.timedelta(hours=1), 40)):
+        subscription = Subscription.objects.create(owner=owner, endpoint=endpoint, kind="inbox", status=status,
+                                                   activation_position=0, lease_expires_at=lease)
+        Delivery.objects.create(subscription=subscription, after_position=0, through_position=1,
+                                due_at=now() + dt.timedelta(seconds=due_in))
+    # when / then
+    assert 35 < engine.next_due_in(60) <= 40
+    assert engine.next_due_in(30) is None
+
 @pytest.mark.postgres
 def test_the_timer_looks_for_its_next_due_wake_without_reading_every_subscription(make_member):
     # given: a young database, as a benchmark's was (no statistics gathered),
