@@ -127,8 +127,8 @@ def soonest_due_at(params: dict):
     and checks each candidate's subscription with a correlated subquery. As
     a join (the ORM's), a table whose statistics were not gathered yet got a
     plan that probed every subscription's deliveries: 80–110 ms on a
-    benchmark's young database, after every wake, while the timer that runs
-    it heard no nudge (docs/benchmarks.md, round twenty)."""
+    benchmark's young database, after every wake, and a nudge the timer
+    heard meanwhile waited for it (docs/benchmarks.md, round twenty)."""
     quote = connection.ops.quote_name
     deliveries, subscriptions = quote(Delivery._meta.db_table), quote(Subscription._meta.db_table)
     with connection.cursor() as cursor:
