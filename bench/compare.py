@@ -60,7 +60,7 @@ def headlines(results: dict) -> dict[str, float]:
     if "ratio_push_to_raw" in mcp.get("push", {}):
         out["pushed items/s"] = mcp["push"]["push"]["items_per_s"]
         out["pushed items/s ÷ raw POSTs/s"] = mcp["push"]["ratio_push_to_raw"]
-        if "ratio_warm_push_to_raw" in mcp["push"]:
+        if mcp["push"].get("ratio_warm_push_to_raw") is not None:
             out["pushed items/s, warm, ÷ raw POSTs/s"] = mcp["push"]["ratio_warm_push_to_raw"]
     for q, ratio in mcp.get("stream", {}).get("ratios", {}).items():
         out[f"stream event ÷ frame, {q}"] = ratio

@@ -20,8 +20,8 @@
    run the delivery engine (webhooks.pump) from a go signal; items/s is the
    items received over the time from the go signal to the last receipt,
    and warm items/s the same from the moment every subscription has had its
-   first item (its connection open, as a running worker's are) to the
-   last. Each 2xx acknowledges its item and only then is the subscription's
+   first item (the workers' connections to the receiver open, as a running
+   worker's are) to the last. Each 2xx acknowledges its item and only then is the subscription's
    next item offered, so each subscription is sequential. Baseline in the
    same run: raw signed POSTs/s to the same receiver, half just before the
    pushes and half just after (bench/webhooks.py, `raw_around`).
@@ -295,6 +295,14 @@ def warm_window(received: list[tuple[str, str, float]], started: float) -> tuple
     return warm_from, sum(at > warm_from for at in first_of_item.values())
 
 
+def warm_rate(warm_from: float, warm_items: int, *, items: int, last: float) -> float | None:
+    """Warm items/s, or None where fewer than half the items came after the
+    window opened (too few a subscription for the run to warm up)."""
+    if warm_items < items / 2:
+        return None
+    return round(warm_items / max(last - warm_from, 1e-6), 1)
+
+
 def _push(env: dict, dsn: str, out_dir: Path, base: str, ca: str, *, items: int, workers: int,
           profile: bool) -> dict:
     from django.db.models import Count
@@ -365,7 +373,7 @@ def _push(env: dict, dsn: str, out_dir: Path, base: str, ca: str, *, items: int,
             "seconds": round(seconds, 3), "items_per_s": round(len(first_at) / seconds, 1),
             "first_receipt_s": round(min(first_at.values(), default=started) - started, 3),
             "warm_from_s": round(warm_from - started, 3), "warm_items": warm_items,
-            "warm_items_per_s": round(warm_items / max(last - warm_from, 1e-6), 1),
+            "warm_items_per_s": warm_rate(warm_from, warm_items, items=expected, last=last),
             "pending_left": InboxItem.objects.filter(member__handle__startswith=prefix,
                                                      state=InboxItem.State.PENDING).count(),
             "attempts": Attempt.objects.filter(delivery__subscription__in=subscriptions).count(),
@@ -396,7 +404,8 @@ def _push_phase(env: dict, dsn: str, out_dir: Path, *, items: int, workers: int,
             kicks.close()
     result["kicks_queued"] = queued if kicks is not None else None
     result["ratio_push_to_raw"] = round(result["push"]["items_per_s"] / result["raw"]["posts_per_s"], 2)
-    result["ratio_warm_push_to_raw"] = round(result["push"]["warm_items_per_s"] / result["raw"]["posts_per_s"], 2)
+    warm = result["push"]["warm_items_per_s"]
+    result["ratio_warm_push_to_raw"] = round(warm / result["raw"]["posts_per_s"], 2) if warm is not None else None
     return result
 
 

@@ -198,7 +198,7 @@ def webhooks_markdown(r: dict, cfg: dict) -> list[str]:
     if "error" in r:
         return [f"### Webhooks: failed: {r['error']}", ""]
     raw, wakes, lat = r["raw"], r["wakes"], r["latency"]
-    rounds = ", ".join(f"{x['wakes']} in {x['seconds']} s{' (warm-up, not counted)' if x.get('warmup') else ''}"
+    rounds = ", ".join(f"{x['wakes']} in {x['seconds']} s{' (warm-up, not counted)' if x['warmup'] else ''}"
                        for x in wakes["rounds"])
     return [f"### Webhook wakes to a local HTTPS receiver ({wakes['subscriptions']:,} active subscriptions, "
             f"{wakes['endpoints']} endpoints, {wakes['workers']} worker processes)", "",
@@ -210,7 +210,7 @@ def webhooks_markdown(r: dict, cfg: dict) -> list[str]:
             f"| {fmt(r['ratio_wakes_to_raw'], 2)} |", "",
             f"Rounds: {rounds}; attempts recorded {wakes['attempts']:,}, delivered {wakes['delivered']:,}. "
             f"Raw POSTs: {raw['errors']} errors, p50 {fmt(raw['p50_ms'], 1)} ms, counted after a "
-            f"{raw.get('warmup_s', 0)} s warm-up.", "",
+            f"{raw['warmup_s']} s warm-up.", "",
             f"Send-to-receipt latency at debounce 0 (`serve`: its ASGI server and the django-q2 cluster; {lat['sends']} sends, "
             f"one at a time): p50 {fmt(lat['p50_ms'], 1)} ms, p99 {fmt(lat['p99_ms'], 1)} ms "
             f"({lat['covered']} of {lat['sends']} covered by {lat['wakes']} wakes); the sends' own responses p50 "
@@ -367,12 +367,14 @@ def mcp_markdown(r: dict) -> list[str]:
         lines.append(f"| pushed items/s | failed: {p['error'][:120]} | | | | |")
     elif p:
         push, raw = p["push"], p["raw"]
-        ok = p["ratio_warm_push_to_raw"] >= TARGET_PUSH_TO_RAW and push["unique"] == push["items"]
+        # On the warm figure; on the cold one where the run was too short to have one.
+        judged = p["ratio_push_to_raw"] if p["ratio_warm_push_to_raw"] is None else p["ratio_warm_push_to_raw"]
+        ok = judged >= TARGET_PUSH_TO_RAW and push["unique"] == push["items"]
         what = (f"pushed `inbox.item` items/s, {push['subscriptions']} subscriptions × {push['items_each']} items, "
                 f"{push['workers']} worker processes{' (profiled: slower)' if push['profiles'] else ''}")
         baseline = (f"raw signed POSTs/s to the same receiver, one process, 64 in flight, before / after: "
                     f"{' / '.join(fmt(v) for v in raw['before_after_posts_per_s'])}, mean {fmt(raw['posts_per_s'])}")
-        lines.append(f"| {what}, warm (every subscription's connection open) | {fmt(push['warm_items_per_s'])} | "
+        lines.append(f"| {what}, warm (after every subscription's first item) | {fmt(push['warm_items_per_s'])} | "
                      f"{baseline} | {fmt(p['ratio_warm_push_to_raw'], 2)} | ≥ {TARGET_PUSH_TO_RAW} | {verdict(ok)} |")
         lines.append(f"| the same from the go signal (connections opened on the way) | {fmt(push['items_per_s'])} | "
                      f"the same | {fmt(p['ratio_push_to_raw'], 2)} | – | – |")

@@ -6,8 +6,9 @@ a throwaway CA trusted through WEBHOOK_CA_BUNDLE), in the same run:
 1. raw: this process signs (Ed25519, the engine's Signer) and POSTs wakes
    as fast as it can through the engine's own transport, with the engine's
    concurrency (64 in flight), for `seconds` in two halves, just before
-   and just after the wakes (`raw_around`), each counted after
-   RAW_WARMUP_SECONDS (its connections opened): the ceiling for one process.
+   and just after the wakes (`raw_around`), each counting the answers
+   within its half after RAW_WARMUP_SECONDS (its connections opened): the
+   ceiling for one process.
 2. wakes: 1,000 active subscriptions over 20 endpoints, one due wake each,
    sent by `workers` worker processes each running the delivery timer for
    the whole phase (claim with SKIP LOCKED, sign, POST, record), a warm-up
@@ -41,6 +42,7 @@ ENDPOINTS = 20
 ROUNDS = 3
 WARMUP_ROUNDS = 1
 RAW_WARMUP_SECONDS = 0.5
+RAW_SETTLE_SECONDS = 1.0
 GO_FILE_ENV = "BENCH_WEBHOOK_GO"
 # A worker: the delivery timer (one run, one transport, woken by the nudges
 # each round's commit sends, as in `serve`) until the stop file.
@@ -81,16 +83,15 @@ def _wait_for_receipts(base: str, ca: str, enough, deadline: float, procs=()) ->
             time.sleep(0.02)
 
 
-async def _raw_posts(url: str, seconds: float) -> tuple[int, int, float, list[float]]:
-    """(requests, errors, seconds counted, latencies) of raw signed POSTs, 64 in
-    flight, counted after RAW_WARMUP_SECONDS (the connections open)."""
+async def _raw_posts(url: str, seconds: float) -> tuple[int, int, list[float]]:
+    """(requests, errors, latencies) of raw signed POSTs, 64 in flight: those
+    answered within `seconds` after RAW_WARMUP_SECONDS (the connections open)."""
     from webhooks import crypto
     from webhooks.transport import Transport
 
     signer = crypto.Signer(await asyncio.to_thread(crypto.active_signing_key))
     body = b'{"type":"spaces.events.available","id":"whd_bench","event_range":{"after":"a","through":"b"}}'
     sent, errors, latencies = 0, 0, []
-    # Counted: the requests that start after the warm-up and before the deadline.
     measured_from = time.monotonic() + RAW_WARMUP_SECONDS
     deadline = measured_from + seconds
     async with Transport(limit=64) as transport:
@@ -99,28 +100,30 @@ async def _raw_posts(url: str, seconds: float) -> tuple[int, int, float, list[fl
             while (started := time.monotonic()) < deadline:
                 headers = signer.headers("whd_bench", body, secret=None, timestamp=int(time.time()))
                 outcome = await transport.post(url, body, headers)
-                if started >= measured_from:
-                    latencies.append(time.monotonic() - started)
+                if measured_from <= (answered := time.monotonic()) <= deadline:
+                    latencies.append(answered - started)
                     sent += 1
                     errors += not outcome.ok
 
         await asyncio.gather(*(client() for _ in range(64)))
-        elapsed = time.monotonic() - measured_from
-    return sent, errors, elapsed, latencies
+    return sent, errors, latencies
 
 
 def raw_around(url: str, seconds: float, measure):
     """(the raw signed POSTs baseline, `measure()`): half of the baseline's
-    `seconds` just before the measurement and half just after, so that a
-    shift in what the shared machine gives (which moves one run's figures
-    by a fifth) reaches both sides of the ratio."""
-    before = asyncio.run(_raw_posts(url, seconds / 2))
+    `seconds` just before the measurement and half just after it (once what
+    it left running has had RAW_SETTLE_SECONDS to stop), so that most of a
+    shift in what the shared machine gives (which moves one run's figures by
+    a fifth) reaches both sides of the ratio."""
+    half = seconds / 2
+    before = asyncio.run(_raw_posts(url, half))
     measured = measure()
-    after = asyncio.run(_raw_posts(url, seconds / 2))
-    rates = [round(sent / elapsed, 1) for sent, _, elapsed, _ in (before, after)]
+    time.sleep(RAW_SETTLE_SECONDS)
+    after = asyncio.run(_raw_posts(url, half))
+    rates = [round(sent / half, 1) for sent, _, _ in (before, after)]
     raw = {"posts_per_s": round(sum(rates) / 2, 1), "before_after_posts_per_s": rates,
            "errors": before[1] + after[1], "warmup_s": RAW_WARMUP_SECONDS,
-           **latency_summary(before[3] + after[3])}
+           **latency_summary(before[2] + after[2])}
     return raw, measured
 
 
@@ -240,16 +243,15 @@ def _latency(env: dict, url: str, stats_base: str, ca: str, sends: int, out_dir:
     owner = Member.objects.get(handle=f"lat{stamp}a")
     receipts = sorted((unpack_cursor(through, count=1, caller=caller_id(owner), stream="inbox")[0], at)
                       for _, through, at in received if through)
-    latencies = []
-    for position, started in sent:
+    latencies, by_send = [], []  # by_send: (send number, receipt ms, its response ms)
+    for n, (position, started) in enumerate(sent):
         covering = [at for through, at in receipts if through >= position]
         if covering:
             latencies.append(min(covering) - started)
+            by_send.append((n, round(1000 * latencies[-1], 1), round(1000 * responses[n], 1)))
     result = {"sends": sends, "wakes": len(received), "covered": len(latencies), **latency_summary(latencies),
               "send_response": latency_summary(responses),
-              # The tail, by send: (send number, receipt ms, its response ms).
-              "slowest": sorted(((n, round(1000 * latency, 1), round(1000 * responses[n], 1))
-                                 for n, latency in enumerate(latencies)), key=lambda row: -row[1])[:5]}
+              "slowest": sorted(by_send, key=lambda row: -row[1])[:5]}
     result["ratio_to_send"] = {q: round(result[f"{q}_ms"] / result["send_response"][f"{q}_ms"], 2)
                                for q in ("p50", "p99") if result[f"{q}_ms"] and result["send_response"][f"{q}_ms"]}
     return result
