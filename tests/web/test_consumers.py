@@ -41,6 +41,13 @@ def session_cookie(member: Member) -> str:
 OPEN: list[WebsocketCommunicator] = []
 
 
+async def stops_finished() -> None:
+    """Wait (up to 5 s) for the receives topics.heeding_cancellation is still
+    stopping in the background."""
+    if topics._stopping:
+        await asyncio.wait(set(topics._stopping), timeout=5)
+
+
 @pytest_asyncio.fixture(autouse=True)
 async def sockets_finish():
     """Every socket's application instance ends with its test, a refused or
@@ -48,8 +55,7 @@ async def sockets_finish():
     yield
     while OPEN:
         await OPEN.pop().disconnect()
-    if topics._stopping:  # receives that lost a cancellation (topics.heeding_cancellation) stop before the loop ends
-        await asyncio.wait(set(topics._stopping), timeout=5)
+    await stops_finished()  # receives that lost a cancellation stop before the loop ends
     for _ in range(500):  # and their streams end, so no read is left running
         if not streams.running():
             break
@@ -417,6 +423,5 @@ async def test_a_socket_ends_even_when_its_channel_layer_loses_the_cancellation_
     # and the receive that lost the first cancellation was ended by another: within the socket's
     # STOP_WAIT_SECONDS mostly, else in the background (on a busy machine a real receive can lose
     # the next cancellation too, and stop_task cancels it again every 0.5 s)
-    if topics._stopping:
-        await asyncio.wait(set(topics._stopping), timeout=5)
+    await stops_finished()
     assert stuck.is_set() and not topics._stopping
