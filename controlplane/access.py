@@ -19,6 +19,7 @@ from __future__ import annotations
 from django.db import connection
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
+from controlplane.db import plain_rows
 from controlplane.errors import NotFound
 from controlplane.models import Conversation, Member, Membership, Participant, Space
 
@@ -165,6 +166,14 @@ def conversation_readers_then(conversation_id: int, members: set[int], then: tup
     """`conversation_readers`, and the rows of `then` (a query of `width`
     columns with its parameters: a live pass's messages) in the same round
     trip, only if one of `members` may read the conversation (else none)."""
+    return readers_then_result(plain_rows(*readers_then_query(conversation_id, members, then, width)))
+
+
+def readers_then_query(conversation_id: int, members: set[int], then: tuple[str, list] | None = None,
+                       width: int = 0) -> tuple[str, list]:
+    """`conversation_readers_then`'s statement and parameters, for a caller
+    that runs it elsewhere (controlplane.db.loop_reads); `readers_then_result`
+    reads its rows."""
     ids = list(members) or [None]  # IN (NULL) matches nobody: the policy, and no reader
     sql, params = _readers_sql(len(ids)), [*ids, conversation_id]
     if then is not None:
@@ -172,9 +181,10 @@ def conversation_readers_then(conversation_id: int, members: set[int], then: tup
         sql = (f"WITH r AS ({sql}) SELECT r.send_policy, r.id{empty} FROM r UNION ALL "
                f"SELECT NULL, NULL, q.* FROM ({then[0]}) q WHERE EXISTS (SELECT 1 FROM r WHERE r.id IS NOT NULL)")
         params += then[1]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
+    return sql, params
+
+
+def readers_then_result(rows: list[tuple]) -> tuple[set[int], str | None, list[tuple]]:
     # The rule's rows carry the policy (and a reader, or none); `then`'s rows carry neither.
     rule = [row[:2] for row in rows if row[0] is not None]
     if not rule:

@@ -1,7 +1,8 @@
 """ASGI entry point: HTTP (Django, with static files), WebSockets (Channels),
 and the MCP endpoint at /mcp; this callable owns the lifespan protocol
 (Django's handler refuses it), which stops the MCP transport that the first
-`/mcp` request starts (mcp_endpoint.asgi)."""
+`/mcp` request starts (mcp_endpoint.asgi), the log watcher and the loop's
+own database connection (controlplane.db.loop_reads)."""
 import asyncio
 import os
 
@@ -20,7 +21,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from controlplane.bodylimit import BodyLimit  # noqa: E402
-from controlplane.db import pooled  # noqa: E402
+from controlplane.db import loop_reads, pooled  # noqa: E402
 from controlplane.live import log_watcher  # noqa: E402
 from controlplane.publishing import publisher  # noqa: E402
 from controlplane.tracing import with_request_id  # noqa: E402
@@ -48,6 +49,7 @@ async def lifespan(receive, send) -> None:
         elif message["type"] == "lifespan.shutdown":
             await mcp_endpoint.stop()
             await log_watcher.stop()
+            await loop_reads.close()
             await send({"type": "lifespan.shutdown.complete"})
             return
 

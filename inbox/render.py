@@ -10,13 +10,18 @@ from inbox import authority
 from inbox.models import InboxItem, Message, Recipient
 
 
+def may_withhold(send_policy: str | None) -> bool:
+    """Whether a message of a space with `send_policy` (None: not known) may
+    have its body withheld: only explicit_only spaces have grants."""
+    return send_policy is None or send_policy == Space.SendPolicy.EXPLICIT_ONLY
+
+
 def withheld_bodies(messages: Iterable[tuple[str, str | None]]) -> set[str]:
     """Of these (message id, its space's send policy) pairs, the messages
     whose bodies are withheld because their authority is no longer active
     (SPEC §5). Only explicit_only spaces have grants, so only their messages
     (and those whose space the caller does not know) are looked up."""
-    ids = {message_id for message_id, send_policy in messages
-           if send_policy is None or send_policy == Space.SendPolicy.EXPLICIT_ONLY}
+    ids = {message_id for message_id, send_policy in messages if may_withhold(send_policy)}
     if not ids:
         return set()
     return set(Recipient.objects.filter(message__public_id__in=ids).filter(authority.inactive())

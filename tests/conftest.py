@@ -32,6 +32,35 @@ def tasks_run_synchronously(monkeypatch):
     monkeypatch.setattr(Conf, "SYNC", True)
 
 
+@pytest.fixture
+def request_threads_busy(monkeypatch):
+    """The process's request threads (controlplane.db.in_pool), all busy
+    until the test ends: what still answers runs on the event loop."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from controlplane import db
+
+    release, pool = threading.Event(), ThreadPoolExecutor(max_workers=1)
+    pool.submit(release.wait)
+    monkeypatch.setattr(db, "_pool", pool)
+    yield
+    release.set()
+    pool.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def no_loop_connection_left():
+    """A test that served requests in-process through the ASGI application
+    may leave its ended event loop's own database connection open
+    (controlplane.db.loop_reads); closed after it, so that no test
+    inherits it and the test database can be dropped."""
+    from controlplane.db import loop_reads
+
+    yield
+    loop_reads.forget()
+
+
 @pytest.fixture(autouse=True)
 def fresh_channel_layer():
     """Each test gets its own channel layer object. A channels-redis receive

@@ -32,6 +32,14 @@ def left_behind(process) -> list[int]:
     return alive
 
 
+def wait_until(done, failure: str, seconds: float = 5) -> None:
+    """Until `done()`, failing with `failure` after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, failure
+        time.sleep(0.05)
+
+
 def member_with_token(handle: str) -> dict:
     return {"Authorization": f"Bearer {member_token(handle)}"}
 
@@ -331,18 +339,14 @@ def test_a_server_hears_the_log_topic_through_one_subscription_until_it_stops(se
         cursor = httpx.get(f"{base}/v0/me/inbox/events", headers=bob).json()["cursor"]
         assert httpx.get(f"{base}/v0/me/inbox/events", params={"cursor": cursor, "wait_ms": 200}, headers=bob,
                          timeout=10).status_code == 200
-        deadline = time.monotonic() + 10
-        while subscribers() != before + 1:  # the watcher subscribes on its own task
-            assert time.monotonic() < deadline, "the server's log watcher never subscribed to the log topic"
-            time.sleep(0.05)
+        # the watcher subscribes on its own task
+        wait_until(lambda: subscribers() == before + 1, "the server's log watcher never subscribed to the log topic",
+                   seconds=10)
         # when
         process.send_signal(signal.SIGTERM)
         process.wait(20)
     # then
-    deadline = time.monotonic() + 5
-    while subscribers() > before:
-        assert time.monotonic() < deadline, "the stopped server's subscription stayed"
-        time.sleep(0.05)
+    wait_until(lambda: subscribers() <= before, "the stopped server's subscription stayed")
 
 
 FORK_SCRIPT = """
@@ -375,3 +379,62 @@ def test_a_worker_forked_after_the_parent_used_the_database_gets_connections():
     out = manage("shell", "-c", FORK_SCRIPT)
     # then: the child queried on connections of its own (an inherited pool has no threads and times out)
     assert out.strip().splitlines()[-1] == "0"
+
+
+@pytest.mark.postgres
+def test_a_servers_live_pages_read_on_one_connection_of_its_own_until_it_stops():
+    """On PostgreSQL a server process's live passes read on one connection
+    of its event loop (controlplane.db.loop_reads), however many sockets
+    and sends: not one per pass or per socket. It ends with the server."""
+    import asyncio
+
+    import aiohttp
+
+    from bench.live import PASSWORD
+    from bench.live import _sign_in as sign_in
+    from controlplane.db import LoopReads, plain_rows
+
+    def loop_connections() -> int:
+        return plain_rows("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+                          "AND datname = current_database()", [LoopReads.APPLICATION_NAME])[0][0]
+
+    owner = member_with_token("owner")
+    reader = {"Authorization": f"Bearer {member_token('reader', kind='human', password=PASSWORD)}"}
+
+    async def watch_and_send(base: str, conversation: str, sends: int) -> list[list[str]]:
+        session_id = await sign_in(base, "reader")
+        socket_url = f"{base.replace('http://', 'ws://')}/ws/conversations/{conversation}/?after=0"
+        async with aiohttp.ClientSession() as http:
+            sockets = [await http.ws_connect(socket_url, headers={"Cookie": f"sessionid={session_id}"})
+                       for _ in range(3)]
+            for ws in sockets:
+                while (await ws.receive_json(timeout=10))["type"] != "live":
+                    pass
+            for n in range(sends):
+                async with http.post(f"{base}/v0/spaces/lab/conversations/%23general/messages",
+                                     json={"body": f"m{n}"}, headers=owner) as response:
+                    assert response.status == 201
+            seen = []
+            for ws in sockets:
+                ids = []
+                while len(ids) < sends:
+                    frame = await ws.receive_json(timeout=10)
+                    if frame["type"] == "message":
+                        ids.append(frame["id"])
+                seen.append(ids)
+                await ws.close()
+            return seen
+
+    before = loop_connections()
+    with serving("--no-worker", "--workers", "1") as (base, process):
+        assert httpx.post(f"{base}/v0/spaces", json={"slug": "lab", "name": "Lab"}, headers=owner).status_code == 201
+        assert httpx.post(f"{base}/v0/spaces/lab/join", headers=reader).status_code == 201
+        channel = httpx.post(f"{base}/v0/spaces/lab/channels", json={"name": "general"}, headers=owner).json()
+        # when: three sockets follow the channel through ten sends
+        seen = asyncio.run(watch_and_send(base, channel["conversation"]["id"], 10))
+        # then: every socket saw every message, read on one connection
+        assert len(seen) == 3 and seen[0] == seen[1] == seen[2] and len(set(seen[0])) == 10
+        assert loop_connections() == before + 1
+        process.send_signal(signal.SIGTERM)
+        process.wait(20)
+    wait_until(lambda: loop_connections() <= before, "the stopped server's loop connection stayed")

@@ -27,7 +27,7 @@ from inbox.mailbox import inbox_group
 from controlplane.db import db_call
 from web.pages import member_of
 from web.sockets import session_group
-from web.streams import read_pass, streams
+from web.streams import next_pass, streams
 
 # Application close codes. After any of them the page does not reconnect.
 SIGNED_OUT = 4401  # no active member behind the session
@@ -125,7 +125,7 @@ class ConversationConsumer(SessionSocket, AsyncWebsocketConsumer):
         """Replay what the page missed with reads of its own, so a page far
         behind never holds back the stream the others share."""
         for _ in range(BACKFILL_BATCHES):
-            result = await db_call(read_pass)(conversation.pk, {self.member_pk}, self.position)
+            result = await next_pass(conversation.pk, {self.member_pk}, self.position)
             if self.member_pk not in result.readers:
                 await self.lose_access()
                 return False

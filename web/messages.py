@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from django.db import connection
 from django.template.loader import render_to_string
 
-from controlplane.access import conversation_readers_then
+from controlplane.access import readers_then_query, readers_then_result
 from controlplane.db import datetime_from_db
 from controlplane.models import Member
 from inbox.models import Message
@@ -74,16 +74,22 @@ def before(conversation_id: int, position: int | None, limit: int = HISTORY_PAGE
     return rows[:limit][::-1], len(rows) > limit
 
 
-def readers_and_after(conversation_id: int, members: set[int],
-                      position: int) -> tuple[set[int], str | None, list[Row]]:
-    """Which of `members` may read the conversation now and its space's
-    send policy (controlplane.access.conversation_readers) and, if any of
-    them may, up to LIVE_BATCH messages after `position`, oldest first: a
-    live stream's pass, in one round trip. Positions are assigned in commit
-    order, so a reader that has seen `position` never misses a later commit
-    below it: reading on from the last one seen leaves no gap."""
-    readers, send_policy, found = conversation_readers_then(
-        conversation_id, members, _query(conversation_id, above=position, limit=LIVE_BATCH), QUERY_WIDTH)
+def readers_and_after_query(conversation_id: int, members: set[int], position: int) -> tuple[str, list]:
+    """A live stream's pass, in one round trip: which of `members` may read
+    the conversation now and its space's send policy
+    (controlplane.access.conversation_readers) and, if any of them may, up
+    to LIVE_BATCH messages after `position`. `readers_and_after` reads its
+    rows. Positions are assigned in commit order, so a reader that has seen
+    `position` never misses a later commit below it: reading on from the
+    last one seen leaves no gap."""
+    return readers_then_query(conversation_id, members, _query(conversation_id, above=position, limit=LIVE_BATCH),
+                              QUERY_WIDTH)
+
+
+def readers_and_after(rows: list[tuple]) -> tuple[set[int], str | None, list[Row]]:
+    """The readers, the send policy and the messages, oldest first, of the
+    rows of `readers_and_after_query`."""
+    readers, send_policy, found = readers_then_result(rows)
     return readers, send_policy, sorted((_row(values) for values in found), key=lambda row: row.position)
 
 

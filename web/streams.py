@@ -4,9 +4,10 @@ However many pages have a conversation open on this process, a commit in it
 costs one pass: one round trip for which of their members may still read it
 and the messages after the lowest position any of them has seen, rendered
 once. Each socket then gets the frames after its own position, or a 4403
-close if its member lost access. Passes run on the process's
-request threads (controlplane.db.in_pool), beside every other request's
-database work, so work per socket there would add up.
+close if its member lost access. A pass runs on the event loop, its query
+on the loop's own connection where there is one (controlplane.db.loop_reads):
+it shares the loop with every socket and request of the process, so work
+per socket there would add up.
 """
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
+from controlplane.db import db_call, loop_reads, plain_rows
 from controlplane.live import log_watcher
 from controlplane.models import Conversation
+from inbox.render import may_withhold
 from web import messages
-from controlplane.db import db_call
 
 logger = logging.getLogger("switchboard.web")
 
@@ -34,7 +36,24 @@ class Pass:
 
 
 def read_pass(conversation_id: int, members: set[int], after: int) -> Pass:
-    readers, send_policy, rows = messages.readers_and_after(conversation_id, members, after)
+    """A pass on this thread's database connection."""
+    rows = plain_rows(*messages.readers_and_after_query(conversation_id, members, after))
+    return _pass(*messages.readers_and_after(rows))
+
+
+async def next_pass(conversation_id: int, members: set[int], after: int) -> Pass:
+    """`read_pass` from the event loop: its query through `loop_reads` (on
+    PostgreSQL under the server, with no thread hop either way), its frames
+    rendered on the loop, or on a request thread where a body may be
+    withheld (an explicit_only space's grants are looked up)."""
+    rows = await loop_reads.rows(*messages.readers_and_after_query(conversation_id, members, after))
+    readers, send_policy, found = messages.readers_and_after(rows)
+    if found and may_withhold(send_policy):
+        return await db_call(_pass)(readers, send_policy, found)
+    return _pass(readers, send_policy, found)
+
+
+def _pass(readers: set[int], send_policy: str | None, rows: list[messages.Row]) -> Pass:
     frames = [(row["position"], json.dumps({"type": "message", **row}))
               for row in messages.render_rows(send_policy, rows)]
     return Pass(readers, frames, len(rows) == messages.LIVE_BATCH)
@@ -66,7 +85,7 @@ class ConversationStream:
             while self.sockets:
                 self.interest.event.clear()  # before reading: a commit during the pass wakes the next one
                 sockets = list(self.sockets)
-                result = await db_call(read_pass)(
+                result = await next_pass(
                     self.conversation_id, {s.member_pk for s in sockets}, min(s.position for s in sockets))
                 for socket in sockets:
                     await self._deliver(socket, result)

@@ -1,14 +1,18 @@
 """A live stream's pass (web.streams.read_pass) runs after every commit for
 every watched conversation: its cost must not grow with the number of
-sockets, messages or members it answers for."""
+sockets, messages or members it answers for. Under the server on
+PostgreSQL it runs on the event loop (next_pass) and takes no request
+thread."""
+import asyncio
 import json
 
 import pytest
 import pytest_asyncio
 
+from controlplane.db import loop_reads, pooled
 from controlplane.models import Conversation, Space
 from inbox.services import send_message
-from web.streams import read_pass
+from web.streams import next_pass, read_pass
 
 
 @pytest.mark.parametrize("watchers, sent", [(1, 1), (40, 30)])
@@ -57,6 +61,31 @@ def test_a_conversation_deleted_while_watched_has_no_readers_left(room, ann, ben
     assert (result.readers, result.frames) == (set(), [])
 
 
+@pytest.fixture
+def hello(room, ann):
+    space, channel = room
+    return channel, send_message(channel, body="hello from ann", actor=ann).message
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_a_live_pass_under_the_server_answers_while_every_request_thread_is_busy(
+        hello, ann, ben, request_threads_busy):
+    # given: a message committed, and every request thread of the server process busy
+    channel, message = hello
+    pooled.set(True)  # as the ASGI application sets it for what it serves
+    try:
+        # when: a live stream's pass runs
+        result = await asyncio.wait_for(next_pass(channel.pk, {ann.pk, ben.pk}, 0), 5)
+    finally:
+        await loop_reads.close()
+    # then: it read the readers and the message on the loop's own connection
+    assert result.readers == {ann.pk, ben.pk}
+    assert [json.loads(text)["id"] for _, text in result.frames] == [message.public_id]
+    assert "hello from ann" in json.loads(result.frames[0][1])["html"]
+
+
 class Socket:
     """A live socket as a stream sees it (web.consumers.ConversationConsumer)."""
 
@@ -83,14 +112,15 @@ async def passes(monkeypatch):
     raises. The log watcher their streams start on the test's loop stops
     with it: a channels-redis receive can lose the loop's one cancellation
     at its close and keep it waiting."""
-    import asyncio
 
     from controlplane.live import log_watcher
     from web import streams as live_streams
 
     def use(answer):
-        monkeypatch.setattr(live_streams, "read_pass", lambda *args: answer())
-        monkeypatch.setattr(live_streams, "db_call", lambda fn: lambda *a: asyncio.sleep(0, result=fn(*a)))
+        async def next_pass(*args):
+            return answer()
+
+        monkeypatch.setattr(live_streams, "next_pass", next_pass)
         return live_streams
 
     yield use
@@ -104,7 +134,6 @@ def the_database_went_away():
 @pytest.mark.asyncio
 async def test_a_failed_stream_closes_every_socket_even_when_one_cannot_be_closed(passes):
     # given: a stream of three sockets whose pass fails; the first socket is already gone and cannot be closed
-    import asyncio
 
     live_streams = passes(the_database_went_away)
     sockets = [Socket(broken=True), Socket(), Socket()]
@@ -120,7 +149,6 @@ async def test_a_failed_stream_closes_every_socket_even_when_one_cannot_be_close
 @pytest.mark.asyncio
 async def test_a_socket_joining_while_a_failed_stream_closes_gets_a_stream_that_runs(passes):
     # given: a conversation's stream whose pass fails, with a socket that takes a while to close
-    import asyncio
 
     live_streams = passes(the_database_went_away)
     streams, conversation, joined = live_streams.Streams(), Conversation(pk=98, space_id=1), []
@@ -144,7 +172,6 @@ async def test_a_socket_joining_while_a_failed_stream_closes_gets_a_stream_that_
 @pytest.mark.asyncio
 async def test_a_socket_that_cannot_be_sent_to_is_closed_as_it_leaves(passes):
     # given: a stream whose pass has a frame for its socket, which cannot be sent to
-    import asyncio
 
     from web.streams import Pass
 

@@ -1,0 +1,58 @@
+"""Reads on the event loop's own connection (controlplane.db.loop_reads,
+under the server on PostgreSQL) read what Django's own connection reads;
+a lost connection costs a reconnect, not a failed read; any other error is
+the caller's. (A live pass that reads there: tests/web/test_live_pass.py.)"""
+import psycopg
+import pytest
+
+from controlplane.db import db_call, loop_reads, plain_rows, pooled
+from controlplane.models import Member
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.mark.asyncio
+async def test_a_loop_read_reads_what_djangos_connection_reads(alice):
+    sql = (f"SELECT m.created_at, m.handle, current_setting('TimeZone'), current_setting('application_name') "
+           f"FROM {Member._meta.db_table} m WHERE m.id = %s")
+    by_django = await db_call(plain_rows)(sql, [alice.pk])
+    pooled.set(True)
+    try:
+        on_loop = await loop_reads.rows(sql, [alice.pk])
+    finally:
+        await loop_reads.close()
+    assert on_loop[0][:3] == by_django[0][:3]
+    assert on_loop[0][0].utcoffset() == by_django[0][0].utcoffset()
+    assert on_loop[0][3] == loop_reads.APPLICATION_NAME  # so an operator can tell it apart
+
+
+def terminate(pid: int) -> bool:
+    return plain_rows("SELECT pg_terminate_backend(%s, 5000)", [pid])[0][0]
+
+
+@pytest.mark.asyncio
+async def test_a_lost_loop_connection_costs_a_reconnect_not_a_failed_read():
+    pooled.set(True)
+    try:
+        # given: the loop's connection, ended by the server (a restart, an administrator)
+        [(first,)] = await loop_reads.rows("SELECT pg_backend_pid()", [])
+        assert await db_call(terminate)(first)
+        # when: the next read
+        [(second,)] = await loop_reads.rows("SELECT pg_backend_pid()", [])
+    finally:
+        await loop_reads.close()
+    # then: it ran on a new connection
+    assert second != first
+
+
+@pytest.mark.asyncio
+async def test_a_failing_loop_read_raises_and_keeps_its_connection():
+    pooled.set(True)
+    try:
+        [(first,)] = await loop_reads.rows("SELECT pg_backend_pid()", [])
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            await loop_reads.rows("SELECT * FROM no_such_table", [])
+        [(second,)] = await loop_reads.rows("SELECT pg_backend_pid()", [])
+    finally:
+        await loop_reads.close()
+    assert second == first
