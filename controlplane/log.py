@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from django.db import connection, transaction
 
 from controlplane.clock import now
-from controlplane.db import model_columns, model_from_row
+from controlplane.db import model_columns, model_from_row, run_steps
 from controlplane.live import announce_on_commit
 from controlplane.models import Event, EventAddressee, LogHead
 from controlplane.tracing import current_request_id
@@ -136,11 +136,14 @@ def append_events(events: list[NewEvent], positions: list[int] | None = None) ->
 def log_head() -> LogHead:
     """The log head row as it is now (unlocked): every read's bound and the
     retention floor. Plain SQL: reads ask for it on every page."""
+    return run_steps(log_head_steps())
+
+
+def log_head_steps():
+    """`log_head` as steps (controlplane.db.run_steps)."""
     table = connection.ops.quote_name(LogHead._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {model_columns(LogHead, 'h')} FROM {table} h WHERE h.id = 1")
-        row = cursor.fetchone()
-    return model_from_row(LogHead, row) if row else LogHead()
+    rows = yield f"SELECT {model_columns(LogHead, 'h')} FROM {table} h WHERE h.id = 1", []
+    return model_from_row(LogHead, rows[0]) if rows else LogHead()
 
 
 PRUNE_BATCH = 5_000

@@ -12,10 +12,10 @@ from django.db import connection
 from django.db.models import Exists, OuterRef, Q
 
 from controlplane.access import participant_conversations, readable_spaces, reads_as_member
-from controlplane.db import Compiled, padded, unprepared_rows
+from controlplane.db import Compiled, ids_in, model_columns, models_from_row, run_steps, unprepared_rows
 from controlplane.errors import ResyncRequired
-from controlplane.log import log_head
-from controlplane.models import Event, EventAddressee, Member, Space
+from controlplane.log import log_head_steps
+from controlplane.models import Conversation, Event, EventAddressee, Member, Space
 from inbox.models import InboxItem, Recipient
 
 FEED_PAGE_MAX = 100
@@ -30,7 +30,11 @@ class FeedPage:
 
 def start_position(after: int | None) -> int:
     """Where a read without a cursor starts: at the oldest retained event."""
-    return log_head().floor if after is None else after
+    return run_steps(start_position_steps(after))
+
+
+def start_position_steps(after: int | None):
+    return (yield from log_head_steps()).floor if after is None else after
 
 
 def check_retained(after: int | None) -> None:
@@ -39,20 +43,48 @@ def check_retained(after: int | None) -> None:
     Checked after reading the page: the floor is raised (and committed)
     before any event is deleted, so a prune that removed events this read
     should have returned is always seen here."""
+    run_steps(check_retained_steps(after))
+
+
+def check_retained_steps(after: int | None):
     if after is None:
         return
-    floor = log_head().floor
+    floor = (yield from log_head_steps()).floor
     if after < floor:
         raise ResyncRequired(details={"floor": floor})
 
 
-def _page(positions: list[int], after: int, limit: int) -> FeedPage:
-    """The events at `positions` (a page's and one more, in order)."""
-    has_more = len(positions) > limit
-    positions = positions[:limit]
-    rows = list(Event.objects.filter(position__in=padded(positions)).select_related("space", "conversation", "actor")
-                .order_by("position")) if positions else []
-    return FeedPage(rows, positions[-1] if positions else after, has_more)
+# An event's relations a page loads with it, as select_related would.
+_RELATED = (("space", Space, "s"), ("conversation", Conversation, "c"), ("actor", Member, "a"))
+
+
+def _page_steps(positions: list[int] | tuple[str, list], after: int, limit: int, *, related: bool = True):
+    """A page of events after `after`, in order, with their space,
+    conversation and actor unless not `related`: the events at `positions`,
+    the page's and one more to tell whether more follow, given as a list or
+    as a query (sql, params) of them, read with the events in one round
+    trip. Steps (controlplane.db.run_steps), in plain SQL."""
+    if isinstance(positions, list):
+        if not positions:
+            return FeedPage([], after, False)
+        condition, params = ids_in("e.position", positions[: limit + 1])
+    else:
+        condition, params = f"e.position IN ({positions[0]})", list(positions[1])
+    quote = connection.ops.quote_name
+    joined = _RELATED if related else ()
+    columns = ", ".join([model_columns(Event, "e"), *(model_columns(model, alias) for _, model, alias in joined)])
+    joins = "".join(f" LEFT JOIN {quote(model._meta.db_table)} {alias} ON {alias}.id = e.{name}_id"
+                    for name, model, alias in joined)
+    rows = yield (f"SELECT {columns} FROM {quote(Event._meta.db_table)} e{joins} WHERE {condition} "
+                  f"ORDER BY e.position"), params
+    events = []
+    for row in rows[:limit]:
+        event, *relations = models_from_row([Event, *(model for _, model, _ in joined)], row)
+        for (name, _, _), instance in zip(joined, relations):
+            if instance is not None:
+                setattr(event, name, instance)
+        events.append(event)
+    return FeedPage(events, events[-1].position if events else after, len(rows) > limit)
 
 
 def space_feed(space: Space, viewer: Member | None, after: int | None, limit: int) -> FeedPage:
@@ -67,7 +99,7 @@ def space_feed(space: Space, viewer: Member | None, after: int | None, limit: in
         visible |= Q(conversation__in=participant_conversations(viewer))
     positions = (Event.objects.filter(visible, space=space, position__gt=start).order_by("position")
                  .values_list("position")[: limit + 1])
-    page = _page([position for position, in unprepared_rows(positions)], start, limit)
+    page = run_steps(_page_steps([position for position, in unprepared_rows(positions)], start, limit))
     check_retained(after)
     return page
 
@@ -86,24 +118,30 @@ def _addressed(viewer: Member, after: int, limit: int):
 _ADDRESSED: dict[int, Compiled] = {}
 
 
-def _addressed_positions(viewer: Member, after: int, limit: int) -> list[int]:
+def _addressed_query(viewer: Member, after: int, limit: int) -> tuple[str, list]:
+    """`_addressed`'s SQL and parameters: compiled once per page size for a
+    reader who reads as a member."""
     if not reads_as_member(viewer):  # the rare reader the rule reads no space for
-        return list(_addressed(viewer, after, limit))
+        return _addressed(viewer, after, limit).query.sql_with_params()
     compiled = _ADDRESSED.get(limit)
     if compiled is None:  # built for a stand-in who reads as a member, as `viewer` does
         compiled = _ADDRESSED[limit] = Compiled(
             lambda member, at: _addressed(Member(pk=member, status=Member.Status.ACTIVE), at, limit))
-    with connection.cursor() as cursor:
-        cursor.execute(*compiled.sql(viewer.pk, after))
-        return [position for position, in cursor.fetchall()]
+    return compiled.sql(viewer.pk, after)
 
 
 def inbox_feed(viewer: Member, after: int | None, limit: int) -> FeedPage:
     """Events addressed to `viewer` in spaces they can still read, and those
     of no space (notices about their own subscriptions)."""
-    start = start_position(after)
-    page = _page(_addressed_positions(viewer, start, limit), start, limit)
-    check_retained(after)
+    return run_steps(inbox_feed_steps(viewer, after, limit))
+
+
+def inbox_feed_steps(viewer: Member, after: int | None, limit: int, *, related: bool = True):
+    """`inbox_feed` as steps (controlplane.db.run_steps): an MCP inbox
+    stream reads it on its event loop, without the events' relations."""
+    start = yield from start_position_steps(after)
+    page = yield from _page_steps(_addressed_query(viewer, start, limit), start, limit, related=related)
+    yield from check_retained_steps(after)
     return page
 
 

@@ -108,6 +108,13 @@ async def _db(fn, *args):
         raise _as_mcp(error) from None
 
 
+async def _read(*args) -> sources.Batch:
+    try:
+        return await sources.read_on_loop(*args)
+    except ApiError as error:
+        raise _as_mcp(error) from None
+
+
 async def list_events(ctx, params: ListParams) -> dict:
     return {"events": [{"name": s.name, "description": s.description, "delivery": list(s.delivery),
                         "inputSchema": s.input_schema, "payloadSchema": s.payload_schema}
@@ -117,7 +124,7 @@ async def list_events(ctx, params: ListParams) -> dict:
 async def poll(ctx, params: PollParams) -> dict:
     member = caller(ctx)
     source, arguments = _select(params)
-    batch = await _db(sources.read, member, source, arguments, params.cursor, params.max_events)
+    batch = await _read(member, source, arguments, params.cursor, params.max_events)
     return {"events": [{k: v for k, v in e.items() if k != "cursor"} for e in batch.events],
             "cursor": batch.cursor, "truncated": batch.truncated, "hasMore": batch.has_more,
             "nextPollMs": 0 if batch.has_more else POLL_INTERVAL_MS}
@@ -147,7 +154,7 @@ async def stream(ctx, params: StreamParams) -> dict:
                        data={"limit": "streams", "max": MAX_STREAMS}) from None
     try:
         owner.watch(**await _db(sources.interest, member, source, arguments))
-        batch = await _db(sources.read, member, source, arguments, params.cursor, sources.MAX_EVENTS)
+        batch = await _read(member, source, arguments, params.cursor, sources.MAX_EVENTS)
         await send("active", cursor=batch.start, truncated=batch.truncated)
         last_beat, last_count = time.monotonic(), None
         while True:
@@ -158,7 +165,7 @@ async def stream(ctx, params: StreamParams) -> dict:
                     last_count = event["data"]["pendingCount"]
                 await send("event", **event)
             if batch.has_more:
-                batch = await _db(sources.read, member, source, arguments, batch.cursor, sources.MAX_EVENTS)
+                batch = await _read(member, source, arguments, batch.cursor, sources.MAX_EVENTS)
                 continue
             beat_in = settings.MCP_HEARTBEAT_SECONDS - (time.monotonic() - last_beat)
             if beat_in <= 0:
@@ -169,7 +176,7 @@ async def stream(ctx, params: StreamParams) -> dict:
                 await send("terminated", error=ENDINGS[ended])
                 return {"_meta": meta}
             try:
-                batch = await db_call(sources.read)(member, source, arguments, batch.cursor, sources.MAX_EVENTS)
+                batch = await sources.read_on_loop(member, source, arguments, batch.cursor, sources.MAX_EVENTS)
             except ApiError as error:  # access lost meanwhile: the stream ends
                 lost = _as_mcp(error)
                 await send("terminated", error={"code": lost.code, "message": lost.message, "data": lost.data})

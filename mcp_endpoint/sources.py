@@ -1,5 +1,6 @@
 """The three events, read from the database for `events/poll` and
-`events/stream` (sync; callers run them in a worker thread).
+`events/stream` (`read` on a request thread; `read_on_loop` from the
+event loop, where the inbox's items are read on the loop's own connection).
 
 - `org.switchboard/inbox.item`: one occurrence per inbox item that became
   available to the caller (a message addressed to them, a firewall
@@ -24,9 +25,9 @@ from django.db import connection
 from controlplane.access import get_readable_space
 from controlplane.clock import now, rfc3339
 from controlplane.cursors import caller_id, pack_cursor, unpack_cursor
-from controlplane.db import Compiled, model_from_row
+from controlplane.db import Compiled, db_call, loop_reads, model_from_row, padded, run_steps
 from controlplane.errors import ResyncRequired
-from controlplane.log import log_head
+from controlplane.log import log_head_steps
 from controlplane.models import Member, Space
 from inbox import delivery, feeds
 from inbox.models import InboxItem, Message
@@ -104,9 +105,9 @@ def _cursor(member: Member, source: Source, arguments: dict, position: int) -> s
     return pack_cursor((position,), caller=caller_id(member), stream=source.stream_key(arguments))
 
 
-def _position(member: Member, source: Source, arguments: dict, cursor: str | None) -> tuple[int, bool]:
-    """Where to read after, and whether that skips events (truncated)."""
-    head = log_head()
+def _position_steps(member: Member, source: Source, arguments: dict, cursor: str | None):
+    """Where to read after, and whether that skips events (truncated): steps."""
+    head = yield from log_head_steps()
     if cursor is None:
         return head.position, False
     (position,) = unpack_cursor(cursor, count=1, caller=caller_id(member), stream=source.stream_key(arguments))
@@ -118,13 +119,32 @@ def _position(member: Member, source: Source, arguments: dict, cursor: str | Non
 def read(member: Member, source: Source, arguments: dict, cursor: str | None, max_events: int) -> Batch:
     if source.name == PENDING:
         return Batch([pending_occurrence(delivery.pending_count(member))])
-    after, truncated = _position(member, source, arguments, cursor)
+    return run_steps(_read_steps(member, source, arguments, cursor, max_events))
+
+
+async def read_on_loop(member: Member, source: Source, arguments: dict, cursor: str | None,
+                       max_events: int) -> Batch:
+    """`read` from an event loop: the inbox's items on the loop's own
+    connection where there is one (controlplane.db.loop_reads), with no
+    thread hop; the rest on a request thread."""
+    if source.name == ITEM:
+        return await loop_reads.run(_read_steps(member, source, arguments, cursor, max_events))
+    return await db_call(read)(member, source, arguments, cursor, max_events)
+
+
+def _read_steps(member: Member, source: Source, arguments: dict, cursor: str | None, max_events: int):
+    """`read` of the inbox's items or a space's work, as steps. A space's
+    work is read with the ORM, inside them: only a request thread runs
+    those (`read_on_loop`)."""
+    after, truncated = yield from _position_steps(member, source, arguments, cursor)
     try:
-        batch = (_items(member, source, after, max_events) if source.name == ITEM
-                 else _work(member, source, arguments, after))
+        if source.name == ITEM:
+            batch = yield from _items_steps(member, source, after, max_events)
+        else:
+            batch = _work(member, source, arguments, after)
     except ResyncRequired:  # pruned while we read: start again at the floor
-        after, truncated = log_head().floor, True
-        batch = _items(member, source, after, max_events) if source.name == ITEM else Batch()
+        after, truncated = (yield from log_head_steps()).floor, True
+        batch = (yield from _items_steps(member, source, after, max_events)) if source.name == ITEM else Batch()
     batch.truncated = truncated
     batch.start = cursor if cursor is not None and not truncated else _cursor(member, source, arguments, after)
     if batch.cursor is None:
@@ -138,21 +158,21 @@ def pending_occurrence(count: int) -> dict:
             "data": {"pendingCount": count}}
 
 
-def _items(member: Member, source: Source, after: int, max_events: int) -> Batch:
+def _items_steps(member: Member, source: Source, after: int, max_events: int):
     """Items the inbox feed made available after `after`: a message's own
     item sits at its message.created position and a notice at its event's;
     a firewall admission or a rejection notice is found through the message
-    its event names."""
+    its event names. Steps (controlplane.db.run_steps)."""
     events, position, has_more = [], after, False
     for _ in range(5):  # bounded: feed pages whose events carry no item are skipped over
-        page = feeds.inbox_feed(member, position, FEED_PAGE)
+        page = yield from feeds.inbox_feed_steps(member, position, FEED_PAGE, related=False)
         named = {e.data["message"]["id"] if isinstance(e.data.get("message"), dict) else e.data.get("message"): e
                  for e in page.events if e.kind in ("message.admitted", "message.rejected")}
         surfaced = {e.position: e.position for e in page.events}
-        for public_id, message_position in Message.objects.filter(public_id__in=list(named)).values_list(
-                "public_id", "position") if named else ():
+        for public_id, message_position in ((yield _positions_of_messages(list(named))) if named else ()):
             surfaced[message_position] = named[public_id].position
-        items = _pending_at(member.pk, sorted(surfaced)) if surfaced else []
+        items = [model_from_row(InboxItem, row) for row in (yield _PENDING_AT.sql(member.pk, sorted(surfaced)))
+                 ] if surfaced else []
         for event_position, _id, item in sorted((surfaced[item.position], item.id, item) for item in items):
             if len(events) >= max_events:  # what is left of this page comes next time
                 return Batch(events, _cursor(member, source, {}, position), has_more=True)
@@ -165,17 +185,18 @@ def _items(member: Member, source: Source, after: int, max_events: int) -> Batch
     return Batch(events, _cursor(member, source, {}, position), has_more=has_more)
 
 
+def _positions_of_messages(public_ids: list[str]) -> tuple[str, list]:
+    """The (public id, position) of the messages named, in plain SQL."""
+    ids = padded(public_ids)
+    return (f"SELECT m.public_id, m.position FROM {connection.ops.quote_name(Message._meta.db_table)} m "
+            f"WHERE m.public_id IN ({', '.join(['%s'] * len(ids))})", ids)
+
+
 # A member's pending items at some positions, compiled once per number of
 # positions: a stream reads them on every nudge.
 _PENDING_AT = Compiled(lambda member, positions: InboxItem.objects.filter(
     member_id=member, admission=InboxItem.Admission.ADMITTED, state=InboxItem.State.PENDING,
     position__in=positions).values_list(*(f.attname for f in InboxItem._meta.concrete_fields)))
-
-
-def _pending_at(member_id: int, positions: list[int]) -> list[InboxItem]:
-    with connection.cursor() as cursor:
-        cursor.execute(*_PENDING_AT.sql(member_id, positions))
-        return [model_from_row(InboxItem, row) for row in cursor.fetchall()]
 
 
 def _work(member: Member, source: Source, arguments: dict, after: int) -> Batch:

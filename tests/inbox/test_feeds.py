@@ -277,3 +277,24 @@ def test_a_small_spaces_feed_is_planned_for_its_space_on_every_read(general, ali
                for page in pages)
     assert len(reads) == 12 and prepared == []
     assert "event_space_position" in plan and "Sort" not in plan, plan
+
+
+def test_an_inbox_feed_page_is_two_round_trips_whatever_it_holds(private_direct, alice, bob,
+                                                                 django_assert_num_queries):
+    # given: a cursor, and messages addressed to bob after it
+    from inbox import feeds
+
+    space, direct = private_direct
+    after = feeds.inbox_feed(bob, None, 100).position
+    for n in range(5):
+        send_message(direct, body=f"m{n}", actor=alice)
+    # when: a page is read from the cursor, its events' space, conversation and actor used
+    with django_assert_num_queries(2):  # the events with their positions; the retention floor
+        page = feeds.inbox_feed(bob, after, 3)
+        shown = [(e.kind, e.space.slug, e.conversation.public_id, e.actor.handle, e.data["message"]["body"])
+                 for e in page.events]
+    # then
+    assert shown == [("message.created", space.slug, direct.public_id, alice.handle, f"m{n}") for n in range(3)]
+    assert page.has_more and page.position == page.events[-1].position
+    rest = feeds.inbox_feed(bob, page.position, 3)
+    assert [e.data["message"]["body"] for e in rest.events] == ["m3", "m4"] and not rest.has_more

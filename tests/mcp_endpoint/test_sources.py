@@ -1,8 +1,12 @@
 """What events/poll and events/stream read, in-process: the inbox feed's
-items, held ones only once admitted, acknowledged ones skipped."""
+items, held ones only once admitted, acknowledged ones skipped; under the
+server on PostgreSQL, the same items read on the event loop."""
+import asyncio
+
 import pytest
 
 from controlplane import services
+from controlplane.db import loop_reads, pooled
 from inbox import firewall
 from inbox.delivery import acknowledge_delivery
 from inbox.models import InboxItem
@@ -25,21 +29,55 @@ def contents(batch) -> list[str]:
     return [e["data"]["item"]["content"] for e in batch.events]
 
 
-def test_held_items_appear_only_once_released_after_the_cursor_moved_on(pair):
-    # given: ada's firewall holds secrets; she has read past both sends
+def a_secret_held_and_a_hello(pair):
+    """ada's firewall holds secrets; bo sends one, then a hello. The cursor before both."""
     ada, bo, direct = pair
     firewall.set_rules(ada, [{"action": "hold", "content_pattern": "secret"}], actor=ada)
     start = sources.read(ada, ITEM, {}, None, 50)
     send_message(direct, body="the secret", actor=bo)
     send_message(direct, body="hello", actor=bo)
     firewall.classify_pending(ada.pk)
-    first = sources.read(ada, ITEM, {}, start.cursor, 50)
-    # when: the held one is released
+    return start
+
+
+def release_the_secret(ada) -> None:
     held = InboxItem.objects.get(member=ada, admission=InboxItem.Admission.HELD)
     firewall.release_item(ada, held.token, actor=ada)
+
+
+def test_held_items_appear_only_once_released_after_the_cursor_moved_on(pair):
+    # given: ada's firewall holds secrets; she has read past both sends
+    ada = pair[0]
+    start = a_secret_held_and_a_hello(pair)
+    first = sources.read(ada, ITEM, {}, start.cursor, 50)
+    # when: the held one is released
+    release_the_secret(ada)
     later = sources.read(ada, ITEM, {}, first.cursor, 50)
     # then
     assert start.events == [] and contents(first) == ["hello"] and contents(later) == ["the secret"]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_under_the_server_a_stream_reads_the_same_items_on_its_event_loop(pair, request_threads_busy):
+    # given: a plain item and one a firewall held, then released (found through its admission)
+    ada = pair[0]
+    start = a_secret_held_and_a_hello(pair)
+    release_the_secret(ada)
+    on_thread = sources.read(ada, ITEM, {}, start.cursor, 50)
+
+    async def under_the_server():
+        pooled.set(True)  # as the ASGI application sets it
+        try:
+            return await asyncio.wait_for(sources.read_on_loop(ada, ITEM, {}, start.cursor, 50), 5)
+        finally:
+            await loop_reads.close()
+
+    # when: a stream reads them while every request thread of its process is busy
+    on_loop = asyncio.run(under_the_server())
+    # then: it read them on the loop, and read what a request thread reads
+    assert contents(on_loop) == ["hello", "the secret"]
+    assert on_loop == on_thread
 
 
 def test_acknowledged_items_are_skipped_and_pages_continue(pair):
