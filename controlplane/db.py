@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, close_old_connections, connection, connections
+from django.db import DEFAULT_DB_ALIAS, OperationalError, close_old_connections, connection, connections
 
 _pool: ThreadPoolExecutor | None = None
 # Set by the ASGI application (controlplane.asgi) for everything it serves:
@@ -102,6 +102,12 @@ class LoopReads:
     it: fit for short reads, not for a transaction or a long scan."""
 
     APPLICATION_NAME = "switchboard-loop"
+    READ_TIMEOUT = 10.0  # seconds
+    # Unless the settings say otherwise: a connection attempt gives up after
+    # 10 s, and TCP keepalives find a connection a firewall dropped while
+    # idle in about a minute, not after the kernel's retransmissions.
+    CONNECTION_DEFAULTS = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 30,
+                           "keepalives_interval": 10, "keepalives_count": 3}
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -113,21 +119,34 @@ class LoopReads:
         return pooled.get() and connection.vendor == "postgresql"
 
     async def rows(self, sql: str, params: list) -> list[tuple]:
+        """The rows of one read. Its errors are Django's, as on a thread
+        (an outage is an OperationalError, which callers answer 503). A
+        read may run again: once, on a new connection, if this one was lost
+        (the server restarted, a proxy dropped it). One not answered within
+        READ_TIMEOUT drops the connection, so the reads queued behind it
+        go on with a new one instead of waiting on a dead socket."""
         if not self.on_loop():
             return await db_call(plain_rows)(sql, params)
-        import psycopg
-
+        wrapper = connections[DEFAULT_DB_ALIAS]
         for retry in (False, True):
-            conn = await self._connected()
+            conn = None
             try:
-                async with conn.cursor() as cursor:
-                    await cursor.execute(sql, params)
-                    return await cursor.fetchall()
-            except psycopg.OperationalError:
-                # A read may run again: once, on a new connection, if this
-                # one was lost (the server restarted, a proxy dropped it).
-                if retry or not conn.broken:
+                with wrapper.wrap_database_errors:
+                    conn = await self._connected()
+                    async with asyncio.timeout(self.READ_TIMEOUT):  # no task of its own, unlike wait_for
+                        return await self._read(conn, sql, params)
+            except TimeoutError:
+                self._drop(conn)
+                raise
+            except OperationalError:
+                if retry or conn is None or not conn.broken:
                     raise
+
+    @staticmethod
+    async def _read(conn, sql: str, params: list) -> list[tuple]:
+        async with conn.cursor() as cursor:
+            await cursor.execute(sql, params)
+            return await cursor.fetchall()
 
     async def run(self, steps):
         """`run_steps` from async code: each statement through `rows`, or,
@@ -163,6 +182,7 @@ class LoopReads:
         params.pop("cursor_factory")  # Django's, for sync connections
         binding = wrapper.settings_dict["OPTIONS"].get("server_side_binding") is True
         params.setdefault("application_name", cls.APPLICATION_NAME)
+        params = {**cls.CONNECTION_DEFAULTS, **params}
         conn = await psycopg.AsyncConnection.connect(
             **params, autocommit=True, cursor_factory=psycopg.AsyncCursor if binding else psycopg.AsyncClientCursor)
         if (zone := wrapper.timezone_name) and conn.info.parameter_status("TimeZone") != zone:
@@ -177,6 +197,12 @@ class LoopReads:
         if self._connection is not None:
             self._connection.pgconn.finish()
         self._loop = self._connection = self._opening = None
+
+    def _drop(self, conn) -> None:
+        """Close `conn` (its socket, no round trip); the next read makes a new one."""
+        conn.pgconn.finish()
+        if self._connection is conn:
+            self._connection = None
 
     async def close(self) -> None:
         """Close this loop's connection, at the server's shutdown (the lifespan's)."""

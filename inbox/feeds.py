@@ -67,9 +67,11 @@ def _page_steps(positions: list[int] | tuple[str, list], after: int, limit: int,
     if isinstance(positions, list):
         if not positions:
             return FeedPage([], after, False)
-        condition, params = ids_in("e.position", positions[: limit + 1])
+        known = (positions[:limit][-1], len(positions) > limit)  # the page's end, whatever a prune removed
+        condition, params = ids_in("e.position", positions[:limit])
     else:
-        condition, params = f"e.position IN ({positions[0]})", list(positions[1])
+        known = None
+        condition, params = f"e.position > %s AND e.position IN ({positions[0]})", [after, *positions[1]]
     quote = connection.ops.quote_name
     joined = _RELATED if related else ()
     columns = ", ".join([model_columns(Event, "e"), *(model_columns(model, alias) for _, model, alias in joined)])
@@ -84,7 +86,8 @@ def _page_steps(positions: list[int] | tuple[str, list], after: int, limit: int,
             if instance is not None:
                 setattr(event, name, instance)
         events.append(event)
-    return FeedPage(events, events[-1].position if events else after, len(rows) > limit)
+    position, has_more = known or (events[-1].position if events else after, len(rows) > limit)
+    return FeedPage(events, position, has_more)
 
 
 def space_feed(space: Space, viewer: Member | None, after: int | None, limit: int) -> FeedPage:

@@ -394,9 +394,10 @@ def test_a_servers_live_pages_read_on_one_connection_of_its_own_until_it_stops()
     from bench.live import _sign_in as sign_in
     from controlplane.db import LoopReads, plain_rows
 
-    def loop_connections() -> int:
+    def loop_connections(since) -> int:
         return plain_rows("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
-                          "AND datname = current_database()", [LoopReads.APPLICATION_NAME])[0][0]
+                          "AND datname = current_database() AND backend_start >= %s",
+                          [LoopReads.APPLICATION_NAME, since])[0][0]
 
     owner = member_with_token("owner")
     reader = {"Authorization": f"Bearer {member_token('reader', kind='human', password=PASSWORD)}"}
@@ -425,7 +426,7 @@ def test_a_servers_live_pages_read_on_one_connection_of_its_own_until_it_stops()
                 await ws.close()
             return seen
 
-    before = loop_connections()
+    started = plain_rows("SELECT now()", [])[0][0]  # an earlier server's may still be closing
     with serving("--no-worker", "--workers", "1") as (base, process):
         assert httpx.post(f"{base}/v0/spaces", json={"slug": "lab", "name": "Lab"}, headers=owner).status_code == 201
         assert httpx.post(f"{base}/v0/spaces/lab/join", headers=reader).status_code == 201
@@ -434,7 +435,7 @@ def test_a_servers_live_pages_read_on_one_connection_of_its_own_until_it_stops()
         seen = asyncio.run(watch_and_send(base, channel["conversation"]["id"], 10))
         # then: every socket saw every message, read on one connection
         assert len(seen) == 3 and seen[0] == seen[1] == seen[2] and len(set(seen[0])) == 10
-        assert loop_connections() == before + 1
+        assert loop_connections(started) == 1
         process.send_signal(signal.SIGTERM)
         process.wait(20)
-    wait_until(lambda: loop_connections() <= before, "the stopped server's loop connection stayed")
+    wait_until(lambda: loop_connections(started) == 0, "the stopped server's loop connection stayed")

@@ -27,6 +27,8 @@ from web import messages
 
 logger = logging.getLogger("switchboard.web")
 
+LOOP_FRAMES = 8  # a pass renders at most this many frames on the event loop itself
+
 
 @dataclass
 class Pass:
@@ -44,11 +46,13 @@ def read_pass(conversation_id: int, members: set[int], after: int) -> Pass:
 async def next_pass(conversation_id: int, members: set[int], after: int) -> Pass:
     """`read_pass` from the event loop: its query through `loop_reads` (on
     PostgreSQL under the server, with no thread hop either way), its frames
-    rendered on the loop, or on a request thread where a body may be
-    withheld (an explicit_only space's grants are looked up)."""
+    rendered on the loop; on a request thread where a body may be withheld
+    (an explicit_only space's grants are looked up), or where there are more
+    than LOOP_FRAMES (a catch-up), so that rendering them never holds up
+    every socket and request of the process."""
     rows = await loop_reads.rows(*messages.readers_and_after_query(conversation_id, members, after))
     readers, send_policy, found = messages.readers_and_after(rows)
-    if found and may_withhold(send_policy):
+    if len(found) > LOOP_FRAMES or (found and may_withhold(send_policy)):
         return await db_call(_pass)(readers, send_policy, found)
     return _pass(readers, send_policy, found)
 

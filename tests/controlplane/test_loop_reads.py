@@ -1,11 +1,12 @@
 """Reads on the event loop's own connection (controlplane.db.loop_reads,
 under the server on PostgreSQL) read what Django's own connection reads;
-a lost connection costs a reconnect, not a failed read; any other error is
-the caller's. (A live pass that reads there: tests/web/test_live_pass.py.)"""
+a lost connection costs a reconnect, not a failed read; one left
+unanswered is dropped; any other error is the caller's, as Django's. (A live pass that reads there: tests/web/test_live_pass.py.)"""
 import psycopg
 import pytest
+from django.db import ProgrammingError
 
-from controlplane.db import db_call, loop_reads, plain_rows, pooled
+from controlplane.db import LoopReads, db_call, loop_reads, plain_rows, pooled
 from controlplane.models import Member
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -46,13 +47,47 @@ async def test_a_lost_loop_connection_costs_a_reconnect_not_a_failed_read():
 
 
 @pytest.mark.asyncio
-async def test_a_failing_loop_read_raises_and_keeps_its_connection():
+async def test_a_failing_loop_read_raises_djangos_error_and_keeps_its_connection():
     pooled.set(True)
     try:
         [(first,)] = await loop_reads.rows("SELECT pg_backend_pid()", [])
-        with pytest.raises(psycopg.errors.UndefinedTable):
+        with pytest.raises(ProgrammingError) as raised:  # as on a thread: callers map Django's errors
             await loop_reads.rows("SELECT * FROM no_such_table", [])
         [(second,)] = await loop_reads.rows("SELECT pg_backend_pid()", [])
     finally:
         await loop_reads.close()
+    assert isinstance(raised.value.__cause__, psycopg.errors.UndefinedTable)
     assert second == first
+
+
+@pytest.mark.asyncio
+async def test_a_database_out_of_reach_is_djangos_operational_error(monkeypatch):
+    # given: no loop connection yet, and the database's port refusing connections (loopback)
+    from django.db import OperationalError, connection
+
+    from tests.servers import free_port
+
+    monkeypatch.setitem(connection.settings_dict, "PORT", str(free_port()))
+    pooled.set(True)
+    try:
+        # when / then: what callers answer 503 (MCP: UNAVAILABLE), as for a thread's read
+        with pytest.raises(OperationalError):
+            await loop_reads.rows("SELECT 1", [])
+    finally:
+        await loop_reads.close()
+
+
+@pytest.mark.asyncio
+async def test_a_loop_read_left_unanswered_drops_its_connection(monkeypatch):
+    # given: a read that outlasts the loop's patience (a dead socket, a lock held elsewhere)
+    monkeypatch.setattr(LoopReads, "READ_TIMEOUT", 0.2)
+    pooled.set(True)
+    try:
+        [(first,)] = await loop_reads.rows("SELECT pg_backend_pid()", [])
+        with pytest.raises(TimeoutError):
+            await loop_reads.rows("SELECT pg_sleep(5)", [])
+        # then: the reads after it go on, on a new connection
+        [(second,)] = await loop_reads.rows("SELECT pg_backend_pid()", [])
+    finally:
+        await loop_reads.close()
+    assert second != first
