@@ -133,8 +133,7 @@ class LoopReads:
             try:
                 with wrapper.wrap_database_errors:
                     conn = await self._connected()
-                    async with asyncio.timeout(self.READ_TIMEOUT):  # no task of its own, unlike wait_for
-                        return await self._read(conn, sql, params)
+                    return await self._shielded(self._read(conn, sql, params))
             except TimeoutError:
                 self._drop(conn)
                 raise
@@ -142,11 +141,23 @@ class LoopReads:
                 if retry or conn is None or not conn.broken:
                     raise
 
+    async def _read(self, conn, sql: str, params: list) -> list[tuple]:
+        async with asyncio.timeout(self.READ_TIMEOUT):
+            async with conn.cursor() as cursor:
+                await cursor.execute(sql, params)
+                return await cursor.fetchall()
+
     @staticmethod
-    async def _read(conn, sql: str, params: list) -> list[tuple]:
-        async with conn.cursor() as cursor:
-            await cursor.execute(sql, params)
-            return await cursor.fetchall()
+    async def _shielded(read):
+        """`read`, finished on its own if its caller is cancelled meanwhile
+        (a page or an MCP client gone): the shared connection stays in step.
+        Cancelled itself, psycopg cancels the query in the server and waits
+        for it, but a caller cancelled again and again (as anyio cancels a
+        scope) interrupts that wait, and psycopg then closes the connection
+        under every other read."""
+        task = asyncio.ensure_future(read)
+        task.add_done_callback(lambda done: done.cancelled() or done.exception())  # retrieved if left behind
+        return await asyncio.shield(task)
 
     async def run(self, steps):
         """`run_steps` from async code: each statement through `rows`, or,

@@ -91,3 +91,26 @@ async def test_a_loop_read_left_unanswered_drops_its_connection(monkeypatch):
     finally:
         await loop_reads.close()
     assert second != first
+
+
+@pytest.mark.asyncio
+async def test_a_caller_cancelled_mid_read_leaves_the_connection_to_the_others():
+    # given: a read in flight on the loop's connection
+    import asyncio
+
+    pooled.set(True)
+    try:
+        [(first,)] = await loop_reads.rows("SELECT pg_backend_pid()", [])
+        caller = asyncio.ensure_future(loop_reads.rows("SELECT pg_sleep(0.3)", []))
+        await asyncio.sleep(0.05)
+        # when: its caller is cancelled, again and again, as anyio cancels a scope (an MCP client gone)
+        for _ in range(20):
+            caller.cancel()
+            await asyncio.sleep(0.001)
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        # then: the next read runs on the same connection
+        [(second,)] = await loop_reads.rows("SELECT pg_backend_pid()", [])
+    finally:
+        await loop_reads.close()
+    assert second == first
