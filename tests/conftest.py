@@ -1,6 +1,7 @@
 """Fixtures shared by the whole suite: members, authenticated API clients, spaces."""
 from __future__ import annotations
 
+import contextlib
 import json as jsonlib
 import time
 
@@ -47,6 +48,20 @@ def request_threads_busy(monkeypatch):
     yield
     release.set()
     pool.shutdown()
+
+
+@contextlib.asynccontextmanager
+async def under_the_server():
+    """Reads from this task as under the ASGI server, which sets `pooled`
+    for what it serves (controlplane.db.loop_reads: on PostgreSQL, the
+    loop's own connection), closed at the end."""
+    from controlplane.db import loop_reads, pooled
+
+    pooled.set(True)
+    try:
+        yield loop_reads
+    finally:
+        await loop_reads.close()
 
 
 @pytest.fixture(autouse=True)

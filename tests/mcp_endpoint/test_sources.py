@@ -6,12 +6,12 @@ import asyncio
 import pytest
 
 from controlplane import services
-from controlplane.db import loop_reads, pooled
 from inbox import firewall
 from inbox.delivery import acknowledge_delivery
 from inbox.models import InboxItem
 from inbox.services import send_message
 from mcp_endpoint import sources
+from tests.conftest import under_the_server
 
 ITEM = sources.SOURCES["org.switchboard/inbox.item"]
 
@@ -66,15 +66,12 @@ def test_under_the_server_a_stream_reads_the_same_items_on_its_event_loop(pair, 
     release_the_secret(ada)
     on_thread = sources.read(ada, ITEM, {}, start.cursor, 50)
 
-    async def under_the_server():
-        pooled.set(True)  # as the ASGI application sets it
-        try:
+    async def read_as_a_stream():
+        async with under_the_server():
             return await asyncio.wait_for(sources.read_on_loop(ada, ITEM, {}, start.cursor, 50), 5)
-        finally:
-            await loop_reads.close()
 
     # when: a stream reads them while every request thread of its process is busy
-    on_loop = asyncio.run(under_the_server())
+    on_loop = asyncio.run(read_as_a_stream())
     # then: it read them on the loop, and read what a request thread reads
     assert contents(on_loop) == ["hello", "the secret"]
     assert on_loop == on_thread

@@ -9,9 +9,9 @@ import json
 import pytest
 import pytest_asyncio
 
-from controlplane.db import loop_reads, pooled
 from controlplane.models import Conversation, Space
 from inbox.services import send_message
+from tests.conftest import under_the_server
 from web.streams import next_pass, read_pass
 
 
@@ -74,12 +74,9 @@ async def test_a_live_pass_under_the_server_answers_while_every_request_thread_i
         hello, ann, ben, request_threads_busy):
     # given: a message committed, and every request thread of the server process busy
     channel, message = hello
-    pooled.set(True)  # as the ASGI application sets it for what it serves
-    try:
+    async with under_the_server():
         # when: a live stream's pass runs
         result = await asyncio.wait_for(next_pass(channel.pk, {ann.pk, ben.pk}, 0), 5)
-    finally:
-        await loop_reads.close()
     # then: it read the readers and the message on the loop's own connection
     assert result.readers == {ann.pk, ben.pk}
     assert [json.loads(text)["id"] for _, text in result.frames] == [message.public_id]
