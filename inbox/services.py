@@ -13,7 +13,7 @@ from controlplane.access import readers_of
 from controlplane.clock import now
 from controlplane.errors import AuthorityRevoked, Conflict, Forbidden, GrantRequired, IdempotencyConflict, InvalidRequest
 from controlplane.log import append_events
-from controlplane.db import model_columns, model_from_row
+from controlplane.db import model_columns, model_from_row, plain_rows
 from controlplane.models import Conversation, Member, Membership, Participant, Space
 from controlplane.services import LOOK_UP_ROLE, require_sender
 from inbox import authority, collectives, events
@@ -99,9 +99,7 @@ def _recipients(conversation: Conversation, space: Space, mentioned: list[str], 
 def _members(sql: str, params: list) -> list[Member]:
     """Members read with plain SQL: a send asks for its recipients every
     time, and compiling the ORM's joins cost several times running them."""
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return [model_from_row(Member, row) for row in cursor.fetchall()]
+    return [model_from_row(Member, row) for row in plain_rows(sql, params)]
 
 
 def send_message(conversation: Conversation, *, body: str, reply_to: str | None = None,

@@ -10,7 +10,7 @@ from django.db import connection
 from django.template.loader import render_to_string
 
 from controlplane.access import readers_then_query, readers_then_result
-from controlplane.db import datetime_from_db
+from controlplane.db import datetime_from_db, plain_rows
 from controlplane.models import Member
 from inbox.models import Message
 from inbox.render import withheld_bodies
@@ -62,9 +62,7 @@ def _row(values) -> Row:
 
 
 def _rows(conversation_id: int, **bounds) -> list[Row]:
-    with connection.cursor() as cursor:
-        cursor.execute(*_query(conversation_id, **bounds))
-        return [_row(values) for values in cursor.fetchall()]
+    return [_row(values) for values in plain_rows(*_query(conversation_id, **bounds))]
 
 
 def before(conversation_id: int, position: int | None, limit: int = HISTORY_PAGE) -> tuple[list[Row], bool]:

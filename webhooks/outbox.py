@@ -22,6 +22,7 @@ from django.db import connection
 
 from controlplane.access import readers_of_conversations
 from controlplane.clock import now
+from controlplane.db import plain_rows
 from controlplane.log import NewEvent
 from webhooks import due, mcp
 from webhooks.models import REQUEST_IDS_MAX, Delivery, Subscription
@@ -44,9 +45,7 @@ def _active_subscriptions(space_ids: set[int], members: set[int]) -> list[tuple]
         return []
     sql = (f"SELECT id, kind, owner_id, space_id, conversation_ids, exclude_self, debounce_ms FROM {_SUBSCRIPTIONS} "
            f"WHERE status = 'active' AND ({' OR '.join(clauses)}) ORDER BY id")
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchall()
+    return plain_rows(sql, params)
 
 
 def _qualifies(row: tuple, event: NewEvent, readers: dict[int, set[int]]) -> bool:
