@@ -12,9 +12,11 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+from controlplane.management.commands.serve import default_workers, listening_sockets
 from controlplane.processes import descendants, in_session, kill_all
 from tests.inbox.test_firewall import inbox_paths
-from tests.servers import cut_every_database_connection, manage, member_token, read_until, serving, start_serving
+from tests.servers import (cut_every_database_connection, free_port, manage, member_token, read_until, serving,
+                           start_serving)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -48,8 +50,8 @@ def test_serve_answers_and_stops_cleanly_on_ctrl_c():
     # given
     with serving() as (base, process):
         assert httpx.get(f"{base}/healthz").json() == {"status": "ok"}
-        # the ASGI server and the django-q2 cluster, each leading its own process group
-        assert len(group_leaders_below(process)) == 2
+        # the server processes and the django-q2 cluster, each leading its own process group
+        assert len(group_leaders_below(process)) == default_workers() + 1
         # serve announces its address once its own readiness check passes,
         # which may come a moment after the test's
         assert f"serving at {base}/" in read_until(process, "serving at")[-1]
@@ -84,7 +86,7 @@ def test_ctrl_c_at_any_moment_of_start_up_leaves_nothing_running(delay):
 def test_a_killed_serve_takes_its_children_down():
     # given
     with serving() as (base, process):
-        assert len(group_leaders_below(process)) == 2
+        assert len(group_leaders_below(process)) == default_workers() + 1
         # when: serve itself dies without a chance to stop anything
         process.kill()
         process.wait()
@@ -439,3 +441,94 @@ def test_a_servers_live_pages_read_on_one_connection_of_its_own_until_it_stops()
         process.send_signal(signal.SIGTERM)
         process.wait(20)
     wait_until(lambda: loop_connections(started) == 0, "the stopped server's loop connection stayed")
+
+
+def listening_inodes(pid: int, port: int) -> set[str]:
+    """The inodes of the listening sockets on `port` that process `pid` holds."""
+    listening = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # LISTEN
+                    listening.add(fields[9])
+    held = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            held.add(os.readlink(fd).removeprefix("socket:[").removesuffix("]"))
+    return listening & held
+
+
+def server_processes(process) -> list[int]:
+    def command(pid: int) -> str:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode()
+    return [pid for pid in descendants(process.pid) if "controlplane.uvicorn_process" in command(pid)]
+
+
+def test_connections_made_together_spread_over_the_sockets_of_one_port():
+    # given: the sockets serve makes for two server processes
+    import socket
+
+    port = free_port()
+    sockets = listening_sockets("127.0.0.1", port, 2)
+    clients = []
+    try:
+        for listening in sockets:
+            listening.setblocking(False)
+        # when: a client makes its 64 connections at once
+        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(64)]
+        # then: the kernel spread them over both sockets (all on one: 2 in 2^64)
+        accepted = [0, 0]
+        for n, listening in enumerate(sockets):
+            with contextlib.suppress(BlockingIOError):
+                while True:
+                    listening.accept()[0].close()
+                    accepted[n] += 1
+        assert sum(accepted) == 64 and min(accepted) > 0, accepted
+    finally:
+        for s in clients + sockets:
+            s.close()
+
+
+def test_a_port_another_server_listens_on_is_refused_before_anything_starts():
+    # given: another server on the port, with SO_REUSEPORT as serve's own sockets
+    from django.core.management.base import CommandError
+
+    port = free_port()
+    held = listening_sockets("127.0.0.1", port, 1)
+    try:
+        # when / then: serve's sockets do not join its group
+        with pytest.raises(CommandError, match="cannot listen on 127.0.0.1"):
+            listening_sockets("127.0.0.1", port, 2)
+    finally:
+        held[0].close()
+
+
+@pytest.mark.skipif(not settings.REDIS_URL, reason="several server processes share live updates through Redis")
+def test_each_server_process_accepts_on_a_listening_socket_of_its_own():
+    """uvicorn's own workers share one socket, and whichever woke first took
+    every connection of a burst; serve's processes each have their own."""
+    with serving("--no-worker", "--workers", "2") as (base, process):
+        port = int(base.rsplit(":", 1)[1])
+        servers = server_processes(process)
+        assert len(servers) == 2
+        inodes = [listening_inodes(pid, port) for pid in servers]
+        assert all(len(held) == 1 for held in inodes) and inodes[0] != inodes[1]
+
+
+def test_a_server_process_that_dies_is_started_again_on_its_socket():
+    # given
+    with serving("--no-worker", "--workers", "1") as (base, process):
+        port = int(base.rsplit(":", 1)[1])
+        (first,) = server_processes(process)
+        socket_before = listening_inodes(first, port)
+        # when
+        os.kill(first, signal.SIGKILL)
+        # then: another process serves from the same socket, and serve stays up
+        wait_until(lambda: [pid for pid in server_processes(process) if pid != first], "no server process was "
+                   "started again", seconds=30)
+        (second,) = [pid for pid in server_processes(process) if pid != first]
+        assert listening_inodes(second, port) == socket_before
+        assert httpx.get(f"{base}/healthz", timeout=30).json() == {"status": "ok"}
+        assert process.poll() is None

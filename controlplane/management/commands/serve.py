@@ -5,10 +5,12 @@ import contextlib
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.core.management import call_command
@@ -34,20 +36,68 @@ def split_bind(bind: str) -> tuple[str, int]:
 
 APP = "controlplane.asgi:application"
 SERVERS = ("uvicorn", "granian", "daphne")
+BACKLOG = 2048  # uvicorn's default
 
 
 def server_command(server: str, host: str, port: int, workers: int) -> list[str]:
-    """The ASGI server's command line (docs/benchmarks.md compares them)."""
-    if server == "uvicorn":
-        return [sys.executable, "-m", "uvicorn", APP, "--host", host, "--port", str(port), "--workers", str(workers),
-                "--loop", "uvloop", "--http", "httptools", "--ws", "websockets-sansio", "--lifespan", "on",
-                "--timeout-graceful-shutdown", "5", "--no-access-log", "--log-level", "warning"]
+    """granian's or Daphne's command line, each with its own processes
+    (docs/benchmarks.md compares them); uvicorn's is `uvicorn_command`."""
     if server == "granian":
         return [sys.executable, "-m", "granian", "--interface", "asgi", "--host", host, "--port", str(port),
                 "--workers", str(workers), "--loop", "uvloop", "--no-access-log", "--log-level", "warning", APP]
     if workers != 1:
         raise CommandError("Daphne serves from one process: use --workers 1, or --server uvicorn")
     return [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "-v", "0", APP]
+
+
+def uvicorn_command(fd: int) -> list[str]:
+    """One uvicorn process on the listening socket `fd` (controlplane.uvicorn_process)."""
+    return [sys.executable, "-m", "controlplane.uvicorn_process", str(fd)]
+
+
+def listening_sockets(host: str, port: int, count: int) -> list[socket.socket]:
+    """`count` listening sockets on host:port in one SO_REUSEPORT group, one
+    per server process: the kernel hands each new connection to one of them
+    by its addresses. A plain bind first proves the port free; without it,
+    a group another server of the same user holds would take these in, and
+    the two servers would share its connections."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sockets = []
+    for _ in range(count):
+        listening = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY: bench/README.md
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        listening.bind((host, port))
+        listening.listen(BACKLOG)
+        sockets.append(listening)
+    return sockets
+
+
+@dataclass
+class Child:
+    """A process `serve` started, leading its own process group. A uvicorn
+    process (`restart`) is started again on the same socket if it dies once
+    `serve` is up, as uvicorn's own supervisor restarts its workers; the
+    connections that came meanwhile wait in the socket's backlog."""
+
+    command: list[str]
+    fds: tuple[int, ...] = ()
+    restart: bool = False
+    process: subprocess.Popen | None = field(default=None, repr=False)
+
+    def start(self) -> Child:
+        self.process = subprocess.Popen(self.command, process_group=0, preexec_fn=_die_with_parent,
+                                        pass_fds=self.fds)
+        return self
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
 
 
 def default_workers() -> int:
@@ -78,34 +128,53 @@ class Command(BaseCommand):
             raise CommandError("several server processes share live updates through Redis: set REDIS_URL, "
                                "or use --workers 1")
         call_command("recover")  # persisted barriers finish before anything is served
+        sockets = listening_sockets(host, port, workers) if server == "uvicorn" else []
         # Listen first: a signal between two spawns must not leave a child
         # behind. Each child leads its own process group, so Ctrl-C reaches
         # only this process, which stops them in order, and what a child
         # spawned (the cluster's sentinel and workers) can be found and
         # killed even after the child is gone.
         stop = StopRequest()
-        commands = [server_command(server, host, port, workers)]
+        if sockets:
+            planned = [Child(uvicorn_command(s.fileno()), fds=(s.fileno(),), restart=True) for s in sockets]
+        else:
+            planned = [Child(server_command(server, host, port, workers))]
         if not no_worker:
-            commands.append([sys.executable, os.path.join(settings.BASE_DIR, "manage.py"), "worker"])
+            planned.append(Child([sys.executable, os.path.join(settings.BASE_DIR, "manage.py"), "worker"]))
         children = []
         try:
-            for command in commands:
+            for child in planned:
                 if not stop.requested:
-                    children.append(subprocess.Popen(command, process_group=0, preexec_fn=_die_with_parent))
+                    children.append(child.start())
             url_host = f"[{host}]" if ":" in host else host
             if self._wait_ready(f"http://{url_host}:{port}/healthz", children, stop):
                 self.stdout.write(f"Switchboard is serving at http://{url_host}:{port}/  (Ctrl-C stops)")
                 self.stdout.flush()
-            while not stop.requested and all(child.poll() is None for child in children):
-                time.sleep(0.2)
+                self._supervise(children, stop)
         finally:
             self._stop(children)
-        failed = [c.returncode for c in children if c.returncode not in (0, -signal.SIGTERM, -signal.SIGINT)]
+            for listening in sockets:
+                listening.close()
+        failed = [c.process.returncode for c in children
+                  if c.process.returncode not in (0, -signal.SIGTERM, -signal.SIGINT)]
         if failed and not stop.requested:
             raise CommandError(f"a server process exited with status {failed[0]}")
 
-    def _wait_ready(self, url: str, children, stop: StopRequest) -> bool:
-        while not stop.requested and all(child.poll() is None for child in children):
+    def _supervise(self, children: list[Child], stop: StopRequest) -> None:
+        """Until a stop is asked for, or a child that is not restarted exits."""
+        while not stop.requested:
+            dead = [child for child in children if not child.alive()]
+            if any(not child.restart for child in dead):
+                return
+            for child in dead:
+                self.stderr.write(f"a server process exited with status {child.process.returncode}; "
+                                  "starting another")
+                kill_all(lambda: in_group(child.process.pid))
+                child.start()
+            time.sleep(0.2)
+
+    def _wait_ready(self, url: str, children: list[Child], stop: StopRequest) -> bool:
+        while not stop.requested and all(child.alive() for child in children):
             try:
                 with urllib.request.urlopen(url, timeout=1) as response:
                     if response.status == 200:
@@ -114,14 +183,14 @@ class Command(BaseCommand):
                 time.sleep(0.1)
         return False
 
-    def _stop(self, children) -> None:
+    def _stop(self, children: list[Child]) -> None:
         for child in children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
+            if child.alive():
+                child.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_SECONDS
         for child in children:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                child.wait(max(0.1, deadline - time.monotonic()))
+                child.process.wait(max(0.1, deadline - time.monotonic()))
         for child in children:
-            kill_all(lambda: in_group(child.pid))
-            child.wait()
+            kill_all(lambda: in_group(child.process.pid))
+            child.process.wait()
