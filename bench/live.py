@@ -45,6 +45,8 @@ from bench.servers import PY, ROOT, Server
 PASSWORD = "bench-live-password-0123456789"
 FRAME_TIMEOUT = 5.0
 CSRF_FIELD = re.compile(r'name="csrfmiddlewaretoken" value="([^"]+)"')
+# What a server process's command line holds: uvicorn's under `serve`, granian's, Daphne's.
+SERVER_PROCESSES = ("controlplane.uvicorn_process", "controlplane.asgi", "daphne")
 
 
 def _members(env: dict, stamp: str) -> tuple[str, str, str]:
@@ -262,8 +264,8 @@ def _setup(env: dict, out_dir: Path, label: str, count: int, clients: int, membe
             server.stop()
     return {**figures, "commands": [" ".join(s.argv) for s in servers], "processes": processes,
             "server": env.get("SERVE_SERVER", "uvicorn"),
-            "server_peak_rss_mib": max((p["peak_rss_mib"] for p in processes if "controlplane.asgi" in p["cmdline"]
-                                        or "daphne" in p["cmdline"]), default=None),
+            "server_peak_rss_mib": max((p["peak_rss_mib"] for p in processes
+                                        if any(name in p["cmdline"] for name in SERVER_PROCESSES)), default=None),
             "server_cpu_cores": round(sum(p["cpu_seconds"] for p in processes) / wall, 2),
             "log_topic_subscribers_before": subscribers_before, "server_logs": [s.log_summary() for s in servers]}
 
