@@ -41,13 +41,25 @@ def _kick_unless_timed() -> None:
     live.kick("webhooks.tasks.deliver")
 
 
-# Whether the subscription `s` may send at %(at)s: webhooks.engine.sendable's
-# condition, as the plain SQL below states it.
-SENDABLE = "s.status = 'active' AND (s.lease_expires_at IS NULL OR s.lease_expires_at > %(at)s)"
+def sendable(at: str = "%(at)s") -> str:
+    """Whether the subscription `s` may send at `at` (a placeholder): active,
+    and within its lease (MCP-managed ones have one; past it nothing is
+    sent, nothing lost). Every read of the rule states it through here: the
+    claim, the timer's next wake, a push's hand-off and the health figures."""
+    return f"s.status = 'active' AND (s.lease_expires_at IS NULL OR s.lease_expires_at > {at})"
+
+
+SENDABLE = sendable()
+
+
+def _first_unfinished(deliveries: str) -> str:
+    """Whether the delivery `d` is its subscription's oldest unfinished one."""
+    return (f"(SELECT 1 FROM {deliveries} o WHERE o.subscription_id = d.subscription_id "
+            f"AND o.id < d.id AND o.state IN ('pending', 'sending') LIMIT 1) IS NULL")
 
 
 def due_sql(ready: str) -> str:
-    """Due deliveries (`ready`) whose subscription may send (see `sendable`),
+    """Due deliveries (`ready`) whose subscription may send (`sendable`),
     that are their subscription's oldest unfinished one, whose endpoint has
     fewer than PER_ENDPOINT in flight: oldest due first, skipping rows other
     workers hold. Plain SQL: this runs for every batch a worker claims, and
@@ -69,8 +81,7 @@ def due_sql(ready: str) -> str:
     return (f"SELECT d.id FROM {deliveries} d WHERE {ready} "
             f"AND (SELECT {SENDABLE} "
             f"AND s.endpoint_id NOT IN ({busy_endpoints}) FROM {subscriptions} s WHERE s.id = d.subscription_id) "
-            f"AND (SELECT 1 FROM {deliveries} o WHERE o.subscription_id = d.subscription_id "
-            f"AND o.id < d.id AND o.state IN ('pending', 'sending') LIMIT 1) IS NULL "
+            f"AND {_first_unfinished(deliveries)} "
             f"ORDER BY d.due_at, d.id LIMIT %(limit)s{lock}")
 
 
@@ -137,6 +148,21 @@ def soonest_due_at(params: dict):
                        f"ORDER BY d.due_at, d.id LIMIT 1", params)
         row = cursor.fetchone()
     return datetime_from_db(row[0]) if row else None
+
+
+def due_now(params: dict) -> tuple[int, object]:
+    """How many wakes a worker could send now (due, their subscription may
+    send, no older wake of it unfinished) and when the oldest of them fell
+    due (None: none is), with `webhooks.engine.ready_params`: what the claim
+    takes, without its endpoint bound (manage.py health)."""
+    quote = connection.ops.quote_name
+    deliveries, subscriptions = quote(Delivery._meta.db_table), quote(Subscription._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*), min(d.due_at) FROM {deliveries} d WHERE {READY[0]} "
+                       f"AND (SELECT {SENDABLE} FROM {subscriptions} s WHERE s.id = d.subscription_id) "
+                       f"AND {_first_unfinished(deliveries)}", params)
+        count, oldest = cursor.fetchone()
+    return count, datetime_from_db(oldest) if oldest is not None else None
 
 
 def set_by_wrong_clock(params: dict) -> bool:
@@ -262,12 +288,11 @@ def send_next_items(offers: list[tuple[int, int, str]], at, until) -> dict[int, 
                        f"SELECT v.public_id, v.subscription_id, 0, 0, %s, %s, 1, %s, %s, %s, v.body, v.item_id "
                        f"FROM ({values}) v JOIN {subscriptions} s ON s.id = v.subscription_id "
                        f"JOIN {members} o ON o.id = s.owner_id "
-                       f"WHERE s.kind = %s AND s.status = %s AND o.status = %s "
-                       f"AND (s.lease_expires_at IS NULL OR s.lease_expires_at > %s) "
+                       f"WHERE s.kind = %s AND o.status = %s AND {sendable('%s')} "
                        f"AND {none_unfinished} "
                        f"ORDER BY v.subscription_id ON CONFLICT DO NOTHING RETURNING id, public_id, subscription_id",
                        [Delivery.State.SENDING, adapt(at), adapt(at), adapt(until), adapt(at), *params,
-                        Subscription.Kind.ITEM, Subscription.Status.ACTIVE, Member.Status.ACTIVE, adapt(at),
+                        Subscription.Kind.ITEM, Member.Status.ACTIVE, adapt(at),
                         *unfinished])
         sent = {subscription: (pk, public_id) for pk, public_id, subscription in cursor.fetchall()}
         if not sent:

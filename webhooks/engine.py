@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, connections, transaction
-from django.db.models import Q
 
 from controlplane import faults
 from controlplane.access import can_read_space
@@ -136,14 +135,6 @@ def may_receive(subscription: Subscription) -> bool:
 def lease() -> dt.timedelta:
     """How long a claim lasts: longer than any request (WEBHOOK_LEASE_SECONDS)."""
     return dt.timedelta(seconds=settings.WEBHOOK_LEASE_SECONDS)
-
-
-def sendable(at) -> Q:
-    """Deliveries whose subscription may send now: active, and within its
-    lease (MCP-managed ones have one; past it nothing is sent, nothing lost).
-    The claim's plain SQL states the same condition (`webhooks.due.SENDABLE`)."""
-    return Q(subscription__status=Subscription.Status.ACTIVE) & (
-        Q(subscription__lease_expires_at__isnull=True) | Q(subscription__lease_expires_at__gt=at))
 
 
 def ready_params(at, limit: int = 0) -> dict:

@@ -1,10 +1,9 @@
 """The webhooks' backlog figures for `manage.py health` (controlplane.health)."""
 from __future__ import annotations
 
-from django.db.models import Exists, OuterRef
-
 from controlplane.clock import now
-from webhooks.engine import sendable
+from webhooks.due import due_now
+from webhooks.engine import ready_params
 from webhooks.models import Delivery, Subscription
 
 
@@ -16,13 +15,9 @@ def gauges() -> dict[str, int | float | None]:
       recorded the attempt (the next claim takes them again);
     - subscriptions_suspended."""
     at = now()
-    blocked = Delivery.objects.filter(subscription_id=OuterRef("subscription_id"), id__lt=OuterRef("id"),
-                                      state__in=[Delivery.State.PENDING, Delivery.State.SENDING])
-    due = (Delivery.objects.filter(sendable(at), state__in=[Delivery.State.OPEN, Delivery.State.PENDING],
-                                   due_at__lte=at).exclude(Exists(blocked)))
-    oldest = due.order_by("due_at").values_list("due_at", flat=True).first()
+    due, oldest = due_now(ready_params(at))
     return {
-        "wakes_due": due.count(),
+        "wakes_due": due,
         "oldest_due_wake_seconds": round((at - oldest).total_seconds(), 1) if oldest is not None else 0.0,
         "wakes_sending_past_lease": Delivery.objects.filter(state=Delivery.State.SENDING, claimed_until__lt=at).count(),
         "subscriptions_suspended": Subscription.objects.filter(status=Subscription.Status.SUSPENDED).count(),

@@ -174,3 +174,16 @@ def test_a_wake_behind_an_unfinished_one_of_its_subscription_is_not_counted_as_d
     # when / then: nothing a worker could send now
     figures = health.gauges()
     assert figures["wakes_due"] == 0 and figures["oldest_due_wake_seconds"] == 0.0
+
+
+@pytest.mark.django_db
+def test_a_wake_of_a_subscription_past_its_lease_is_not_counted_as_due(space, alice):
+    # given: two due wakes, one of a subscription whose lease has run out (as an MCP push's may)
+    endpoint = Endpoint.objects.create(owner=alice, url="https://receiver.example/hook")
+    for lease_expires_at in (now() + dt.timedelta(hours=1), now() - dt.timedelta(seconds=1)):
+        subscription = Subscription.objects.create(owner=alice, endpoint=endpoint, kind=Subscription.Kind.SPACE,
+                                                   space=space, status=Subscription.Status.ACTIVE,
+                                                   activation_position=0, lease_expires_at=lease_expires_at)
+        Delivery.objects.create(subscription=subscription, after_position=0, through_position=1, due_at=now())
+    # when / then: only the one a worker may send
+    assert health.gauges()["wakes_due"] == 1
