@@ -34,6 +34,10 @@ def left_behind(process) -> list[int]:
     return alive
 
 
+def server_processes_by_default() -> int:
+    return settings.SERVE_WORKERS or default_workers()
+
+
 def wait_until(done, failure: str, seconds: float = 5) -> None:
     """Until `done()`, failing with `failure` after `seconds`."""
     deadline = time.monotonic() + seconds
@@ -51,7 +55,7 @@ def test_serve_answers_and_stops_cleanly_on_ctrl_c():
     with serving() as (base, process):
         assert httpx.get(f"{base}/healthz").json() == {"status": "ok"}
         # the server processes and the django-q2 cluster, each leading its own process group
-        assert len(group_leaders_below(process)) == default_workers() + 1
+        assert len(group_leaders_below(process)) == server_processes_by_default() + 1
         # serve announces its address once its own readiness check passes,
         # which may come a moment after the test's
         assert f"serving at {base}/" in read_until(process, "serving at")[-1]
@@ -86,7 +90,7 @@ def test_ctrl_c_at_any_moment_of_start_up_leaves_nothing_running(delay):
 def test_a_killed_serve_takes_its_children_down():
     # given
     with serving() as (base, process):
-        assert len(group_leaders_below(process)) == default_workers() + 1
+        assert len(group_leaders_below(process)) == server_processes_by_default() + 1
         # when: serve itself dies without a chance to stop anything
         process.kill()
         process.wait()
@@ -453,16 +457,21 @@ def listening_inodes(pid: int, port: int) -> set[str]:
                 if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # LISTEN
                     listening.add(fields[9])
     held = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        with contextlib.suppress(OSError):
-            held.add(os.readlink(fd).removeprefix("socket:[").removesuffix("]"))
+    with contextlib.suppress(OSError):  # the process is gone
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                held.add(os.readlink(fd).removeprefix("socket:[").removesuffix("]"))
     return listening & held
 
 
 def server_processes(process) -> list[int]:
+    """The uvicorn processes `serve` runs."""
     def command(pid: int) -> str:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().decode()
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return f.read().decode()
+        except OSError:
+            return ""  # gone
     return [pid for pid in descendants(process.pid) if "controlplane.uvicorn_process" in command(pid)]
 
 
@@ -488,6 +497,15 @@ def test_connections_made_together_spread_over_the_sockets_of_one_port():
         assert sum(accepted) == 64 and min(accepted) > 0, accepted
     finally:
         for s in clients + sockets:
+            s.close()
+
+
+def test_the_sockets_of_port_0_share_the_port_the_first_one_got():
+    sockets = listening_sockets("127.0.0.1", 0, 2)
+    try:
+        assert sockets[0].getsockname()[1] == sockets[1].getsockname()[1] != 0
+    finally:
+        for s in sockets:
             s.close()
 
 
@@ -523,6 +541,7 @@ def test_a_server_process_that_dies_is_started_again_on_its_socket():
         port = int(base.rsplit(":", 1)[1])
         (first,) = server_processes(process)
         socket_before = listening_inodes(first, port)
+        assert len(socket_before) == 1
         # when
         os.kill(first, signal.SIGKILL)
         # then: another process serves from the same socket, and serve stays up
@@ -532,3 +551,19 @@ def test_a_server_process_that_dies_is_started_again_on_its_socket():
         assert listening_inodes(second, port) == socket_before
         assert httpx.get(f"{base}/healthz", timeout=30).json() == {"status": "ok"}
         assert process.poll() is None
+
+
+def test_a_server_process_that_dies_before_it_listens_stops_serve():
+    # given: serve starting, its server process still importing the application
+    process = start_serving("--no-worker", "--workers", "1")
+    try:
+        wait_until(lambda: server_processes(process), "no server process started", seconds=30)
+        (first,) = server_processes(process)
+        # when: it dies before it listens (as one whose code cannot start)
+        os.kill(first, signal.SIGKILL)
+        # then: serve does not start it again and again; it stops, failing, and leaves nothing
+        assert process.wait(30) == 1
+        assert "Switchboard is serving" not in process.stdout.read()
+        assert left_behind(process) == []
+    finally:
+        kill_all(lambda: in_session(process.pid))

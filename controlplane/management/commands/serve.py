@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -37,6 +38,7 @@ def split_bind(bind: str) -> tuple[str, int]:
 APP = "controlplane.asgi:application"
 SERVERS = ("uvicorn", "granian", "daphne")
 BACKLOG = 2048  # uvicorn's default
+RESTART_POLL_SECONDS = 0.2
 
 
 def server_command(server: str, host: str, port: int, workers: int) -> list[str]:
@@ -45,59 +47,90 @@ def server_command(server: str, host: str, port: int, workers: int) -> list[str]
     if server == "granian":
         return [sys.executable, "-m", "granian", "--interface", "asgi", "--host", host, "--port", str(port),
                 "--workers", str(workers), "--loop", "uvloop", "--no-access-log", "--log-level", "warning", APP]
+    if server != "daphne":
+        raise ValueError(f"no command line for {server!r} here")
     if workers != 1:
         raise CommandError("Daphne serves from one process: use --workers 1, or --server uvicorn")
     return [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "-v", "0", APP]
 
 
-def uvicorn_command(fd: int) -> list[str]:
-    """One uvicorn process on the listening socket `fd` (controlplane.uvicorn_process)."""
-    return [sys.executable, "-m", "controlplane.uvicorn_process", str(fd)]
+def uvicorn_command(socket_fd: int, ready_fd: int) -> list[str]:
+    """One uvicorn process on the listening socket `socket_fd`, which says
+    on `ready_fd` when it listens (controlplane.uvicorn_process)."""
+    return [sys.executable, "-m", "controlplane.uvicorn_process", str(socket_fd), str(ready_fd)]
 
 
 def listening_sockets(host: str, port: int, count: int) -> list[socket.socket]:
     """`count` listening sockets on host:port in one SO_REUSEPORT group, one
     per server process: the kernel hands each new connection to one of them
-    by its addresses. A plain bind first proves the port free; without it,
-    a group another server of the same user holds would take these in, and
-    the two servers would share its connections."""
+    by its addresses. One address family, as uvicorn's `--workers` binds
+    (IPv6 where the host has a colon). A plain bind first proves the port
+    free: without it, a group another server of the same user holds would
+    take these in, and the two servers would share its connections. Port 0:
+    the others take the port the first one got."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
+    sockets: list[socket.socket] = []
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind((host, port))
-        except OSError as exc:
-            raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    sockets = []
-    for _ in range(count):
-        listening = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY: bench/README.md
-        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        listening.bind((host, port))
-        listening.listen(BACKLOG)
-        sockets.append(listening)
+        for _ in range(count):
+            listening = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+            sockets.append(listening)
+            listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            listening.bind((host, port))
+            port = listening.getsockname()[1]
+            listening.listen(BACKLOG)
+    except OSError as exc:
+        for listening in sockets:
+            listening.close()
+        raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
     return sockets
 
 
 @dataclass
 class Child:
     """A process `serve` started, leading its own process group. A uvicorn
-    process (`restart`) is started again on the same socket if it dies once
-    `serve` is up, as uvicorn's own supervisor restarts its workers; the
-    connections that came meanwhile wait in the socket's backlog."""
+    process (one with a `listening` socket) says when it listens, and is
+    started again on the same socket if it dies after that; the connections
+    that came meanwhile wait in the socket's backlog."""
 
-    command: list[str]
-    fds: tuple[int, ...] = ()
-    restart: bool = False
+    command: list[str] | None = None
+    listening: socket.socket | None = None
     process: subprocess.Popen | None = field(default=None, repr=False)
+    _ready_pipe: int | None = field(default=None, repr=False)
+    _ready: bool = False
 
     def start(self) -> Child:
-        self.process = subprocess.Popen(self.command, process_group=0, preexec_fn=_die_with_parent,
-                                        pass_fds=self.fds)
+        self.close()
+        if self.listening is None:
+            self.process = subprocess.Popen(self.command, process_group=0, preexec_fn=_die_with_parent)
+            self._ready = True
+            return self
+        self._ready_pipe, ready = os.pipe()
+        try:
+            self.process = subprocess.Popen(uvicorn_command(self.listening.fileno(), ready), process_group=0,
+                                            preexec_fn=_die_with_parent, pass_fds=(self.listening.fileno(), ready))
+        finally:
+            os.close(ready)
+        self._ready = False
         return self
 
     def alive(self) -> bool:
         return self.process.poll() is None
+
+    def ready(self) -> bool:
+        """Whether it said it listens (any other child: once started)."""
+        if self._ready_pipe is not None and select.select([self._ready_pipe], [], [], 0)[0]:
+            self._ready = os.read(self._ready_pipe, 1) == b"1"  # b"": it exited first
+            self.close()
+        return self._ready
+
+    def close(self) -> None:
+        if self._ready_pipe is not None:
+            os.close(self._ready_pipe)
+            self._ready_pipe = None
 
 
 def default_workers() -> int:
@@ -129,6 +162,7 @@ class Command(BaseCommand):
                                "or use --workers 1")
         call_command("recover")  # persisted barriers finish before anything is served
         sockets = listening_sockets(host, port, workers) if server == "uvicorn" else []
+        port = sockets[0].getsockname()[1] if sockets else port
         # Listen first: a signal between two spawns must not leave a child
         # behind. Each child leads its own process group, so Ctrl-C reaches
         # only this process, which stops them in order, and what a child
@@ -136,7 +170,7 @@ class Command(BaseCommand):
         # killed even after the child is gone.
         stop = StopRequest()
         if sockets:
-            planned = [Child(uvicorn_command(s.fileno()), fds=(s.fileno(),), restart=True) for s in sockets]
+            planned = [Child(listening=listening) for listening in sockets]
         else:
             planned = [Child(server_command(server, host, port, workers))]
         if not no_worker:
@@ -152,29 +186,38 @@ class Command(BaseCommand):
                 self.stdout.flush()
                 self._supervise(children, stop)
         finally:
-            self._stop(children)
-            for listening in sockets:
+            for listening in sockets:  # once the processes close theirs, new connections are refused
                 listening.close()
+            self._stop(children)
         failed = [c.process.returncode for c in children
                   if c.process.returncode not in (0, -signal.SIGTERM, -signal.SIGINT)]
         if failed and not stop.requested:
             raise CommandError(f"a server process exited with status {failed[0]}")
 
     def _supervise(self, children: list[Child], stop: StopRequest) -> None:
-        """Until a stop is asked for, or a child that is not restarted exits."""
+        """Until a stop is asked for, or a child exits that is not started
+        again: one that is not a uvicorn process, or one that exited before
+        it listened (it cannot start: its code or its settings are broken)."""
         while not stop.requested:
-            dead = [child for child in children if not child.alive()]
-            if any(not child.restart for child in dead):
-                return
-            for child in dead:
+            for child in children:
+                if child.alive():
+                    continue
+                if child.listening is None or not child.ready():
+                    return
                 self.stderr.write(f"a server process exited with status {child.process.returncode}; "
-                                  "starting another")
+                                  "starting another on its socket")
                 kill_all(lambda: in_group(child.process.pid))
+                if stop.requested:
+                    return
                 child.start()
-            time.sleep(0.2)
+            time.sleep(RESTART_POLL_SECONDS)
 
     def _wait_ready(self, url: str, children: list[Child], stop: StopRequest) -> bool:
+        """Whether every server process listens and the server answers."""
         while not stop.requested and all(child.alive() for child in children):
+            if not all(child.ready() for child in children):
+                time.sleep(0.1)
+                continue
             try:
                 with urllib.request.urlopen(url, timeout=1) as response:
                     if response.status == 200:
@@ -194,3 +237,4 @@ class Command(BaseCommand):
         for child in children:
             kill_all(lambda: in_group(child.process.pid))
             child.process.wait()
+            child.close()
