@@ -41,12 +41,15 @@ def _kick_unless_timed() -> None:
     live.kick("webhooks.tasks.deliver")
 
 
-def sendable(at: str = "%(at)s") -> str:
-    """Whether the subscription `s` may send at `at` (a placeholder): active,
-    and within its lease (MCP-managed ones have one; past it nothing is
-    sent, nothing lost). Every read of the rule states it through here: the
-    claim, the timer's next wake, a push's hand-off and the health figures."""
-    return f"s.status = 'active' AND (s.lease_expires_at IS NULL OR s.lease_expires_at > {at})"
+def sendable(at: str = "%(at)s", subscription: str = "s") -> str:
+    """Whether the subscription `subscription` (its alias) may send at `at`
+    (a placeholder): active, and within its lease (MCP-managed ones have
+    one; past it nothing is sent, nothing lost). Every read of the rule
+    states it through here: the claim, the timer's next wake, a push's
+    hand-off, the sweep's offer (webhooks.mcp.offer_waiting) and the health
+    figures."""
+    return (f"{subscription}.status = 'active' "
+            f"AND ({subscription}.lease_expires_at IS NULL OR {subscription}.lease_expires_at > {at})")
 
 
 SENDABLE = sendable()

@@ -30,8 +30,9 @@ import json
 from collections.abc import Iterable
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db import connection, transaction
+from django.db.models import BooleanField, Exists, OuterRef
+from django.db.models.expressions import RawSQL
 
 from controlplane.access import get_readable_space
 from controlplane.clock import now, rfc3339
@@ -166,9 +167,9 @@ def offer_waiting() -> int:
     pending = InboxItem.objects.filter(member=OuterRef("owner"), admission=InboxItem.Admission.ADMITTED,
                                        state=InboxItem.State.PENDING)
     unfinished = Delivery.objects.filter(subscription=OuterRef("pk"), state__in=Delivery.UNFINISHED)
-    at = now()
-    waiting = list(Subscription.objects.filter(kind=Subscription.Kind.ITEM, status=Subscription.Status.ACTIVE)
-                   .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__gt=at))
+    may_send = RawSQL(due.sendable("%s", connection.ops.quote_name(Subscription._meta.db_table)),
+                      [connection.ops.adapt_datetimefield_value(now())], output_field=BooleanField())
+    waiting = list(Subscription.objects.filter(may_send, kind=Subscription.Kind.ITEM)
                    .filter(Exists(pending)).exclude(Exists(unfinished)).values_list("pk", flat=True))
     with transaction.atomic():
         offer(waiting)

@@ -311,3 +311,20 @@ def test_item_pushes_and_range_wakes_are_claimed_in_one_batch(world, receiver):
     assert frozen[mcp.ITEM].item_id == InboxItem.objects.get(member=world["ada"]).pk
     for name in (mcp.PENDING, mcp.WORK):
         assert frozen[name].item_id is None and json.loads(frozen[name].body)["name"] == name
+
+
+def test_the_sweep_offers_again_only_what_may_send(world, receiver):
+    # given: ada's pending item whose offer was lost
+    created = subscribe(world)
+    send_message(world["direct"], body="its offer was lost", actor=world["bo"])
+    subscription = Subscription.objects.get(public_id=created["id"])
+    Delivery.objects.filter(subscription=subscription).delete()
+    # when / then: past the lease the sweep offers nothing; within it, one delivery
+    with freeze(now() + dt.timedelta(hours=25)):
+        assert mcp.offer_waiting() == 0
+    assert mcp.offer_waiting() == 1
+    assert list(Delivery.objects.filter(subscription=subscription).values_list("state", flat=True)) == ["open"]
+    # and a suspended subscription is offered nothing
+    Delivery.objects.filter(subscription=subscription).delete()
+    Subscription.objects.filter(pk=subscription.pk).update(status=Subscription.Status.SUSPENDED)
+    assert mcp.offer_waiting() == 0
