@@ -12,11 +12,10 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from controlplane.management.commands.serve import default_workers, listening_sockets
+from controlplane.management.commands.serve import default_workers
 from controlplane.processes import descendants, in_session, kill_all
 from tests.inbox.test_firewall import inbox_paths
-from tests.servers import (cut_every_database_connection, free_port, manage, member_token, read_until, serving,
-                           start_serving)
+from tests.servers import cut_every_database_connection, manage, member_token, read_until, serving, start_serving
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -445,125 +444,3 @@ def test_a_servers_live_pages_read_on_one_connection_of_its_own_until_it_stops()
         process.send_signal(signal.SIGTERM)
         process.wait(20)
     wait_until(lambda: loop_connections(started) == 0, "the stopped server's loop connection stayed")
-
-
-def listening_inodes(pid: int, port: int) -> set[str]:
-    """The inodes of the listening sockets on `port` that process `pid` holds."""
-    listening = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            for line in f.readlines()[1:]:
-                fields = line.split()
-                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # LISTEN
-                    listening.add(fields[9])
-    held = set()
-    with contextlib.suppress(OSError):  # the process is gone
-        for fd in Path(f"/proc/{pid}/fd").iterdir():
-            with contextlib.suppress(OSError):
-                held.add(os.readlink(fd).removeprefix("socket:[").removesuffix("]"))
-    return listening & held
-
-
-def server_processes(process) -> list[int]:
-    """The uvicorn processes `serve` runs."""
-    def command(pid: int) -> str:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                return f.read().decode()
-        except OSError:
-            return ""  # gone
-    return [pid for pid in descendants(process.pid) if "controlplane.uvicorn_process" in command(pid)]
-
-
-def test_connections_made_together_spread_over_the_sockets_of_one_port():
-    # given: the sockets serve makes for two server processes
-    import socket
-
-    port = free_port()
-    sockets = listening_sockets("127.0.0.1", port, 2)
-    clients = []
-    try:
-        for listening in sockets:
-            listening.setblocking(False)
-        # when: a client makes its 64 connections at once
-        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(64)]
-        # then: the kernel spread them over both sockets (all on one: 2 in 2^64)
-        accepted = [0, 0]
-        for n, listening in enumerate(sockets):
-            with contextlib.suppress(BlockingIOError):
-                while True:
-                    listening.accept()[0].close()
-                    accepted[n] += 1
-        assert sum(accepted) == 64 and min(accepted) > 0, accepted
-    finally:
-        for s in clients + sockets:
-            s.close()
-
-
-def test_the_sockets_of_port_0_share_the_port_the_first_one_got():
-    sockets = listening_sockets("127.0.0.1", 0, 2)
-    try:
-        assert sockets[0].getsockname()[1] == sockets[1].getsockname()[1] != 0
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def test_a_port_another_server_listens_on_is_refused_before_anything_starts():
-    # given: another server on the port, with SO_REUSEPORT as serve's own sockets
-    from django.core.management.base import CommandError
-
-    port = free_port()
-    held = listening_sockets("127.0.0.1", port, 1)
-    try:
-        # when / then: serve's sockets do not join its group
-        with pytest.raises(CommandError, match="cannot listen on 127.0.0.1"):
-            listening_sockets("127.0.0.1", port, 2)
-    finally:
-        held[0].close()
-
-
-@pytest.mark.skipif(not settings.REDIS_URL, reason="several server processes share live updates through Redis")
-def test_each_server_process_accepts_on_a_listening_socket_of_its_own():
-    """uvicorn's own workers share one socket, and whichever woke first took
-    every connection of a burst; serve's processes each have their own."""
-    with serving("--no-worker", "--workers", "2") as (base, process):
-        port = int(base.rsplit(":", 1)[1])
-        servers = server_processes(process)
-        assert len(servers) == 2
-        inodes = [listening_inodes(pid, port) for pid in servers]
-        assert all(len(held) == 1 for held in inodes) and inodes[0] != inodes[1]
-
-
-def test_a_server_process_that_dies_is_started_again_on_its_socket():
-    # given
-    with serving("--no-worker", "--workers", "1") as (base, process):
-        port = int(base.rsplit(":", 1)[1])
-        (first,) = server_processes(process)
-        socket_before = listening_inodes(first, port)
-        assert len(socket_before) == 1
-        # when
-        os.kill(first, signal.SIGKILL)
-        # then: another process serves from the same socket, and serve stays up
-        wait_until(lambda: [pid for pid in server_processes(process) if pid != first], "no server process was "
-                   "started again", seconds=30)
-        (second,) = [pid for pid in server_processes(process) if pid != first]
-        assert listening_inodes(second, port) == socket_before
-        assert httpx.get(f"{base}/healthz", timeout=30).json() == {"status": "ok"}
-        assert process.poll() is None
-
-
-def test_a_server_process_that_dies_before_it_listens_stops_serve():
-    # given: serve starting, its server process still importing the application
-    process = start_serving("--no-worker", "--workers", "1")
-    try:
-        wait_until(lambda: server_processes(process), "no server process started", seconds=30)
-        (first,) = server_processes(process)
-        # when: it dies before it listens (as one whose code cannot start)
-        os.kill(first, signal.SIGKILL)
-        # then: serve does not start it again and again; it stops, failing, and leaves nothing
-        assert process.wait(30) == 1
-        assert "Switchboard is serving" not in process.stdout.read()
-        assert left_behind(process) == []
-    finally:
-        kill_all(lambda: in_session(process.pid))

@@ -55,6 +55,12 @@ def sendable(at: str = "%(at)s", subscription: str = "s") -> str:
 SENDABLE = sendable()
 
 
+def _its_subscription_may_send(subscriptions: str) -> str:
+    """Whether the delivery `d`'s subscription may send, as a correlated
+    subquery: one index probe a candidate, in the order of the index walked."""
+    return f"(SELECT {SENDABLE} FROM {subscriptions} s WHERE s.id = d.subscription_id)"
+
+
 def _first_unfinished(deliveries: str) -> str:
     """Whether the delivery `d` is its subscription's oldest unfinished one."""
     return (f"(SELECT 1 FROM {deliveries} o WHERE o.subscription_id = d.subscription_id "
@@ -147,8 +153,7 @@ def soonest_due_at(params: dict):
     deliveries, subscriptions = quote(Delivery._meta.db_table), quote(Subscription._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT d.due_at FROM {deliveries} d WHERE d.state IN ('open', 'pending') "
-                       f"AND (SELECT {SENDABLE} FROM {subscriptions} s WHERE s.id = d.subscription_id) "
-                       f"ORDER BY d.due_at, d.id LIMIT 1", params)
+                       f"AND {_its_subscription_may_send(subscriptions)} ORDER BY d.due_at, d.id LIMIT 1", params)
         row = cursor.fetchone()
     return datetime_from_db(row[0]) if row else None
 
@@ -162,8 +167,7 @@ def due_now(params: dict) -> tuple[int, object]:
     deliveries, subscriptions = quote(Delivery._meta.db_table), quote(Subscription._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT count(*), min(d.due_at) FROM {deliveries} d WHERE {READY[0]} "
-                       f"AND (SELECT {SENDABLE} FROM {subscriptions} s WHERE s.id = d.subscription_id) "
-                       f"AND {_first_unfinished(deliveries)}", params)
+                       f"AND {_its_subscription_may_send(subscriptions)} AND {_first_unfinished(deliveries)}", params)
         count, oldest = cursor.fetchone()
     return count, datetime_from_db(oldest) if oldest is not None else None
 
