@@ -272,13 +272,14 @@ def log_attempt(result: Result) -> Result:
     return result
 
 
-def record(results: list[Result], *, hand_off: bool = False) -> list[Job]:
+def record(results: list[Result], *, hand_off: int = 0) -> list[Job]:
     """Store the attempts and apply their outcomes, in one transaction. An
     outcome only changes a delivery that is still its attempt's: one whose
     lease ran out and was claimed again belongs to the newer attempt.
-    With `hand_off` (the pump's, while it may claim), each pushed item's
-    next one is claimed for this worker in the same transaction (`_hand_off`):
-    the jobs to send at once.
+    Up to `hand_off` pushed items' next ones (the pump's room for them,
+    while it may claim) are claimed for this worker in the same transaction
+    (`_hand_off`): the jobs to send at once. The other pushed subscriptions'
+    next items are offered, for the next claim of any worker.
 
     Each failed outcome is applied in a savepoint of its own: one that cannot
     be (a suspension notice that fails, say) is logged and leaves only its
@@ -298,7 +299,7 @@ def record(results: list[Result], *, hand_off: bool = False) -> list[Job]:
         return _record_rest(pushed, failed, hand_off) if pushed or failed else []
 
 
-def _record_rest(pushed: list[tuple[int, int, int]], failed: list[Result], hand_off: bool) -> list[Job]:
+def _record_rest(pushed: list[tuple[int, int, int]], failed: list[Result], hand_off: int) -> list[Job]:
     """The pushed items' 2xx answers, as (subscription id, item id, owner id)
     of the deliveries `mark_delivered` finished, and the failures of a batch:
     deliveries before mailboxes, as always. Returns `_hand_off`'s jobs."""
@@ -325,10 +326,11 @@ def _record_rest(pushed: list[tuple[int, int, int]], failed: list[Result], hand_
     # A 2xx for a pushed inbox item acknowledges it, in the transaction
     # that records the attempt, and the next pending item is offered at once.
     acknowledge_items([item for _, item, _ in pushed])
-    if hand_off:
-        return _hand_off(pushed)
-    mcp.offer({subscription for subscription, _, _ in pushed}, only_if_pending=True, kick=False)
-    return []
+    pushed = sorted(pushed)
+    handed, offered = pushed[:hand_off], pushed[hand_off:]
+    if offered:
+        mcp.offer({subscription for subscription, _, _ in offered}, only_if_pending=True, kick=False)
+    return _hand_off(handed) if handed else []
 
 
 def _hand_off(pushed: list[tuple[int, int, int]]) -> list[Job]:
@@ -355,7 +357,7 @@ def _hand_off(pushed: list[tuple[int, int, int]]) -> list[Job]:
     return jobs
 
 
-def record_or_leave(results: list[Result], hand_off: bool = False) -> list[Job]:
+def record_or_leave(results: list[Result], hand_off: int = 0) -> list[Job]:
     """`record`, for the pump (webhooks.pump). A lost connection (the database restarted) is
     replaced and the batch recorded again, RECORD_TRIES times in all: the
     receivers' answers are only in memory. If it still cannot be recorded,

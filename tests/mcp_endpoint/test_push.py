@@ -102,7 +102,7 @@ def test_a_2xx_hands_the_next_admitted_item_to_the_worker_in_the_same_transactio
     firewall.classify_pending(world["ada"].pk)
     (job,) = engine.claim_due(10)
     # when: a worker that may claim records its 2xx
-    (handed,) = engine.record([engine.Result(job, Outcome(204, None, 5), "whsec", now())], hand_off=True)
+    (handed,) = engine.record([engine.Result(job, Outcome(204, None, 5), "whsec", now())], hand_off=1)
     # then: the first is acknowledged and the next admitted item is this worker's at once:
     # sending, its first attempt, its body frozen; nothing is left for a claim
     delivery = Delivery.objects.get(pk=handed.delivery_id)
@@ -121,7 +121,7 @@ def test_a_2xx_hands_the_next_admitted_item_to_the_worker_in_the_same_transactio
     (last,) = engine.claim_due(10)
     with freeze(now() + dt.timedelta(hours=25)):
         send_message(world["direct"], body="fifth", actor=world["bo"])
-        assert engine.record([engine.Result(last, Outcome(204, None, 5), "whsec", now())], hand_off=True) == []
+        assert engine.record([engine.Result(last, Outcome(204, None, 5), "whsec", now())], hand_off=1) == []
     assert not Delivery.objects.filter(state__in=Delivery.UNFINISHED).exists()
 
 
@@ -328,3 +328,30 @@ def test_the_sweep_offers_again_only_what_may_send(world, receiver):
     Delivery.objects.filter(subscription=subscription).delete()
     Subscription.objects.filter(pk=subscription.pk).update(status=Subscription.Status.SUSPENDED)
     assert mcp.offer_waiting() == 0
+
+
+def test_push_chains_leave_a_worker_room_for_what_else_falls_due(world, receiver, make_member, monkeypatch):
+    # given: a worker with room for four sends; four members' inboxes, five items each,
+    # pushed; then bo's pending count subscribed and woken, due after all four chains
+    monkeypatch.setattr(timer_loop, "MAX_IN_FLIGHT", 4)
+    space = world["direct"].space
+    members = [world["ada"]] + [make_member(f"m{n}") for n in range(3)]
+    for member in members:
+        if member != world["ada"]:
+            services.join_space(space, actor=member)
+        mcp.subscribe(member, mcp.ITEM, {}, world["url"], SECRET, ttl_ms=None)
+        direct, _ = services.get_or_create_direct(space, member, actor=world["bo"])
+        for n in range(5):
+            send_message(direct, body=f"item {n}", actor=world["bo"])
+    mcp.subscribe(world["bo"], mcp.PENDING, {}, receiver.url("/pending"), SECRET, ttl_ms=None)
+    send_message(world["direct"], body="to bo", actor=world["ada"])
+    receiver.requests.clear()
+    # when
+    while pump():
+        pass
+    # then: the wake went out in the worker's second batch, not after the chains drained
+    sent = pushes(receiver)
+    names = [r.json()["name"] for r in sent]
+    assert names.count(mcp.ITEM) == 20 and mcp.PENDING in names
+    assert names.index(mcp.PENDING) < 8, names
+    assert not InboxItem.objects.filter(member__in=members, state=InboxItem.State.PENDING).exists()
