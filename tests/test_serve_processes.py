@@ -71,6 +71,34 @@ def test_connections_made_together_spread_over_the_sockets_of_one_port():
             s.close()
 
 
+def test_a_socket_that_joins_the_group_later_gets_no_connection():
+    # given: serve's sockets for two processes, and then another socket of the same
+    # user in their SO_REUSEPORT group (which the kernel allows)
+    port = free_port()
+    sockets = listening_sockets("127.0.0.1", port, 2)
+    interloper = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    clients = []
+    try:
+        interloper.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        interloper.bind(("127.0.0.1", port))
+        interloper.listen(128)
+        # when
+        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(96)]
+        # then: every connection went to serve's sockets, and to both of them
+        accepted = []
+        for listening in [*sockets, interloper]:
+            listening.setblocking(False)
+            accepted.append(0)
+            with contextlib.suppress(BlockingIOError):
+                while True:
+                    listening.accept()[0].close()
+                    accepted[-1] += 1
+        assert accepted[2] == 0 and sum(accepted) == 96 and min(accepted[:2]) > 0, accepted
+    finally:
+        for s in clients + sockets + [interloper]:
+            s.close()
+
+
 def test_the_sockets_of_port_0_share_the_port_the_first_one_got():
     sockets = listening_sockets("127.0.0.1", 0, 2)
     try:

@@ -7,6 +7,7 @@ import os
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -38,6 +39,12 @@ def split_bind(bind: str) -> tuple[str, int]:
 APP = "controlplane.asgi:application"
 SERVERS = ("uvicorn", "granian", "daphne")
 BACKLOG = 2048  # uvicorn's default
+# Linux's socket option for a reuseport group's classic BPF program (not
+# named by Python's socket module), and the program's instructions as
+# (code, jt, jf, k): A = a random number; A %= the group's size; return A.
+SO_ATTACH_REUSEPORT_CBPF = 51
+SKF_AD_RANDOM = 0xFFFFF000 + 56  # SKF_AD_OFF + SKF_AD_RANDOM
+BPF_LD_W_ABS, BPF_ALU_MOD_K, BPF_RET_A = 0x20, 0x94, 0x16
 RESTART_POLL_SECONDS = 0.2
 
 
@@ -66,8 +73,9 @@ def listening_sockets(host: str, port: int, count: int) -> list[socket.socket]:
     by its addresses. One address family, as uvicorn's `--workers` binds
     (IPv6 where the host has a colon). A plain bind first proves the port
     free: without it, a group another server of the same user holds would
-    take these in, and the two servers would share its connections. Port 0:
-    the others take the port the first one got."""
+    take these in, and the two servers would share its connections; and
+    the group's program keeps out sockets added after these. Port 0: the
+    others take the port the first one got."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sockets: list[socket.socket] = []
     try:
@@ -82,11 +90,24 @@ def listening_sockets(host: str, port: int, count: int) -> list[socket.socket]:
             listening.bind((host, port))
             port = listening.getsockname()[1]
             listening.listen(BACKLOG)
+        _keep_the_group(sockets)
     except OSError as exc:
         for listening in sockets:
             listening.close()
         raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
     return sockets
+
+
+def _keep_the_group(sockets: list[socket.socket]) -> None:
+    """Have the group hand each new connection to one of `sockets`, at
+    random: a socket that another process of the same user adds to the
+    group later (the kernel lets it) gets no connection. The program picks
+    by a socket's place in the group, which stays fixed while `serve`
+    holds every socket open."""
+    program = [(BPF_LD_W_ABS, 0, 0, SKF_AD_RANDOM), (BPF_ALU_MOD_K, 0, 0, len(sockets)), (BPF_RET_A, 0, 0, 0)]
+    filters = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *op) for op in program))
+    sockets[0].setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF,
+                          struct.pack("HP", len(program), ctypes.addressof(filters)))
 
 
 @dataclass
