@@ -2,8 +2,8 @@
 `python -m controlplane.uvicorn_process SOCKET_FD READY_FD`.
 
 `serve` binds one socket per server process, all in one SO_REUSEPORT group
-(`controlplane.management.commands.serve.listening_sockets`), so the kernel
-spreads new connections over the processes. uvicorn's own `--workers`
+(`controlplane.management.commands.serve.listening_sockets`), whose
+program spreads new connections over the processes. uvicorn's own `--workers`
 shares one socket: whichever process woke first accepted every connection
 of a burst, and a client's keep-alive connections, made together, could all
 land on one process while the other idled (docs/benchmarks.md, round

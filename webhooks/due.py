@@ -67,7 +67,7 @@ def _first_unfinished(deliveries: str) -> str:
             f"AND o.id < d.id AND o.state IN ('pending', 'sending') LIMIT 1) IS NULL")
 
 
-def due_sql(ready: str) -> str:
+def due_sql(ready: str, lock: bool = True) -> str:
     """Due deliveries (`ready`) whose subscription may send (`sendable`),
     that are their subscription's oldest unfinished one, whose endpoint has
     fewer than PER_ENDPOINT in flight: oldest due first, skipping rows other
@@ -83,7 +83,7 @@ def due_sql(ready: str) -> str:
     claim instead of 1."""
     quote = connection.ops.quote_name
     deliveries, subscriptions = quote(Delivery._meta.db_table), quote(Subscription._meta.db_table)
-    lock = " FOR NO KEY UPDATE OF d SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
+    lock = " FOR NO KEY UPDATE OF d SKIP LOCKED" if lock and connection.features.has_select_for_update_skip_locked else ""
     busy_endpoints = (f"SELECT bs.endpoint_id FROM {deliveries} b JOIN {subscriptions} bs ON bs.id = b.subscription_id "
                       f"WHERE b.state = 'sending' AND b.claimed_until >= %(at)s AND b.claimed_until <= %(horizon)s "
                       f"GROUP BY bs.endpoint_id HAVING COUNT(*) >= %(per_endpoint)s")
@@ -138,6 +138,14 @@ def claimed(ids: list[int]) -> list[Delivery]:
             relation.field.set_cached_value(instance, value)
         found[delivery.pk] = delivery
     return [found[pk] for pk in ids if pk in found]
+
+
+def anything_due(params: dict) -> bool:
+    """Whether a claim would find a wake due now (READY's first read, locking
+    nothing), with `webhooks.engine.ready_params`."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT EXISTS ({due_sql(READY[0], lock=False)})", params)
+        return bool(cursor.fetchone()[0])
 
 
 def soonest_due_at(params: dict):

@@ -40,8 +40,8 @@ from inbox import mailbox, notices
 from inbox.delivery import acknowledge_items, oldest_pending
 from inbox.models import InboxItem
 from webhooks import mcp
-from webhooks.due import (READY, claimed, due_sql, insert_attempts, mark_delivered, mark_sending, send_next_items,
-                          set_by_wrong_clock, soonest_due_at)
+from webhooks.due import (READY, anything_due, claimed, due_sql, insert_attempts, mark_delivered, mark_sending,
+                          send_next_items, set_by_wrong_clock, soonest_due_at)
 from webhooks.models import Delivery, Subscription
 
 if TYPE_CHECKING:  # aiohttp: the web processes import the engine, and send nothing
@@ -272,14 +272,15 @@ def log_attempt(result: Result) -> Result:
     return result
 
 
-def record(results: list[Result], *, hand_off: int = 0) -> list[Job]:
+def record(results: list[Result], *, hand_off: int = 0, keep_free: int = 0) -> list[Job]:
     """Store the attempts and apply their outcomes, in one transaction. An
     outcome only changes a delivery that is still its attempt's: one whose
     lease ran out and was claimed again belongs to the newer attempt.
-    Up to `hand_off` pushed items' next ones (the pump's room for them,
-    while it may claim) are claimed for this worker in the same transaction
-    (`_hand_off`): the jobs to send at once. The other pushed subscriptions'
-    next items are offered, for the next claim of any worker.
+    Up to `hand_off` pushed items' next ones (the pump's room, while it may
+    claim) are claimed for this worker in the same transaction
+    (`_hand_off`): the jobs to send at once. While something else is due,
+    `keep_free` of that room is left for the claim that takes it. The other
+    pushed subscriptions' next items are offered, for the next claim.
 
     Each failed outcome is applied in a savepoint of its own: one that cannot
     be (a suspension notice that fails, say) is logged and leaves only its
@@ -296,10 +297,11 @@ def record(results: list[Result], *, hand_off: int = 0) -> list[Job]:
         delivered = mark_delivered(answered, now()) if answered else []
         pushed = [(subscription, item, owner) for subscription, item, owner in delivered if item is not None]
         failed = [r for r in results if not r.outcome.ok]
-        return _record_rest(pushed, failed, hand_off) if pushed or failed else []
+        return _record_rest(pushed, failed, hand_off, keep_free) if pushed or failed else []
 
 
-def _record_rest(pushed: list[tuple[int, int, int]], failed: list[Result], hand_off: int) -> list[Job]:
+def _record_rest(pushed: list[tuple[int, int, int]], failed: list[Result], hand_off: int,
+                 keep_free: int) -> list[Job]:
     """The pushed items' 2xx answers, as (subscription id, item id, owner id)
     of the deliveries `mark_delivered` finished, and the failures of a batch:
     deliveries before mailboxes, as always. Returns `_hand_off`'s jobs."""
@@ -326,23 +328,32 @@ def _record_rest(pushed: list[tuple[int, int, int]], failed: list[Result], hand_
     # A 2xx for a pushed inbox item acknowledges it, in the transaction
     # that records the attempt, and the next pending item is offered at once.
     acknowledge_items([item for _, item, _ in pushed])
-    pushed = sorted(pushed)
-    handed, offered = pushed[:hand_off], pushed[hand_off:]
-    if offered:
-        mcp.offer({subscription for subscription, _, _ in offered}, only_if_pending=True, kick=False)
-    return _hand_off(handed) if handed else []
+    if hand_off:
+        return _hand_off(pushed, hand_off, keep_free)
+    mcp.offer({subscription for subscription, _, _ in pushed}, only_if_pending=True, kick=False)
+    return []
 
 
-def _hand_off(pushed: list[tuple[int, int, int]]) -> list[Job]:
+def _hand_off(pushed: list[tuple[int, int, int]], room: int, keep_free: int) -> list[Job]:
     """The next pending item of each pushed subscription's owner, claimed
-    for this worker at once (webhooks.due.send_next_items): what offering it
-    and claiming the offer would do, without a claim's reads and second
-    transaction. The item is the one a claim would bind (`oldest_pending`:
-    admitted, not held back); a subscription that may no longer send, or
-    has another delivery unfinished, gets none here, as a claim would cancel
-    or skip it."""
+    for this worker at once (webhooks.due.send_next_items) for up to `room`
+    of them, the oldest items first, less `keep_free` if a claim would find
+    a wake due now (`webhooks.due.anything_due`); the others are offered.
+    Chains with long backlogs thus never hold every send of a worker while
+    other wakes wait, and cost nothing more while none do. A hand-off is
+    what offering the item and claiming the offer would do, without a
+    claim's reads and second transaction. The item is the one a claim would
+    bind (`oldest_pending`: admitted, not held back); a subscription that
+    may no longer send, or has another delivery unfinished, gets none here,
+    as a claim would cancel or skip it."""
     oldest = oldest_pending({owner for _, _, owner in pushed})
-    items = {subscription: oldest[owner] for subscription, _, owner in pushed if owner in oldest}
+    waiting = sorted(((subscription, oldest[owner]) for subscription, _, owner in pushed if owner in oldest),
+                     key=lambda pair: pair[1].pk)
+    if len(waiting) > room - keep_free and anything_due(ready_params(now(), limit=1)):
+        room = max(0, room - keep_free)
+    if len(waiting) > room:
+        mcp.offer({subscription for subscription, _ in waiting[room:]}, kick=False)
+    items = dict(waiting[:room])
     bodies = {subscription: mcp.item_body(item) for subscription, item in items.items()}
     at = now()
     claimed_now = send_next_items([(s, item.pk, bodies[s]) for s, item in items.items()], at, at + lease())
@@ -357,7 +368,7 @@ def _hand_off(pushed: list[tuple[int, int, int]]) -> list[Job]:
     return jobs
 
 
-def record_or_leave(results: list[Result], hand_off: int = 0) -> list[Job]:
+def record_or_leave(results: list[Result], hand_off: int = 0, keep_free: int = 0) -> list[Job]:
     """`record`, for the pump (webhooks.pump). A lost connection (the database restarted) is
     replaced and the batch recorded again, RECORD_TRIES times in all: the
     receivers' answers are only in memory. If it still cannot be recorded,
@@ -365,7 +376,7 @@ def record_or_leave(results: list[Result], hand_off: int = 0) -> list[Job]:
     goes on."""
     for attempt in range(1, RECORD_TRIES + 1):
         try:
-            return record(results, hand_off=hand_off)
+            return record(results, hand_off=hand_off, keep_free=keep_free)
         except (OperationalError, InterfaceError):
             connections.close_all()  # a broken connection is not reused
             if attempt == RECORD_TRIES:

@@ -182,7 +182,7 @@ def offer(subscription_ids: Iterable[int], *, only_if_pending: bool = False, kic
     Which item it carries is chosen when it is first claimed (a delivery
     that finds none is cancelled, and offers nothing more); a worker that
     records a 2xx and may go on claiming binds and claims the next one
-    itself instead (webhooks.engine._hand_off).
+    itself instead, while it has room (webhooks.engine._hand_off).
     `only_if_pending`: only if its owner has a pending item now (after a
     hand-off; an append hook may run before its notice's item exists, so it
     offers regardless). In the caller's transaction, one statement however

@@ -39,9 +39,9 @@ RECOVER_SECONDS = 1.0
 RECORD_WINDOW = 0.025
 LOST_CONNECTION_PAUSE = 0.2
 # Hand-offs keep push chains going without a claim (webhooks.engine.record),
-# but never into a worker's last quarter of room: what else falls due
-# (wakes, other subscriptions' first items, retries) is claimed within a
-# cycle, not after every chain has drained its inbox.
+# but not into a worker's last quarter of room while something else is
+# due: it (a wake, another subscription's first item, a retry) is claimed
+# within a cycle, not after every chain has drained its inbox.
 CLAIM_SHARE = 4
 log = logging.getLogger(__name__)
 
@@ -154,8 +154,9 @@ async def run(*, seconds: float, wait: bool, resolver=None, renew=None) -> int:
                     # Pushed items' next ones come back claimed (webhooks.engine.record),
                     # as many as there is room for, unless the run ends.
                     may_claim = not cluster_stopping() and time.monotonic() < deadline
-                    handed = await db(record_or_leave, [task.result() for task in done],
-                                      _hand_off_room(len(in_flight)) if may_claim else 0)
+                    room = max(0, MAX_IN_FLIGHT - len(in_flight)) if may_claim else 0
+                    handed = await db(record_or_leave, [task.result() for task in done], room,
+                                      max(1, MAX_IN_FLIGHT // CLAIM_SHARE))
                     in_flight |= {asyncio.create_task(_send(transport, signer, job)) for job in handed}
                     sent += len(handed)
     finally:
@@ -166,13 +167,6 @@ async def run(*, seconds: float, wait: bool, resolver=None, renew=None) -> int:
             await topics.stop_task(listener)
         await db.close()
     return sent
-
-
-def _hand_off_room(in_flight: int) -> int:
-    """How many pushed items' next ones a record may claim for this worker,
-    with `in_flight` sends still out: up to all but CLAIM_SHARE's part of
-    its room (at least one send's)."""
-    return max(0, MAX_IN_FLIGHT - max(1, MAX_IN_FLIGHT // CLAIM_SHARE) - in_flight)
 
 
 async def _first_of(in_flight: set[asyncio.Task], nudged: asyncio.Event, timeout: float) -> set[asyncio.Task]:

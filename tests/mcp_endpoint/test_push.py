@@ -355,3 +355,32 @@ def test_push_chains_leave_a_worker_room_for_what_else_falls_due(world, receiver
     assert names.count(mcp.ITEM) == 20 and mcp.PENDING in names
     assert names.index(mcp.PENDING) < 8, names
     assert not InboxItem.objects.filter(member__in=members, state=InboxItem.State.PENDING).exists()
+
+
+def test_a_record_keeps_room_free_only_while_something_else_is_due(world, receiver, make_member):
+    # given: two members' inboxes pushed, three items each, their first items claimed
+    space = world["direct"].space
+    members = [world["ada"], make_member("cy")]
+    services.join_space(space, actor=members[1])
+    for member in members:
+        mcp.subscribe(member, mcp.ITEM, {}, world["url"], SECRET, ttl_ms=None)
+        direct, _ = services.get_or_create_direct(space, member, actor=world["bo"])
+        for n in range(3):
+            send_message(direct, body=f"item {n}", actor=world["bo"])
+    jobs = engine.claim_due(10)
+
+    def answered(jobs):
+        return [engine.Result(job, Outcome(204, None, 5), "whsec", now()) for job in jobs]
+
+    # when / then: with nothing else due, both next items are handed off, the room to keep free unused
+    handed = engine.record(answered(jobs), hand_off=2, keep_free=1)
+    assert len(handed) == 2 and not Delivery.objects.filter(state=Delivery.State.OPEN).exists()
+    # and with a wake due, one is handed off and the other offered, for the claim that takes the wake too
+    mcp.subscribe(world["bo"], mcp.PENDING, {}, receiver.url("/pending"), SECRET, ttl_ms=None)
+    send_message(world["direct"], body="to bo", actor=world["ada"])
+    (kept,) = engine.record(answered(handed), hand_off=2, keep_free=1)
+    offered = Delivery.objects.get(state=Delivery.State.OPEN, subscription__kind=Subscription.Kind.ITEM)
+    assert {kept.mcp_subscription_id, offered.subscription.public_id} == {j.mcp_subscription_id for j in handed}
+    pending = Subscription.objects.get(owner=world["bo"], mcp_name=mcp.PENDING)
+    assert {job.mcp_subscription_id for job in engine.claim_due(10)} == {pending.public_id,
+                                                                        offered.subscription.public_id}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import select
 import signal
@@ -20,6 +21,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from controlplane.processes import StopRequest, in_group, kill_all
 
+log = logging.getLogger(__name__)
 STOP_GRACE_SECONDS = 10
 PR_SET_PDEATHSIG = 1
 
@@ -69,8 +71,8 @@ def uvicorn_command(socket_fd: int, ready_fd: int) -> list[str]:
 
 def listening_sockets(host: str, port: int, count: int) -> list[socket.socket]:
     """`count` listening sockets on host:port in one SO_REUSEPORT group, one
-    per server process: the kernel hands each new connection to one of them
-    by its addresses. One address family, as uvicorn's `--workers` binds
+    per server process: the group's program hands each new connection to one
+    of them (`_keep_the_group`). One address family, as uvicorn's `--workers` binds
     (IPv6 where the host has a colon). A plain bind first proves the port
     free: without it, a group another server of the same user holds would
     take these in, and the two servers would share its connections; and
@@ -90,11 +92,14 @@ def listening_sockets(host: str, port: int, count: int) -> list[socket.socket]:
             listening.bind((host, port))
             port = listening.getsockname()[1]
             listening.listen(BACKLOG)
-        _keep_the_group(sockets)
     except OSError as exc:
         for listening in sockets:
             listening.close()
         raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    try:
+        _keep_the_group(sockets)
+    except OSError as exc:  # a kernel without it: the group still spreads connections, by their addresses
+        log.warning("serve's sockets take connections without the group's program (%s)", exc.strerror)
     return sockets
 
 
@@ -102,8 +107,8 @@ def _keep_the_group(sockets: list[socket.socket]) -> None:
     """Have the group hand each new connection to one of `sockets`, at
     random: a socket that another process of the same user adds to the
     group later (the kernel lets it) gets no connection. The program picks
-    by a socket's place in the group, which stays fixed while `serve`
-    holds every socket open."""
+    by a socket's place in the group (the order they listened in), which
+    stays fixed while `serve` holds every socket open."""
     program = [(BPF_LD_W_ABS, 0, 0, SKF_AD_RANDOM), (BPF_ALU_MOD_K, 0, 0, len(sockets)), (BPF_RET_A, 0, 0, 0)]
     filters = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *op) for op in program))
     sockets[0].setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF,
