@@ -71,8 +71,9 @@ def due_sql(ready: str, lock: bool = True) -> str:
     """Due deliveries (`ready`) whose subscription may send (`sendable`),
     that are their subscription's oldest unfinished one, whose endpoint has
     fewer than PER_ENDPOINT in flight: oldest due first, skipping rows other
-    workers hold. Plain SQL: this runs for every batch a worker claims, and
-    compiling it through the ORM cost more than running it.
+    workers hold and locking the rows it returns (without `lock`: a look
+    that takes nothing). Plain SQL: this runs for every batch a worker
+    claims, and compiling it through the ORM cost more than running it.
 
     The subscription and the older-wake checks are correlated subqueries,
     which the planner cannot turn into joins: each is one index probe per
@@ -83,7 +84,8 @@ def due_sql(ready: str, lock: bool = True) -> str:
     claim instead of 1."""
     quote = connection.ops.quote_name
     deliveries, subscriptions = quote(Delivery._meta.db_table), quote(Subscription._meta.db_table)
-    lock = " FOR NO KEY UPDATE OF d SKIP LOCKED" if lock and connection.features.has_select_for_update_skip_locked else ""
+    skip_locked = lock and connection.features.has_select_for_update_skip_locked
+    lock_clause = " FOR NO KEY UPDATE OF d SKIP LOCKED" if skip_locked else ""
     busy_endpoints = (f"SELECT bs.endpoint_id FROM {deliveries} b JOIN {subscriptions} bs ON bs.id = b.subscription_id "
                       f"WHERE b.state = 'sending' AND b.claimed_until >= %(at)s AND b.claimed_until <= %(horizon)s "
                       f"GROUP BY bs.endpoint_id HAVING COUNT(*) >= %(per_endpoint)s")
@@ -91,7 +93,7 @@ def due_sql(ready: str, lock: bool = True) -> str:
             f"AND (SELECT {SENDABLE} "
             f"AND s.endpoint_id NOT IN ({busy_endpoints}) FROM {subscriptions} s WHERE s.id = d.subscription_id) "
             f"AND {_first_unfinished(deliveries)} "
-            f"ORDER BY d.due_at, d.id LIMIT %(limit)s{lock}")
+            f"ORDER BY d.due_at, d.id LIMIT %(limit)s{lock_clause}")
 
 
 # Index-backed reads (due wakes; claims whose lease ran out; claims and due
