@@ -38,6 +38,8 @@ RECOVER_SECONDS = 1.0
 # quarter faster (docs/benchmarks.md, round thirteen).
 RECORD_WINDOW = 0.025
 LOST_CONNECTION_PAUSE = 0.2
+# How often at most a timer with a full room asks for a helper run (webhooks.tasks.ask_for_help).
+ASK_SECONDS = 1.0
 # Hand-offs keep push chains going without a claim (webhooks.engine.record),
 # but not into a worker's last quarter of room while something else is
 # due: it (a wake, another subscription's first item, a retry) is claimed
@@ -89,9 +91,11 @@ async def _send(transport: Transport, signer: crypto.Signer, job: Job) -> Result
     return log_attempt(Result(job, await transport.post(job.url, job.body, headers), key_id, started_at))
 
 
-async def run(*, seconds: float, wait: bool, resolver=None, renew=None) -> int:
+async def run(*, seconds: float, wait: bool, resolver=None, renew=None, ask_for_help=None) -> int:
     """Send due wakes for up to `seconds`; returns how many were attempted.
-    `renew` (the timer's key) is called about once a second.
+    `renew` (the timer's key) is called about once a second, and
+    `ask_for_help` (webhooks.tasks) at most once a second after a claim that
+    filled the room: more is due than this run can hold.
 
     With `wait` (the timer), stay for the whole run, sending each wake as it
     falls due (debounce windows, retry times, new wakes); otherwise stop as
@@ -111,7 +115,7 @@ async def run(*, seconds: float, wait: bool, resolver=None, renew=None) -> int:
         signer = crypto.Signer(await db(crypto.active_signing_key))
         async with Transport(resolver=resolver, limit=MAX_IN_FLIGHT) as transport:
             renewed = time.monotonic()
-            recovered, found = 0.0, False
+            recovered, found, asked = 0.0, False, -ASK_SECONDS
             while True:
                 if renew and time.monotonic() - renewed >= 1.0:
                     faults.point("webhooks.timer")
@@ -127,6 +131,9 @@ async def run(*, seconds: float, wait: bool, resolver=None, renew=None) -> int:
                     recovered, found = time.monotonic() if recover else recovered, bool(jobs)
                 in_flight |= {asyncio.create_task(_send(transport, signer, job)) for job in jobs}
                 sent += len(jobs)
+                if ask_for_help and jobs and len(jobs) == capacity and time.monotonic() - asked >= ASK_SECONDS:
+                    asked = time.monotonic()
+                    await db(ask_for_help)
                 if jobs and len(jobs) == capacity:
                     timeout = 0.002  # a full batch: more may be due; record what finished, then claim more
                 elif in_flight:

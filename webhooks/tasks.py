@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from django.core.cache import cache
 
 from controlplane import live
 from webhooks import engine, mcp, pump
-from webhooks.due import TIMER_KEY
+from webhooks.due import HELPER_KEY, TIMER_KEY
+
+log = logging.getLogger(__name__)
 
 # How long the timer stays, with Redis (one timer for the whole cluster).
 # Each handover to the next run leaves a moment with no timer, in which a
@@ -24,6 +27,14 @@ LOCAL_RUN_SECONDS = 10
 # The timer renews its key every second while it runs: a killed timer's key
 # is gone within TIMER_KEY_SECONDS, and new wakes queue tasks again.
 TIMER_KEY_SECONDS = 3
+# With Redis, the timer is the only run sending while it runs (kicks are not
+# queued meanwhile), and one process's CPU bounds it. A claim that fills its
+# room means more is due than it can hold: it asks for a helper, one more
+# run in another worker (`assist`), at most one every HELP_SECONDS. A helper
+# sends what is due until nothing is, for at most HELP_SECONDS, so the other
+# tasks queued behind it (firewall classification, sweeps) get that worker
+# back between helpers.
+HELP_SECONDS = 10
 
 
 def deliver() -> int:
@@ -37,7 +48,8 @@ def deliver() -> int:
     timer = cache.add(TIMER_KEY, 1, timeout=TIMER_KEY_SECONDS)
     renew = (lambda: cache.touch(TIMER_KEY, TIMER_KEY_SECONDS)) if timer else None
     try:
-        sent = asyncio.run(pump.run(seconds=RUN_SECONDS if shared else LOCAL_RUN_SECONDS, wait=timer, renew=renew))
+        sent = asyncio.run(pump.run(seconds=RUN_SECONDS if shared else LOCAL_RUN_SECONDS, wait=timer, renew=renew,
+                                    ask_for_help=ask_for_help if timer and shared else None))
     finally:
         if timer:
             cache.delete(TIMER_KEY)
@@ -50,3 +62,22 @@ def deliver() -> int:
 
         async_task("webhooks.tasks.deliver")  # the next run takes over the timer
     return sent
+
+
+def ask_for_help() -> None:
+    """Queue a helper run (`assist`) unless one was asked for within the
+    last HELP_SECONDS. Called by the timer (webhooks.pump) on a full claim;
+    a failure is only logged: the timer goes on alone."""
+    from django_q.tasks import async_task
+
+    try:
+        if cache.add(HELPER_KEY, 1, timeout=HELP_SECONDS):
+            async_task("webhooks.tasks.assist")
+    except Exception:  # noqa: BLE001 - the broker or cache is down: the timer sends on
+        log.warning("the delivery timer could not ask for a helper", exc_info=True)
+
+
+def assist() -> int:
+    """A helper run beside the timer (`ask_for_help`): send what is due now
+    and what it hands off, until nothing is, for at most HELP_SECONDS."""
+    return asyncio.run(pump.run(seconds=HELP_SECONDS, wait=False))

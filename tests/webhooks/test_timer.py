@@ -123,8 +123,10 @@ def test_a_timer_run_hands_over_while_it_sent_anything_or_anything_falls_due(mon
     monkeypatch.setattr(q_tasks, "async_task", lambda name, *args: queued.append(name))
     monkeypatch.setattr(tasks.mcp, "offer_waiting", lambda: None)
 
-    async def run(seconds, wait, renew):
+    async def run(seconds, wait, renew, ask_for_help):
         assert wait and seconds == (tasks.RUN_SECONDS if shared else tasks.LOCAL_RUN_SECONDS)
+        # only the cluster's one timer asks for helpers: without a shared cache every worker may be a timer
+        assert ask_for_help is (tasks.ask_for_help if shared else None)
         return sent
 
     monkeypatch.setattr(tasks.pump, "run", run)
@@ -137,6 +139,66 @@ def test_a_timer_run_hands_over_while_it_sent_anything_or_anything_falls_due(mon
     # and an idle one lets the timer lapse
     assert queued == (["webhooks.tasks.deliver"] if handed_over else [])
     assert cache.get(due.TIMER_KEY) is None
+
+
+def test_a_timer_whose_claim_fills_its_room_asks_for_a_helper_at_most_once_a_second(receiver, make_member,
+                                                                                    monkeypatch):
+    # given: room for four sends, and ten due wakes on ten endpoints
+    from controlplane.clock import now
+    from webhooks.models import Endpoint, Subscription
+
+    monkeypatch.setattr(timer_loop, "MAX_IN_FLIGHT", 4)
+    owner = make_member("ada")
+    for n in range(10):
+        endpoint = Endpoint.objects.create(owner=owner, url=receiver.url(f"/hook/{n}"))
+        subscription = Subscription.objects.create(owner=owner, endpoint=endpoint, kind="inbox", status="active",
+                                                   activation_position=0)
+        Delivery.objects.create(subscription=subscription, after_position=0, through_position=1, due_at=now())
+    asked = []
+    # when: a run claims four, four (within the second) and two
+    sent = asyncio.run(timer_loop.run(seconds=10, wait=False, ask_for_help=lambda: asked.append(time.monotonic())))
+    # then: the first full claim asked for a helper; the second was within the second; the last was not full
+    assert sent == 10 and len(receiver.wakes()) == 10
+    assert len(asked) == 1
+    # and a run that finds less than its room never asks
+    Delivery.objects.create(subscription=subscription, after_position=1, through_position=2, due_at=now())
+    assert asyncio.run(timer_loop.run(seconds=10, wait=False, ask_for_help=lambda: asked.append(0))) == 1
+    assert len(asked) == 1
+
+
+def test_asking_for_help_queues_one_helper_run_a_window(monkeypatch, caplog):
+    # given
+    from django_q import tasks as q_tasks
+
+    from webhooks import tasks
+
+    queued = []
+    monkeypatch.setattr(q_tasks, "async_task", lambda name, *args: queued.append(name))
+    cache.delete(due.HELPER_KEY)
+    try:
+        # when: the timer asks twice within HELP_SECONDS, then once after the window
+        tasks.ask_for_help()
+        tasks.ask_for_help()
+        assert queued == ["webhooks.tasks.assist"]
+        cache.delete(due.HELPER_KEY)  # the window passed
+        tasks.ask_for_help()
+        assert queued == ["webhooks.tasks.assist"] * 2
+    finally:
+        cache.delete(due.HELPER_KEY)
+    # and a cache that fails only costs the help: the timer goes on
+    monkeypatch.setattr(tasks.cache, "add", lambda *args, **kwargs: 1 / 0)
+    tasks.ask_for_help()
+    assert queued == ["webhooks.tasks.assist"] * 2
+    assert "could not ask for a helper" in caplog.text
+
+
+def test_a_helper_run_ends_within_its_window():
+    # A helper gives its worker back to the tasks queued behind it
+    # (webhooks.tasks.HELP_SECONDS), and fits in a task with a send at its end.
+    from webhooks import tasks, transport
+
+    assert tasks.HELP_SECONDS < tasks.RUN_SECONDS
+    assert tasks.HELP_SECONDS + transport.TOTAL_TIMEOUT + 2 < settings.Q_CLUSTER["timeout"]
 
 
 def test_a_timer_run_and_a_send_at_its_end_fit_in_a_task():

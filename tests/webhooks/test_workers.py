@@ -1,14 +1,19 @@
 """Several worker processes at once on PostgreSQL: every due wake is sent
-exactly once (claims use SKIP LOCKED)."""
+exactly once (claims use SKIP LOCKED), and `serve`'s timer shares a backlog
+with a helper in its other worker."""
 import subprocess
 import sys
+import time
 from collections import Counter
 
 import pytest
+from django.conf import settings
+from django.core.cache import cache
+from django.db import transaction
 
 from controlplane import services
 from controlplane.clock import now
-from tests.servers import ROOT, server_env
+from tests.servers import ROOT, server_env, serving
 from webhooks.models import Attempt, Delivery, Endpoint, Subscription
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -40,3 +45,56 @@ def test_concurrent_workers_never_send_a_wake_twice(receiver, https_receiver):
     assert len(ids) == WAKES and set(ids.values()) == {1}
     assert Attempt.objects.count() == WAKES and set(Attempt.objects.values_list("number", flat=True)) == {1}
     assert set(Delivery.objects.values_list("state", flat=True)) == {"delivered"}
+
+
+@pytest.mark.skipif(not settings.REDIS_URL, reason="needs Redis: one timer for the cluster, and its helper")
+def test_a_backlog_the_timer_cannot_hold_is_shared_with_a_helper_in_the_other_worker(receiver, https_receiver,
+                                                                                     monkeypatch):
+    """With Redis, `serve`'s cluster has one timer, and new wakes queue no
+    task while it runs: a timer whose claim fills its room asks for a helper
+    run (webhooks.tasks.assist), which another worker process takes."""
+    from django_q.conf import Conf
+    from django_q.models import Task
+    from django_q.tasks import async_task
+
+    from webhooks import due
+
+    monkeypatch.setattr(Conf, "SYNC", False)  # this process queues tasks for serve's cluster, and runs none
+
+    # given: 480 wakes over 120 endpoints (four in flight each), answered after 0.3 s: ten of
+    # the timer's rooms (64) for three seconds
+    def slowly(received):
+        time.sleep(0.3)
+        return 202, {}, b"{}"
+
+    receiver.respond = slowly
+    owner = services.create_member("alice", actor=None)
+    endpoints = Endpoint.objects.bulk_create(Endpoint(owner=owner, url=receiver.url(f"/hook/{n}"))
+                                             for n in range(120))
+    subscriptions = Subscription.objects.bulk_create(
+        Subscription(owner=owner, endpoint=endpoints[n % 120], kind="inbox", status="active", activation_position=0)
+        for n in range(480))
+    cache.delete(due.HELPER_KEY)
+    with serving(WEBHOOK_CA_BUNDLE=str(https_receiver[1]), WEBHOOK_ALLOW_PRIVATE_NETWORKS="1"):
+        # and a timer running in one of the cluster's two workers (what ran at its start has ended)
+        async_task("webhooks.tasks.deliver")
+        deadline = time.monotonic() + 30
+        while not cache.get(due.TIMER_KEY):
+            assert time.monotonic() < deadline, "no timer started"
+            time.sleep(0.1)
+        time.sleep(1.0)
+        # when: they commit, which nudges the timer and queues no task (a timer runs)
+        with transaction.atomic():
+            Delivery.objects.bulk_create(Delivery(subscription=s, after_position=0, through_position=1,
+                                                  state="pending", due_at=now()) for s in subscriptions)
+            due.kick_on_commit()
+        receiver.wait_for(lambda requests: len(requests) >= 480, timeout=60)
+        # then: a helper run sent part of them, beside the timer's run (still going)
+        deadline = time.monotonic() + 30
+        while not (helpers := list(Task.objects.filter(func="webhooks.tasks.assist"))):
+            assert time.monotonic() < deadline, "no helper run finished"
+            time.sleep(0.2)
+    runs = list(Task.objects.values_list("func", "success", "result"))
+    assert all(h.success for h in helpers) and 0 < sum(h.result for h in helpers) < 480, runs
+    ids = Counter(r.headers["Webhook-Id"] for r in receiver.requests)
+    assert len(ids) == 480 and set(ids.values()) == {1}
