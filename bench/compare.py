@@ -62,6 +62,8 @@ def headlines(results: dict) -> dict[str, float]:
         out["pushed items/s ÷ raw POSTs/s"] = mcp["push"]["ratio_push_to_raw"]
         if mcp["push"].get("ratio_warm_push_to_raw") is not None:
             out["pushed items/s, warm, ÷ raw POSTs/s"] = mcp["push"]["ratio_warm_push_to_raw"]
+        if mcp["push"].get("ratio_warm_cluster_to_raw") is not None:
+            out["pushed items/s through the cluster, warm, ÷ raw POSTs/s"] = mcp["push"]["ratio_warm_cluster_to_raw"]
     for q, ratio in mcp.get("stream", {}).get("ratios", {}).items():
         out[f"stream event ÷ frame, {q}"] = ratio
     return out

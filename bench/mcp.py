@@ -24,7 +24,10 @@
    worker's are) to the last. Each 2xx acknowledges its item and only then is the subscription's
    next item offered, so each subscription is sequential. Baseline in the
    same run: raw signed POSTs/s to the same receiver, half just before the
-   pushes and half just after (bench/webhooks.py, `raw_around`).
+   pushes and half just after (bench/webhooks.py, `raw_around`). Then the
+   same pushes through `serve`'s worker cluster, as a deployment with Redis
+   sends them: the timer, and the helper run it asks for
+   (`_push_through_cluster`).
 
 The engine's kicks (django-q2 tasks queued after each commit, for a
 cluster that this phase does not run) go to a queue of the bench's own
@@ -40,6 +43,7 @@ import datetime as dt
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -303,14 +307,13 @@ def warm_rate(warm_from: float, warm_items: int, *, items: int, last: float) -> 
     return round(warm_items / max(last - warm_from, 1e-6), 1)
 
 
-def _push(env: dict, dsn: str, out_dir: Path, base: str, ca: str, *, items: int, workers: int,
-          profile: bool) -> dict:
-    from django.db.models import Count
-
+def _push_inboxes(dsn: str, base: str, items: int) -> tuple:
+    """PUSH_SUBSCRIPTIONS new agents with `items` pending items each and an
+    `inbox.item` subscription to the receiver at `base`: (their handles'
+    prefix, the subscriptions, the load's figures, seconds to subscribe)."""
     from controlplane.models import Member
-    from inbox.models import InboxItem
     from webhooks import mcp as pushes
-    from webhooks.models import Attempt, Delivery, Subscription
+    from webhooks.models import Subscription
 
     prefix = f"push{time.strftime('%H%M%S')}"
     members = [inbox.create_member(f"{prefix}{n:03d}") for n in range(PUSH_SUBSCRIPTIONS)]
@@ -320,9 +323,19 @@ def _push(env: dict, dsn: str, out_dir: Path, base: str, ca: str, *, items: int,
     with _kicks_to_bench_queue():
         for n, m in enumerate(members):
             pushes.subscribe(Member.objects.get(pk=m.pk), ITEM, {}, f"{base}/hook/{n}", secret, ttl_ms=None)
-    subscribe_seconds = time.monotonic() - started
     subscriptions = Subscription.objects.filter(owner__handle__startswith=prefix, mcp_name=ITEM)
     assert subscriptions.filter(status=Subscription.Status.ACTIVE).count() == PUSH_SUBSCRIPTIONS
+    return prefix, subscriptions, loaded, time.monotonic() - started
+
+
+def _push(env: dict, dsn: str, out_dir: Path, base: str, ca: str, *, items: int, workers: int,
+          profile: bool) -> dict:
+    from django.db.models import Count
+
+    from inbox.models import InboxItem
+    from webhooks.models import Attempt, Delivery
+
+    prefix, subscriptions, loaded, subscribe_seconds = _push_inboxes(dsn, base, items)
 
     go = Path(tempfile.mkdtemp()) / "go"
     script = WORKER_SCRIPT.format(queue=KICK_QUEUE, timeout=PUSH_TIMEOUT + 60)
@@ -389,14 +402,99 @@ def _push(env: dict, dsn: str, out_dir: Path, base: str, ca: str, *, items: int,
             "worker_exit_codes": [p.returncode for p in procs]}
 
 
+# `serve`'s worker cluster (`manage.py worker`, Q_WORKERS processes), with
+# loopback receivers allowed as the other workers' scripts allow them.
+CLUSTER_SCRIPT = """
+from django.conf import settings
+from django.core.management import call_command
+settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS = True  # the receiver is on loopback; the env flag needs DEBUG=1
+call_command("worker")
+"""
+# Once the timer runs: the other workers' start-up runs (nothing due) have ended.
+CLUSTER_SETTLE_SECONDS = 1.0
+
+
+def _push_through_cluster(env: dict, dsn: str, out_dir: Path, base: str, ca: str, *, items: int,
+                          workers: int) -> dict:
+    """The same pushes sent the way a deployment with Redis sends them:
+    `serve`'s worker cluster with `workers` processes, one of them the timer
+    (webhooks.tasks.deliver), which asks for a helper run in another
+    (webhooks.tasks.assist) when a claim fills its room. The subscriptions'
+    first offers are held back until the cluster's timer runs (its workers
+    queue a delivery run as they start); go: they fall due, committed as a
+    send commits a new wake (a nudge to the timer, no task while it runs)."""
+    from django.core.cache import cache
+    from django.db import transaction
+    from django_q.models import Task
+
+    from controlplane.clock import now
+    from inbox.models import InboxItem
+    from webhooks.due import TIMER_KEY, kick_on_commit
+    from webhooks.models import Delivery
+
+    prefix, subscriptions, _, _ = _push_inboxes(dsn, base, items)
+    offers = Delivery.objects.filter(subscription__in=subscriptions, state=Delivery.State.OPEN)
+    # (due within webhooks.engine.DUE_HORIZON: further ahead reads as a wrong clock's, due now)
+    assert offers.update(due_at=now() + dt.timedelta(minutes=5)) == PUSH_SUBSCRIPTIONS
+    Task.objects.all().delete()
+    cluster_env = {**env, "WEBHOOK_CA_BUNDLE": ca, "Q_WORKERS": str(workers)}
+    cluster = subprocess.Popen([PY, "manage.py", "shell", "-c", CLUSTER_SCRIPT], cwd=ROOT, env=cluster_env,
+                               stdout=subprocess.DEVNULL, stderr=open(out_dir / "mcp-cluster.stderr", "w"),
+                               start_new_session=True)
+    expected = PUSH_SUBSCRIPTIONS * items
+    try:
+        deadline = time.monotonic() + 60
+        while not cache.get(TIMER_KEY):
+            assert time.monotonic() < deadline and cluster.poll() is None, "the cluster's timer did not start"
+            time.sleep(0.05)
+        time.sleep(CLUSTER_SETTLE_SECONDS)
+        _reset(base, ca)
+        cpu_before, started = _cpu_ticks(), time.time()
+        with transaction.atomic():
+            offers.update(due_at=now())
+            kick_on_commit()
+        _wait_for_receipts(base, ca, lambda n: n["unique"] >= expected, time.monotonic() + PUSH_TIMEOUT, [cluster])
+        cpu_after = _cpu_ticks()
+        received = _stats(base, ca)
+    finally:
+        cluster.send_signal(signal.SIGTERM)
+        try:
+            cluster.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(cluster.pid, signal.SIGKILL)
+            cluster.wait(10)
+    first_at: dict[str, float] = {}
+    for delivery_id, _, at in received:
+        first_at[delivery_id] = min(at, first_at.get(delivery_id, at))
+    last = max(first_at.values(), default=started)
+    warm_from, warm_items = warm_window(received, started)
+    runs = {func: [r for f, r in Task.objects.values_list("func", "result") if f == func]
+            for func in ("webhooks.tasks.deliver", "webhooks.tasks.assist")}
+    return {"workers": workers, "items": expected, "unique": len(first_at),
+            "duplicates": len(received) - len(first_at), "seconds": round(last - started, 3),
+            "items_per_s": round(len(first_at) / max(last - started, 1e-6), 1),
+            "warm_from_s": round(warm_from - started, 3), "warm_items": warm_items,
+            "warm_items_per_s": warm_rate(warm_from, warm_items, items=expected, last=last),
+            "pending_left": InboxItem.objects.filter(member__handle__startswith=prefix,
+                                                     state=InboxItem.State.PENDING).count(),
+            "machine_cpu_cores": round((cpu_after[0] - cpu_before[0]) / max(cpu_after[1] - cpu_before[1], 1)
+                                       * os.cpu_count(), 2),
+            # Finished runs and what each sent; the timer's run ends with the cluster.
+            "runs_sent": {func.rsplit(".", 1)[1]: results for func, results in runs.items()},
+            "exit_code": cluster.returncode}
+
+
 def _push_phase(env: dict, dsn: str, out_dir: Path, *, items: int, workers: int, seconds: float,
                 profile: bool) -> dict:
     kicks = redis.Redis.from_url(env["REDIS_URL"], socket_timeout=5) if env.get("REDIS_URL") else None
     try:
         with _receiver(out_dir) as (base, ca):
-            result = dict(zip(("raw", "push"), raw_around(
-                f"{base}/hook", seconds,
-                lambda: _push(env, dsn, out_dir, base, ca, items=items, workers=workers, profile=profile))))
+            def both() -> tuple[dict, dict]:
+                return (_push(env, dsn, out_dir, base, ca, items=items, workers=workers, profile=profile),
+                        _push_through_cluster(env, dsn, out_dir, base, ca, items=items, workers=workers))
+
+            raw, (push, cluster) = raw_around(f"{base}/hook", seconds, both)
+            result = {"raw": raw, "push": push, "cluster": cluster}
     finally:
         if kicks is not None:  # without Redis they went to the ORM broker, in the bench database
             queued = kicks.llen(f"django_q:{KICK_QUEUE}:q")
@@ -406,6 +504,8 @@ def _push_phase(env: dict, dsn: str, out_dir: Path, *, items: int, workers: int,
     result["ratio_push_to_raw"] = round(result["push"]["items_per_s"] / result["raw"]["posts_per_s"], 2)
     warm = result["push"]["warm_items_per_s"]
     result["ratio_warm_push_to_raw"] = round(warm / result["raw"]["posts_per_s"], 2) if warm is not None else None
+    warm = result["cluster"]["warm_items_per_s"]
+    result["ratio_warm_cluster_to_raw"] = round(warm / result["raw"]["posts_per_s"], 2) if warm is not None else None
     return result
 
 

@@ -378,6 +378,10 @@ def mcp_markdown(r: dict) -> list[str]:
                      f"{baseline} | {fmt(p['ratio_warm_push_to_raw'], 2)} | ≥ {TARGET_PUSH_TO_RAW} | {verdict(ok)} |")
         lines.append(f"| the same from the go signal (connections opened on the way) | {fmt(push['items_per_s'])} | "
                      f"the same | {fmt(p['ratio_push_to_raw'], 2)} | – | – |")
+        if c := p.get("cluster"):
+            lines.append(f"| the same through `serve`'s worker cluster ({c['workers']} processes: the timer, and the "
+                         f"helper it asks for), warm | {fmt(c['warm_items_per_s'])} | the same | "
+                         f"{fmt(p['ratio_warm_cluster_to_raw'], 2)} | – | – |")
     lines.append("")
     if s and "error" not in s:
         st, ws = s["stream"], s["websocket"]
@@ -402,6 +406,14 @@ def mcp_markdown(r: dict) -> list[str]:
                   f"{busy}." + (" Split of the chains (items, subscriptions, last send s): " + "; ".join(
                       f"{w['items']:,}, {w['subscriptions']}, {w['last_send_s']}" for w in push["workers_split"])
                       if push.get("workers_split") else ""), ""]
+        if c := p.get("cluster"):
+            runs = "; ".join(f"{name} {', '.join(str(n) for n in sent) or 'none'}"
+                             for name, sent in c["runs_sent"].items())
+            lines += [f"Through the cluster: {c['unique']:,} of {c['items']:,} items in {c['seconds']} s from the "
+                      f"delivery task's queueing (every subscription's first by {c['warm_from_s']} s, "
+                      f"{c['warm_items']:,} after it), {c['duplicates']} duplicates, {c['pending_left']} left pending; "
+                      f"machine CPU busy {c['machine_cpu_cores']:.2f} cores; items sent by the finished runs: {runs} "
+                      "(the timer's run ends with the cluster).", ""]
     return lines
 
 
