@@ -30,11 +30,13 @@ TIMER_KEY_SECONDS = 3
 # With Redis, the timer is the only run sending while it runs (kicks are not
 # queued meanwhile), and one process's CPU bounds it. A claim that fills its
 # room means more is due than it can hold: it asks for a helper, one more
-# run in another worker (`assist`), at most one every HELP_SECONDS. A helper
-# sends what is due until nothing is, for at most HELP_SECONDS, so the other
-# tasks queued behind it (firewall classification, sweeps) get that worker
-# back between helpers.
+# run in another worker (`assist`), one at a time (HELPER_KEY, held from the
+# asking to the helper's end, or for HELPER_KEY_SECONDS if the helper never
+# ends). A helper sends what is due until nothing is, for at most
+# HELP_SECONDS, so the tasks queued behind it (firewall classification,
+# sweeps) get that worker back between helpers.
 HELP_SECONDS = 10
+HELPER_KEY_SECONDS = 3 * HELP_SECONDS
 
 
 def deliver() -> int:
@@ -65,13 +67,13 @@ def deliver() -> int:
 
 
 def ask_for_help() -> None:
-    """Queue a helper run (`assist`) unless one was asked for within the
-    last HELP_SECONDS. Called by the timer (webhooks.pump) on a full claim;
-    a failure is only logged: the timer goes on alone."""
+    """Queue a helper run (`assist`) unless one is queued or running. Called
+    by the timer (webhooks.pump) after a claim that filled its room; a
+    failure is only logged: the timer goes on alone."""
     from django_q.tasks import async_task
 
     try:
-        if cache.add(HELPER_KEY, 1, timeout=HELP_SECONDS):
+        if cache.add(HELPER_KEY, 1, timeout=HELPER_KEY_SECONDS):
             async_task("webhooks.tasks.assist")
     except Exception:  # noqa: BLE001 - the broker or cache is down: the timer sends on
         log.warning("the delivery timer could not ask for a helper", exc_info=True)
@@ -79,5 +81,9 @@ def ask_for_help() -> None:
 
 def assist() -> int:
     """A helper run beside the timer (`ask_for_help`): send what is due now
-    and what it hands off, until nothing is, for at most HELP_SECONDS."""
-    return asyncio.run(pump.run(seconds=HELP_SECONDS, wait=False))
+    and what it hands off, until nothing is, for at most HELP_SECONDS; then
+    the timer may ask for the next one."""
+    try:
+        return asyncio.run(pump.run(seconds=HELP_SECONDS, wait=False))
+    finally:
+        cache.delete(HELPER_KEY)

@@ -166,21 +166,28 @@ def test_a_timer_whose_claim_fills_its_room_asks_for_a_helper_at_most_once_a_sec
     assert len(asked) == 1
 
 
-def test_asking_for_help_queues_one_helper_run_a_window(monkeypatch, caplog):
+def test_the_timer_asks_for_one_helper_run_at_a_time(monkeypatch, caplog):
     # given
     from django_q import tasks as q_tasks
 
     from webhooks import tasks
 
-    queued = []
+    queued, runs = [], []
     monkeypatch.setattr(q_tasks, "async_task", lambda name, *args: queued.append(name))
+
+    async def run(seconds, wait):
+        runs.append((seconds, wait))
+        return 3
+
+    monkeypatch.setattr(tasks.pump, "run", run)
     cache.delete(due.HELPER_KEY)
     try:
-        # when: the timer asks twice within HELP_SECONDS, then once after the window
+        # when: the timer asks twice while its helper is queued or running
         tasks.ask_for_help()
         tasks.ask_for_help()
         assert queued == ["webhooks.tasks.assist"]
-        cache.delete(due.HELPER_KEY)  # the window passed
+        # then the helper runs (sending what is due, not staying) and ends, and the timer asks again
+        assert tasks.assist() == 3 and runs == [(tasks.HELP_SECONDS, False)]
         tasks.ask_for_help()
         assert queued == ["webhooks.tasks.assist"] * 2
     finally:
@@ -194,10 +201,12 @@ def test_asking_for_help_queues_one_helper_run_a_window(monkeypatch, caplog):
 
 def test_a_helper_run_ends_within_its_window():
     # A helper gives its worker back to the tasks queued behind it
-    # (webhooks.tasks.HELP_SECONDS), and fits in a task with a send at its end.
+    # (webhooks.tasks.HELP_SECONDS), fits in a task with a send at its end,
+    # and a helper that never ends (killed) blocks the next one only for a while.
     from webhooks import tasks, transport
 
     assert tasks.HELP_SECONDS < tasks.RUN_SECONDS
+    assert tasks.HELP_SECONDS + transport.TOTAL_TIMEOUT < tasks.HELPER_KEY_SECONDS < 60
     assert tasks.HELP_SECONDS + transport.TOTAL_TIMEOUT + 2 < settings.Q_CLUSTER["timeout"]
 
 
