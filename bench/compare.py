@@ -45,6 +45,8 @@ def headlines(results: dict) -> dict[str, float]:
     webhooks = results.get("webhooks", {})
     if "ratio_wakes_to_raw" in webhooks:
         out["wakes/s ÷ raw POSTs/s"] = webhooks["ratio_wakes_to_raw"]
+        if "ratio_cluster_to_raw" in webhooks:
+            out["wakes/s through the cluster ÷ raw POSTs/s"] = webhooks["ratio_cluster_to_raw"]
         for q in ("p50", "p99"):
             if (ratio := webhooks.get("latency", {}).get("ratio_to_send", {}).get(q)) is not None:
                 out[f"webhook receipt ÷ send response, {q}"] = ratio

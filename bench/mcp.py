@@ -43,7 +43,6 @@ import datetime as dt
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import tempfile
@@ -59,7 +58,7 @@ import redis
 from bench import inbox, live
 from bench.load import latency_summary
 from bench.servers import PY, ROOT, free_port
-from bench.webhooks import _reset, _stats, _wait_for_receipts, raw_around
+from bench.webhooks import _reset, _stats, _wait_for_receipts, finished_runs, raw_around, worker_cluster
 
 ITEM = "org.switchboard/inbox.item"
 PUSH_SUBSCRIPTIONS = 100
@@ -402,18 +401,6 @@ def _push(env: dict, dsn: str, out_dir: Path, base: str, ca: str, *, items: int,
             "worker_exit_codes": [p.returncode for p in procs]}
 
 
-# `serve`'s worker cluster (`manage.py worker`, Q_WORKERS processes), with
-# loopback receivers allowed as the other workers' scripts allow them.
-CLUSTER_SCRIPT = """
-from django.conf import settings
-from django.core.management import call_command
-settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS = True  # the receiver is on loopback; the env flag needs DEBUG=1
-call_command("worker")
-"""
-# Once the timer runs: the other workers' start-up runs (nothing due) have ended.
-CLUSTER_SETTLE_SECONDS = 1.0
-
-
 def _push_through_cluster(env: dict, dsn: str, out_dir: Path, base: str, ca: str, *, items: int,
                           workers: int) -> dict:
     """The same pushes sent the way a deployment with Redis sends them:
@@ -423,13 +410,12 @@ def _push_through_cluster(env: dict, dsn: str, out_dir: Path, base: str, ca: str
     first offers are held back until the cluster's timer runs (its workers
     queue a delivery run as they start); go: they fall due, committed as a
     send commits a new wake (a nudge to the timer, no task while it runs)."""
-    from django.core.cache import cache
     from django.db import transaction
     from django_q.models import Task
 
     from controlplane.clock import now
     from inbox.models import InboxItem
-    from webhooks.due import TIMER_KEY, kick_on_commit
+    from webhooks.due import kick_on_commit
     from webhooks.models import Delivery
 
     prefix, subscriptions, _, _ = _push_inboxes(dsn, base, items)
@@ -437,17 +423,8 @@ def _push_through_cluster(env: dict, dsn: str, out_dir: Path, base: str, ca: str
     # (due within webhooks.engine.DUE_HORIZON: further ahead reads as a wrong clock's, due now)
     assert offers.update(due_at=now() + dt.timedelta(minutes=5)) == PUSH_SUBSCRIPTIONS
     Task.objects.all().delete()
-    cluster_env = {**env, "WEBHOOK_CA_BUNDLE": ca, "Q_WORKERS": str(workers)}
-    cluster = subprocess.Popen([PY, "manage.py", "shell", "-c", CLUSTER_SCRIPT], cwd=ROOT, env=cluster_env,
-                               stdout=subprocess.DEVNULL, stderr=open(out_dir / "mcp-cluster.stderr", "w"),
-                               start_new_session=True)
     expected = PUSH_SUBSCRIPTIONS * items
-    try:
-        deadline = time.monotonic() + 60
-        while not cache.get(TIMER_KEY):
-            assert time.monotonic() < deadline and cluster.poll() is None, "the cluster's timer did not start"
-            time.sleep(0.05)
-        time.sleep(CLUSTER_SETTLE_SECONDS)
+    with worker_cluster({**env, "WEBHOOK_CA_BUNDLE": ca}, workers, out_dir / "mcp-cluster.stderr") as cluster:
         _reset(base, ca)
         cpu_before, started = _cpu_ticks(), time.time()
         with transaction.atomic():
@@ -456,20 +433,11 @@ def _push_through_cluster(env: dict, dsn: str, out_dir: Path, base: str, ca: str
         _wait_for_receipts(base, ca, lambda n: n["unique"] >= expected, time.monotonic() + PUSH_TIMEOUT, [cluster])
         cpu_after = _cpu_ticks()
         received = _stats(base, ca)
-    finally:
-        cluster.send_signal(signal.SIGTERM)
-        try:
-            cluster.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(cluster.pid, signal.SIGKILL)
-            cluster.wait(10)
     first_at: dict[str, float] = {}
     for delivery_id, _, at in received:
         first_at[delivery_id] = min(at, first_at.get(delivery_id, at))
     last = max(first_at.values(), default=started)
     warm_from, warm_items = warm_window(received, started)
-    runs = {func: [r for f, r in Task.objects.values_list("func", "result") if f == func]
-            for func in ("webhooks.tasks.deliver", "webhooks.tasks.assist")}
     return {"workers": workers, "items": expected, "unique": len(first_at),
             "duplicates": len(received) - len(first_at), "seconds": round(last - started, 3),
             "items_per_s": round(len(first_at) / max(last - started, 1e-6), 1),
@@ -480,8 +448,7 @@ def _push_through_cluster(env: dict, dsn: str, out_dir: Path, base: str, ca: str
             "machine_cpu_cores": round((cpu_after[0] - cpu_before[0]) / max(cpu_after[1] - cpu_before[1], 1)
                                        * os.cpu_count(), 2),
             # Finished runs and what each sent; the timer's run ends with the cluster.
-            "runs_sent": {func.rsplit(".", 1)[1]: results for func, results in runs.items()},
-            "exit_code": cluster.returncode}
+            "runs_sent": finished_runs(), "exit_code": cluster.returncode}
 
 
 def _push_phase(env: dict, dsn: str, out_dir: Path, *, items: int, workers: int, seconds: float,

@@ -198,8 +198,18 @@ def webhooks_markdown(r: dict, cfg: dict) -> list[str]:
     if "error" in r:
         return [f"### Webhooks: failed: {r['error']}", ""]
     raw, wakes, lat = r["raw"], r["wakes"], r["latency"]
-    rounds = ", ".join(f"{x['wakes']} in {x['seconds']} s{' (warm-up, not counted)' if x['warmup'] else ''}"
-                       for x in wakes["rounds"])
+
+    def rounds_of(result: dict) -> str:
+        return ", ".join(f"{x['wakes']} in {x['seconds']} s{' (warm-up, not counted)' if x['warmup'] else ''}"
+                         for x in result["rounds"])
+
+    rounds = rounds_of(wakes)
+    cluster_row = []
+    if c := r.get("cluster"):
+        sent = "; ".join(f"{name} {', '.join(str(n) for n in runs) or 'none'}" for name, runs in c["runs_sent"].items())
+        cluster_row = [f"| the same through `serve`'s worker cluster ({c['workers']} processes: the timer, and the "
+                       f"helpers it asks for; rounds {rounds_of(c)}; sent by the finished runs: {sent}) | "
+                       f"{fmt(c['wakes_per_s'])} | the same | {fmt(r['ratio_cluster_to_raw'], 2)} |"]
     return [f"### Webhook wakes to a local HTTPS receiver ({wakes['subscriptions']:,} active subscriptions, "
             f"{wakes['endpoints']} endpoints, {wakes['workers']} worker processes)", "",
             "| figure | value | baseline: raw signed POSTs/s, one process, 64 in flight (before / after, mean) "
@@ -207,7 +217,8 @@ def webhooks_markdown(r: dict, cfg: dict) -> list[str]:
             "| --- | ---: | ---: | ---: |",
             f"| wakes/s (claim, sign, POST, record) | {fmt(wakes['wakes_per_s'])} | "
             f"{' / '.join(fmt(v) for v in raw['before_after_posts_per_s'])}, {fmt(raw['posts_per_s'])} "
-            f"| {fmt(r['ratio_wakes_to_raw'], 2)} |", "",
+            f"| {fmt(r['ratio_wakes_to_raw'], 2)} |",
+            *cluster_row, "",
             f"Rounds: {rounds}; attempts recorded {wakes['attempts']:,}, delivered {wakes['delivered']:,}. "
             f"Raw POSTs: {raw['errors']} errors, p50 {fmt(raw['p50_ms'], 1)} ms, counted after a "
             f"{raw['warmup_s']} s warm-up.", "",

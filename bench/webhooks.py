@@ -17,6 +17,8 @@ a throwaway CA trusted through WEBHOOK_CA_BUNDLE), in the same run:
    last receipt, over the rounds after the warm-up. The warm-up round's
    figure is kept beside it: it also opens the workers' connections and
    prepares their statements, which a running timer has done long before.
+   Then the same rounds through `serve`'s worker cluster (`worker_cluster`):
+   one timer, and the helper runs it asks for (webhooks.tasks.assist).
 3. latency: `manage.py serve` (its ASGI server and the django-q2 cluster, Redis
    broker) and one inbox subscription with debounce 0; `latency_sends`
    direct messages one at a time, 100 ms apart; latency is from just before
@@ -25,7 +27,9 @@ a throwaway CA trusted through WEBHOOK_CA_BUNDLE), in the same run:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -156,6 +160,18 @@ def _due_wakes(subscriptions, round_: int) -> float:
         return time.time()
 
 
+def _round(stats_base: str, ca: str, subscriptions, round_: int, procs) -> dict:
+    """One round: a due wake for every subscription, committed, and its
+    receipts (from the commit to the last)."""
+    _reset(stats_base, ca)
+    started = _due_wakes(subscriptions, round_)
+    _wait_for_receipts(stats_base, ca, lambda n: n["received"] >= SUBSCRIPTIONS, time.monotonic() + 120, procs)
+    received = _stats(stats_base, ca)
+    last = max((at for _, _, at in received), default=started)
+    return {"wakes": len(received), "unique": len({i for i, _, _ in received}), "seconds": round(last - started, 3),
+            "wakes_per_s": round(len(received) / max(last - started, 1e-6), 1), "warmup": round_ < WARMUP_ROUNDS}
+
+
 def _wakes(env: dict, url_base: str, stats_base: str, ca: str, workers: int, out_dir: Path) -> dict:
     owner, subscriptions = _prepare_subscriptions(url_base)
     go = Path(tempfile.mkdtemp()) / "go"
@@ -168,15 +184,7 @@ def _wakes(env: dict, url_base: str, stats_base: str, ca: str, workers: int, out
     try:
         time.sleep(3)  # let the workers boot
         for r in range(WARMUP_ROUNDS + ROUNDS):
-            _reset(stats_base, ca)
-            started = _due_wakes(subscriptions, r)
-            _wait_for_receipts(stats_base, ca, lambda n: n["received"] >= SUBSCRIPTIONS, time.monotonic() + 120, procs)
-            received = _stats(stats_base, ca)
-            last = max((at for _, _, at in received), default=started)
-            rounds.append({"wakes": len(received), "unique": len({i for i, _, _ in received}),
-                           "seconds": round(last - started, 3),
-                           "wakes_per_s": round(len(received) / max(last - started, 1e-6), 1),
-                           "warmup": r < WARMUP_ROUNDS})
+            rounds.append(_round(stats_base, ca, subscriptions, r, procs))
     finally:
         (go.parent / "go.stop").touch()
         for proc in procs:
@@ -187,6 +195,74 @@ def _wakes(env: dict, url_base: str, stats_base: str, ca: str, workers: int, out
             "wakes_per_s": round(sum(r["wakes"] for r in measured) / sum(r["seconds"] for r in measured), 1),
             "attempts": Attempt.objects.filter(delivery__subscription__owner=owner).count(),
             "delivered": Delivery.objects.filter(subscription__owner=owner, state="delivered").count()}
+
+
+# `serve`'s worker cluster (`manage.py worker`), with loopback receivers
+# allowed as the worker scripts above allow them.
+CLUSTER_SCRIPT = """
+from django.conf import settings
+from django.core.management import call_command
+settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS = True  # the receiver is on loopback; the env flag needs DEBUG=1
+call_command("worker")
+"""
+# Once the cluster's timer runs: the other workers' start-up runs (nothing due) have ended.
+CLUSTER_SETTLE_SECONDS = 1.0
+
+
+@contextlib.contextmanager
+def worker_cluster(env: dict, workers: int, log: Path):
+    """`serve`'s worker cluster with `workers` processes, as a deployment
+    with Redis runs it, until the block ends: yielded once one of its workers
+    is the delivery timer (each queues a delivery run as it starts)."""
+    from django.core.cache import cache
+
+    from webhooks.due import TIMER_KEY
+
+    cluster = subprocess.Popen([PY, "manage.py", "shell", "-c", CLUSTER_SCRIPT], cwd=ROOT,
+                               env={**env, "DEBUG": "0", "WEBHOOK_ALLOW_PRIVATE_NETWORKS": "0",
+                                    "Q_WORKERS": str(workers)},
+                               stdout=subprocess.DEVNULL, stderr=open(log, "w"), start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not cache.get(TIMER_KEY):
+            assert time.monotonic() < deadline and cluster.poll() is None, "the cluster's timer did not start"
+            time.sleep(0.05)
+        time.sleep(CLUSTER_SETTLE_SECONDS)
+        yield cluster
+    finally:
+        cluster.send_signal(signal.SIGTERM)
+        try:
+            cluster.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(cluster.pid, signal.SIGKILL)
+            cluster.wait(10)
+
+
+def finished_runs() -> dict[str, list]:
+    """What each finished delivery run (`deliver`) and helper run (`assist`)
+    of the cluster sent, from django-q2's task results."""
+    from django_q.models import Task
+
+    return {name: [r for f, r in Task.objects.values_list("func", "result") if f == f"webhooks.tasks.{name}"]
+            for name in ("deliver", "assist")}
+
+
+def _wakes_through_cluster(env: dict, url_base: str, stats_base: str, ca: str, workers: int, out_dir: Path) -> dict:
+    """The same rounds sent the way a deployment with Redis sends them:
+    `serve`'s worker cluster, one worker the timer (nudged by each round's
+    commit, as by a send's), which asks for a helper run in another when a
+    claim fills its room."""
+    from django_q.models import Task
+
+    _, subscriptions = _prepare_subscriptions(url_base)
+    Task.objects.all().delete()
+    rounds = []
+    with worker_cluster({**env, "WEBHOOK_CA_BUNDLE": ca}, workers, out_dir / "webhook-cluster.stderr") as cluster:
+        for r in range(WARMUP_ROUNDS + ROUNDS):
+            rounds.append(_round(stats_base, ca, subscriptions, r, [cluster]))
+    measured = [r for r in rounds if not r["warmup"]]
+    return {"workers": workers, "rounds": rounds, "runs_sent": finished_runs(),
+            "wakes_per_s": round(sum(r["wakes"] for r in measured) / sum(r["seconds"] for r in measured), 1)}
 
 
 def _latency(env: dict, url: str, stats_base: str, ca: str, sends: int, out_dir: Path) -> dict:
@@ -284,9 +360,12 @@ def run(env: dict, out_dir: Path, *, seconds: float, workers: int, latency_sends
                 time.sleep(0.1)
         def wakes():
             _reset(stats_base, ca)
-            return _wakes(env, url_base, stats_base, ca, workers, out_dir)
+            return (_wakes(env, url_base, stats_base, ca, workers, out_dir),
+                    _wakes_through_cluster(env, url_base, stats_base, ca, workers, out_dir))
 
-        result = dict(zip(("raw", "wakes"), raw_around(f"{url_base}/hook", seconds, wakes)))
+        raw, (result_wakes, cluster) = raw_around(f"{url_base}/hook", seconds, wakes)
+        result = {"raw": raw, "wakes": result_wakes, "cluster": cluster,
+                  "ratio_cluster_to_raw": round(cluster["wakes_per_s"] / raw["posts_per_s"], 2)}
         result["latency"] = _latency(env, f"{url_base}/hook", stats_base, ca, latency_sends, out_dir)
         result["ratio_wakes_to_raw"] = round(result["wakes"]["wakes_per_s"] / result["raw"]["posts_per_s"], 2)
         return result
