@@ -17,7 +17,7 @@ from webhooks.models import Attempt, Delivery, Endpoint, Subscription, new_deliv
 DUE_TOPIC = "switchboard.webhooks.due"
 # Held in the cache by the worker that is the timer (webhooks.tasks.deliver).
 TIMER_KEY = "webhooks:timer"
-# Held for a while by the timer that asked for a helper run (webhooks.tasks.ask_for_help).
+# Held from the timer's asking for a helper run to that run's end (webhooks.tasks.ask_for_help).
 HELPER_KEY = "webhooks:helper"
 
 
