@@ -306,6 +306,29 @@ def warm_rate(warm_from: float, warm_items: int, *, items: int, last: float) -> 
     return round(warm_items / max(last - warm_from, 1e-6), 1)
 
 
+def _receipts(received: list, started: float, expected: int, prefix: str) -> dict:
+    """The figures of a push run from the receiver's receipts (webhook id,
+    subscription id, time) and its go signal's time `started`: items
+    unique and duplicated, items/s from the go signal and warm
+    (`warm_window`), and the agents' items left pending."""
+    from inbox.models import InboxItem
+
+    first_at: dict[str, float] = {}
+    for delivery_id, _, at in received:
+        first_at[delivery_id] = min(at, first_at.get(delivery_id, at))
+    last = max(first_at.values(), default=started)
+    seconds = max(last - started, 1e-6)
+    warm_from, warm_items = warm_window(received, started)
+    return {"items": expected, "received": len(received), "unique": len(first_at),
+            "duplicates": len(received) - len(first_at), "last": last,
+            "seconds": round(seconds, 3), "items_per_s": round(len(first_at) / seconds, 1),
+            "first_receipt_s": round(min(first_at.values(), default=started) - started, 3),
+            "warm_from_s": round(warm_from - started, 3), "warm_items": warm_items,
+            "warm_items_per_s": warm_rate(warm_from, warm_items, items=expected, last=last),
+            "pending_left": InboxItem.objects.filter(member__handle__startswith=prefix,
+                                                     state=InboxItem.State.PENDING).count()}
+
+
 def _push_inboxes(dsn: str, base: str, items: int) -> tuple:
     """PUSH_SUBSCRIPTIONS new agents with `items` pending items each and an
     `inbox.item` subscription to the receiver at `base`: (their handles'
@@ -331,7 +354,6 @@ def _push(env: dict, dsn: str, out_dir: Path, base: str, ca: str, *, items: int,
           profile: bool) -> dict:
     from django.db.models import Count
 
-    from inbox.models import InboxItem
     from webhooks.models import Attempt, Delivery
 
     prefix, subscriptions, loaded, subscribe_seconds = _push_inboxes(dsn, base, items)
@@ -366,28 +388,17 @@ def _push(env: dict, dsn: str, out_dir: Path, base: str, ca: str, *, items: int,
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
-    first_at: dict[str, float] = {}
-    for delivery_id, _, at in received:
-        first_at[delivery_id] = min(at, first_at.get(delivery_id, at))
+    figures = _receipts(received, started, expected, prefix)
     per = Counter(s for _, s, _ in received)
-    last = max(first_at.values(), default=started)
-    seconds = max(last - started, 1e-6)
-    warm_from, warm_items = warm_window(received, started)
+    last = figures.pop("last")
     deliveries = Delivery.objects.filter(subscription__in=subscriptions)
     threads = [_db_thread(json.loads(path.read_text()), started, last) for path in go.parent.glob("go.calls.*")]
     # Which worker sent how many items, for how many subscriptions, until when (the split of the chains).
     split = [{"items": len(rows), "subscriptions": len({s for s, _ in rows}),
               "last_send_s": round(max((at for _, at in rows), default=started) - started, 3)}
              for rows in (json.loads(path.read_text()) for path in sorted(go.parent.glob("go.sends.*")))]
-    return {"subscriptions": PUSH_SUBSCRIPTIONS, "items_each": items, "items": expected, "workers": workers,
-            "received": len(received), "unique": len(first_at), "duplicates": len(received) - len(first_at),
+    return {"subscriptions": PUSH_SUBSCRIPTIONS, "items_each": items, "workers": workers, **figures,
             "per_subscription_min_max": [min(per.values(), default=0), max(per.values(), default=0)],
-            "seconds": round(seconds, 3), "items_per_s": round(len(first_at) / seconds, 1),
-            "first_receipt_s": round(min(first_at.values(), default=started) - started, 3),
-            "warm_from_s": round(warm_from - started, 3), "warm_items": warm_items,
-            "warm_items_per_s": warm_rate(warm_from, warm_items, items=expected, last=last),
-            "pending_left": InboxItem.objects.filter(member__handle__startswith=prefix,
-                                                     state=InboxItem.State.PENDING).count(),
             "attempts": Attempt.objects.filter(delivery__subscription__in=subscriptions).count(),
             "deliveries": dict(deliveries.values_list("state").annotate(n=Count("id")).order_by()),
             # Item subscriptions with nothing left to send, after the last item (see docs/benchmarks.md).
@@ -414,7 +425,6 @@ def _push_through_cluster(env: dict, dsn: str, out_dir: Path, base: str, ca: str
     from django_q.models import Task
 
     from controlplane.clock import now
-    from inbox.models import InboxItem
     from webhooks.due import kick_on_commit
     from webhooks.models import Delivery
 
@@ -433,18 +443,9 @@ def _push_through_cluster(env: dict, dsn: str, out_dir: Path, base: str, ca: str
         _wait_for_receipts(base, ca, lambda n: n["unique"] >= expected, time.monotonic() + PUSH_TIMEOUT, [cluster])
         cpu_after = _cpu_ticks()
         received = _stats(base, ca)
-    first_at: dict[str, float] = {}
-    for delivery_id, _, at in received:
-        first_at[delivery_id] = min(at, first_at.get(delivery_id, at))
-    last = max(first_at.values(), default=started)
-    warm_from, warm_items = warm_window(received, started)
-    return {"workers": workers, "items": expected, "unique": len(first_at),
-            "duplicates": len(received) - len(first_at), "seconds": round(last - started, 3),
-            "items_per_s": round(len(first_at) / max(last - started, 1e-6), 1),
-            "warm_from_s": round(warm_from - started, 3), "warm_items": warm_items,
-            "warm_items_per_s": warm_rate(warm_from, warm_items, items=expected, last=last),
-            "pending_left": InboxItem.objects.filter(member__handle__startswith=prefix,
-                                                     state=InboxItem.State.PENDING).count(),
+    figures = _receipts(received, started, expected, prefix)
+    figures.pop("last")
+    return {"workers": workers, **figures,
             "machine_cpu_cores": round((cpu_after[0] - cpu_before[0]) / max(cpu_after[1] - cpu_before[1], 1)
                                        * os.cpu_count(), 2),
             # Finished runs and what each sent; the timer's run ends with the cluster.
@@ -456,12 +457,14 @@ def _push_phase(env: dict, dsn: str, out_dir: Path, *, items: int, workers: int,
     kicks = redis.Redis.from_url(env["REDIS_URL"], socket_timeout=5) if env.get("REDIS_URL") else None
     try:
         with _receiver(out_dir) as (base, ca):
-            def both() -> tuple[dict, dict]:
+            def both() -> tuple[dict, dict | None]:
+                # Through the cluster only with Redis: without it every worker may be a timer.
                 return (_push(env, dsn, out_dir, base, ca, items=items, workers=workers, profile=profile),
-                        _push_through_cluster(env, dsn, out_dir, base, ca, items=items, workers=workers))
+                        _push_through_cluster(env, dsn, out_dir, base, ca, items=items, workers=workers)
+                        if env.get("REDIS_URL") else None)
 
             raw, (push, cluster) = raw_around(f"{base}/hook", seconds, both)
-            result = {"raw": raw, "push": push, "cluster": cluster}
+            result = {"raw": raw, "push": push, **({"cluster": cluster} if cluster else {})}
     finally:
         if kicks is not None:  # without Redis they went to the ORM broker, in the bench database
             queued = kicks.llen(f"django_q:{KICK_QUEUE}:q")
@@ -471,8 +474,8 @@ def _push_phase(env: dict, dsn: str, out_dir: Path, *, items: int, workers: int,
     result["ratio_push_to_raw"] = round(result["push"]["items_per_s"] / result["raw"]["posts_per_s"], 2)
     warm = result["push"]["warm_items_per_s"]
     result["ratio_warm_push_to_raw"] = round(warm / result["raw"]["posts_per_s"], 2) if warm is not None else None
-    warm = result["cluster"]["warm_items_per_s"]
-    result["ratio_warm_cluster_to_raw"] = round(warm / result["raw"]["posts_per_s"], 2) if warm is not None else None
+    if "cluster" in result and (warm := result["cluster"]["warm_items_per_s"]) is not None:
+        result["ratio_warm_cluster_to_raw"] = round(warm / result["raw"]["posts_per_s"], 2)
     return result
 
 

@@ -206,7 +206,7 @@ def webhooks_markdown(r: dict, cfg: dict) -> list[str]:
     rounds = rounds_of(wakes)
     cluster_row = []
     if c := r.get("cluster"):
-        sent = "; ".join(f"{name} {', '.join(str(n) for n in runs) or 'none'}" for name, runs in c["runs_sent"].items())
+        sent = runs_sent(c["runs_sent"])
         cluster_row = [f"| the same through `serve`'s worker cluster ({c['workers']} processes: the timer, and the "
                        f"helpers it asks for; rounds {rounds_of(c)}; sent by the finished runs: {sent}) | "
                        f"{fmt(c['wakes_per_s'])} | the same | {fmt(r['ratio_cluster_to_raw'], 2)} |"]
@@ -355,6 +355,11 @@ def live_markdown(r: dict) -> list[str]:
     return lines
 
 
+def runs_sent(runs: dict[str, list]) -> str:
+    """What each finished run of a worker cluster sent, by task: `deliver 1280, 0; assist 720`."""
+    return "; ".join(f"{name} {', '.join(str(n) for n in sent) or 'none'}" for name, sent in runs.items())
+
+
 def mcp_markdown(r: dict) -> list[str]:
     if "error" in r:
         return [f"### MCP: failed: {r['error']}", ""]
@@ -392,7 +397,7 @@ def mcp_markdown(r: dict) -> list[str]:
         if c := p.get("cluster"):
             lines.append(f"| the same through `serve`'s worker cluster ({c['workers']} processes: the timer, and the "
                          f"helper it asks for), warm | {fmt(c['warm_items_per_s'])} | the same | "
-                         f"{fmt(p['ratio_warm_cluster_to_raw'], 2)} | – | – |")
+                         f"{fmt(p.get('ratio_warm_cluster_to_raw'), 2)} | – | – |")
     lines.append("")
     if s and "error" not in s:
         st, ws = s["stream"], s["websocket"]
@@ -418,8 +423,7 @@ def mcp_markdown(r: dict) -> list[str]:
                       f"{w['items']:,}, {w['subscriptions']}, {w['last_send_s']}" for w in push["workers_split"])
                       if push.get("workers_split") else ""), ""]
         if c := p.get("cluster"):
-            runs = "; ".join(f"{name} {', '.join(str(n) for n in sent) or 'none'}"
-                             for name, sent in c["runs_sent"].items())
+            runs = runs_sent(c["runs_sent"])
             lines += [f"Through the cluster: {c['unique']:,} of {c['items']:,} items in {c['seconds']} s from the "
                       f"delivery task's queueing (every subscription's first by {c['warm_from_s']} s, "
                       f"{c['warm_items']:,} after it), {c['duplicates']} duplicates, {c['pending_left']} left pending; "

@@ -4,7 +4,8 @@ single database thread does the ORM work.
 
 `run(seconds=…, wait=True)` is the timer (webhooks.tasks): it stays for its
 run, woken by nudges on its topic (webhooks.due.DUE_TOPIC) or
-by its own short poll; `wait=False` sends what is due now and returns.
+by its own short poll; `wait=False` sends what is due now and returns, a
+moment later with `linger` (a helper run).
 """
 from __future__ import annotations
 
@@ -91,16 +92,17 @@ async def _send(transport: Transport, signer: crypto.Signer, job: Job) -> Result
     return log_attempt(Result(job, await transport.post(job.url, job.body, headers), key_id, started_at))
 
 
-async def run(*, seconds: float, wait: bool, resolver=None, renew=None, ask_for_help=None) -> int:
+async def run(*, seconds: float, wait: bool, resolver=None, renew=None, ask_for_help=None, linger: float = 0.0) -> int:
     """Send due wakes for up to `seconds`; returns how many were attempted.
     `renew` (the timer's key) is called about once a second, and
     `ask_for_help` (webhooks.tasks) at most once a second after a claim that
     filled the room: more is due than this run can hold.
 
     With `wait` (the timer), stay for the whole run, sending each wake as it
-    falls due (debounce windows, retry times, new wakes); otherwise stop as
-    soon as nothing is due right now. Finished attempts are recorded in
-    batches."""
+    falls due (debounce windows, retry times, new wakes); otherwise stop
+    once nothing has been due for `linger` seconds (a helper's, kept for the
+    next burst with its connections open; 0: as soon as nothing is due right
+    now). Finished attempts are recorded in batches."""
     deadline = time.monotonic() + seconds
     db = _Database()
     in_flight: set[asyncio.Task] = set()
@@ -109,13 +111,13 @@ async def run(*, seconds: float, wait: bool, resolver=None, renew=None, ask_for_
     # where the channel layer reaches the processes that commit them.
     nudged = asyncio.Event()
     listener = asyncio.create_task(topics.listen(DUE_TOPIC, lambda _: nudged.set())) \
-        if wait and live.shared_layer() else None
+        if (wait or linger) and live.shared_layer() else None
     poll = NUDGED_POLL_SECONDS if listener else POLL_SECONDS
     try:
         signer = crypto.Signer(await db(crypto.active_signing_key))
         async with Transport(resolver=resolver, limit=MAX_IN_FLIGHT) as transport:
             renewed = time.monotonic()
-            recovered, found, asked = 0.0, False, -ASK_SECONDS
+            recovered, found, asked, busy = 0.0, False, -ASK_SECONDS, time.monotonic()
             while True:
                 if renew and time.monotonic() - renewed >= 1.0:
                     faults.point("webhooks.timer")
@@ -131,6 +133,8 @@ async def run(*, seconds: float, wait: bool, resolver=None, renew=None, ask_for_
                     recovered, found = time.monotonic() if recover else recovered, bool(jobs)
                 in_flight |= {asyncio.create_task(_send(transport, signer, job)) for job in jobs}
                 sent += len(jobs)
+                busy = time.monotonic() if in_flight else busy
+                stay = remaining if wait else min(remaining, busy + linger - time.monotonic())
                 if ask_for_help and jobs and len(jobs) == capacity and time.monotonic() - asked >= ASK_SECONDS:
                     asked = time.monotonic()
                     await db(ask_for_help)
@@ -144,11 +148,14 @@ async def run(*, seconds: float, wait: bool, resolver=None, renew=None, ask_for_
                     timeout = poll
                 elif not recover:
                     continue  # nothing fell due: look once more, for lapsed leases and wrong clocks' claims
-                elif wait and remaining > 0:
-                    # The timer stays for its run, looking for new and newly
-                    # due wakes (due but held by another worker: soon again).
-                    soonest = await db.lenient(next_due_in, remaining)
-                    timeout = min(poll if soonest is None else max(soonest, 0.01), poll, remaining)
+                elif stay > 0:
+                    # The timer stays for its run (a lingering run a while), looking for
+                    # new and newly due wakes (due but held by another worker: soon again).
+                    # (A lingering run looks no more often than it polls: what is due may be
+                    # wakes the claim skips, their endpoints busy with the timer's sends.)
+                    soonest = await db.lenient(next_due_in, stay)
+                    timeout = min(poll if soonest is None else max(soonest, 0.01 if wait else POLL_SECONDS), poll,
+                                  stay)
                 else:
                     break
                 done = await _first_of(in_flight, nudged, timeout)
@@ -166,6 +173,7 @@ async def run(*, seconds: float, wait: bool, resolver=None, renew=None, ask_for_
                                       max(1, MAX_IN_FLIGHT // CLAIM_SHARE))
                     in_flight |= {asyncio.create_task(_send(transport, signer, job)) for job in handed}
                     sent += len(handed)
+                    busy = time.monotonic()
     finally:
         if in_flight:  # cancelled mid-run: the leases bring these back
             for task in in_flight:

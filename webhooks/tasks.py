@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 
 from django.core.cache import cache
 
@@ -32,11 +33,16 @@ TIMER_KEY_SECONDS = 3
 # room means more is due than it can hold: it asks for a helper, one more
 # run in another worker (`assist`), one at a time (HELPER_KEY, held from the
 # asking to the helper's end, or for HELPER_KEY_SECONDS if the helper never
-# ends). A helper sends what is due until nothing is, for at most
-# HELP_SECONDS, so the tasks queued behind it (firewall classification,
-# sweeps) get that worker back between helpers.
+# ends). A helper sends what is due until nothing has been for a moment
+# (HELP_LINGER_SECONDS), for at most HELP_SECONDS, so the tasks queued
+# behind it (firewall classification, sweeps) get that worker back between
+# helpers.
 HELP_SECONDS = 10
 HELPER_KEY_SECONDS = 3 * HELP_SECONDS
+# A helper stays this long after its last send, hearing the timer's nudges:
+# a burst soon after finds it with its connections open, where a new helper
+# would open them again.
+HELP_LINGER_SECONDS = 2.0
 
 
 def deliver() -> int:
@@ -72,18 +78,27 @@ def ask_for_help() -> None:
     failure is only logged: the timer goes on alone."""
     from django_q.tasks import async_task
 
+    token = secrets.token_hex(8)
     try:
-        if cache.add(HELPER_KEY, 1, timeout=HELPER_KEY_SECONDS):
-            async_task("webhooks.tasks.assist")
+        if cache.add(HELPER_KEY, token, timeout=HELPER_KEY_SECONDS):
+            try:
+                async_task("webhooks.tasks.assist", token)
+            except Exception:
+                cache.delete(HELPER_KEY)  # none is queued: the next full claim asks again
+                raise
     except Exception:  # noqa: BLE001 - the broker or cache is down: the timer sends on
         log.warning("the delivery timer could not ask for a helper", exc_info=True)
 
 
-def assist() -> int:
-    """A helper run beside the timer (`ask_for_help`): send what is due now
-    and what it hands off, until nothing is, for at most HELP_SECONDS; then
-    the timer may ask for the next one."""
+def assist(token: str = "") -> int:
+    """A helper run beside the timer (`ask_for_help`): send what is due and
+    what it hands off, until nothing has been for HELP_LINGER_SECONDS, for
+    at most HELP_SECONDS; then the timer may ask for the next one. The key
+    is held again from the start (however long the task waited in the
+    queue), and given up only if it is still this helper's."""
+    cache.set(HELPER_KEY, token, timeout=HELPER_KEY_SECONDS)
     try:
-        return asyncio.run(pump.run(seconds=HELP_SECONDS, wait=False))
+        return asyncio.run(pump.run(seconds=HELP_SECONDS, wait=False, linger=HELP_LINGER_SECONDS))
     finally:
-        cache.delete(HELPER_KEY)
+        if cache.get(HELPER_KEY) == token:
+            cache.delete(HELPER_KEY)

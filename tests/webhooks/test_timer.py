@@ -148,6 +148,7 @@ def test_a_timer_whose_claim_fills_its_room_asks_for_a_helper_at_most_once_a_sec
     from webhooks.models import Endpoint, Subscription
 
     monkeypatch.setattr(timer_loop, "MAX_IN_FLIGHT", 4)
+    monkeypatch.setattr(timer_loop, "ASK_SECONDS", 60.0)
     owner = make_member("ada")
     for n in range(10):
         endpoint = Endpoint.objects.create(owner=owner, url=receiver.url(f"/hook/{n}"))
@@ -157,13 +158,22 @@ def test_a_timer_whose_claim_fills_its_room_asks_for_a_helper_at_most_once_a_sec
     asked = []
     # when: a run claims four, four (within the second) and two
     sent = asyncio.run(timer_loop.run(seconds=10, wait=False, ask_for_help=lambda: asked.append(time.monotonic())))
-    # then: the first full claim asked for a helper; the second was within the second; the last was not full
+    # then: the first full claim asked for a helper, the second (at least) was within ASK_SECONDS of it
     assert sent == 10 and len(receiver.wakes()) == 10
     assert len(asked) == 1
+    # and without the pause every full claim asks: of ten more, at least the first two claims are full
+    # (four, then as many as have finished, with six left)
+    monkeypatch.setattr(timer_loop, "ASK_SECONDS", 0.0)
+    for subscription in Subscription.objects.all():
+        Delivery.objects.create(subscription=subscription, after_position=1, through_position=2, due_at=now())
+    asked.clear()
+    assert asyncio.run(timer_loop.run(seconds=10, wait=False, ask_for_help=lambda: asked.append(0))) == 10
+    assert len(asked) >= 2
     # and a run that finds less than its room never asks
-    Delivery.objects.create(subscription=subscription, after_position=1, through_position=2, due_at=now())
+    asked.clear()
+    Delivery.objects.create(subscription=subscription, after_position=2, through_position=3, due_at=now())
     assert asyncio.run(timer_loop.run(seconds=10, wait=False, ask_for_help=lambda: asked.append(0))) == 1
-    assert len(asked) == 1
+    assert asked == []
 
 
 def test_the_timer_asks_for_one_helper_run_at_a_time(monkeypatch, caplog):
@@ -173,10 +183,10 @@ def test_the_timer_asks_for_one_helper_run_at_a_time(monkeypatch, caplog):
     from webhooks import tasks
 
     queued, runs = [], []
-    monkeypatch.setattr(q_tasks, "async_task", lambda name, *args: queued.append(name))
+    monkeypatch.setattr(q_tasks, "async_task", lambda name, *args: queued.append((name, *args)))
 
-    async def run(seconds, wait):
-        runs.append((seconds, wait))
+    async def run(seconds, wait, linger):
+        runs.append((seconds, wait, linger))
         return 3
 
     monkeypatch.setattr(tasks.pump, "run", run)
@@ -185,18 +195,52 @@ def test_the_timer_asks_for_one_helper_run_at_a_time(monkeypatch, caplog):
         # when: the timer asks twice while its helper is queued or running
         tasks.ask_for_help()
         tasks.ask_for_help()
-        assert queued == ["webhooks.tasks.assist"]
-        # then the helper runs (sending what is due, not staying) and ends, and the timer asks again
-        assert tasks.assist() == 3 and runs == [(tasks.HELP_SECONDS, False)]
+        ((name, token),) = queued
+        assert name == "webhooks.tasks.assist"
+        # then the helper runs (sending what is due, lingering a while, not staying) and ends,
+        # and the timer asks again
+        assert tasks.assist(token) == 3 and runs == [(tasks.HELP_SECONDS, False, tasks.HELP_LINGER_SECONDS)]
         tasks.ask_for_help()
-        assert queued == ["webhooks.tasks.assist"] * 2
+        assert len(queued) == 2 and queued[1][1] != token
+        # and a helper whose key lapsed meanwhile (and the timer asked again) leaves the newer one's alone
+        async def overtaken(seconds, wait, linger):
+            assert cache.get(due.HELPER_KEY) == queued[1][1]  # held again from its start
+            cache.set(due.HELPER_KEY, "newer")
+            return 1
+
+        monkeypatch.setattr(tasks.pump, "run", overtaken)
+        assert tasks.assist(queued[1][1]) == 1 and cache.get(due.HELPER_KEY) == "newer"
     finally:
         cache.delete(due.HELPER_KEY)
-    # and a cache that fails only costs the help: the timer goes on
+    # and a broker that fails only costs the help, and leaves no key that would stop the next asking
+    monkeypatch.setattr(q_tasks, "async_task", lambda *args: 1 / 0)
+    tasks.ask_for_help()
+    assert cache.get(due.HELPER_KEY) is None and "could not ask for a helper" in caplog.text
+    # as does a cache that fails
     monkeypatch.setattr(tasks.cache, "add", lambda *args, **kwargs: 1 / 0)
     tasks.ask_for_help()
-    assert queued == ["webhooks.tasks.assist"] * 2
-    assert "could not ask for a helper" in caplog.text
+    assert len(queued) == 2
+
+
+def test_a_lingering_run_sends_what_falls_due_soon_after_its_last_send(world, receiver):
+    # given: a run that lingers three seconds after its last send, and a wake due now
+    send_message(world["general"], body="first", actor=world["bob"])
+    sent = []
+    run = threading.Thread(target=lambda: (sent.append(asyncio.run(timer_loop.run(seconds=30, wait=False,
+                                                                                    linger=3.0))),
+                                           connections.close_all()))
+    started = time.monotonic()
+    run.start()
+    deadline = time.monotonic() + 10
+    while Delivery.objects.filter(state=Delivery.State.DELIVERED).count() < 1:
+        assert time.monotonic() < deadline, "the first wake was not recorded"
+        time.sleep(0.05)
+    # when: the next wake commits after the first was sent and recorded
+    send_message(world["general"], body="second", actor=world["bob"])
+    run.join(30)
+    # then: the same run sent it, and left a few seconds later (not after its thirty)
+    assert sent == [2] and len(receiver.wakes()) == 2
+    assert time.monotonic() - started < 15
 
 
 def test_a_helper_run_ends_within_its_window():
@@ -205,7 +249,7 @@ def test_a_helper_run_ends_within_its_window():
     # and a helper that never ends (killed) blocks the next one only for a while.
     from webhooks import tasks, transport
 
-    assert tasks.HELP_SECONDS < tasks.RUN_SECONDS
+    assert tasks.HELP_LINGER_SECONDS < tasks.HELP_SECONDS < tasks.RUN_SECONDS
     assert tasks.HELP_SECONDS + transport.TOTAL_TIMEOUT < tasks.HELPER_KEY_SECONDS < 60
     assert tasks.HELP_SECONDS + transport.TOTAL_TIMEOUT + 2 < settings.Q_CLUSTER["timeout"]
 
