@@ -22,7 +22,8 @@ One run, every figure beside its baseline from the same run:
    prose, and its growth from 2 to 8 KiB (bench/mentions.py).
 7. mcp: send → MCP `events/stream` event latency beside send → WebSocket
    frame on the same server, and pushed inbox items/s over 100 `inbox.item`
-   subscriptions beside raw signed POSTs/s to the same receiver (bench/mcp.py).
+   subscriptions beside raw signed POSTs/s to the same receiver (bench/mcp.py,
+   bench/push.py).
 8. tasks: the claim sweep's time per scan over 1,000 and over 100,000 claimed
    tasks (bench/tasks.py).
 9. statements: CPU per send, live pass and acknowledgement, in this process

@@ -175,7 +175,7 @@ def _round(stats_base: str, ca: str, subscriptions, round_: int, procs) -> dict:
 def _wakes(env: dict, url_base: str, stats_base: str, ca: str, workers: int, out_dir: Path) -> dict:
     owner, subscriptions = _prepare_subscriptions(url_base)
     go = Path(tempfile.mkdtemp()) / "go"
-    # Production settings (DEBUG off: no query log), as bench/mcp.py's workers.
+    # Production settings (DEBUG off: no query log), as bench/push.py's workers.
     worker_env = {**env, GO_FILE_ENV: str(go), "DEBUG": "0", "WEBHOOK_ALLOW_PRIVATE_NETWORKS": "0"}
     procs = [subprocess.Popen([PY, "manage.py", "shell", "-c", WORKER_SCRIPT], cwd=ROOT,
                               env=worker_env, stdout=subprocess.DEVNULL,

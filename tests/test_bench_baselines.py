@@ -1,7 +1,7 @@
 """How the push and wake benchmarks count: the warm window of pushed items,
 and the raw signed POSTs baseline taken on both sides of a measurement."""
 import bench.webhooks
-from bench.mcp import warm_rate, warm_window
+from bench.push import warm_rate, warm_window
 
 
 def test_the_warm_window_starts_when_every_subscription_has_had_an_item():
