@@ -150,9 +150,9 @@ async def run(*, seconds: float, wait: bool, resolver=None, renew=None, ask_for_
                     continue  # nothing fell due: look once more, for lapsed leases and wrong clocks' claims
                 elif stay > 0:
                     # The timer stays for its run (a lingering run a while), looking for
-                    # new and newly due wakes (due but held by another worker: soon again).
-                    # (A lingering run looks no more often than it polls: what is due may be
-                    # wakes the claim skips, their endpoints busy with the timer's sends.)
+                    # new and newly due wakes (due but held by another worker: soon again;
+                    # a lingering run looks no more often than it polls, as what is due may
+                    # be wakes the claim skips, their endpoints busy with the timer's sends).
                     soonest = await db.lenient(next_due_in, stay)
                     timeout = min(poll if soonest is None else max(soonest, 0.01 if wait else POLL_SECONDS), poll,
                                   stay)
