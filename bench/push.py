@@ -37,12 +37,12 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import httpx
 import redis
 
 from bench import inbox
-from bench.servers import PY, ROOT, free_port
-from bench.webhooks import _reset, _stats, _wait_for_receipts, finished_runs, raw_around, worker_cluster
+from bench.servers import PY, ROOT
+from bench.webhooks import (_reset, _stats, _wait_for_receipts, finished_runs, https_receiver, raw_around,
+                            worker_cluster)
 
 ITEM = "org.switchboard/inbox.item"  # the MCP event pushed here, and streamed in bench/mcp.py
 PUSH_SUBSCRIPTIONS = 100
@@ -97,36 +97,6 @@ with open(go + ".sends." + str(os.getpid()), "w") as f:
 if profiler:
     profiler.dump_stats(profile + "-" + str(os.getpid()) + ".prof")
 """
-
-
-@contextlib.contextmanager
-def _receiver(out_dir: Path):
-    """(receiver base URL, CA bundle), with this process's settings trusting it."""
-    from django.conf import settings
-
-    from webhooks.example_receiver import make_ca_and_certificate
-
-    ca, cert, key = (str(p) for p in make_ca_and_certificate(Path(tempfile.mkdtemp())))
-    port = free_port()
-    base = f"https://localhost:{port}"
-    proc = subprocess.Popen([PY, "-m", "bench.receiver", cert, key, str(port)], cwd=ROOT,
-                            stderr=open(out_dir / "mcp-receiver.stderr", "w"))
-    saved = settings.WEBHOOK_CA_BUNDLE, settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS
-    settings.WEBHOOK_CA_BUNDLE, settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS = ca, True
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                _stats(base, ca)
-                break
-            except httpx.TransportError:
-                assert proc.poll() is None and time.monotonic() < deadline, "the receiver did not start"
-                time.sleep(0.1)
-        yield base, ca
-    finally:
-        settings.WEBHOOK_CA_BUNDLE, settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS = saved
-        proc.terminate()
-        proc.wait(10)
 
 
 @contextlib.contextmanager
@@ -283,7 +253,8 @@ def _push(env: dict, dsn: str, out_dir: Path, base: str, ca: str, *, items: int,
             "seconds_after_last": round(stopped - last, 2),
             "machine_cpu_cores": round((cpu_after[0] - cpu_before[0]) / max(cpu_after[1] - cpu_before[1], 1)
                                        * os.cpu_count(), 2),
-            "db_threads": threads, "workers_split": split, "profiles": sorted(str(p.relative_to(ROOT)) for p in out_dir.glob("mcp-worker-*.prof")),
+            "db_threads": threads, "workers_split": split,
+            "profiles": sorted(str(p.relative_to(ROOT)) for p in out_dir.glob("mcp-worker-*.prof")),
             "subscribe_seconds": round(subscribe_seconds, 2), "load_seconds": loaded.get("load_seconds"),
             "worker_exit_codes": [p.returncode for p in procs]}
 
@@ -332,7 +303,7 @@ def phase(env: dict, dsn: str, out_dir: Path, *, items: int, workers: int, secon
                 profile: bool) -> dict:
     kicks = redis.Redis.from_url(env["REDIS_URL"], socket_timeout=5) if env.get("REDIS_URL") else None
     try:
-        with _receiver(out_dir) as (base, ca):
+        with https_receiver(out_dir, "mcp") as (base, ca):
             def both() -> tuple[dict, dict | None]:
                 # Through the cluster only with Redis: without it every worker may be a timer.
                 return (_push(env, dsn, out_dir, base, ca, items=items, workers=workers, profile=profile),

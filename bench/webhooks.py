@@ -333,46 +333,58 @@ def _latency(env: dict, url: str, stats_base: str, ca: str, sends: int, out_dir:
     return result
 
 
-def run(env: dict, out_dir: Path, *, seconds: float, workers: int, latency_sends: int) -> dict:
+@contextlib.contextmanager
+def https_receiver(out_dir: Path, name: str):
+    """bench/receiver.py in a process of its own, with a throwaway CA, until
+    the block ends: (its base URL, the CA bundle), this process's settings
+    trusting it meanwhile (its log: `<name>-receiver.stderr`)."""
+    from django.conf import settings
+
     from webhooks.example_receiver import make_ca_and_certificate
 
-    tls = Path(tempfile.mkdtemp())
-    ca, cert, key = (str(p) for p in make_ca_and_certificate(tls))
-    # Loopback receivers are a development setting, which production settings
-    # refuse: the latency phase's `serve` runs with DEBUG on (its query log is
-    # bounded); the wakes' workers admit loopback in their script instead.
-    env = {**env, "WEBHOOK_CA_BUNDLE": ca, "WEBHOOK_ALLOW_PRIVATE_NETWORKS": "1", "DEBUG": "1"}
-    os.environ.update({"WEBHOOK_CA_BUNDLE": ca, "WEBHOOK_ALLOW_PRIVATE_NETWORKS": "1"})
-    from django.conf import settings
-    settings.WEBHOOK_CA_BUNDLE, settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS = ca, True
+    ca, cert, key = (str(p) for p in make_ca_and_certificate(Path(tempfile.mkdtemp())))
     port = free_port()
-    receiver = subprocess.Popen([PY, "-m", "bench.receiver", cert, key, str(port)], cwd=ROOT,
-                                stderr=open(out_dir / "webhook-receiver.stderr", "w"))
-    url_base, stats_base = f"https://localhost:{port}", f"https://localhost:{port}"
+    base = f"https://localhost:{port}"
+    proc = subprocess.Popen([PY, "-m", "bench.receiver", cert, key, str(port)], cwd=ROOT,
+                            stderr=open(out_dir / f"{name}-receiver.stderr", "w"))
+    saved = settings.WEBHOOK_CA_BUNDLE, settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS
+    settings.WEBHOOK_CA_BUNDLE, settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS = ca, True
     try:
         deadline = time.monotonic() + 30
         while True:
             try:
-                _stats(stats_base, ca)
+                _stats(base, ca)
                 break
             except httpx.TransportError:
-                assert time.monotonic() < deadline, "the receiver did not start"
+                assert proc.poll() is None and time.monotonic() < deadline, "the receiver did not start"
                 time.sleep(0.1)
-        def wakes():
-            _reset(stats_base, ca)
-            # Through the cluster only with Redis: without it every worker may be a timer.
-            return (_wakes(env, url_base, stats_base, ca, workers, out_dir),
-                    _wakes_through_cluster(env, url_base, stats_base, ca, workers, out_dir)
-                    if env.get("REDIS_URL") else None)
+        yield base, ca
+    finally:
+        settings.WEBHOOK_CA_BUNDLE, settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS = saved
+        proc.terminate()
+        proc.wait(10)
 
-        raw, (result_wakes, cluster) = raw_around(f"{url_base}/hook", seconds, wakes)
+
+
+def run(env: dict, out_dir: Path, *, seconds: float, workers: int, latency_sends: int) -> dict:
+    with https_receiver(out_dir, "webhook") as (base, ca):
+        # Loopback receivers are a development setting, which production settings
+        # refuse: the latency phase's `serve` runs with DEBUG on (its query log is
+        # bounded); the wakes' workers admit loopback in their script instead.
+        env = {**env, "WEBHOOK_CA_BUNDLE": ca, "WEBHOOK_ALLOW_PRIVATE_NETWORKS": "1", "DEBUG": "1"}
+        os.environ.update({"WEBHOOK_CA_BUNDLE": ca, "WEBHOOK_ALLOW_PRIVATE_NETWORKS": "1"})
+
+        def wakes():
+            _reset(base, ca)
+            # Through the cluster only with Redis: without it every worker may be a timer.
+            return (_wakes(env, base, base, ca, workers, out_dir),
+                    _wakes_through_cluster(env, base, base, ca, workers, out_dir) if env.get("REDIS_URL") else None)
+
+        raw, (result_wakes, cluster) = raw_around(f"{base}/hook", seconds, wakes)
         result = {"raw": raw, "wakes": result_wakes}
         if cluster:
             result.update(cluster=cluster, ratio_cluster_to_raw=round(cluster["wakes_per_s"] / raw["posts_per_s"], 2))
-        result["latency"] = _latency(env, f"{url_base}/hook", stats_base, ca, latency_sends, out_dir)
+        result["latency"] = _latency(env, f"{base}/hook", base, ca, latency_sends, out_dir)
         result["ratio_wakes_to_raw"] = round(result["wakes"]["wakes_per_s"] / result["raw"]["posts_per_s"], 2)
-        return result
-    finally:
-        receiver.terminate()
-        receiver.wait(10)
-        sys.stderr.flush()
+    sys.stderr.flush()
+    return result
