@@ -10,12 +10,16 @@ land on one process while the other idled (docs/benchmarks.md, round
 twenty-two). uvicorn's `--fd` takes its socket for a Unix one, so the socket
 is handed to uvicorn's server directly, as its own workers get theirs.
 
-Once it listens, the process writes a byte to READY_FD and closes it:
-`serve` is ready when every one of its processes is, not when the first
-one answers.
+Once it listens, the process writes a byte to READY_FD: `serve` is ready
+when every one of its processes is, not when the first one answers. Then
+its event loop writes a byte there every BEAT_SECONDS, and `serve` starts
+another process on the socket when the beats stop for
+SERVE_HEALTHCHECK_SECONDS: a loop that never comes back (a call that
+blocks it, a deadlock) holds every request and WebSocket of the process.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
@@ -27,18 +31,33 @@ APP = "controlplane.asgi:application"
 # What `uvicorn APP --loop uvloop --http httptools --ws websockets-sansio ...` sets.
 OPTIONS = {"loop": "uvloop", "http": "httptools", "ws": "websockets-sansio", "lifespan": "on",
            "timeout_graceful_shutdown": 5, "access_log": False, "log_level": "warning"}
+BEAT_SECONDS = 1.0
 
 
 class Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, ready_fd: int) -> None:
         super().__init__(config)
         self.ready_fd = ready_fd
+        self.beats: asyncio.Task | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)  # exits with status 3 if the application cannot start
         if self.started:
-            with contextlib.suppress(OSError):  # serve stopped waiting: it is stopping this process too
-                os.write(self.ready_fd, b"1")
+            os.set_blocking(self.ready_fd, False)  # a full pipe must never stop the loop
+            self.beats = asyncio.create_task(self.beat())
+        else:
+            os.close(self.ready_fd)
+
+    async def beat(self) -> None:
+        """b"1" now (it listens), and again every BEAT_SECONDS while the loop runs."""
+        try:
+            while True:
+                with contextlib.suppress(BlockingIOError):  # serve reads them all at its next look
+                    os.write(self.ready_fd, b"1")
+                await asyncio.sleep(BEAT_SECONDS)
+        except OSError:  # serve stopped reading: it is stopping this process too
+            pass
+        finally:
             os.close(self.ready_fd)
 
 

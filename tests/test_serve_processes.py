@@ -5,6 +5,7 @@ import contextlib
 import os
 import signal
 import socket
+import time
 from pathlib import Path
 
 import httpx
@@ -145,6 +146,25 @@ def test_a_server_process_that_dies_is_started_again_on_its_socket():
         wait_until(lambda: [pid for pid in server_processes(process) if pid != first], "no server process was "
                    "started again", seconds=30)
         (second,) = [pid for pid in server_processes(process) if pid != first]
+        assert listening_inodes(second, port) == socket_before
+        assert httpx.get(f"{base}/healthz", timeout=30).json() == {"status": "ok"}
+        assert process.poll() is None
+
+
+def test_a_server_process_whose_loop_stops_answering_is_started_again_on_its_socket():
+    # given: a server process that beats (its event loop runs), watched with a short health check
+    with serving("--no-worker", "--workers", "1", SERVE_HEALTHCHECK_SECONDS=2) as (base, process):
+        port = int(base.rsplit(":", 1)[1])
+        (first,) = server_processes(process)
+        socket_before = listening_inodes(first, port)
+        time.sleep(5)  # more than twice the health check: a process that beats is left alone
+        assert server_processes(process) == [first]
+        # when: it stops answering (stopped, as a process whose loop never comes back)
+        os.kill(first, signal.SIGSTOP)
+        # then: it is killed, and another process serves from the same socket
+        wait_until(lambda: first not in server_processes(process), "the stopped process was not killed", seconds=30)
+        wait_until(lambda: server_processes(process), "no server process was started again", seconds=30)
+        (second,) = server_processes(process)
         assert listening_inodes(second, port) == socket_before
         assert httpx.get(f"{base}/healthz", timeout=30).json() == {"status": "ok"}
         assert process.poll() is None

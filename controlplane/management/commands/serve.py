@@ -118,15 +118,18 @@ def _keep_the_group(sockets: list[socket.socket]) -> None:
 @dataclass
 class Child:
     """A process `serve` started, leading its own process group. A uvicorn
-    process (one with a `listening` socket) says when it listens, and is
-    started again on the same socket if it dies after that; the connections
-    that came meanwhile wait in the socket's backlog."""
+    process (one with a `listening` socket) says when it listens, and then
+    beats every second (controlplane.uvicorn_process); it is started again
+    on the same socket if it dies after that, or stops beating
+    (`unresponsive`); the connections that came meanwhile wait in the
+    socket's backlog."""
 
     command: list[str] | None = None
     listening: socket.socket | None = None
     process: subprocess.Popen | None = field(default=None, repr=False)
     _ready_pipe: int | None = field(default=None, repr=False)
     _ready: bool = False
+    _beat_at: float = 0.0
 
     def start(self) -> Child:
         self.close()
@@ -147,11 +150,17 @@ class Child:
         return self.process.poll() is None
 
     def ready(self) -> bool:
-        """Whether it said it listens (any other child: once started)."""
-        if self._ready_pipe is not None and select.select([self._ready_pipe], [], [], 0)[0]:
-            self._ready = os.read(self._ready_pipe, 1) == b"1"  # b"": it exited first
-            self.close()
+        """Whether it said it listens (any other child: once started); takes its beats."""
+        while self._ready_pipe is not None and select.select([self._ready_pipe], [], [], 0)[0]:
+            if not os.read(self._ready_pipe, 4096):  # it closed the pipe: it exits
+                self.close()
+            else:
+                self._ready, self._beat_at = True, time.monotonic()
         return self._ready
+
+    def unresponsive(self, seconds: float) -> bool:
+        """Whether it listens and has not beaten for `seconds`: its event loop is stuck."""
+        return self.ready() and self._ready_pipe is not None and time.monotonic() - self._beat_at > seconds
 
     def close(self) -> None:
         if self._ready_pipe is not None:
@@ -226,12 +235,16 @@ class Command(BaseCommand):
         it listened (it cannot start: its code or its settings are broken)."""
         while not stop.requested:
             for child in children:
-                if child.alive():
+                if child.alive() and not child.unresponsive(settings.SERVE_HEALTHCHECK_SECONDS):
                     continue
-                if child.listening is None or not child.ready():
+                if child.alive():
+                    self.stderr.write(f"a server process ({child.process.pid}) has not answered for "
+                                      f"{settings.SERVE_HEALTHCHECK_SECONDS} s; starting another on its socket")
+                elif child.listening is None or not child.ready():
                     return
-                self.stderr.write(f"a server process exited with status {child.process.returncode}; "
-                                  "starting another on its socket")
+                else:
+                    self.stderr.write(f"a server process exited with status {child.process.returncode}; "
+                                      "starting another on its socket")
                 kill_all(lambda: in_group(child.process.pid))
                 if stop.requested:
                     return
