@@ -40,7 +40,8 @@ SWITCHBOARD_BIND = os.environ.get("SWITCHBOARD_BIND", "127.0.0.1:8000")
 SERVE_SERVER = os.environ.get("SERVE_SERVER", "uvicorn")
 SERVE_WORKERS = env_int("SERVE_WORKERS", 0)
 # A uvicorn process of `serve` whose event loop has not beaten for this
-# long is killed and started again on its socket (controlplane.uvicorn_process).
+# long is killed and started again on its socket (controlplane.uvicorn_process);
+# 0: never, else at least 3.
 SERVE_HEALTHCHECK_SECONDS = env_int("SERVE_HEALTHCHECK_SECONDS", 10)
 SWITCHBOARD_PUBLIC_URL = os.environ.get("SWITCHBOARD_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
 WEBHOOK_ALLOW_PRIVATE_NETWORKS = env_bool("WEBHOOK_ALLOW_PRIVATE_NETWORKS", False)

@@ -62,6 +62,7 @@ class Server(uvicorn.Server):
 
 
 def main(socket_fd: int, ready_fd: int) -> None:
+    os.set_inheritable(ready_fd, False)  # what the application starts must not hold serve's pipe
     listening = socket.socket(fileno=socket_fd)  # family and type read from the descriptor
     Server(uvicorn.Config(APP, **OPTIONS), ready_fd).run(sockets=[listening])
 

@@ -11,7 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 from django.conf import settings
+from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.test import override_settings
 
 from controlplane.management.commands.serve import listening_sockets
 from controlplane.processes import descendants, in_session, kill_all
@@ -153,11 +155,11 @@ def test_a_server_process_that_dies_is_started_again_on_its_socket():
 
 def test_a_server_process_whose_loop_stops_answering_is_started_again_on_its_socket():
     # given: a server process that beats (its event loop runs), watched with a short health check
-    with serving("--no-worker", "--workers", "1", SERVE_HEALTHCHECK_SECONDS=2) as (base, process):
+    with serving("--no-worker", "--workers", "1", SERVE_HEALTHCHECK_SECONDS=3) as (base, process):
         port = int(base.rsplit(":", 1)[1])
         (first,) = server_processes(process)
         socket_before = listening_inodes(first, port)
-        time.sleep(5)  # more than twice the health check: a process that beats is left alone
+        time.sleep(7)  # more than twice the health check: a process that beats is left alone
         assert server_processes(process) == [first]
         # when: it stops answering (stopped, as a process whose loop never comes back)
         os.kill(first, signal.SIGSTOP)
@@ -168,6 +170,13 @@ def test_a_server_process_whose_loop_stops_answering_is_started_again_on_its_soc
         assert listening_inodes(second, port) == socket_before
         assert httpx.get(f"{base}/healthz", timeout=30).json() == {"status": "ok"}
         assert process.poll() is None
+
+
+@pytest.mark.parametrize("seconds", [1, 2, -1])
+def test_a_health_check_shorter_than_the_beats_allow_is_refused_before_anything_starts(seconds):
+    with override_settings(SERVE_HEALTHCHECK_SECONDS=seconds):
+        with pytest.raises(CommandError, match="SERVE_HEALTHCHECK_SECONDS must be 0"):
+            call_command("serve", "--bind", f"127.0.0.1:{free_port()}", "--no-worker")
 
 
 def test_a_server_process_that_dies_before_it_listens_stops_serve():

@@ -48,6 +48,9 @@ SO_ATTACH_REUSEPORT_CBPF = 51
 SKF_AD_RANDOM = 0xFFFFF000 + 56  # SKF_AD_OFF + SKF_AD_RANDOM
 BPF_LD_W_ABS, BPF_ALU_MOD_K, BPF_RET_A = 0x20, 0x94, 0x16
 RESTART_POLL_SECONDS = 0.2
+# Beats come every second (controlplane.uvicorn_process) and are read every
+# RESTART_POLL_SECONDS: a shorter health check would restart healthy processes.
+MIN_HEALTHCHECK_SECONDS = 3
 
 
 def server_command(server: str, host: str, port: int, workers: int) -> list[str]:
@@ -159,8 +162,9 @@ class Child:
         return self._ready
 
     def unresponsive(self, seconds: float) -> bool:
-        """Whether it listens and has not beaten for `seconds`: its event loop is stuck."""
-        return self.ready() and self._ready_pipe is not None and time.monotonic() - self._beat_at > seconds
+        """Whether it listens and has not beaten for `seconds` (0: never): its event loop is stuck."""
+        return (self.ready() and self._ready_pipe is not None and seconds > 0
+                and time.monotonic() - self._beat_at > seconds)
 
     def close(self) -> None:
         if self._ready_pipe is not None:
@@ -192,6 +196,9 @@ class Command(BaseCommand):
         workers = workers or default_workers()
         if workers < 1:
             raise CommandError("--workers must be at least 1")
+        if settings.SERVE_HEALTHCHECK_SECONDS != 0 and settings.SERVE_HEALTHCHECK_SECONDS < MIN_HEALTHCHECK_SECONDS:
+            raise CommandError(f"SERVE_HEALTHCHECK_SECONDS must be 0 (no health check) or at least "
+                               f"{MIN_HEALTHCHECK_SECONDS}: the processes beat once a second")
         if workers > 1 and not settings.REDIS_URL:
             raise CommandError("several server processes share live updates through Redis: set REDIS_URL, "
                                "or use --workers 1")
@@ -246,6 +253,11 @@ class Command(BaseCommand):
                     self.stderr.write(f"a server process exited with status {child.process.returncode}; "
                                       "starting another on its socket")
                 kill_all(lambda: in_group(child.process.pid))
+                try:
+                    child.process.wait(STOP_GRACE_SECONDS)
+                except subprocess.TimeoutExpired:
+                    self.stderr.write(f"the server process {child.process.pid} outlived SIGKILL; "
+                                      "starting another beside it")
                 if stop.requested:
                     return
                 child.start()
