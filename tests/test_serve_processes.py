@@ -15,8 +15,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import override_settings
 
+from controlplane.management.commands import serve
 from controlplane.management.commands.serve import listening_sockets
-from controlplane.processes import descendants, in_session, kill_all
+from controlplane.processes import in_session, kill_all
 from tests.servers import free_port, serving, start_serving
 from tests.test_server import left_behind, wait_until
 
@@ -42,13 +43,7 @@ def listening_inodes(pid: int, port: int) -> set[str]:
 
 def server_processes(process) -> list[int]:
     """The uvicorn processes `serve` runs."""
-    def command(pid: int) -> str:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                return f.read().decode()
-        except OSError:
-            return ""  # gone
-    return [pid for pid in descendants(process.pid) if "controlplane.uvicorn_process" in command(pid)]
+    return serve.server_processes(process.pid)
 
 
 def test_connections_made_together_spread_over_the_sockets_of_one_port():

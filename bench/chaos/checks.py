@@ -175,6 +175,7 @@ def check(book: Book, people: dict, conversations: dict, receiver_log: Path,
         stuck["410 not suspended"] += 1
 
     # Barriers: every grant terminal; nothing it authorized left pending.
+    stuck["server processes not replaced"] += book.unreplaced
     stuck["barriers"] += Grant.objects.filter(public_id__in=book.grants, status=Grant.Status.REVOKING).count()
     stuck["revoked items pending"] += InboxItem.objects.filter(grant__public_id__in=book.grants,
                                                                grant__status="revoked", state="pending").count()

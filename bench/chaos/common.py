@@ -31,7 +31,8 @@ LEASE_SECONDS = 20    # webhook claim leases (longer than any request); short, s
 CLOCK_JUMP_SECONDS = 25 * 3600  # past every lease: webhook claims (seconds), MCP subscriptions (24 h)
 SETTLE_TIMEOUT = 420.0
 FAULTS = ("node", "clock", "worker", "send.committed", "webhooks.answered", "webhooks.record", "webhooks.timer",
-          "barrier.step", "postgres", "redis")
+          "barrier.step", "postgres", "redis", "hang")
+HEALTHCHECK_SECONDS = 3  # a node's server process that stops answering is replaced this soon
 
 
 
@@ -53,6 +54,7 @@ class Book:
     last_frame_at: dict[str, float] = field(default_factory=dict)  # socket -> seconds into the run
     faults: Counter = field(default_factory=Counter)
     faults_missed: Counter = field(default_factory=Counter)
+    unreplaced: int = 0  # stopped server processes their `serve` did not replace
     grants: list[str] = field(default_factory=list)
     operations: Counter = field(default_factory=Counter)
 

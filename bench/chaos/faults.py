@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import signal
 import time
 from pathlib import Path
 
-from bench.chaos.common import CLOCK_JUMP_SECONDS, FAULTS, Book
+from bench.chaos.common import CLOCK_JUMP_SECONDS, FAULTS, HEALTHCHECK_SECONDS, Book
 from bench.chaos.services import Postgres
 from controlplane.cluster import Child, Supervisor
+from controlplane.management.commands.serve import server_processes
 
 
 class Faults:
@@ -49,6 +52,16 @@ class Faults:
             await asyncio.to_thread(self.pg.crash_restart)
         elif kind == "redis":
             self.redis.kill()  # the supervisor starts it again, empty
+        elif kind == "hang":
+            # A node's server process stops mid-load, as one whose event loop
+            # never comes back (holding its requests, sockets, transactions
+            # and row locks); its `serve` kills it and starts another.
+            node = random.choice([n for n in self.nodes if n.alive] or self.nodes)
+            running = server_processes(node.process.pid) if node.alive else []
+            if not running:
+                return False  # the node is starting again: tried later
+            os.kill(running[0], signal.SIGSTOP)
+            await self._replaced(node, running[0])
         elif kind == "clock":
             # A worker's clock jumps a day ahead, it claims and leases by it,
             # and dies holding claims; restarted, its clock is right. Only a
@@ -65,6 +78,18 @@ class Faults:
                     skew.unlink()
             return False
         return True
+
+    async def _replaced(self, node: Child, stopped: int) -> None:
+        """Until `serve` has killed the stopped server process (or the node
+        died with it); one still there well after the health check counts as
+        stuck, and is killed so that the run goes on."""
+        deadline = time.monotonic() + HEALTHCHECK_SECONDS + 15
+        while node.alive and stopped in server_processes(node.process.pid):
+            if time.monotonic() > deadline:
+                self.book.unreplaced += 1
+                os.kill(stopped, signal.SIGKILL)
+                return
+            await asyncio.sleep(0.1)
 
     async def run(self, count: int, interval: float, stop: asyncio.Event) -> None:
         """Inject `count` faults, cycling through the kinds; one armed and not

@@ -19,7 +19,8 @@ import aiohttp
 
 import bench.chaos
 from bench.chaos.checks import behind, check, feed_heads, settled
-from bench.chaos.common import CONCURRENCY, FAULTS, LEASE_SECONDS, PY, READERS, ROOT, SETTLE_TIMEOUT, Api, Book
+from bench.chaos.common import (CONCURRENCY, FAULTS, HEALTHCHECK_SECONDS, LEASE_SECONDS, PY, READERS, ROOT,
+                               SETTLE_TIMEOUT, Api, Book)
 from bench.chaos.faults import Faults, supervise
 from bench.chaos.load import boot, granted, members, reader, sender, sign_in, socket, spaces, subscribe_webhooks
 from bench.chaos.services import Postgres
@@ -145,7 +146,7 @@ def table(book: Book, counts: dict[str, Counter]) -> tuple[str, int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=bench.chaos.__doc__.split("\n\n")[0])
     parser.add_argument("--sends", type=int, default=10_000)
-    parser.add_argument("--faults", type=int, default=30)
+    parser.add_argument("--faults", type=int, default=33)  # three of each kind
     parser.add_argument("--fault-interval", type=float, default=6.0, help="mean seconds between faults")
     parser.add_argument("--out", type=Path, default=None, help="keep logs and the result here")
     parser.add_argument("--seed", type=int, default=None)
@@ -177,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         env = {"DATABASE_URL": database_url, "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", "DEBUG": "1",
                "SERVER_ADMIN_KEY": secrets.token_urlsafe(32), "RATE_LIMIT_PER_MINUTE": "0",
                "WEBHOOK_ALLOW_PRIVATE_NETWORKS": "1", "WEBHOOK_CA_BUNDLE": ca, "LOG_LEVEL": "WARNING",
-               "WEBHOOK_LEASE_SECONDS": str(LEASE_SECONDS), "SWITCHBOARD_VAR_DIR": str(work / "var")}
+               "WEBHOOK_LEASE_SECONDS": str(LEASE_SECONDS), "SWITCHBOARD_VAR_DIR": str(work / "var"),
+               "SERVE_HEALTHCHECK_SECONDS": str(HEALTHCHECK_SECONDS)}
         child_env = {k: v for k, v in os.environ.items() if k != "DJANGO_ALLOW_ASYNC_UNSAFE"} | env
         subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=child_env, check=True)
         boot(env)

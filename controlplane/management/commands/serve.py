@@ -19,7 +19,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane.processes import StopRequest, in_group, kill_all
+from controlplane.processes import StopRequest, descendants, in_group, kill_all
 
 log = logging.getLogger(__name__)
 STOP_GRACE_SECONDS = 10
@@ -70,6 +70,17 @@ def uvicorn_command(socket_fd: int, ready_fd: int) -> list[str]:
     """One uvicorn process on the listening socket `socket_fd`, which says
     on `ready_fd` when it listens (controlplane.uvicorn_process)."""
     return [sys.executable, "-m", "controlplane.uvicorn_process", str(socket_fd), str(ready_fd)]
+
+
+def server_processes(serve_pid: int) -> list[int]:
+    """The uvicorn processes (controlplane.uvicorn_process) that the `serve` process `serve_pid` runs now."""
+    def command(pid: int) -> bytes:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return f.read()
+        except OSError:
+            return b""  # gone
+    return [pid for pid in descendants(serve_pid) if b"controlplane.uvicorn_process" in command(pid)]
 
 
 def listening_sockets(host: str, port: int, count: int) -> list[socket.socket]:
