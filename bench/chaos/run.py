@@ -206,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if bad else 0
     finally:
         supervisor.stop()
+        if args.out and pg.log.exists():
+            shutil.copy(pg.log, args.out / "postgres.log")
         if args.keep:
             print(f"kept: PostgreSQL at {database_url}, data in {work}")
         else:

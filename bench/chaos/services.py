@@ -19,6 +19,7 @@ class Postgres:
 
     def __init__(self, work: Path):
         self.dir, self.port = work / "pg", free_port()
+        self.log = self.dir / "log"  # the server's own (a deadlock's detail names both statements)
         self.as_owner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
 
     def _run(self, *argv: str) -> None:
@@ -26,7 +27,7 @@ class Postgres:
 
     def start(self) -> None:
         options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c max_connections=300"
-        self._run(_pg_bin("pg_ctl"), "-D", str(self.dir / "data"), "-o", options, "-l", str(self.dir / "log"),
+        self._run(_pg_bin("pg_ctl"), "-D", str(self.dir / "data"), "-o", options, "-l", str(self.log),
                   "-w", "-t", "60", "start")
 
     def init(self) -> str:
