@@ -55,18 +55,28 @@ def withhold_items_under(authority_id: int) -> int:
     ).update(admission=InboxItem.Admission.WITHHELD)
 
 
-def reject_items_under(authority_id: int, *, authority_ref: str, reason: str, limit: int) -> int:
+def reject_items_under(authority_id: int, *, authority_ref: str, reason: str, limit: int) -> bool:
     """Settle up to `limit` pending items sent under `authority_id`, oldest
-    first; returns how many (0: none is left). A copy already handed off
-    stays delivered; any other becomes `rejected` (a tombstone with the
-    reason), its handling row says so, and a `rejected` notice takes its
-    place in the inbox, so the conversation's later messages follow in order."""
-    items = list(InboxItem.objects.select_for_update(of=("self",), no_key=True)
+    first; False once none is left. A copy already handed off stays
+    delivered; any other becomes `rejected` (a tombstone with the reason),
+    its handling row says so, and a `rejected` notice takes its place in the
+    inbox, so the conversation's later messages follow in order.
+
+    The mailboxes first, then the items (the lock order, mailbox.lock): an
+    acknowledgement holds its owner's mailbox and then takes the item, and
+    a barrier that held the item while it waited for that mailbox
+    deadlocked against it. So the mailboxes of the members whose items come
+    first are locked, then those members' items; should they all have been
+    settled meanwhile (acknowledged by a reader who read them before they
+    were withheld), the caller's next batch, a new transaction, looks again."""
+    under = InboxItem.objects.filter(grant_id=authority_id, state=InboxItem.State.PENDING).order_by("position", "id")
+    members = set(under.values_list("member_id", flat=True)[:limit])
+    if not members:
+        return False
+    mailbox.lock(members)  # also before the first notice takes the log head
+    items = list(under.select_for_update(of=("self",), no_key=True)
                  .select_related("message__author", "conversation", "member")
-                 .filter(grant_id=authority_id, state=InboxItem.State.PENDING).order_by("position", "id")[:limit])
-    if not items:
-        return 0
-    mailbox.lock(item.member_id for item in items)  # before the first notice takes the log head
+                 .filter(member_id__in=members)[:limit])
     handling = {(r.message_id, r.member_id): r for r in Recipient.objects.select_for_update(no_key=True).filter(
         message_id__in={i.message_id for i in items}, member_id__in={i.member_id for i in items},
         grant_id=authority_id)}
@@ -91,4 +101,4 @@ def reject_items_under(authority_id: int, *, authority_ref: str, reason: str, li
                    "sender": f"@{message.author.handle}", "grant": authority_ref, "reason": reason}
         post_notice(item.member, payload, events.message_rejected(message, item.member, reason),
                     conversation_id=item.conversation_id, position=item.position)
-    return len(items)
+    return True

@@ -222,3 +222,40 @@ def test_an_owners_acknowledgement_takes_its_mailbox_before_the_item(api_for):
     assert results == [200] and not acknowledging.is_alive()
     item.refresh_from_db()
     assert item.state == InboxItem.State.ACKNOWLEDGED
+
+
+def test_a_revocation_barrier_takes_its_recipients_mailboxes_before_their_items():
+    """An acknowledgement holds its owner's mailbox and then takes the item
+    (inbox.delivery._settle_sql). The barrier settling a revoked grant's
+    items must wait for the mailbox without holding them: a reader
+    acknowledging an item read just before the grant was revoked deadlocked
+    against it (the fault matrix, docs/reliability.md)."""
+    from grants import barrier
+    from grants import services as grants
+    from grants.models import Grant
+    from inbox.models import InboxItem
+
+    # given: an item bob sent carol under a pair grant, withheld as the revocation starts
+    alice, bob, carol = (services.create_member(h, actor=None) for h in ("alice", "bob", "carol"))
+    space = services.create_space(slug="vault", name="Vault", visibility="open", send_policy="explicit_only",
+                                  actor=alice)
+    for member in (bob, carol):
+        services.join_space(space, actor=member)
+    grant = grants.create_grant(space, grant_id="grt_pair", kind="pair", actor=alice, sender="@bob",
+                                recipient="@carol")[0]
+    conversation, _ = services.get_or_create_direct(space, carol, actor=bob)
+    send_message(conversation, body="under the grant", actor=bob)
+    item = InboxItem.objects.get(member=carol, grant=grant)
+    barrier.start_barrier(grant.pk, ending=Grant.Status.REVOKED, actor=alice)
+    # when: carol's acknowledgement holds her mailbox while the barrier settles, then takes the item
+    other = other_writer()
+    other.execute(f"SELECT 1 FROM {MAILBOX} WHERE member_id = %s FOR NO KEY UPDATE", [carol.pk])
+    settling, results = in_thread(lambda: barrier.finish_barrier(grant.pk))
+    other.execute(f"SELECT 1 FROM {InboxItem._meta.db_table} WHERE id = %s FOR NO KEY UPDATE", [item.pk])
+    other.commit()
+    other.close()
+    settling.join(10)
+    # then: no cycle: both finished, the grant is revoked and the item rejected
+    assert len(results) == 1 and isinstance(results[0], Grant) and results[0].status == Grant.Status.REVOKED
+    item.refresh_from_db()
+    assert item.state == InboxItem.State.REJECTED
