@@ -69,7 +69,10 @@ def reject_items_under(authority_id: int, *, authority_ref: str, reason: str, li
     first are locked, then those members' items; should they all have been
     settled meanwhile (acknowledged by a reader who read them before they
     were withheld), the caller's next batch, a new transaction, looks again."""
-    under = InboxItem.objects.filter(grant_id=authority_id, state=InboxItem.State.PENDING).order_by("position", "id")
+    # Admitted ones are copies already handed off, let through again below:
+    # the barrier withheld every other pending item as it started.
+    under = (InboxItem.objects.filter(grant_id=authority_id, state=InboxItem.State.PENDING)
+             .exclude(admission=InboxItem.Admission.ADMITTED).order_by("position", "id"))
     members = set(under.values_list("member_id", flat=True)[:limit])
     if not members:
         return False

@@ -76,6 +76,23 @@ def test_finishing_keeps_what_was_handed_off_and_rejects_the_rest(bob_to_carol, 
     assert refused.status_code == 403 and error_code(refused) == "GRANT_REQUIRED"
 
 
+def test_a_message_acknowledged_but_not_its_inbox_item_is_kept_and_the_barrier_ends(bob_to_carol, grant, as_alice,
+                                                                                      as_bob, as_carol):
+    """A message-level acknowledgement hands the message off without
+    settling its inbox item: the barrier keeps the item, once, and ends
+    (it used to find the same pending item in every batch, for ever)."""
+    # given
+    grant("grt_pair", "pair", sender="@bob", recipient="@carol")
+    message = send(as_bob, bob_to_carol, "one")
+    assert as_carol.post(f"/v0/messages/{message}/acknowledge").status_code == 200
+    # when
+    revoked = as_alice.post("/v0/grants/grt_pair/revoke").json()["grant"]
+    # then: the grant is terminal and carol still has the item, readable
+    assert revoked["status"] == "revoked"
+    assert summary(as_carol) == [("direct", message)]
+    assert InboxItem.objects.get(grant__public_id="grt_pair").admission == InboxItem.Admission.ADMITTED
+
+
 def test_feeds_withhold_bodies_once_authority_is_revoked(locked, bob_to_carol, grant, as_alice, as_bob, as_carol):
     # given
     grant("grt_pair", "pair", sender="@bob", recipient="@carol")
