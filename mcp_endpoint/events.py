@@ -29,6 +29,7 @@ EXTENSION = "io.modelcontextprotocol/events"
 SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
 FORBIDDEN, RESOURCE_EXHAUSTED, UNSUPPORTED = -32024, -32025, -32026
 POLL_INTERVAL_MS = 5000
+MAX_RETRY_SECONDS = 15  # a stream's longest wait between reads while the database or Redis is lost
 ENDINGS = {  # why a stream ends, as its `terminated` frame says
     "replaced": {"code": RESOURCE_EXHAUSTED, "message": "A newer consumer took over.",
                  "data": {"limit": "consumers", "max": 1, "reason": "replaced"}},
@@ -134,7 +135,8 @@ async def stream(ctx, params: StreamParams) -> dict:
     """One long-lived response: `active` first, then each event as it
     commits, a heartbeat at least every MCP_HEARTBEAT_SECONDS, and
     `terminated` when the server ends it (the consumer was replaced, or the
-    caller lost access). Re-reads after each nudge: for the inbox's events
+    caller lost access); a recoverable `error` while the database or Redis
+    is out of reach, and the stream stays on. Re-reads after each nudge: for the inbox's events
     also every FEED_RECHECK_SECONDS in case one was lost; for a space's, the
     process's log watcher finds a lost one (mcp_endpoint.streams)."""
     member = caller(ctx)
@@ -155,8 +157,9 @@ async def stream(ctx, params: StreamParams) -> dict:
     try:
         owner.watch(**await _db(sources.interest, member, source, arguments))
         batch = await _read(member, source, arguments, params.cursor, sources.MAX_EVENTS)
+        await owner.take_over()  # only now: a refused request ends no other consumer
         await send("active", cursor=batch.start, truncated=batch.truncated)
-        last_beat, last_count = time.monotonic(), None
+        last_beat, last_count, retry_in = time.monotonic(), None, None
         while True:
             for event in batch.events:
                 if source.name == pushed.PENDING:  # a level trigger: only changes
@@ -165,24 +168,51 @@ async def stream(ctx, params: StreamParams) -> dict:
                     last_count = event["data"]["pendingCount"]
                 await send("event", **event)
             if batch.has_more:
-                batch = await _read(member, source, arguments, batch.cursor, sources.MAX_EVENTS)
+                batch, retry_in = await _read_again(send, member, source, arguments, batch, retry_in)
                 continue
             beat_in = settings.MCP_HEARTBEAT_SECONDS - (time.monotonic() - last_beat)
             if beat_in <= 0:
                 await send("heartbeat", cursor=batch.cursor)
                 last_beat, beat_in = time.monotonic(), settings.MCP_HEARTBEAT_SECONDS
-            ended = await owner.wait(min(beat_in, settings.FEED_RECHECK_SECONDS) if owner.inbox else beat_in)
+            wait = min(beat_in, settings.FEED_RECHECK_SECONDS) if owner.inbox else beat_in
+            ended = await owner.wait(wait if retry_in is None else min(wait, retry_in))
             if ended is not None:
                 await send("terminated", error=ENDINGS[ended])
                 return {"_meta": meta}
-            try:
-                batch = await sources.read_on_loop(member, source, arguments, batch.cursor, sources.MAX_EVENTS)
-            except ApiError as error:  # access lost meanwhile: the stream ends
-                lost = _as_mcp(error)
-                await send("terminated", error={"code": lost.code, "message": lost.message, "data": lost.data})
-                return {"_meta": meta}
+            batch, retry_in = await _read_again(send, member, source, arguments, batch, retry_in)
+    except Lost as lost:  # access lost meanwhile: the stream ends
+        await send("terminated", error={"code": lost.error.code, "message": lost.error.message,
+                                        "data": lost.error.data})
+        return {"_meta": meta}
     finally:
         await owner.stop()
+
+
+class Lost(Exception):
+    """A stream's read was refused (its caller lost access meanwhile)."""
+
+    def __init__(self, error: MCPError) -> None:
+        super().__init__(error.error.message)
+        self.error = error.error
+
+
+async def _read_again(send, member, source, arguments, batch: sources.Batch,
+                      retry_in: float | None) -> tuple[sources.Batch, float | None]:
+    """A stream's next read, after `batch`, and when to try again after a
+    lost database or Redis (None: not failing). Such a loss is a
+    recoverable `error` frame, the stream stays on and reads again from
+    the same cursor after 1 s, doubling to MAX_RETRY_SECONDS."""
+    try:
+        return await sources.read_on_loop(member, source, arguments, batch.cursor, sources.MAX_EVENTS), None
+    except ApiError as error:
+        raise Lost(_as_mcp(error)) from None
+    except Exception as exc:
+        if (unavailable := as_unavailable(exc)) is None:
+            raise
+        await send("error", error={"code": types.INTERNAL_ERROR, "message": unavailable.message,
+                                   "data": unavailable.body()["error"]})
+        return (sources.Batch(cursor=batch.cursor),
+                1.0 if retry_in is None else min(retry_in * 2, MAX_RETRY_SECONDS))
 
 
 def _delivery(params, *, needs_secret: bool) -> tuple[str, str | None]:

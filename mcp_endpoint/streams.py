@@ -7,12 +7,17 @@ member's group, as for their live pages), and, for the inbox events,
 whether a newer consumer took over.
 
 One consumer owns a member's stream of an inbox event at a time, on any
-server process: a new one announces a claim (its start time and a random
-token) to the owner group over the channel layer, and an older consumer
-that hears a newer claim ends with `terminated`. Claims are ordered the
-same way everywhere, so of two that start together exactly one survives;
-and a replaced consumer's cleanup only removes its own channel, so however
-late it fails, it never ends its replacement.
+server process: a new one, once it listens to the owner group and its first
+read succeeded (a refused request ends nobody), announces a claim (an
+order and a random token) there over the channel layer. An older consumer
+that hears a newer claim ends with `terminated`; a newer one that hears an
+older claim announces its own again, for an older consumer that joined the
+group after the newer one announced. Claims are ordered the same way
+everywhere, by a counter on Redis where the deployment shares one (so that
+processes' clocks cannot disagree), else by this process's clock; so of
+two that start together exactly one survives. A replaced consumer's cleanup
+only removes its own channel, so however late it fails, it never ends its
+replacement.
 
 A member holds at most MAX_PER_MEMBER streams in all (`Places`): counted
 on Redis where the deployment shares one (every process's streams), else
@@ -145,6 +150,16 @@ class Places:
 places = Places()
 
 
+async def _claim_order() -> int:
+    """A claim's place in the order of claims: a counter on Redis where the
+    deployment shares one, else this process's clock (the deployment is
+    then this process)."""
+    if (shared := raw_redis("mcp-stream-claims")) is None:
+        return time.time_ns()
+    client, key = shared
+    return await asyncio.to_thread(client.incr, key)
+
+
 class StreamOwner:
     def __init__(self, member, source, arguments: dict) -> None:
         self.inbox = source.name in (ITEM, PENDING)
@@ -153,7 +168,8 @@ class StreamOwner:
         self.groups = [member_group(member)] + ([self.owner_group, inbox_group(member)] if self.inbox else [])
         self.member_pk = member.pk
         self.counted = False
-        self.claim = (time.time_ns(), secrets.token_hex(8))
+        self.token = secrets.token_hex(8)  # its place's, and its claim's
+        self.claim: tuple[int, str] | None = None  # once announced
         self._renewal: asyncio.Task | None = None
         self.replaced = asyncio.Event()
         self.suspended = asyncio.Event()
@@ -168,7 +184,7 @@ class StreamOwner:
         """Raises TooManyStreams past the member's MAX_PER_MEMBER. A start
         that fails midway (the channel layer lost) undoes itself: its place,
         its renewal and its groups go with it."""
-        if not await places.take(self.member_pk, self.claim[1]):
+        if not await places.take(self.member_pk, self.token):
             raise TooManyStreams()
         self.counted = True
         if places.on_redis():
@@ -180,18 +196,26 @@ class StreamOwner:
             self._memberships = Memberships(self._layer, self._channel)
             await self._memberships.join(*self.groups)
             self._listener = asyncio.get_running_loop().create_task(self._listen())
-            if self.inbox:
-                await self._layer.group_send(self.owner_group, {"type": CLAIM, "at": self.claim[0],
-                                                                "token": self.claim[1]})
         except BaseException:
             await self.stop()
             raise
+
+    async def take_over(self) -> None:
+        """For an inbox event, after `start` and the stream's first read:
+        claim the member's stream, which ends any older consumer."""
+        if not self.inbox or self._layer is None:
+            return
+        self.claim = (await _claim_order(), self.token)
+        await self._announce()
+
+    async def _announce(self) -> None:
+        await self._layer.group_send(self.owner_group, {"type": CLAIM, "at": self.claim[0], "token": self.claim[1]})
 
     async def _renew(self) -> None:
         while True:
             await asyncio.sleep(PLACE_SECONDS / 3)
             try:
-                await places.renew(self.member_pk, self.claim[1])
+                await places.renew(self.member_pk, self.token)
             except Exception:
                 logger.warning("could not renew a stream's place; trying again later", exc_info=True)
 
@@ -199,8 +223,16 @@ class StreamOwner:
         while True:
             message = await self._layer.receive(self._channel)
             if message.get("type") == CLAIM:
-                if (message["at"], message["token"]) > self.claim:
+                heard = (message["at"], message["token"])
+                if self.claim is None or heard == self.claim:
+                    continue  # not claimed yet (its claim will be newer), or its own
+                if heard > self.claim:
                     self.replaced.set()
+                elif not self.replaced.is_set():  # an older consumer that did not hear this one
+                    try:
+                        await self._announce()
+                    except Exception:
+                        logger.warning("could not announce a stream's claim again", exc_info=True)
             elif message.get("type") == "session.ended":
                 self.suspended.set()
             else:
@@ -243,7 +275,7 @@ class StreamOwner:
         giving = None
         if self.counted:
             self.counted = False
-            giving = places.give_back(self.member_pk, self.claim[1])
+            giving = places.give_back(self.member_pk, self.token)
         if self._listener is not None:
             await stop_task(self._listener)
         if self._memberships is not None:

@@ -144,7 +144,9 @@ def test_of_two_inbox_streams_the_newer_owns_it_and_the_older_is_told():
         item = sources.SOURCES["org.switchboard/inbox.item"]
         older, newer = StreamOwner(Member(3), item, {}), StreamOwner(Member(3), item, {})
         await older.start()
+        await older.take_over()
         await newer.start()
+        await newer.take_over()
         replaced = await older.wait(2.0)
         kept = await newer.wait(0.2)
         await older.stop()  # the older one's cleanup leaves the newer one alone
@@ -155,6 +157,41 @@ def test_of_two_inbox_streams_the_newer_owns_it_and_the_older_is_told():
 
     replaced, kept, still = asyncio.run(story())
     assert replaced == "replaced" and kept is None and still is True
+
+
+def test_an_older_consumer_that_joins_after_the_newer_claimed_is_still_told():
+    """The older claim reaches the newer consumer only: it answers with its
+    own again, which the older one hears."""
+    async def story():
+        item = sources.SOURCES["org.switchboard/inbox.item"]
+        older, newer = StreamOwner(Member(6), item, {}), StreamOwner(Member(6), item, {})
+        older.claim = (1, older.token)  # claimed, but not yet listening to the owner group
+        await newer.start()
+        await newer.take_over()
+        await older.start()
+        await older._announce()  # its claim goes out only now
+        replaced = await older.wait(2.0)
+        kept = await newer.wait(0.2)
+        await older.stop()
+        await newer.stop()
+        return replaced, kept
+
+    assert asyncio.run(story()) == ("replaced", None)
+
+
+def test_a_started_stream_that_has_not_taken_over_ends_no_consumer():
+    async def story():
+        item = sources.SOURCES["org.switchboard/inbox.item"]
+        owner, refused = StreamOwner(Member(7), item, {}), StreamOwner(Member(7), item, {})
+        await owner.start()
+        await owner.take_over()
+        await refused.start()  # its first read is refused: it stops without taking over
+        await refused.stop()
+        kept = await owner.wait(0.3)
+        await owner.stop()
+        return kept
+
+    assert asyncio.run(story()) is None
 
 
 def test_a_suspension_ends_every_stream_of_the_member():
@@ -189,8 +226,10 @@ def test_an_inbox_stream_open_past_the_group_expiry_is_still_told_it_was_replace
         item = sources.SOURCES["org.switchboard/inbox.item"]
         older, newer = StreamOwner(Member(5), item, {}), StreamOwner(Member(5), item, {})
         await older.start()
+        await older.take_over()
         await asyncio.sleep(3.5)  # past the expiry of its first joins
         await newer.start()
+        await newer.take_over()
         replaced = await older.wait(2.0)
         await older.stop()
         await newer.stop()

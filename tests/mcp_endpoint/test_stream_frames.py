@@ -1,0 +1,105 @@
+"""An `events/stream` response in-process, frame by frame: what a refused
+request leaves alone, and what a lost database says without ending it."""
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from controlplane import services
+from mcp_endpoint import sources
+from mcp_endpoint.asgi import McpEndpoint
+from mcp_endpoint.endpoint import build
+
+pytestmark = pytest.mark.django_db(transaction=True)
+META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
+ITEM = "org.switchboard/inbox.item"
+
+
+def stream_request(token: str, request_id: int, cursor: str | None) -> dict:
+    return {"url": "/mcp",
+            "json": {"jsonrpc": "2.0", "id": request_id, "method": "events/stream",
+                     "params": {"name": ITEM, "arguments": {}, "cursor": cursor, "_meta": META}},
+            "headers": {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2026-07-28",
+                        "Mcp-Method": "events/stream", "Authorization": f"Bearer {token}"}}
+
+
+def frames(text: str) -> list[dict]:
+    """The JSON-RPC messages of a response: its SSE data frames, or its one JSON body."""
+    if text.lstrip().startswith("{"):
+        return [json.loads(text)]
+    return [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
+
+
+def methods(text: str) -> list[str]:
+    return [frame.get("method", "result" if "result" in frame else "error") for frame in frames(text)]
+
+
+async def with_endpoint(story):
+    endpoint = McpEndpoint(build)
+    try:
+        transport = httpx.ASGITransport(app=endpoint)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=30) as http:
+            return await story(http)
+    finally:
+        await endpoint.stop()
+
+
+def test_a_refused_stream_request_leaves_the_members_stream_to_its_consumer(make_member, settings):
+    # given: a consumer streaming ada's inbox items
+    settings.MCP_HEARTBEAT_SECONDS = 0.5
+    _, token = services.issue_credential(make_member("ada"), actor=None)
+
+    async def story(http):
+        first = asyncio.create_task(http.post(**stream_request(token, 1, None)))
+        await asyncio.sleep(1.0)
+        # when: another stream request with a forged cursor is refused
+        refused = await http.post(**stream_request(token, 2, "forged-cursor"))
+        await asyncio.sleep(1.0)
+        kept = not first.done()
+        first.cancel()
+        return refused, kept
+
+    refused, kept = asyncio.run(with_endpoint(story))
+    # then: the refusal is InvalidParams, and the first stream is still on
+    assert frames(refused.text)[-1]["error"]["code"] == -32602
+    assert kept
+
+
+def test_a_lost_database_is_a_recoverable_error_frame_and_the_stream_goes_on(make_member, settings, monkeypatch):
+    # given: a stream whose reads lose the database twice after the first
+    from django.db import OperationalError
+
+    settings.MCP_HEARTBEAT_SECONDS = 5
+    settings.FEED_RECHECK_SECONDS = 0.1
+    _, token = services.issue_credential(make_member("ada"), actor=None)
+    real, reads = sources.read_on_loop, []
+
+    async def flaky(*args):
+        reads.append(args[3])
+        if len(reads) in (2, 3):
+            raise OperationalError("server closed the connection unexpectedly")
+        return await real(*args)
+
+    monkeypatch.setattr(sources, "read_on_loop", flaky)
+
+    async def story(http):
+        response = asyncio.create_task(http.post(**stream_request(token, 1, None)))
+        await asyncio.sleep(4.5)  # two failures: the next read 1 s later, the one after 2 s
+        # the response is read once it ends: end it by suspending ada
+        from asgiref.sync import sync_to_async
+        from controlplane.models import Member
+        ada = await Member.objects.aget(handle="ada")
+        await sync_to_async(services.update_member)(ada, status="suspended", actor=None)
+        return await asyncio.wait_for(response, 5)
+
+    response = asyncio.run(with_endpoint(story))
+    seen = methods(response.text)
+    # then: active, two recoverable errors with the API's unavailable body, and the stream read on
+    assert seen[0] == "notifications/events/active"
+    assert seen.count("notifications/events/error") == 2
+    error = next(f for f in frames(response.text) if f.get("method") == "notifications/events/error")
+    assert error["params"]["error"]["data"]["code"] == "UNAVAILABLE"
+    assert error["params"]["_meta"] == {"io.modelcontextprotocol/subscriptionId": 1}
+    assert len(reads) > 3 and len(set(reads[1:4])) == 1  # again from the same cursor
+    assert seen[-2] == "notifications/events/terminated"
