@@ -20,7 +20,8 @@ def _resume_on_spawn(sender, proc_name, **kwargs):
 class WebhooksConfig(AppConfig):
     name = "webhooks"
     verbose_name = "Webhooks"
-    schedules = [("deliver-webhooks", "webhooks.tasks.deliver", 1)]
+    schedules = [("deliver-webhooks", "webhooks.tasks.deliver", 1),
+                 ("reap-lapsed-mcp-subscriptions", "webhooks.tasks.reap_lapsed", 60)]
     gauges = "webhooks.health.gauges"  # manage.py health (controlplane.health)
 
     def ready(self):

@@ -13,8 +13,11 @@ subscription.
   secret). A new secret replaces the old, which keeps signing beside it for
   ROTATION_OVERLAP.
 - Leases: 24 hours by default (also for `ttlMs: null`), at least 60 seconds,
-  at most 7 days. Past its lease nothing is sent; pending work is kept for
-  a refresh.
+  at most 7 days. Past its lease nothing is sent and it no longer counts
+  against the member's limits; pending work is kept for a refresh, for
+  LAPSED_KEPT (the hourly `reap_lapsed` then deletes it). A refresh of a
+  subscription suspended after its retries ran out resumes it.
+- Unsubscribing deletes the subscription with its managed endpoint.
 - `inbox.item` sends one pending inbox item at a time, oldest first; a 2xx
   acknowledges it (webhooks.engine) and the next is offered at once.
   `inbox.pending` and `spaces.work.available` are range wakes, like inbox
@@ -57,6 +60,8 @@ DEFAULT_LEASE = dt.timedelta(hours=24)
 MIN_LEASE = dt.timedelta(seconds=60)
 MAX_LEASE = dt.timedelta(days=7)
 ROTATION_OVERLAP = dt.timedelta(minutes=5)
+# A subscription whose lease ran out is kept this long for a refresh.
+LAPSED_KEPT = dt.timedelta(days=7)
 SUBSCRIPTION_HEADER = "X-MCP-Subscription-Id"
 
 
@@ -76,7 +81,8 @@ def lease_for(ttl_ms: int | None) -> dt.timedelta:
     """The lease granted for a suggested TTL (none, or null: the default)."""
     if ttl_ms is None:
         return DEFAULT_LEASE
-    return min(max(dt.timedelta(milliseconds=ttl_ms), MIN_LEASE), MAX_LEASE)
+    bounded = min(max(ttl_ms, MIN_LEASE // dt.timedelta(milliseconds=1)), MAX_LEASE // dt.timedelta(milliseconds=1))
+    return dt.timedelta(milliseconds=bounded)  # bounded first: any integer is a suggestion
 
 
 def subscribe(member: Member, name: str, arguments: dict, url: str, secret: str, *, ttl_ms: int | None,
@@ -87,7 +93,7 @@ def subscribe(member: Member, name: str, arguments: dict, url: str, secret: str,
     rejected for good (410, 413) is not revived by a refresh: unsubscribe
     and subscribe again once the receiver is fixed."""
     # Imported here: webhooks.services imports the engine, which imports this module.
-    from webhooks.services import check_limits, verify_endpoint
+    from webhooks.services import catch_up_locked, verify_endpoint
 
     if not url.lower().startswith("https://"):  # even where development allows plain http for wakes
         raise InvalidUrl("An MCP callback URL must be https://.", details={"reason": "not_https"})
@@ -96,18 +102,17 @@ def subscribe(member: Member, name: str, arguments: dict, url: str, secret: str,
     space = get_readable_space(arguments["space"], member) if name == WORK else None
     task = work_task(space, arguments) if name == WORK else None
     public_id = subscription_id(member, url, name, arguments)
-    row = Subscription.objects.filter(public_id=public_id, owner=member).first()
-    live = row is not None and row.status != Subscription.Status.DELETED
-    if live and row.terminal:
-        raise Conflict("The receiver rejected this subscription for good (HTTP 410 or 413); unsubscribe, fix the "
-                       "receiver and subscribe again.", details={"reason": "terminal"})
-    if not live:
-        check_limits(member, space=space)
+    _refuse_or_count(Subscription.objects.filter(public_id=public_id, owner=member).first(), member, space)
     # The receiver's consent, outside any transaction (network I/O).
     candidate = Endpoint(owner=member, url=url, secret=crypto.seal_secret(secret), managed=True)
     verified_at = verify_endpoint(candidate, resolver=resolver, mcp_subscription_id=public_id)
     lease_until = now() + lease_for(ttl_ms)
     with transaction.atomic():
+        # The member's subscribes and unsubscribes take turns (as ordinary
+        # subscriptions are created): the row and the limits are as read.
+        Member.objects.select_for_update(no_key=True).filter(pk=member.pk).first()
+        row = Subscription.objects.filter(public_id=public_id, owner=member).first()
+        live = _refuse_or_count(row, member, space)
         if row is None:
             candidate.save()
             row = Subscription.objects.create(public_id=public_id, owner=member, endpoint=candidate,
@@ -119,13 +124,34 @@ def subscribe(member: Member, name: str, arguments: dict, url: str, secret: str,
         if not live:  # new, or deleted before: starts afresh from now
             fields.update(status=Subscription.Status.INACTIVE, activation_position=None, terminal=False,
                           suspended_reason=None, suspended_error=None, suspended_at=None, deleted_at=None)
+        resumed = live and row.status == Subscription.Status.SUSPENDED  # after its retries ran out: sent again
+        if resumed:
+            fields.update(status=Subscription.Status.ACTIVE, suspended_reason=None, suspended_error=None,
+                          suspended_at=None)
         Subscription.objects.filter(pk=row.pk).update(**fields)
         row.refresh_from_db()
         if not live:
             _activate(row)
         if row.kind == Subscription.Kind.ITEM:
             offer([row.pk])
+        elif resumed:
+            catch_up_locked(Subscription.objects.select_for_update(no_key=True).get(pk=row.pk))
     return {"id": public_id, "refreshBefore": rfc3339(lease_until), "cursor": None, "truncated": False}
+
+
+def _refuse_or_count(row: Subscription | None, member: Member, space: Space | None) -> bool:
+    """Whether `row` (this identity's subscription, if any) is live. One its
+    receiver rejected for good is refused; a new one, or one whose lease
+    ran out, counts against the member's limits."""
+    from webhooks.services import check_limits
+
+    live = row is not None and row.status != Subscription.Status.DELETED
+    if live and row.terminal:
+        raise Conflict("The receiver rejected this subscription for good (HTTP 410 or 413); unsubscribe, fix the "
+                       "receiver and subscribe again.", details={"reason": "terminal"})
+    if not live or row.lease_expires_at <= now():
+        check_limits(member, space=space)
+    return live
 
 
 def _activate(subscription: Subscription) -> None:
@@ -147,16 +173,28 @@ def _store_secret(endpoint_id: int, sealed: str, verified_at, *, rotate: bool) -
 
 
 def unsubscribe(member: Member, name: str, arguments: dict, url: str) -> bool:
-    """Delete the subscription of this identity: unsent deliveries are
-    cancelled (pending inbox items stay in the inbox). False if none."""
-    from webhooks.services import delete_subscription
-
-    subscription = (Subscription.objects.filter(public_id=subscription_id(member, url, name, arguments),
-                                                owner=member).exclude(status=Subscription.Status.DELETED).first())
-    if subscription is None:
-        return False
-    delete_subscription(subscription, managed=True)
+    """Delete the subscription of this identity, with its managed endpoint
+    and its deliveries (unsent ones are not sent; pending inbox items stay
+    in the inbox), so that nothing of it counts against a limit. False if
+    none."""
+    with transaction.atomic():
+        Member.objects.select_for_update(no_key=True).filter(pk=member.pk).first()  # as subscribe does
+        subscription = (Subscription.objects.filter(public_id=subscription_id(member, url, name, arguments),
+                                                    owner=member).exclude(status=Subscription.Status.DELETED)
+                        .first())
+        if subscription is None:
+            return False
+        Endpoint.objects.filter(pk=subscription.endpoint_id, managed=True).delete()
     return True
+
+
+def reap_lapsed() -> int:
+    """Delete the subscriptions whose lease ran out more than LAPSED_KEPT
+    ago, with their managed endpoints and deliveries (a refresh after that
+    subscribes anew, with the same id). Returns how many."""
+    deleted, per_model = Endpoint.objects.filter(managed=True, subscriptions__lease_expires_at__lt=now() - LAPSED_KEPT
+                                                 ).delete()
+    return per_model.get(Subscription._meta.label, 0)
 
 
 def offer_waiting() -> int:

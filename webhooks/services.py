@@ -47,7 +47,7 @@ def create_endpoint(owner: Member, url: str, secret: str | None, *, actor: Membe
     with transaction.atomic():
         # Lock the owner's row so concurrent creations count each other.
         Member.objects.select_for_update(no_key=True).filter(pk=owner.pk).first()
-        if Endpoint.objects.filter(owner=owner).count() >= MAX_ENDPOINTS:
+        if Endpoint.objects.filter(owner=owner, managed=False).count() >= MAX_ENDPOINTS:
             raise LimitExceeded(f"At most {MAX_ENDPOINTS} webhook endpoints per owner.")
         endpoint = Endpoint.objects.create(owner=owner, url=url, secret=crypto.seal_secret(secret))
         audit.record("webhook.endpoint_created", endpoint.public_id, actor=actor, owner=owner.public_id)
@@ -186,8 +186,10 @@ def _conversation_subjects(space: Space, subjects: list[dict], owner: Member) ->
 
 def check_limits(owner: Member, *, space: Space | None) -> None:
     """LIMIT_EXCEEDED past 100 subscriptions, 20 of one space (`space`) or
-    20 of the owner's inbox (no space), MCP-managed ones included."""
-    live = Subscription.objects.filter(owner=owner).exclude(status=Subscription.Status.DELETED)
+    20 of the owner's inbox (no space), MCP-managed ones included while
+    their lease lasts (a refresh after it counts again)."""
+    live = (Subscription.objects.filter(owner=owner).exclude(status=Subscription.Status.DELETED)
+            .exclude(lease_expires_at__lte=now()))
     if live.count() >= MAX_SUBSCRIPTIONS:
         raise LimitExceeded(f"At most {MAX_SUBSCRIPTIONS} subscriptions per owner.")
     if space is not None and live.filter(space=space).count() >= MAX_PER_SPACE:
@@ -202,6 +204,7 @@ def create_subscription(owner: Member, endpoint_id: str, *, space: Space | None 
     inactive, or with `activate` created and activated in one transaction."""
     _check_debounce(debounce_ms)
     endpoint = owned_endpoint(endpoint_id, owner)
+    refuse_managed(endpoint)
     if activate:
         _require_verified(endpoint)
     conversation_ids = None
@@ -308,19 +311,23 @@ def update_subscription(subscription: Subscription, *, status: str | None, debou
             locked.version += 1
             locked.save(update_fields=[*changed, "version"])
             if "status" in changed and locked.status == Subscription.Status.ACTIVE:
-                # Resume: one catch-up wake for everything since the last one.
-                head = _head_position_locked()
-                if head > last_through(locked.pk):
-                    extend_or_open(locked.pk, head, debounce_ms=0)
+                catch_up_locked(locked)
     subscription.refresh_from_db()
     return subscription
 
 
-def delete_subscription(subscription: Subscription, *, managed: bool = False) -> None:
+def catch_up_locked(subscription: Subscription) -> None:
+    """On resuming a range subscription, under its row lock: one catch-up
+    wake for everything since its last one."""
+    head = _head_position_locked()
+    if head > last_through(subscription.pk):
+        extend_or_open(subscription.pk, head, debounce_ms=0)
+
+
+def delete_subscription(subscription: Subscription) -> None:
     """Delete; unsent wakes are cancelled (a request in flight may finish).
-    MCP-managed subscriptions only through events/unsubscribe (`managed`)."""
-    if not managed:
-        refuse_managed(subscription)
+    MCP-managed subscriptions only through events/unsubscribe."""
+    refuse_managed(subscription)
     with transaction.atomic():
         Subscription.objects.filter(pk=subscription.pk).update(status=Subscription.Status.DELETED,
                                                                deleted_at=now())

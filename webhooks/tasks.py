@@ -72,6 +72,10 @@ def deliver() -> int:
     return sent
 
 
+def reap_lapsed() -> int:
+    return mcp.reap_lapsed()
+
+
 def ask_for_help() -> None:
     """Queue a helper run (`assist`) unless one is queued or running. Called
     by the timer (webhooks.pump) after a claim that filled its room; a

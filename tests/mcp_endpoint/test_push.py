@@ -11,13 +11,14 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from controlplane import services
 from controlplane.clock import freeze, now
+from controlplane.errors import LimitExceeded
 from inbox import firewall
 from inbox.models import InboxItem
 from inbox.render import item_occurrence
 from inbox.services import send_message
 from webhooks import engine, mcp
 from webhooks import pump as timer_loop
-from webhooks.models import Delivery, Subscription
+from webhooks.models import Delivery, Endpoint, Subscription
 from webhooks.transport import Outcome
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -72,7 +73,8 @@ def test_the_id_is_stable_per_identity_and_the_lease_is_bounded(world, receiver)
     assert Subscription.objects.filter(mcp_name=mcp.ITEM).count() == 2
     assert mcp.lease_for(None) == dt.timedelta(hours=24)
     assert mcp.lease_for(1_000) == dt.timedelta(seconds=60)
-    assert mcp.lease_for(10**12) == dt.timedelta(days=7)
+    assert mcp.lease_for(10**12) == mcp.lease_for(10**20) == dt.timedelta(days=7)  # any integer
+    assert mcp.lease_for(-10**20) == dt.timedelta(seconds=60)
     lease = Subscription.objects.get(public_id=first["id"]).lease_expires_at
     assert dt.timedelta(days=6, hours=23) < lease - now() <= dt.timedelta(days=7)
     # one verification challenge per URL and secret (cached for ten minutes)
@@ -211,6 +213,60 @@ def test_unsubscribe_cancels_sends_and_keeps_pending_items(world, receiver):
     assert mcp.unsubscribe(world["ada"], mcp.ITEM, {}, world["url"]) is False
 
 
+def test_a_lapsed_lease_frees_its_place_and_is_deleted_a_week_later(world, receiver, monkeypatch):
+    # given: as many inbox subscriptions as a member may hold, on one URL each
+    from webhooks import services as webhooks_services
+
+    monkeypatch.setattr(webhooks_services, "MAX_INBOX", 2)
+    first = subscribe(world, url=receiver.url("/a"))
+    subscribe(world, url=receiver.url("/b"))
+    with pytest.raises(LimitExceeded):
+        subscribe(world, url=receiver.url("/c"))
+    # when: their leases run out
+    with freeze(now() + dt.timedelta(hours=25)):
+        third = subscribe(world, url=receiver.url("/c"))  # then: they no longer count
+        subscribe(world, url=receiver.url("/d"))
+        with pytest.raises(LimitExceeded):  # and a refresh of a lapsed one counts again
+            subscribe(world, url=receiver.url("/a"))
+    # and a week after its lease ran out, a subscription is gone with its endpoint
+    with freeze(now() + dt.timedelta(days=8, hours=1)):
+        assert mcp.reap_lapsed() == 2
+    assert not Subscription.objects.filter(public_id=first["id"]).exists()
+    assert Subscription.objects.filter(public_id=third["id"]).exists() and Subscription.objects.count() == 2
+    assert Endpoint.objects.filter(managed=True).count() == 2
+
+
+def test_managed_endpoints_leave_the_members_own_endpoints_room(world, receiver, api_for, monkeypatch):
+    # given: a member with room for one endpoint of their own, after subscribing and unsubscribing twice
+    from webhooks import services as webhooks_services
+
+    monkeypatch.setattr(webhooks_services, "MAX_ENDPOINTS", 1)
+    for path in ("/a", "/b"):
+        subscribe(world, url=receiver.url(path))
+        assert mcp.unsubscribe(world["ada"], mcp.ITEM, {}, receiver.url(path))
+    subscribe(world, url=receiver.url("/c"))
+    # when
+    created = api_for(world["ada"]).post("/v0/webhook-endpoints", {"url": receiver.url("/mine")})
+    # then: unsubscribing deleted each managed endpoint, and the live one does not count
+    assert created.status_code == 201, created.json()
+    assert Endpoint.objects.filter(managed=True).count() == 1
+
+
+def test_a_refresh_resumes_a_subscription_suspended_after_its_retries(world, receiver):
+    # given: a subscription suspended after its retries ran out (not by a 410 or 413)
+    created = subscribe(world)
+    Subscription.objects.filter(public_id=created["id"]).update(
+        status=Subscription.Status.SUSPENDED, suspended_reason="retries_exhausted", suspended_at=now())
+    send_message(world["direct"], body="waiting", actor=world["bo"])
+    assert pump() == 0
+    # when
+    assert subscribe(world)["id"] == created["id"]
+    pump()
+    # then
+    assert Subscription.objects.get(public_id=created["id"]).status == Subscription.Status.ACTIVE
+    assert [r.json()["data"]["item"]["content"] for r in pushes(receiver)] == ["waiting"]
+
+
 def test_the_ordinary_routes_refuse_to_change_managed_records(world, api_for):
     # given
     created = subscribe(world)
@@ -224,10 +280,11 @@ def test_the_ordinary_routes_refuse_to_change_managed_records(world, api_for):
     answers = [as_ada.patch(route, {"status": "paused"}), as_ada.delete(route), as_ada.post(f"{route}/activate"),
                as_ada.post(f"/v0/webhook-endpoints/{subscription.endpoint.public_id}/verify"),
                as_ada.delete(f"/v0/webhook-endpoints/{subscription.endpoint.public_id}"),
-               as_ada.post(f"/v0/webhook-deliveries/{delivery.public_id}/replay")]
+               as_ada.post(f"/v0/webhook-deliveries/{delivery.public_id}/replay"),
+               as_ada.post("/v0/me/inbox-subscriptions", {"endpoint_id": subscription.endpoint.public_id})]
     shown = as_ada.get(route).json()["subscription"]
     # then
-    assert [(a.status_code, a.json()["error"]["details"].get("managed_by")) for a in answers] == [(409, "mcp")] * 6
+    assert [(a.status_code, a.json()["error"]["details"].get("managed_by")) for a in answers] == [(409, "mcp")] * 7
     assert shown["scope"] == "inbox_items" and shown["mcp"]["event"] == mcp.ITEM
     assert Subscription.objects.get(pk=subscription.pk).status == Subscription.Status.ACTIVE
 
