@@ -28,6 +28,12 @@ LOG_TOPIC = "switchboard.log"
 HEARD_HERE_KEPT = 10_000  # own announcements remembered, to skip their broker copies (LogWatcher.wake_here)
 
 
+def credential_group(credential_id: str) -> str:
+    """The Channels group of the MCP streams a credential opened;
+    `{"type": "credential.revoked"}` to it ends them."""
+    return f"credential.{credential_id}"
+
+
 def member_group(member) -> str:
     """The Channels group of every live socket of one member (the web app's
     pages join it); `{"type": "session.ended"}` to it closes them all."""

@@ -98,18 +98,23 @@ def render_entry(item: InboxItem) -> dict:
 
 
 MAX_ITEM_ENVELOPE = 256 * 1024  # SPEC §13: the largest content-bearing MCP event
+CURSOR_ROOM = 400  # bytes kept for the cursor a polled or streamed occurrence carries (a push's is null)
 
 
 def item_occurrence(item: InboxItem, name: str) -> dict:
     """One inbox item as an MCP event occurrence (the `inbox.item` event,
     polled, streamed or pushed): the item itself, with its delivery token and
-    guidance, when the whole UTF-8 envelope fits in 256 KiB, else a reference
-    to fetch with read_event. The event id is the token's `evt_` form."""
-    data = {"kind": "item", **render_entry(item)}
-    if len(json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()) > MAX_ITEM_ENVELOPE:
-        data = {"kind": "reference", "itemKind": item.kind, "bytes": item.content_bytes,
-                "deliveryToken": item.token}
-    return {"eventId": "evt_" + item.token[4:], "name": name, "timestamp": rfc3339(item.created_at), "data": data}
+    guidance, when the whole UTF-8 envelope (the occurrence, with room for
+    its cursor) fits in 256 KiB, else a reference to fetch with read_event.
+    The event id is the token's `evt_` form."""
+    occurrence = {"eventId": "evt_" + item.token[4:], "name": name, "timestamp": rfc3339(item.created_at),
+                  "data": {"kind": "item", **render_entry(item)}, "cursor": None}
+    size = len(json.dumps(occurrence, separators=(",", ":"), ensure_ascii=False).encode())
+    if size + CURSOR_ROOM > MAX_ITEM_ENVELOPE:
+        occurrence["data"] = {"kind": "reference", "itemKind": item.kind, "bytes": item.content_bytes,
+                              "deliveryToken": item.token}
+    del occurrence["cursor"]
+    return occurrence
 
 
 def render_rules(rules) -> dict:

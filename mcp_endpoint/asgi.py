@@ -30,15 +30,16 @@ if TYPE_CHECKING:
 
 # Where the endpoint puts the caller for the server's handlers (mcp_endpoint.server.caller).
 MEMBER_KEY = "switchboard.member"
+CREDENTIAL_KEY = "switchboard.credential"  # the credential's public id
 
 
 def _authenticate(header: str):
-    """The member the bearer credential names, counted against the API's
+    """The bearer credential (with its member), counted against the API's
     rate limit (one budget for the member, over every surface)."""
     credential, wait = authenticate_bearer(header)
     if wait is not None:
         raise RateLimited.after(wait)
-    return credential.member
+    return credential
 
 
 async def _refuse(send, error: ApiError) -> None:
@@ -99,7 +100,7 @@ class McpEndpoint:
         if (refused := host_check(headers)) is not None:
             return await _refuse(send, refused)
         try:
-            member = await db_call(_authenticate)(headers.get(b"authorization", b"").decode("latin-1"))
+            credential = await db_call(_authenticate)(headers.get(b"authorization", b"").decode("latin-1"))
         except ApiError as error:
             return await _refuse(send, error)
         except Exception as exc:
@@ -107,4 +108,5 @@ class McpEndpoint:
                 raise
             return await _refuse(send, unavailable)
         await self.start()
-        await self.manager.handle_request({**scope, MEMBER_KEY: member}, receive, send)
+        await self.manager.handle_request({**scope, MEMBER_KEY: credential.member,
+                                           CREDENTIAL_KEY: credential.public_id}, receive, send)

@@ -1,7 +1,8 @@
 """Switchboard's errors as MCP answers.
 
-Bad arguments (everything the API answers with 400) are JSON-RPC
-`InvalidParams` (-32602); an unknown event is `NotFound` (-32023) with
+Bad arguments (everything the API answers with 400, and text it refuses
+with 422 INVALID_BODY: NUL, lone surrogates) are JSON-RPC `InvalidParams`
+(-32602); an unknown event is `NotFound` (-32023) with
 `unknown-event`. Every other refusal (a missing grant, a full mailbox, an
 unknown conversation…) is a tool result with `isError` and the API's own
 error body as its structured content, so an agent sees the same code,
@@ -24,7 +25,7 @@ def protocol_error(error: ApiError) -> MCPError | None:
     is a tool's own refusal."""
     if error.code == "UNKNOWN_EVENT":
         return MCPError(NOT_FOUND, error.message, data={"reason": "unknown-event"})
-    if error.status == 400:
+    if error.status == 400 or error.code == "INVALID_BODY":  # bad arguments, or text no field may hold
         return MCPError(INVALID_PARAMS, error.message, data=error.body()["error"])
     return None
 

@@ -17,9 +17,11 @@ from django.conf import settings
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field
 
+from controlplane.api.parsers import check_text
 from controlplane.db import db_call
 from controlplane.errors import ApiError, NotFound, VerificationFailed, as_unavailable
 from mcp_endpoint import errors, sources
+from mcp_endpoint.asgi import CREDENTIAL_KEY
 from mcp_endpoint.server import caller
 from mcp_endpoint.streams import MAX_PER_MEMBER as MAX_STREAMS
 from mcp_endpoint.streams import StreamOwner, TooManyStreams
@@ -34,6 +36,7 @@ ENDINGS = {  # why a stream ends, as its `terminated` frame says
     "replaced": {"code": RESOURCE_EXHAUSTED, "message": "A newer consumer took over.",
                  "data": {"limit": "consumers", "max": 1, "reason": "replaced"}},
     "suspended": {"code": FORBIDDEN, "message": "The member was suspended.", "data": {"reason": "suspended"}},
+    "revoked": {"code": FORBIDDEN, "message": "The credential was revoked.", "data": {"reason": "revoked"}},
 }
 
 
@@ -87,6 +90,10 @@ def _select(params: SelectParams) -> tuple[sources.Source, dict]:
     if source is None:
         raise MCPError(errors.NOT_FOUND, f"No event named {params.name!r}.", data={"kind": "event"})
     arguments = params.arguments or {}
+    try:
+        check_text([arguments, getattr(params, "delivery", None)])  # as the API's parser checks a body
+    except ApiError as error:
+        raise _as_mcp(error) from None
     if (problem := source.problem(arguments)) is not None:
         raise MCPError(types.INVALID_PARAMS, f"{source.name}: {problem}")
     return source, arguments
@@ -148,7 +155,7 @@ async def stream(ctx, params: StreamParams) -> dict:
                                                   params={**fields, "_meta": meta}),
                                             related_request_id=ctx.request_id)
 
-    owner = StreamOwner(member, source, arguments)
+    owner = StreamOwner(member, source, arguments, ctx.request.scope.get(CREDENTIAL_KEY))
     try:
         await owner.start()
     except TooManyStreams:
@@ -230,8 +237,10 @@ def _delivery(params, *, needs_secret: bool) -> tuple[str, str | None]:
 def callback_reason(details: dict) -> str:
     """A failed verification's reason, in the extension's vocabulary."""
     reason = str(details.get("reason", ""))
-    if reason.startswith("http_"):
-        return "http_4xx" if reason.startswith("http_4") else "http_5xx"
+    if reason.startswith(("http_4", "http_5")):
+        return reason[:6] + "xx"
+    if reason.startswith("http_"):  # any other status (a redirect, never followed): no echo in a 2xx
+        return "challenge_failed"
     if "timeout" in reason:
         return "timeout"
     if "tls" in reason or "ssl" in reason or "certificate" in reason:

@@ -35,7 +35,7 @@ async def list_tools(ctx, params) -> types.ListToolsResult:
         types.Tool(name=tool.name, description=tool.description, input_schema=tool.input_schema,
                    output_schema=tool.output_schema,
                    annotations=types.ToolAnnotations(read_only_hint=tool.read_only, destructive_hint=False,
-                                                     idempotent_hint=True, open_world_hint=False))
+                                                     idempotent_hint=tool.idempotent, open_world_hint=False))
         for tool in TOOLS.values()])
 
 

@@ -3,7 +3,8 @@ its source's interest names (`mcp_endpoint.sources.interest`: the
 committing process wakes them at once), its inbox's nudges (the mailbox
 announces every admission and acknowledgement to the member's inbox
 group), the member's suspension (`session.ended` to the
-member's group, as for their live pages), and, for the inbox events,
+member's group, as for their live pages), the revocation of the credential
+that opened it (`credential.revoked` to the credential's group), and, for the inbox events,
 whether a newer consumer took over.
 
 One consumer owns a member's stream of an inbox event at a time, on any
@@ -36,7 +37,7 @@ import time
 from channels.layers import get_channel_layer
 
 from controlplane.cache import raw_redis
-from controlplane.live import Interest, log_watcher, member_group
+from controlplane.live import Interest, credential_group, log_watcher, member_group
 from controlplane.topics import Memberships, stop_task
 from inbox.mailbox import inbox_group
 from webhooks.mcp import ITEM, PENDING
@@ -161,11 +162,13 @@ async def _claim_order() -> int:
 
 
 class StreamOwner:
-    def __init__(self, member, source, arguments: dict) -> None:
+    def __init__(self, member, source, arguments: dict, credential_id: str | None = None) -> None:
         self.inbox = source.name in (ITEM, PENDING)
         digest = hashlib.sha256(source.stream_key(arguments).encode()).hexdigest()[:16]
         self.owner_group = f"mcp-stream.{member.public_id}.{digest}"
         self.groups = [member_group(member)] + ([self.owner_group, inbox_group(member)] if self.inbox else [])
+        if credential_id is not None:
+            self.groups.append(credential_group(credential_id))
         self.member_pk = member.pk
         self.counted = False
         self.token = secrets.token_hex(8)  # its place's, and its claim's
@@ -173,6 +176,7 @@ class StreamOwner:
         self._renewal: asyncio.Task | None = None
         self.replaced = asyncio.Event()
         self.suspended = asyncio.Event()
+        self.revoked = asyncio.Event()
         self.nudged = asyncio.Event()
         self._layer = get_channel_layer()
         self._channel: str | None = None
@@ -235,6 +239,8 @@ class StreamOwner:
                         logger.warning("could not announce a stream's claim again", exc_info=True)
             elif message.get("type") == "session.ended":
                 self.suspended.set()
+            elif message.get("type") == "credential.revoked":
+                self.revoked.set()
             else:
                 self.nudged.set()
 
@@ -248,9 +254,9 @@ class StreamOwner:
     async def wait(self, timeout: float) -> str | None:
         """Until something may have changed (a nudge; for space events, a
         commit the interest names) or `timeout`. Then why the stream must
-        end, if it must: "replaced" (a newer consumer took over) or
-        "suspended"."""
-        waiters = [asyncio.ensure_future(e.wait()) for e in (self.replaced, self.suspended, self.nudged)]
+        end, if it must: "replaced" (a newer consumer took over),
+        "suspended" (the member) or "revoked" (the credential that opened it)."""
+        waiters = [asyncio.ensure_future(e.wait()) for e in (self.replaced, self.suspended, self.revoked, self.nudged)]
         if self._interest is not None:
             waiters.append(asyncio.ensure_future(log_watcher.wait(self._interest.event, timeout)))
         try:
@@ -261,7 +267,10 @@ class StreamOwner:
         self.nudged.clear()
         if self._interest is not None:
             self._interest.event.clear()  # before the caller reads: a commit during its read wakes the next wait
-        return "replaced" if self.replaced.is_set() else "suspended" if self.suspended.is_set() else None
+        for ending in ("replaced", "suspended", "revoked"):
+            if getattr(self, ending).is_set():
+                return ending
+        return None
 
     async def stop(self) -> None:
         # First what waits for nothing: the SDK ends a stream whose client

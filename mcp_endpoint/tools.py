@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from controlplane.access import get_conversation_to_write
+from controlplane.api.parsers import check_text
 from controlplane.errors import InvalidIdempotencyKey, InvalidRequest
 from controlplane.idempotency import is_valid_key
 from controlplane.models import Member
@@ -44,6 +45,7 @@ class Tool(Checked):
     output_schema: dict
     run: Callable[[Member, dict], dict]
     read_only: bool = True
+    idempotent: bool = True  # calling it again with the same arguments changes nothing more
 
 
 def _send(member: Member, arguments: dict) -> dict:
@@ -109,7 +111,7 @@ TOOLS = {tool.name: tool for tool in [
                   "conversation": {"type": "string", "maxLength": 80,
                                    "description": "A conversation id (cnv_…) or #name for a channel."},
                   "body": {"type": "string", "description": "UTF-8 text, at most 8 KiB encoded."},
-                  "reply_to": {"type": "string", "maxLength": 40},
+                  "reply_to": {"type": ["string", "null"], "maxLength": 40},
                   "related_paths": {"type": "array", "items": {"type": "string"}},
                   "idempotency_key": {"type": "string", "minLength": 8, "maxLength": 128},
                   "request_approval": {"type": "boolean", "description": "Without authority, retain the "
@@ -122,7 +124,7 @@ TOOLS = {tool.name: tool for tool in [
                                     "collective.result comes back (to everyone with all_gather)."}},
                  ("space", "conversation", "body")),
          _object({"message": OBJECT, "created": {"type": "boolean"}}, ("message", "created")),
-         _send, read_only=False),
+         _send, read_only=False, idempotent=False),  # only with an idempotency_key
     Tool("answer",
          "Answer a collective request (an inbox item of kind collective.request) by its message id. Your "
          "answer goes into the result only; the same answer again returns it, a different one is refused.",
@@ -143,9 +145,10 @@ TOOLS = {tool.name: tool for tool in [
 
 
 def check_arguments(tool: Tool, arguments: dict | None) -> dict:
-    """The arguments, checked against the tool's input schema (400, so
-    InvalidParams, when they do not fit)."""
+    """The arguments, checked as the API checks a body and against the
+    tool's input schema (400, so InvalidParams, when they do not fit)."""
     arguments = {} if arguments is None else arguments
+    check_text(arguments)  # as the API's parser: no NUL, no lone surrogate, no deep nesting
     if (problem := tool.problem(arguments)) is not None:
         raise InvalidRequest(f"{tool.name}: {problem}")
     return arguments

@@ -17,7 +17,7 @@ def _reject_constant(name):
 MAX_DEPTH = 32
 
 
-def _check(data) -> None:
+def check_text(data) -> None:
     """Every string is storable text (no NUL, no lone surrogate), and the
     nesting is shallow. Iterative, so no input can exhaust the stack."""
     stack = [(data, "$", 0)]
@@ -71,5 +71,5 @@ def parse_json_object(raw: bytes) -> dict:
         raise InvalidRequest(f"Malformed JSON: {exc}") from None
     if not isinstance(data, dict):
         raise InvalidRequest("The request body must be a JSON object.")
-    _check(data)
+    check_text(data)
     return data

@@ -57,3 +57,22 @@ def test_arguments_that_misfit_a_tools_schema_say_where_and_why(name, arguments,
         check_arguments(TOOLS[name], arguments)
     # then
     assert (refused.value.code, refused.value.message) == ("INVALID_REQUEST", message)
+
+
+@pytest.mark.parametrize("arguments", [{"space": "lab\x00", "conversation": "#general", "body": "q"},
+                                       {"space": "lab", "conversation": "#general", "body": "q\ud800"},
+                                       {"space": "lab", "conversation": "#general", "body": "q",
+                                        "related_paths": ["a\x00"]}])
+def test_text_the_api_would_refuse_is_refused_before_the_schema(arguments):
+    # when: no database is touched
+    with pytest.raises(ApiError) as refused:
+        check_arguments(TOOLS["send_message"], arguments)
+    # then: the API's parser's rule (-32602 at the endpoint)
+    assert refused.value.code == "INVALID_BODY"
+
+
+def test_a_reply_to_of_null_is_no_reply_as_in_the_api(space, alice, bob):
+    group, _ = services.get_or_create_group(space, [alice, bob], actor=alice)
+    sent = call("send_message", alice, {"space": "lab", "conversation": group.public_id, "body": "q",
+                                        "reply_to": None})
+    assert sent["created"] is True

@@ -71,7 +71,9 @@ def test_tools_read_send_acknowledge_and_errors_through_serve(mode):
                                         ("read_event", {"eventId": "not-an-id"}),
                                         ("acknowledge_delivery", {"deliveryToken": entry["deliveryToken"],
                                                                   "extra": 1}),
-                                        ("read_inbox", {"cursor": "forged"})]:
+                                        ("read_inbox", {"cursor": "forged"}),
+                                        ("send_message", {"space": "lab\x00", "conversation": conversation,
+                                                          "body": "x"})]:
                     with pytest.raises(MCPError) as raised:
                         await client.call_tool(name, arguments)
                     errors[name, str(arguments)[:30]] = (raised.value.code, raised.value.data)
@@ -83,6 +85,8 @@ def test_tools_read_send_acknowledge_and_errors_through_serve(mode):
     assert set(tools) == {"read_inbox", "acknowledge_delivery", "read_event", "send_message", "answer",
                           "get_coordination_context"}
     assert all(tool.input_schema["type"] == "object" and tool.output_schema for tool in tools.values())
+    # a retry of send_message without its idempotency_key sends again: not idempotent
+    assert {name for name, tool in tools.items() if not tool.annotations.idempotent_hint} == {"send_message"}
     assert entry["item"]["content"] == "hello ada" and entry["item"]["sender"] == "@bo"
     assert event == {"item": entry["item"]}
     assert reply.structured_content["created"] is True and again.structured_content["created"] is False
@@ -92,7 +96,7 @@ def test_tools_read_send_acknowledge_and_errors_through_serve(mode):
     assert [m["message"]["body"] for m in context["unresolved"]] == ["hello ada"]
     assert refused.is_error and refused.structured_content["error"]["code"] == "NOT_FOUND"
     codes = [code for code, _ in errors.values()]
-    assert codes == [-32023, -32602, -32602, -32602]
+    assert codes == [-32023, -32602, -32602, -32602, -32602]
     assert list(errors.values())[0][1] == {"reason": "unknown-event"}
 
 

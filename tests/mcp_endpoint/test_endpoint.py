@@ -120,3 +120,19 @@ def test_every_event_method_answers_a_lost_service_with_the_apis_unavailable_bod
     assert unavailable.value.error.data["details"] == {"retry_after": 1}
     with pytest.raises(ValueError):  # anything else stays the SDK's internal error
         asyncio.run(events._unavailable_as_mcp(broken)(None, None))
+
+
+@pytest.mark.parametrize(("reason", "answer"), [("http_404", "http_4xx"), ("http_503", "http_5xx"),
+                                                ("http_302", "challenge_failed"), ("challenge_mismatch",
+                                                                                   "challenge_failed")])
+def test_a_failed_verification_is_named_in_the_extensions_words(reason, answer):
+    assert events.callback_reason({"reason": reason}) == answer
+
+
+def test_an_events_argument_with_nul_is_invalid_params():
+    from mcp.shared.exceptions import MCPError
+
+    params = events.PollParams(name="spaces.work.available", arguments={"space": "lab\x00"})
+    with pytest.raises(MCPError) as refused:
+        events._select(params)
+    assert refused.value.code == -32602 and refused.value.error.data["code"] == "INVALID_BODY"

@@ -336,6 +336,15 @@ def test_an_item_too_large_for_an_event_is_a_reference(world):
     assert reference["data"] == {"kind": "reference", "itemKind": "direct", "bytes": row.content_bytes,
                                  "deliveryToken": row.token}
     assert reference["eventId"] == "evt_" + row.token[4:]
+    # the whole envelope is measured, not only its data: the largest item carried fits with its cursor
+    from inbox.render import CURSOR_ROOM, MAX_ITEM_ENVELOPE
+    row.payload = {**row.payload, "content": ""}
+    room = MAX_ITEM_ENVELOPE - CURSOR_ROOM - len(mcp.item_body(row).encode())
+    for extra, kind in ((room, "item"), (room + 1, "reference")):
+        row.payload = {**row.payload, "content": "x" * extra}
+        assert item_occurrence(row, mcp.ITEM)["data"]["kind"] == kind
+    row.payload = {**row.payload, "content": "x" * room}
+    assert len(mcp.item_body(row).encode()) + CURSOR_ROOM == MAX_ITEM_ENVELOPE
 
 
 def test_a_subscription_with_nothing_pending_is_offered_nothing_more(world, receiver):

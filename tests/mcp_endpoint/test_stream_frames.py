@@ -16,10 +16,10 @@ META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontex
 ITEM = "org.switchboard/inbox.item"
 
 
-def stream_request(token: str, request_id: int, cursor: str | None) -> dict:
+def stream_request(token: str, request_id: int, cursor: str | None, name: str = ITEM) -> dict:
     return {"url": "/mcp",
             "json": {"jsonrpc": "2.0", "id": request_id, "method": "events/stream",
-                     "params": {"name": ITEM, "arguments": {}, "cursor": cursor, "_meta": META}},
+                     "params": {"name": name, "arguments": {}, "cursor": cursor, "_meta": META}},
             "headers": {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2026-07-28",
                         "Mcp-Method": "events/stream", "Authorization": f"Bearer {token}"}}
 
@@ -103,3 +103,32 @@ def test_a_lost_database_is_a_recoverable_error_frame_and_the_stream_goes_on(mak
     assert error["params"]["_meta"] == {"io.modelcontextprotocol/subscriptionId": 1}
     assert len(reads) > 3 and len(set(reads[1:4])) == 1  # again from the same cursor
     assert seen[-2] == "notifications/events/terminated"
+
+
+def test_revoking_the_credential_that_opened_a_stream_ends_it(make_member, settings):
+    # given: ada streams her inbox's items with one credential, and its pending count with another
+    settings.MCP_HEARTBEAT_SECONDS = 5
+    ada = make_member("ada")
+    credential, token = services.issue_credential(ada, actor=None)
+    _, other = services.issue_credential(ada, actor=None)
+
+    async def story(http):
+        from asgiref.sync import sync_to_async
+
+        revoked = asyncio.create_task(http.post(**stream_request(token, 1, None)))
+        kept = asyncio.create_task(http.post(**stream_request(other, 2, None, "org.switchboard/inbox.pending")))
+        await asyncio.sleep(1.0)
+        # when
+        await sync_to_async(services.revoke_credential)(credential, actor=None)
+        response = await asyncio.wait_for(revoked, 5)
+        await asyncio.sleep(0.5)
+        still = not kept.done()
+        kept.cancel()
+        return response, still
+
+    response, still = asyncio.run(with_endpoint(story))
+    # then: that stream ends with Forbidden, the other credential's goes on
+    ended = [f for f in frames(response.text) if f.get("method") == "notifications/events/terminated"]
+    assert ended[0]["params"]["error"]["code"] == -32024
+    assert ended[0]["params"]["error"]["data"] == {"reason": "revoked"}
+    assert still

@@ -122,21 +122,45 @@ def test_on_redis_a_members_streams_are_counted_across_processes(monkeypatch):
         here._renewal = asyncio.get_running_loop().create_task(here._renew())
         await streams.stop_task(renewal)
         await asyncio.sleep(0.25)
-        assert time.time() < client.zscore(key, here.claim[1]) <= time.time() + 0.35  # was a minute ahead
+        assert time.time() < client.zscore(key, here.token) <= time.time() + 0.35  # was a minute ahead
         await here.stop()
         for _ in range(100):  # given back on a worker thread
-            if client.zscore(key, here.claim[1]) is None:
+            if client.zscore(key, here.token) is None:
                 break
             await asyncio.sleep(0.01)
         assert client.zcard(key) == MAX_PER_MEMBER - 1
         # and a renewal that was on its way when the stream stopped does not place it again
-        await streams.places.renew(41, here.claim[1])
-        assert client.zscore(key, here.claim[1]) is None
+        await streams.places.renew(41, here.token)
+        assert client.zscore(key, here.token) is None
 
     try:
         asyncio.run(story())
     finally:
         client.delete(key, raw_redis("mcp-streams-gone:41")[1])
+
+
+@pytest.mark.postgres  # with REDIS_URL: the shared deployment
+def test_on_redis_claims_are_ordered_by_redis_not_by_the_processes_clocks(monkeypatch):
+    # given: a server process whose clock runs backwards
+    from mcp_endpoint import streams
+
+    ticks = iter(range(10**18, 0, -10**9))
+    monkeypatch.setattr(streams.time, "time_ns", lambda: next(ticks))
+
+    async def story():
+        item = sources.SOURCES["org.switchboard/inbox.item"]
+        older, newer = StreamOwner(Member(42), item, {}), StreamOwner(Member(42), item, {})
+        await older.start()
+        await older.take_over()
+        await newer.start()
+        await newer.take_over()
+        replaced, kept = await older.wait(2.0), await newer.wait(0.2)
+        await older.stop()
+        await newer.stop()
+        return replaced, kept
+
+    # then: the later claim owns the stream
+    assert asyncio.run(story()) == ("replaced", None)
 
 
 def test_of_two_inbox_streams_the_newer_owns_it_and_the_older_is_told():
