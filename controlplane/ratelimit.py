@@ -94,15 +94,22 @@ def member_request_wait_reading(public_id: str, read: str) -> tuple[float | None
 
 
 SIGNIN_WINDOW = 15 * 60
+# An account takes this many times SIGNIN_PER_ACCOUNT attempts from all
+# addresses together: one address that guesses cannot lock its owner out.
+SIGNIN_ACCOUNT_EVERYWHERE = 10
 
 
 def signin_wait(request) -> float | None:
-    """Count a sign-in attempt against its client address and the account it
-    names (SIGNIN_PER_ADDRESS and SIGNIN_PER_ACCOUNT per 15 minutes); the
-    seconds to wait when either is spent, else None."""
-    account = str(request.POST.get("username", "")).strip().lower()[:64]
-    waits = [hit(f"signin:ip:{client_address(request)}", limit=settings.SIGNIN_PER_ADDRESS, window=SIGNIN_WINDOW),
-             hit(f"signin:user:{account}", limit=settings.SIGNIN_PER_ACCOUNT, window=SIGNIN_WINDOW)]
+    """Count a sign-in attempt against its client address
+    (SIGNIN_PER_ADDRESS per 15 minutes), the account it names from that
+    address (SIGNIN_PER_ACCOUNT) and that account from every address
+    (SIGNIN_ACCOUNT_EVERYWHERE times as many); the seconds to wait when any
+    is spent, else None."""
+    account, address = str(request.POST.get("username", "")).strip().lower()[:64], client_address(request)
+    waits = [hit(f"signin:ip:{address}", limit=settings.SIGNIN_PER_ADDRESS, window=SIGNIN_WINDOW),
+             hit(f"signin:user:{account}:{address}", limit=settings.SIGNIN_PER_ACCOUNT, window=SIGNIN_WINDOW),
+             hit(f"signin:user:{account}", limit=settings.SIGNIN_PER_ACCOUNT * SIGNIN_ACCOUNT_EVERYWHERE,
+                 window=SIGNIN_WINDOW)]
     return max((w for w in waits if w is not None), default=None)
 
 

@@ -29,8 +29,12 @@ import uvicorn
 
 APP = "controlplane.asgi:application"
 # What `uvicorn APP --loop uvloop --http httptools --ws websockets-sansio ...` sets.
-OPTIONS = {"loop": "uvloop", "http": "httptools", "ws": "websockets-sansio", "lifespan": "on",
-           "timeout_graceful_shutdown": 5, "access_log": False, "log_level": "warning"}
+# The live pages' sockets are one-way (the composer posts over HTTP): a frame
+# from a browser larger than WS_MAX_BYTES closes its socket (1009) before it
+# is buffered, where uvicorn would take 16 MiB.
+WS_MAX_BYTES = 4096
+OPTIONS = {"loop": "uvloop", "http": "httptools", "ws": "websockets-sansio", "ws_max_size": WS_MAX_BYTES,
+           "lifespan": "on", "timeout_graceful_shutdown": 5, "access_log": False, "log_level": "warning"}
 BEAT_SECONDS = 1.0
 
 

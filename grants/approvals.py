@@ -8,7 +8,7 @@ from django.db import IntegrityError, transaction
 
 from controlplane.access import is_active_admin
 from controlplane.clock import now
-from controlplane.errors import ApiError, Conflict, IdempotencyConflict, InvalidRequest, NotFound
+from controlplane.errors import ApiError, Conflict, IdempotencyConflict, InvalidRequest, LimitExceeded, NotFound
 from controlplane.models import Member
 from controlplane.tokens import public_id
 from grants.models import ApprovalRequest, Grant
@@ -16,12 +16,16 @@ from inbox import notices
 from inbox.services import send_message
 
 MAX_REASON_CHARS = 2000
+# Approval requests of one sender waiting for an admin: each keeps a whole
+# message, and every admin's queue shows them.
+MAX_PENDING_PER_SENDER = 20
 
 
 def retain_for_approval(message, uncovered: list[Member]) -> ApprovalRequest:
     """The approval request retaining `message` (an unsaved Message the send
     refused): the existing one for this sender and key, or a new one. The
-    key is what a one-message grant is bound to, so one is required."""
+    key is what a one-message grant is bound to, so one is required. A
+    sender has at most MAX_PENDING_PER_SENDER pending (409 LIMIT_EXCEEDED)."""
     key = message.idempotency_key
     if not key:
         raise InvalidRequest("request_approval needs an Idempotency-Key: the approved grant covers that one key.")
@@ -30,6 +34,12 @@ def retain_for_approval(message, uncovered: list[Member]) -> ApprovalRequest:
     if request is None:
         try:
             with transaction.atomic():
+                # The sender's requests take turns here, so the count holds.
+                Member.objects.select_for_update(no_key=True).filter(pk=message.author_id).first()
+                pending = ApprovalRequest.objects.filter(sender=message.author, status=ApprovalRequest.Status.PENDING)
+                if pending.count() >= MAX_PENDING_PER_SENDER:
+                    raise LimitExceeded(f"At most {MAX_PENDING_PER_SENDER} of your approval requests may wait for "
+                                        "a decision.", details={"max": MAX_PENDING_PER_SENDER})
                 request = ApprovalRequest.objects.create(
                     **lookup, space=message.space, conversation=message.conversation,
                     recipients=[m.pk for m in uncovered], body=message.body,

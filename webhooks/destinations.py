@@ -48,6 +48,7 @@ def forbidden_reason(address: ipaddress.IPv4Address | ipaddress.IPv6Address, *, 
         ("metadata", address in METADATA),
         ("unspecified", address.is_unspecified),
         ("link-local", address.is_link_local),
+        ("site-local", address.version == 6 and address.is_site_local),  # deprecated, not global to Python 3.11
         ("multicast", address.is_multicast),
         ("cgnat", address.version == 4 and address in CGNAT),
         ("private", address.is_private),

@@ -27,6 +27,7 @@ from webhooks.outbox import extend_or_open, last_through
 from webhooks.destinations import validate_url
 
 MAX_ENDPOINTS = 20
+MAX_UNFINISHED_REPLAYS = 10
 MAX_PER_SPACE = 20
 MAX_INBOX = 20
 MAX_SUBSCRIPTIONS = 100
@@ -347,13 +348,23 @@ def deliveries_of(subscription: Subscription):
 
 def replay(delivery_id: str, owner: Member) -> Delivery:
     """Send the same range again, as a new wake (a new id: the receiver has
-    seen the old one). Its own subscription's rules apply."""
+    seen the old one). Its own subscription's rules apply. Only while the
+    subscription is active (a paused or suspended one would hold it, and
+    every claim would pass it over), and at most MAX_UNFINISHED_REPLAYS of
+    one subscription not yet sent: 409 otherwise."""
     original = (Delivery.objects.select_related("subscription").filter(
         public_id=delivery_id, subscription__owner=owner).exclude(state=Delivery.State.OPEN).first())
     if original is None or original.subscription.status == Subscription.Status.DELETED:
         raise NotFound("No such delivery.")
     refuse_managed(original.subscription)
     with transaction.atomic():
+        subscription = Subscription.objects.select_for_update(no_key=True).get(pk=original.subscription_id)
+        if subscription.status != Subscription.Status.ACTIVE:
+            raise Conflict("Resume the subscription first: only an active one sends a replay.",
+                           details={"status": subscription.status})
+        if Delivery.objects.filter(subscription=subscription, state__in=Delivery.UNFINISHED,
+                                   replay_of__isnull=False).count() >= MAX_UNFINISHED_REPLAYS:
+            raise LimitExceeded(f"At most {MAX_UNFINISHED_REPLAYS} replays of one subscription wait to be sent.")
         copy = Delivery.objects.create(subscription=original.subscription, after_position=original.after_position,
                                        through_position=original.through_position, state=Delivery.State.PENDING,
                                        due_at=now(), replay_of=original)

@@ -100,11 +100,12 @@ def check(book: Book, people: dict, conversations: dict, receiver_log: Path,
 
     # Inboxes: each accepted direct message is exactly one item of its
     # recipient, in conversation order; acknowledged what was acknowledged.
-    messages = {m.public_id: m for m in Message.objects.filter(public_id__in=book.accepted.values())}
+    messages = {m.public_id: m for chunk in _chunks(book.accepted.values())
+                for m in Message.objects.filter(public_id__in=chunk)}
     items = defaultdict(list)
-    rows = InboxItem.objects.filter(message__public_id__in=list(messages)).select_related("message").order_by("pk")
-    for item in rows:
-        items[item.message.public_id].append(item)
+    for chunk in _chunks(messages):  # a statement takes at most 65,535 parameters
+        for item in InboxItem.objects.filter(message__public_id__in=chunk).select_related("message"):
+            items[item.message.public_id].append(item)
     for key, public_id in book.accepted.items():
         label = book.targets[key][1]
         if label == "#general":
@@ -212,3 +213,6 @@ def check(book: Book, people: dict, conversations: dict, receiver_log: Path,
     return {"lost": lost, "duplicated": duplicated, "stuck": stuck, "out of order": disorder}
 
 
+def _chunks(values, size: int = 10_000):
+    values = list(values)
+    return [values[i:i + size] for i in range(0, len(values), size)]

@@ -9,7 +9,7 @@ from django_q.models import Schedule
 from controlplane import tasks
 from controlplane.clock import freeze, now
 from controlplane.models import Event, IdempotencyRecord, LogHead
-from controlplane.schedules import ensure_schedules
+from controlplane.schedules import declared_schedules, ensure_schedules
 from inbox.services import send_message
 
 WORKERS = 6
@@ -56,7 +56,7 @@ def test_workers_starting_together_create_each_schedule_once():
     # then
     assert errors == []
     names = list(Schedule.objects.values_list("name", flat=True))
-    assert len(names) == len(set(names)) == 7
+    assert len(names) == len(set(names)) == len(declared_schedules())
 
 
 def test_prune_event_log_honours_retention_days(settings, general, alice):

@@ -157,3 +157,25 @@ def test_a_decision_on_a_channel_message_reaches_only_its_sender(locked, bob, ca
     assert "approval.decided" in [e["kind"] for e in as_bob.get("/v0/me/inbox/events").json()["events"]]
     for api in (anon, as_bob):
         assert "approval.decided" not in [e["kind"] for e in api.get("/v0/spaces/vault/events").json()["events"]]
+
+
+def test_a_sender_has_only_so_many_requests_waiting(bob_to_carol, as_bob, as_root, monkeypatch):
+    # given: room for two pending requests
+    from grants import approvals
+
+    monkeypatch.setattr(approvals, "MAX_PENDING_PER_SENDER", 2)
+
+    def ask(n):
+        return as_bob.post(send_path(bob_to_carol), {"body": f"please {n}", "request_approval": True},
+                           headers={"Idempotency-Key": f"ask-{n:08d}"})
+
+    # when
+    first, second, third = ask(1), ask(2), ask(3)
+    again = ask(1)  # the same request again is no new one
+    decided = first.json()["error"]["details"]["approval_request"]["id"]
+    assert as_root.post(f"/v0/approval-requests/{decided}/deny", {"reason": "no"}).status_code == 200
+    after_decision = ask(3)
+    # then
+    assert [error_code(r) for r in (first, second, again, after_decision)] == ["GRANT_REQUIRED"] * 4
+    assert third.status_code == 409 and error_code(third) == "LIMIT_EXCEEDED"
+    assert ApprovalRequest.objects.count() == 3

@@ -293,6 +293,27 @@ def test_sign_in_is_throttled_per_account_even_for_the_right_password(ann, setti
 
 
 @pytest.mark.parametrize("path", ["/app/login/", "/admin/login/"])
+def test_guesses_from_one_address_do_not_lock_the_owner_out_from_another(ann, settings, path):
+    # given: one address spends its attempts at ann's account
+    from controlplane.ratelimit import SIGNIN_ACCOUNT_EVERYWHERE
+
+    settings.SIGNIN_PER_ACCOUNT, settings.SIGNIN_PER_ADDRESS = 2, 1000
+    clear_of_window_edge(15 * 60)
+    guesser = Client(REMOTE_ADDR="198.51.100.7")
+    statuses = [guesser.post(path, {"username": "ann", "password": "guess"}).status_code for _ in range(3)]
+    # when: ann signs in from her own address
+    ann_signs_in = Client(REMOTE_ADDR="198.51.100.8").post("/app/login/", {"username": "ann", "password": PASSWORD})
+    # then
+    assert statuses == [200, 200, 429]
+    assert ann_signs_in.status_code == 302
+    # and guesses spread over many addresses still meet the account's own bound
+    spread = [Client(REMOTE_ADDR=f"203.0.113.{n}").post(path, {"username": "ann", "password": "guess"}).status_code
+              for n in range(settings.SIGNIN_PER_ACCOUNT * SIGNIN_ACCOUNT_EVERYWHERE)]
+    everywhere = settings.SIGNIN_PER_ACCOUNT * SIGNIN_ACCOUNT_EVERYWHERE
+    assert spread.index(429) == everywhere - 4  # after the three guesses and ann's own sign-in
+
+
+@pytest.mark.parametrize("path", ["/app/login/", "/admin/login/"])
 def test_sign_in_is_throttled_per_client_address(ann, settings, path):
     settings.SIGNIN_PER_ACCOUNT, settings.SIGNIN_PER_ADDRESS = 100, 2
     clear_of_window_edge(15 * 60)

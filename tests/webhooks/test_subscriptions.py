@@ -233,6 +233,32 @@ def test_history_and_replay_are_the_owners(space, general, alice, as_alice, as_b
     assert as_bob.post(f"/v0/webhook-deliveries/{delivery['id']}/replay").status_code == 404
 
 
+def test_replays_wait_only_on_an_active_subscription_and_only_so_many(space, general, alice, as_alice, endpoint,
+                                                                       monkeypatch):
+    # given: a delivered wake of an active subscription, room for two unsent replays
+    from webhooks import services as webhooks_services
+
+    monkeypatch.setattr(webhooks_services, "MAX_UNFINISHED_REPLAYS", 2)
+    subscription = subscribe(as_alice, endpoint)
+    activate(as_alice, subscription)
+    send_message(general, body="1", actor=alice)
+    Delivery.objects.update(state=Delivery.State.DELIVERED)
+    (delivery,) = Delivery.objects.all()
+    replay = f"/v0/webhook-deliveries/{delivery.public_id}/replay"
+    # when
+    answers = [as_alice.post(replay) for _ in range(3)]
+    Delivery.objects.filter(replay_of=delivery).update(state=Delivery.State.DELIVERED)  # sent meanwhile
+    after_sent = as_alice.post(replay)
+    as_alice.patch(f"/v0/spaces/lab/webhook-subscriptions/{subscription['id']}", {"status": "paused"})
+    paused = as_alice.post(replay)
+    # then
+    assert [a.status_code for a in answers] == [202, 202, 409]
+    assert answers[2].json()["error"]["code"] == "LIMIT_EXCEEDED"
+    assert after_sent.status_code == 202
+    assert (paused.status_code, paused.json()["error"]["details"]) == (409, {"status": "paused"})
+    assert Delivery.objects.filter(replay_of=delivery).count() == 3
+
+
 def test_the_activation_cursor_reads_the_owners_feed(space, general, alice, as_alice, endpoint):
     subscription = subscribe(as_alice, endpoint)
     cursor = activate(as_alice, subscription)
