@@ -22,6 +22,7 @@ from controlplane.access import readable_conversation
 from controlplane.live import member_group
 from controlplane.topics import Memberships, heeding_cancellation
 from controlplane.models import Member
+from controlplane.ratelimit import member_request_wait
 from inbox.delivery import pending_count
 from inbox.mailbox import inbox_group
 from controlplane.db import db_call
@@ -39,7 +40,9 @@ BACKFILL_BATCHES = 5  # at most this many batches are replayed on connect
 
 class SessionSocket:
     """A socket that ends with its session: signing out, or the member's
-    suspension, closes it (4401)."""
+    suspension, closes it (4401). Opening one counts as a request against
+    the member's rate limit (one budget with the API and the web actions);
+    past it the handshake is refused, and the page retries with backoff."""
 
     memberships: Memberships | None = None
 
@@ -102,6 +105,9 @@ class ConversationConsumer(SessionSocket, AsyncWebsocketConsumer):
             await self.close()  # a malformed request: the handshake is refused
             return
         member, conversation = await db_call(self._authorize)()
+        if member is not None and await db_call(member_request_wait)(member):
+            await self.close()  # over the member's budget: refused, and the page backs off before it retries
+            return
         # Accepted before saying no, so the page sees why (a refused
         # handshake looks like a network failure) and stops reconnecting.
         await self.accept()
@@ -168,6 +174,9 @@ class InboxConsumer(SessionSocket, AsyncJsonWebsocketConsumer):
 
     async def connect(self):
         member = await db_call(lambda: member_of(self.scope.get("user")))()
+        if member is not None and await db_call(member_request_wait)(member):
+            await self.close()  # as ConversationConsumer.connect
+            return
         await self.accept()
         if member is None:
             await self.close(code=SIGNED_OUT)

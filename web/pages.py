@@ -75,10 +75,9 @@ def member_page(view):
                     "This account is not an active member of Switchboard. Sign out, then sign in as a member."))
             return redirect_to_login(request.get_full_path())
         try:
-            if request.method == "POST":
-                # Actions share the member's API budget (RATE_LIMIT_PER_MINUTE).
-                if wait := member_request_wait(member):
-                    raise RateLimited.after(wait)
+            # Pages and actions share the member's API budget (RATE_LIMIT_PER_MINUTE).
+            if wait := member_request_wait(member):
+                raise RateLimited.after(wait)
             return view(request, member, *args, **kwargs)
         except ApiError as error:
             return error_response(request, error)

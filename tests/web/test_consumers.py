@@ -130,6 +130,21 @@ async def test_signed_out_and_outsiders_are_told_why_and_closed_at_connect(room,
     assert await refusal(unknown) == [{"type": "access.lost"}, 4403]
 
 
+async def test_opening_sockets_counts_against_the_members_rate_limit(room, ben, settings):
+    # given: a budget of three requests a minute
+    from tests.conftest import clear_of_window_edge
+
+    settings.RATE_LIMIT_PER_MINUTE = 3
+    _, channel = room
+    clear_of_window_edge()
+    # when: ben opens a conversation socket, an inbox socket, and two more
+    opened = [(await open_socket(path, ben))[1]
+              for path in (f"/ws/conversations/{channel.public_id}/", "/ws/inbox/",
+                           f"/ws/conversations/{channel.public_id}/", "/ws/inbox/")]
+    # then: the handshake past the budget is refused
+    assert opened == [True, True, True, False]
+
+
 async def test_a_malformed_position_is_refused(room, ben):
     _, channel = room
     for after in ("-1", "%C2%B2", "x"):

@@ -334,3 +334,5 @@ def test_web_actions_share_the_members_api_rate_limit(ann, room, browser_of, api
     assert limited.status_code == 429 and limited.json()["error"]["code"] == "RATE_LIMITED"
     assert int(limited["Retry-After"]) >= 1
     assert Message.objects.count() == 1
+    # page reads count too: a page can cost more than an API call
+    assert browser_of(ann).get("/app/").status_code == 429
