@@ -13,11 +13,12 @@ subscription.
   secret). A new secret replaces the old, which keeps signing beside it for
   ROTATION_OVERLAP.
 - Leases: 24 hours by default (also for `ttlMs: null`), at least 60 seconds,
-  at most 7 days. Past its lease nothing is sent and it no longer counts
-  against the member's limits; pending work is kept for a refresh, for
-  LAPSED_KEPT (the hourly `reap_lapsed` then deletes it). A refresh of a
-  subscription suspended after its retries ran out resumes it.
-- Unsubscribing deletes the subscription with its managed endpoint.
+  at most 7 days. Past its lease nothing is sent; pending work is kept for
+  a refresh, until a new subscription of the member needs its place under
+  the limits. A refresh of a subscription suspended after its retries ran
+  out resumes it.
+- Unsubscribing deletes the subscription; the hourly `reap_deleted`
+  removes it with its managed endpoint a day later.
 - `inbox.item` sends one pending inbox item at a time, oldest first; a 2xx
   acknowledges it (webhooks.engine) and the next is offered at once.
   `inbox.pending` and `spaces.work.available` are range wakes, like inbox
@@ -40,7 +41,7 @@ from django.db.models.expressions import RawSQL
 from controlplane.access import get_readable_space
 from controlplane.clock import now, rfc3339
 from controlplane.cursors import caller_id, pack_cursor
-from controlplane.errors import Conflict, InvalidUrl, NotFound
+from controlplane.errors import Conflict, InvalidUrl, LimitExceeded, NotFound
 from controlplane.keys import purpose_key
 from controlplane.models import Member, Space
 from coordination.models import Task
@@ -60,8 +61,9 @@ DEFAULT_LEASE = dt.timedelta(hours=24)
 MIN_LEASE = dt.timedelta(seconds=60)
 MAX_LEASE = dt.timedelta(days=7)
 ROTATION_OVERLAP = dt.timedelta(minutes=5)
-# A subscription whose lease ran out is kept this long for a refresh.
-LAPSED_KEPT = dt.timedelta(days=7)
+# A deleted subscription's row is kept this long (its delivery history, and
+# far longer than a request in flight), then removed with its endpoint.
+DELETED_KEPT = dt.timedelta(days=1)
 SUBSCRIPTION_HEADER = "X-MCP-Subscription-Id"
 
 
@@ -102,7 +104,8 @@ def subscribe(member: Member, name: str, arguments: dict, url: str, secret: str,
     space = get_readable_space(arguments["space"], member) if name == WORK else None
     task = work_task(space, arguments) if name == WORK else None
     public_id = subscription_id(member, url, name, arguments)
-    _refuse_or_count(Subscription.objects.filter(public_id=public_id, owner=member).first(), member, space)
+    _refuse_or_count(Subscription.objects.filter(public_id=public_id, owner=member).first(), member, space,
+                     make_room=False)
     # The receiver's consent, outside any transaction (network I/O).
     candidate = Endpoint(owner=member, url=url, secret=crypto.seal_secret(secret), managed=True)
     verified_at = verify_endpoint(candidate, resolver=resolver, mcp_subscription_id=public_id)
@@ -112,7 +115,7 @@ def subscribe(member: Member, name: str, arguments: dict, url: str, secret: str,
         # subscriptions are created): the row and the limits are as read.
         Member.objects.select_for_update(no_key=True).filter(pk=member.pk).first()
         row = Subscription.objects.filter(public_id=public_id, owner=member).first()
-        live = _refuse_or_count(row, member, space)
+        live = _refuse_or_count(row, member, space, make_room=True)
         if row is None:
             candidate.save()
             row = Subscription.objects.create(public_id=public_id, owner=member, endpoint=candidate,
@@ -139,19 +142,43 @@ def subscribe(member: Member, name: str, arguments: dict, url: str, secret: str,
     return {"id": public_id, "refreshBefore": rfc3339(lease_until), "cursor": None, "truncated": False}
 
 
-def _refuse_or_count(row: Subscription | None, member: Member, space: Space | None) -> bool:
+def _refuse_or_count(row: Subscription | None, member: Member, space: Space | None, *, make_room: bool) -> bool:
     """Whether `row` (this identity's subscription, if any) is live. One its
-    receiver rejected for good is refused; a new one, or one whose lease
-    ran out, counts against the member's limits."""
+    receiver rejected for good is refused. A new one counts against the
+    member's limits; past them, with `make_room` (under the member's lock),
+    the member's subscriptions whose lease ran out (not those rejected for
+    good) are deleted to make room."""
     from webhooks.services import check_limits
 
     live = row is not None and row.status != Subscription.Status.DELETED
     if live and row.terminal:
         raise Conflict("The receiver rejected this subscription for good (HTTP 410 or 413); unsubscribe, fix the "
                        "receiver and subscribe again.", details={"reason": "terminal"})
-    if not live or row.lease_expires_at <= now():
-        check_limits(member, space=space)
+    if not live:
+        try:
+            check_limits(member, space=space)
+        except LimitExceeded:
+            lapsed = list(_lapsed(member))
+            if not lapsed:
+                raise
+            if make_room:
+                _delete(lapsed)
+                check_limits(member, space=space)
     return live
+
+
+def _lapsed(member: Member):
+    """`member`'s MCP subscriptions whose lease ran out, but for those
+    rejected for good (which only an unsubscribe clears)."""
+    return (Subscription.objects.filter(owner=member, mcp_name__isnull=False, lease_expires_at__lte=now(),
+                                        terminal=False).exclude(status=Subscription.Status.DELETED))
+
+
+def _delete(subscriptions) -> None:
+    from webhooks.services import delete_subscription
+
+    for subscription in subscriptions:
+        delete_subscription(subscription, managed=True)
 
 
 def _activate(subscription: Subscription) -> None:
@@ -173,10 +200,10 @@ def _store_secret(endpoint_id: int, sealed: str, verified_at, *, rotate: bool) -
 
 
 def unsubscribe(member: Member, name: str, arguments: dict, url: str) -> bool:
-    """Delete the subscription of this identity, with its managed endpoint
-    and its deliveries (unsent ones are not sent; pending inbox items stay
-    in the inbox), so that nothing of it counts against a limit. False if
-    none."""
+    """Delete the subscription of this identity: unsent deliveries are
+    cancelled (pending inbox items stay in the inbox). False if none. Its
+    managed endpoint counts against no limit, and goes with it a day later
+    (`reap_deleted`)."""
     with transaction.atomic():
         Member.objects.select_for_update(no_key=True).filter(pk=member.pk).first()  # as subscribe does
         subscription = (Subscription.objects.filter(public_id=subscription_id(member, url, name, arguments),
@@ -184,17 +211,29 @@ def unsubscribe(member: Member, name: str, arguments: dict, url: str) -> bool:
                         .first())
         if subscription is None:
             return False
-        Endpoint.objects.filter(pk=subscription.endpoint_id, managed=True).delete()
+        _delete([subscription])
     return True
 
 
-def reap_lapsed() -> int:
-    """Delete the subscriptions whose lease ran out more than LAPSED_KEPT
-    ago, with their managed endpoints and deliveries (a refresh after that
-    subscribes anew, with the same id). Returns how many."""
-    deleted, per_model = Endpoint.objects.filter(managed=True, subscriptions__lease_expires_at__lt=now() - LAPSED_KEPT
-                                                 ).delete()
-    return per_model.get(Subscription._meta.label, 0)
+def reap_deleted(limit: int = 1000) -> int:
+    """Remove, with their managed endpoints and deliveries, MCP
+    subscriptions deleted more than DELETED_KEPT ago, at most `limit` a run:
+    long after a request in flight could record anything. Each under its
+    owner's lock, as subscribe takes it, and only if still deleted (a
+    subscribe may bring one back). Returns how many."""
+    candidates = list(Subscription.objects.filter(
+        mcp_name__isnull=False, status=Subscription.Status.DELETED, deleted_at__lt=now() - DELETED_KEPT,
+        endpoint__managed=True).values_list("pk", "owner_id")[:limit])
+    reaped = 0
+    for pk, owner_id in candidates:
+        with transaction.atomic():
+            Member.objects.select_for_update(no_key=True).filter(pk=owner_id).first()
+            endpoint_ids = list(Subscription.objects.filter(pk=pk, status=Subscription.Status.DELETED)
+                                .values_list("endpoint_id", flat=True))
+            if endpoint_ids:
+                Endpoint.objects.filter(pk__in=endpoint_ids, managed=True).delete()
+                reaped += 1
+    return reaped
 
 
 def offer_waiting() -> int:

@@ -187,10 +187,8 @@ def _conversation_subjects(space: Space, subjects: list[dict], owner: Member) ->
 
 def check_limits(owner: Member, *, space: Space | None) -> None:
     """LIMIT_EXCEEDED past 100 subscriptions, 20 of one space (`space`) or
-    20 of the owner's inbox (no space), MCP-managed ones included while
-    their lease lasts (a refresh after it counts again)."""
-    live = (Subscription.objects.filter(owner=owner).exclude(status=Subscription.Status.DELETED)
-            .exclude(lease_expires_at__lte=now()))
+    20 of the owner's inbox (no space), MCP-managed ones included."""
+    live = Subscription.objects.filter(owner=owner).exclude(status=Subscription.Status.DELETED)
     if live.count() >= MAX_SUBSCRIPTIONS:
         raise LimitExceeded(f"At most {MAX_SUBSCRIPTIONS} subscriptions per owner.")
     if space is not None and live.filter(space=space).count() >= MAX_PER_SPACE:
@@ -325,10 +323,13 @@ def catch_up_locked(subscription: Subscription) -> None:
         extend_or_open(subscription.pk, head, debounce_ms=0)
 
 
-def delete_subscription(subscription: Subscription) -> None:
+def delete_subscription(subscription: Subscription, *, managed: bool = False) -> None:
     """Delete; unsent wakes are cancelled (a request in flight may finish).
-    MCP-managed subscriptions only through events/unsubscribe."""
-    refuse_managed(subscription)
+    MCP-managed subscriptions only through events/unsubscribe (`managed`).
+    The row stays (its history with it): the delivery engine and the outbox
+    may be writing its deliveries now."""
+    if not managed:
+        refuse_managed(subscription)
     with transaction.atomic():
         Subscription.objects.filter(pk=subscription.pk).update(status=Subscription.Status.DELETED,
                                                                deleted_at=now())

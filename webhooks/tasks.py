@@ -72,8 +72,8 @@ def deliver() -> int:
     return sent
 
 
-def reap_lapsed() -> int:
-    return mcp.reap_lapsed()
+def reap_deleted_mcp_subscriptions() -> int:
+    return mcp.reap_deleted()
 
 
 def ask_for_help() -> None:

@@ -20,7 +20,8 @@ def test_schedules_are_created_once(db):
     ensure_schedules()
     assert set(Schedule.objects.values_list("name", flat=True)) == {"prune-event-log", "purge-idempotency-records",
                                                                    "classify-inbox-items", "expire-grants",
-                                                                   "deliver-webhooks", "sweep-claims", "reap-lapsed-mcp-subscriptions",
+                                                                   "deliver-webhooks", "sweep-claims",
+                                                                   "reap-deleted-mcp-subscriptions",
                                                                    "finish-collectives"}
 
 

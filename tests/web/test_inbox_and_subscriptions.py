@@ -146,3 +146,26 @@ def test_the_inbox_page_shows_collective_requests_and_results(room, ann, ben, br
     # then
     assert "collective.request" in asked and f"/v0/messages/{message.public_id}/answer" in asked
     assert "collective.result" in page and "@ben: Yes, at one" in page
+
+
+@pytest.mark.django_db(transaction=True)
+def test_mcp_receivers_are_shown_while_subscribed_and_never_offered_for_a_subscription(ann, receiver, browser_of,
+                                                                                     monkeypatch):
+    # given: ann's MCP push subscription (its receiver echoes the challenge), and one unsubscribed
+    import base64
+    import json
+
+    from webhooks import mcp
+
+    monkeypatch.setattr("webhooks.due.kick_on_commit", lambda: None)
+    receiver.respond = lambda received: (200, {"Content-Type": "application/json"},
+                                         json.dumps({"challenge": received.json()["challenge"]}).encode())
+    secret = "whsec_" + base64.b64encode(b"s" * 32).decode()
+    mcp.subscribe(ann, mcp.ITEM, {}, receiver.url("/kept"), secret, ttl_ms=None)
+    mcp.subscribe(ann, mcp.ITEM, {}, receiver.url("/gone"), secret, ttl_ms=None)
+    mcp.unsubscribe(ann, mcp.ITEM, {}, receiver.url("/gone"))
+    # when
+    page = browser_of(ann).get("/app/subscriptions/").content.decode()
+    # then: the live one is listed (as MCP's), the unsubscribed one is not, and neither is offered
+    assert receiver.url("/kept") in page and receiver.url("/gone") not in page
+    assert 'name="endpoint"' not in page and "Save and verify a receiver first." in page

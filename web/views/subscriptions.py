@@ -48,12 +48,16 @@ def _target_label(subscription: Subscription, member) -> str:
 
 @member_page
 def subscriptions_page(request, member):
-    endpoints = list(Endpoint.objects.filter(owner=member).order_by("created_at"))
+    # An MCP subscription's endpoint is shown while the subscription is (it
+    # stays a day after an unsubscribe, webhooks.mcp.reap_deleted).
+    endpoints = list(Endpoint.objects.filter(owner=member).exclude(managed=True, subscriptions__status="deleted")
+                     .order_by("created_at"))
     conversation = None
     if "conversation" in request.GET:
         conversation = readable_conversation(member, request.GET["conversation"])
     return render(request, "web/subscriptions.html", {
         "endpoints": [(e, services.is_verified(e)) for e in endpoints],
+        "receivers": [(e, services.is_verified(e)) for e in endpoints if not e.managed],  # may take a subscription
         "subscriptions": _subscription_rows(member),
         "spaces": list(readable_spaces(member).order_by("slug")),
         "conversation": conversation,

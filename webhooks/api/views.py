@@ -211,7 +211,7 @@ class DeliveriesView(APIView):
 class ReplayView(APIView):
     @extend_schema(operation_id="replay_delivery", request=EmptyIn,
                    responses={202: envelope("delivery", DeliveryOut), **errors("INVALID_REQUEST", "NOT_FOUND",
-                                                                                 "CONFLICT")})
+                                                                                 "CONFLICT", "LIMIT_EXCEEDED")})
     def post(self, request, delivery_id):
         validated(EmptyIn, request.data)
         return Response({"delivery": render_delivery(services.replay(delivery_id, request.user))},
