@@ -5,6 +5,7 @@ and actions alike."""
 from __future__ import annotations
 
 import functools
+import ipaddress
 
 from django.conf import settings
 from django.core.cache import DEFAULT_CACHE_ALIAS, caches
@@ -99,13 +100,25 @@ SIGNIN_WINDOW = 15 * 60
 SIGNIN_ACCOUNT_EVERYWHERE = 10
 
 
+def _source(address: str) -> str:
+    """Whom sign-in attempts are counted against: the address, or for IPv6
+    its /64 (one host is commonly given a whole /64 to pick from)."""
+    try:
+        parsed = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return address
+    if parsed.version == 6 and parsed.ipv4_mapped is None:
+        return str(ipaddress.ip_network(f"{parsed}/64", strict=False))
+    return address
+
+
 def signin_wait(request) -> float | None:
     """Count a sign-in attempt against its client address
     (SIGNIN_PER_ADDRESS per 15 minutes), the account it names from that
     address (SIGNIN_PER_ACCOUNT) and that account from every address
     (SIGNIN_ACCOUNT_EVERYWHERE times as many); the seconds to wait when any
     is spent, else None."""
-    account, address = str(request.POST.get("username", "")).strip().lower()[:64], client_address(request)
+    account, address = str(request.POST.get("username", "")).strip().lower()[:64], _source(client_address(request))
     waits = [hit(f"signin:ip:{address}", limit=settings.SIGNIN_PER_ADDRESS, window=SIGNIN_WINDOW),
              hit(f"signin:user:{account}:{address}", limit=settings.SIGNIN_PER_ACCOUNT, window=SIGNIN_WINDOW),
              hit(f"signin:user:{account}", limit=settings.SIGNIN_PER_ACCOUNT * SIGNIN_ACCOUNT_EVERYWHERE,

@@ -16,7 +16,7 @@ from controlplane import audit, events
 from controlplane.access import active_membership, may_administer
 from controlplane.clock import now
 from controlplane.errors import Conflict, Forbidden, InvalidRequest, LimitExceeded, NotFound, RateLimited
-from controlplane.live import credential_group, group_send_on_commit, member_group
+from controlplane.live import group_send_on_commit, member_group
 from controlplane.log import append_events
 from controlplane.models import Conversation, Credential, Member, Membership, Participant, Space
 from controlplane.ratelimit import hit
@@ -121,8 +121,7 @@ def revoke_credential(credential: Credential, *, actor: Member | None) -> None:
     with transaction.atomic():
         audit.record("credential.revoked", credential.member.public_id, actor=actor,
                      credential=credential.public_id)
-        credential.delete()
-        group_send_on_commit(credential_group(credential.public_id), {"type": "credential.revoked"})
+        credential.delete()  # its streams end once this commits (controlplane.api.authentication)
 
 
 # --- spaces and memberships -----------------------------------------------------

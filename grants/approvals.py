@@ -34,22 +34,30 @@ def retain_for_approval(message, uncovered: list[Member]) -> ApprovalRequest:
     if request is None:
         try:
             with transaction.atomic():
-                # The sender's requests take turns here, so the count holds.
+                # The sender's requests take turns here, so the count holds;
+                # a retry that waited for another looks again.
                 Member.objects.select_for_update(no_key=True).filter(pk=message.author_id).first()
-                pending = ApprovalRequest.objects.filter(sender=message.author, status=ApprovalRequest.Status.PENDING)
-                if pending.count() >= MAX_PENDING_PER_SENDER:
-                    raise LimitExceeded(f"At most {MAX_PENDING_PER_SENDER} of your approval requests may wait for "
-                                        "a decision.", details={"max": MAX_PENDING_PER_SENDER})
-                request = ApprovalRequest.objects.create(
-                    **lookup, space=message.space, conversation=message.conversation,
-                    recipients=[m.pk for m in uncovered], body=message.body,
-                    reply_to=message.reply_to.public_id if message.reply_to_id else None,
-                    related_paths=message.related_paths, fingerprint=message.fingerprint)
+                request = ApprovalRequest.objects.filter(**lookup).first()
+                if request is None:
+                    _check_pending(message.author, uncovered)
+                    request = ApprovalRequest.objects.create(
+                        **lookup, space=message.space, conversation=message.conversation,
+                        recipients=[m.pk for m in uncovered], body=message.body,
+                        reply_to=message.reply_to.public_id if message.reply_to_id else None,
+                        related_paths=message.related_paths, fingerprint=message.fingerprint)
         except IntegrityError:  # a concurrent retry created it first
             request = ApprovalRequest.objects.get(**lookup)
     if request.fingerprint != message.fingerprint:
         raise IdempotencyConflict()
     return request
+
+
+def _check_pending(sender: Member, uncovered: list[Member]) -> None:
+    if ApprovalRequest.objects.filter(sender=sender, status=ApprovalRequest.Status.PENDING).count() \
+            >= MAX_PENDING_PER_SENDER:
+        raise LimitExceeded(f"At most {MAX_PENDING_PER_SENDER} of your approval requests may wait for a decision.",
+                            details={"max": MAX_PENDING_PER_SENDER,
+                                     "recipients": [f"@{m.handle}" for m in uncovered]})
 
 
 def visible_approval_request(public_id_: str, viewer: Member) -> ApprovalRequest:

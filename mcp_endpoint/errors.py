@@ -1,8 +1,8 @@
 """Switchboard's errors as MCP answers.
 
 Bad arguments (everything the API answers with 400, and text it refuses
-with 422 INVALID_BODY: NUL, lone surrogates) are JSON-RPC `InvalidParams`
-(-32602); an unknown event is `NotFound` (-32023) with
+with 422 INVALID_BODY: an empty body, NUL, lone surrogates) are JSON-RPC
+`InvalidParams` (-32602); an unknown event is `NotFound` (-32023) with
 `unknown-event`. Every other refusal (a missing grant, a full mailbox, an
 unknown conversation…) is a tool result with `isError` and the API's own
 error body as its structured content, so an agent sees the same code,

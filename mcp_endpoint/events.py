@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from controlplane.api.parsers import check_text
 from controlplane.db import db_call
 from controlplane.errors import ApiError, NotFound, VerificationFailed, as_unavailable
+from controlplane.models import Credential
 from mcp_endpoint import errors, sources
 from mcp_endpoint.asgi import CREDENTIAL_KEY
 from mcp_endpoint.server import caller
@@ -91,7 +92,7 @@ def _select(params: SelectParams) -> tuple[sources.Source, dict]:
         raise MCPError(errors.NOT_FOUND, f"No event named {params.name!r}.", data={"kind": "event"})
     arguments = params.arguments or {}
     try:
-        check_text([arguments, getattr(params, "delivery", None)])  # as the API's parser checks a body
+        check_text({"arguments": arguments, "delivery": getattr(params, "delivery", None)})  # as the API's parser
     except ApiError as error:
         raise _as_mcp(error) from None
     if (problem := source.problem(arguments)) is not None:
@@ -155,13 +156,17 @@ async def stream(ctx, params: StreamParams) -> dict:
                                                   params={**fields, "_meta": meta}),
                                             related_request_id=ctx.request_id)
 
-    owner = StreamOwner(member, source, arguments, ctx.request.scope.get(CREDENTIAL_KEY))
+    credential_id = ctx.request.scope.get(CREDENTIAL_KEY)
+    owner = StreamOwner(member, source, arguments, credential_id)
     try:
         await owner.start()
     except TooManyStreams:
         raise MCPError(RESOURCE_EXHAUSTED, f"At most {MAX_STREAMS} open streams per member.",
                        data={"limit": "streams", "max": MAX_STREAMS}) from None
     try:
+        if credential_id is not None and not await _db(_credential_exists, credential_id):
+            ended = ENDINGS["revoked"]  # revoked before the stream heard of revocations
+            raise MCPError(ended["code"], ended["message"], data=ended["data"])
         owner.watch(**await _db(sources.interest, member, source, arguments))
         batch = await _read(member, source, arguments, params.cursor, sources.MAX_EVENTS)
         await owner.take_over()  # only now: a refused request ends no other consumer
@@ -193,6 +198,10 @@ async def stream(ctx, params: StreamParams) -> dict:
         return {"_meta": meta}
     finally:
         await owner.stop()
+
+
+def _credential_exists(public_id: str) -> bool:
+    return Credential.objects.filter(public_id=public_id).exists()
 
 
 class Lost(Exception):

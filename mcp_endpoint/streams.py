@@ -151,14 +151,29 @@ class Places:
 places = Places()
 
 
+# KEYS[1]: the claims' counter, never below Redis's clock in microseconds:
+# a Redis that lost it (restarted, evicted) goes on past every claim made
+# before, where a bare counter would start again at 1 below them.
+_NEXT_CLAIM = """
+local t = redis.call('TIME')
+local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local n = redis.call('INCR', KEYS[1])
+if n < floor then
+  redis.call('SET', KEYS[1], string.format('%d', floor))
+  n = floor
+end
+return n
+"""
+
+
 async def _claim_order() -> int:
-    """A claim's place in the order of claims: a counter on Redis where the
-    deployment shares one, else this process's clock (the deployment is
-    then this process)."""
+    """A claim's place in the order of claims: on Redis where the deployment
+    shares one (one clock and a counter for all processes), else this
+    process's clock (the deployment is then this process)."""
     if (shared := raw_redis("mcp-stream-claims")) is None:
-        return time.time_ns()
+        return time.time_ns() // 1000
     client, key = shared
-    return await asyncio.to_thread(client.incr, key)
+    return await asyncio.to_thread(client.eval, _NEXT_CLAIM, 1, key)
 
 
 class StreamOwner:

@@ -78,6 +78,14 @@ class SessionSocket:
         key = getattr(session, "session_key", None)
         await self.join(member_group(member), *([session_group(key)] if key else []))
 
+    async def over_budget(self, member) -> bool:
+        """Count the handshake against `member`'s budget (if signed in);
+        past it, refuse it (the page backs off before it retries)."""
+        if member is None or not await db_call(member_request_wait)(member):
+            return False
+        await self.close()
+        return True
+
     async def session_ended(self, event) -> None:
         await self.close(code=SIGNED_OUT)
 
@@ -105,8 +113,7 @@ class ConversationConsumer(SessionSocket, AsyncWebsocketConsumer):
             await self.close()  # a malformed request: the handshake is refused
             return
         member, conversation = await db_call(self._authorize)()
-        if member is not None and await db_call(member_request_wait)(member):
-            await self.close()  # over the member's budget: refused, and the page backs off before it retries
+        if await self.over_budget(member):
             return
         # Accepted before saying no, so the page sees why (a refused
         # handshake looks like a network failure) and stops reconnecting.
@@ -174,8 +181,7 @@ class InboxConsumer(SessionSocket, AsyncJsonWebsocketConsumer):
 
     async def connect(self):
         member = await db_call(lambda: member_of(self.scope.get("user")))()
-        if member is not None and await db_call(member_request_wait)(member):
-            await self.close()  # as ConversationConsumer.connect
+        if await self.over_budget(member):
             return
         await self.accept()
         if member is None:

@@ -25,6 +25,7 @@ from rest_framework.exceptions import AuthenticationFailed
 from controlplane.cache import raw_redis
 from controlplane.db import model_columns, model_from_row
 from controlplane.errors import Unauthenticated
+from controlplane.live import credential_group, group_send_on_commit
 from controlplane.models import Credential, Member
 from controlplane.ratelimit import member_request_wait, member_request_wait_reading
 from controlplane.tokens import TOKEN_RE, hash_token
@@ -96,12 +97,20 @@ def _changed(sender, instance, created=False, **kwargs):
         forget_credentials()
 
 
+def _revoked(sender, instance, **kwargs):
+    """What a credential opened and holds open (MCP streams) ends once its
+    deletion commits."""
+    group_send_on_commit(credential_group(instance.public_id), {"type": "credential.revoked"})
+
+
 def watch_changes() -> None:
     """Every save or delete of a member or a credential, through the ORM
-    (the services, the admin), moves the epoch: connected at startup."""
+    (the services, the admin), moves the epoch, and a credential's deletion
+    ends its streams: connected at startup."""
     for model in (Member, Credential):
         post_save.connect(_changed, sender=model, dispatch_uid=f"forget-credentials-saved-{model.__name__}")
         post_delete.connect(_changed, sender=model, dispatch_uid=f"forget-credentials-deleted-{model.__name__}")
+    post_delete.connect(_revoked, sender=Credential, dispatch_uid="end-streams-of-deleted-credentials")
 
 
 _UNCOUNTED = object()

@@ -38,7 +38,7 @@ class SendMessageView(APIView):
                    responses={201: envelope("message", MessageOut), 200: envelope("message", MessageOut),
                               **errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "FORBIDDEN", "GRANT_REQUIRED",
                                        "NOT_FOUND", "IDEMPOTENCY_CONFLICT", "CONFLICT", "BODY_TOO_LARGE",
-                                       "INVALID_BODY", "MAILBOX_FULL")})
+                                       "INVALID_BODY", "MAILBOX_FULL", "LIMIT_EXCEEDED")})
     def post(self, request, slug, conversation):
         data = validated(SendMessageIn, request.data)
         key = idempotency_key(request)

@@ -178,4 +178,5 @@ def test_a_sender_has_only_so_many_requests_waiting(bob_to_carol, as_bob, as_roo
     # then
     assert [error_code(r) for r in (first, second, again, after_decision)] == ["GRANT_REQUIRED"] * 4
     assert third.status_code == 409 and error_code(third) == "LIMIT_EXCEEDED"
+    assert third.json()["error"]["details"] == {"max": 2, "recipients": ["@carol"]}
     assert ApprovalRequest.objects.count() == 3

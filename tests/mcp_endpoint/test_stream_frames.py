@@ -132,3 +132,28 @@ def test_revoking_the_credential_that_opened_a_stream_ends_it(make_member, setti
     assert ended[0]["params"]["error"]["code"] == -32024
     assert ended[0]["params"]["error"]["data"] == {"reason": "revoked"}
     assert still
+
+
+def test_a_credential_revoked_while_its_stream_starts_ends_it_before_anything_is_sent(make_member, monkeypatch):
+    # given: the credential is revoked after the request was authenticated, before the stream listens for it
+    from asgiref.sync import sync_to_async
+
+    from mcp_endpoint.streams import StreamOwner
+
+    credential, token = services.issue_credential(make_member("ada"), actor=None)
+    start = StreamOwner.start
+
+    async def start_late(self):
+        await sync_to_async(services.revoke_credential)(credential, actor=None)
+        await start(self)
+
+    monkeypatch.setattr(StreamOwner, "start", start_late)
+
+    async def story(http):
+        return await asyncio.wait_for(http.post(**stream_request(token, 1, None)), 5)
+
+    # when
+    response = asyncio.run(with_endpoint(story))
+    # then
+    (answer,) = frames(response.text)
+    assert answer["error"]["code"] == -32024 and answer["error"]["data"] == {"reason": "revoked"}

@@ -163,6 +163,18 @@ def test_on_redis_claims_are_ordered_by_redis_not_by_the_processes_clocks(monkey
     assert asyncio.run(story()) == ("replaced", None)
 
 
+@pytest.mark.postgres  # with REDIS_URL: the shared deployment
+def test_on_redis_a_claim_after_the_counter_was_lost_is_still_the_newest():
+    from controlplane.cache import raw_redis
+    from mcp_endpoint import streams
+
+    client, key = raw_redis("mcp-stream-claims")
+    before = [asyncio.run(streams._claim_order()) for _ in range(2)]
+    client.delete(key)  # Redis restarted, or evicted it
+    after = asyncio.run(streams._claim_order())
+    assert before[0] < before[1] < after
+
+
 def test_of_two_inbox_streams_the_newer_owns_it_and_the_older_is_told():
     async def story():
         item = sources.SOURCES["org.switchboard/inbox.item"]

@@ -322,6 +322,10 @@ def test_sign_in_is_throttled_per_client_address(ann, settings, path):
                 for name in ("ann", "ben", "cid")]
     assert statuses == [200, 200, 429]
     assert Client(REMOTE_ADDR="198.51.100.8").post(path, {"username": "cid", "password": "x"}).status_code == 200
+    # an IPv6 host is counted by its /64, from which it may take any address
+    v6 = [Client(REMOTE_ADDR=f"2001:db8:1:2::{n:x}").post(path, {"username": "cid", "password": "x"}).status_code
+          for n in range(1, 4)]
+    assert v6 == [200, 200, 429]
 
 
 def test_web_actions_share_the_members_api_rate_limit(ann, room, browser_of, api_for, settings):
