@@ -5,12 +5,14 @@ import datetime as dt
 import re
 
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 
 from controlplane.clock import now, rfc3339
 from controlplane.errors import Conflict, Forbidden, GrantConflict, InvalidRequest, NotFound
 from controlplane.idempotency import is_valid_key
 from controlplane.log import append_events
-from controlplane.models import Member, Space
+from controlplane.access import is_active_admin
+from controlplane.models import Member, Membership, Space
 from controlplane.services import member_for_handle, require_owner
 from grants import barrier
 from grants.models import Grant
@@ -109,6 +111,12 @@ def visible_grant(grant_id: str, viewer: Member, *, space: Space | None = None) 
         public_id=grant_id)
     if space is not None:
         grants = grants.filter(space=space)
+    elif not is_active_admin(viewer):
+        # Only grants the viewer may see are weighed: another owner's grants
+        # of the same id (ids are chosen per space) must not crowd them out.
+        owned = Membership.objects.filter(member=viewer, status=Membership.Status.ACTIVE,
+                                          role=Membership.Role.OWNER).values("space_id")
+        grants = grants.filter(Q(sender=viewer) | Q(recipient=viewer) | Q(space__in=owned))
     visible = [grant for grant in grants[:MAX_SPACES_PER_ID]
                if viewer.pk in (grant.sender_id, grant.recipient_id) or _may_manage(grant, viewer)]
     if not visible:

@@ -57,6 +57,21 @@ def test_an_id_another_space_uses_is_free_and_reveals_nothing(locked, as_alice, 
     assert Grant.objects.filter(public_id="grt_x").count() == 2
 
 
+def test_grants_of_an_id_in_others_spaces_cannot_crowd_out_ones_own(locked, as_alice, make_member, api_for,
+                                                                     monkeypatch):
+    # given: alice's grant grt_x, and dave's grants of the same id in more spaces than a lookup weighs
+    from grants import services as grant_services
+
+    monkeypatch.setattr(grant_services, "MAX_SPACES_PER_ID", 2)
+    as_dave = api_for(make_member("dave"))
+    for n in range(3):
+        as_dave.post("/v0/spaces", {"slug": f"den{n}", "name": "Den", "visibility": "private"})
+        assert as_dave.post(f"/v0/spaces/den{n}/grants", {"id": "grt_x", "kind": "project"}).status_code == 201
+    as_alice.post(GRANTS, {"id": "grt_x", "kind": "project"})
+    # when / then: alice still finds hers by id alone
+    assert as_alice.get("/v0/grants/grt_x").json()["grant"]["space"] == "vault"
+
+
 def test_an_id_seen_in_two_spaces_is_asked_for_under_its_space(locked, space, as_alice):
     # given: alice owns both spaces and uses one id in each
     as_alice.post(GRANTS, {"id": "grt_x", "kind": "project"})
