@@ -331,10 +331,12 @@ def delete_subscription(subscription: Subscription, *, managed: bool = False) ->
     if not managed:
         refuse_managed(subscription)
     with transaction.atomic():
-        Subscription.objects.filter(pk=subscription.pk).update(status=Subscription.Status.DELETED,
-                                                               deleted_at=now())
+        # Its deliveries before itself, as a worker recording a failure takes
+        # them (a delivery, then its subscription to suspend it).
         Delivery.objects.filter(subscription=subscription, state__in=Delivery.UNFINISHED).update(
             state=Delivery.State.CANCELLED, finished_at=now())
+        Subscription.objects.filter(pk=subscription.pk).update(status=Subscription.Status.DELETED,
+                                                               deleted_at=now())
 
 
 def activation_cursor(subscription: Subscription) -> str:

@@ -259,3 +259,32 @@ def test_a_revocation_barrier_takes_its_recipients_mailboxes_before_their_items(
     assert len(results) == 1 and isinstance(results[0], Grant) and results[0].status == Grant.Status.REVOKED
     item.refresh_from_db()
     assert item.state == InboxItem.State.REJECTED
+
+
+def test_deleting_a_subscription_takes_its_deliveries_before_itself():
+    """A worker recording a failure holds the delivery, then locks its
+    subscription to suspend it: a delete must not hold the subscription
+    while it waits for the delivery."""
+    from webhooks import services as webhooks_services
+    from webhooks.models import Delivery, Endpoint, Subscription
+
+    # given: a subscription with a delivery being recorded
+    owner = services.create_member("owner", actor=None)
+    endpoint = Endpoint.objects.create(owner=owner, url="https://receiver.example/hook")
+    subscription = Subscription.objects.create(owner=owner, endpoint=endpoint, kind=Subscription.Kind.INBOX,
+                                               status=Subscription.Status.ACTIVE)
+    delivery = Delivery.objects.create(subscription=subscription, after_position=0, through_position=1,
+                                       state=Delivery.State.SENDING, due_at=now())
+    other = other_writer()
+    other.execute(f"SELECT 1 FROM {Delivery._meta.db_table} WHERE id = %s FOR NO KEY UPDATE", [delivery.pk])
+    # when: the owner deletes the subscription meanwhile, and the worker goes on to suspend it
+    deleting, results = in_thread(lambda: webhooks_services.delete_subscription(subscription))
+    other.execute(f"SELECT 1 FROM {Subscription._meta.db_table} WHERE id = %s FOR NO KEY UPDATE", [subscription.pk])
+    other.commit()
+    other.close()
+    deleting.join(10)
+    # then: no cycle: both finished, and the delivery is cancelled with its subscription
+    assert results == [None]
+    delivery.refresh_from_db()
+    subscription.refresh_from_db()
+    assert (delivery.state, subscription.status) == (Delivery.State.CANCELLED, Subscription.Status.DELETED)
