@@ -14,6 +14,17 @@ class Member:
         self.pk, self.public_id = pk, f"mem_{pk:016d}"
 
 
+async def inbox_streams_in_turn(member) -> tuple[StreamOwner, StreamOwner]:
+    """Two consumers of `member`'s inbox items, the second started and
+    claiming after the first."""
+    item = sources.SOURCES["org.switchboard/inbox.item"]
+    older, newer = StreamOwner(member, item, {}), StreamOwner(member, item, {})
+    for owner in (older, newer):
+        await owner.start()
+        await owner.take_over()
+    return older, newer
+
+
 def test_a_member_holds_at_most_so_many_streams():
     async def story():
         work = sources.SOURCES["spaces.work.available"]
@@ -148,12 +159,7 @@ def test_on_redis_claims_are_ordered_by_redis_not_by_the_processes_clocks(monkey
     monkeypatch.setattr(streams.time, "time_ns", lambda: next(ticks))
 
     async def story():
-        item = sources.SOURCES["org.switchboard/inbox.item"]
-        older, newer = StreamOwner(Member(42), item, {}), StreamOwner(Member(42), item, {})
-        await older.start()
-        await older.take_over()
-        await newer.start()
-        await newer.take_over()
+        older, newer = await inbox_streams_in_turn(Member(42))
         replaced, kept = await older.wait(2.0), await newer.wait(0.2)
         await older.stop()
         await newer.stop()
@@ -177,12 +183,7 @@ def test_on_redis_a_claim_after_the_counter_was_lost_is_still_the_newest():
 
 def test_of_two_inbox_streams_the_newer_owns_it_and_the_older_is_told():
     async def story():
-        item = sources.SOURCES["org.switchboard/inbox.item"]
-        older, newer = StreamOwner(Member(3), item, {}), StreamOwner(Member(3), item, {})
-        await older.start()
-        await older.take_over()
-        await newer.start()
-        await newer.take_over()
+        older, newer = await inbox_streams_in_turn(Member(3))
         replaced = await older.wait(2.0)
         kept = await newer.wait(0.2)
         await older.stop()  # the older one's cleanup leaves the newer one alone

@@ -1,0 +1,92 @@
+"""An MCP push subscription's life against a real HTTPS receiver: lapsed
+leases, unsubscribing while a push is in flight, the managed endpoint's
+place under the limits, and a refresh after a suspension."""
+import datetime as dt
+
+import pytest
+
+from controlplane.clock import freeze, now
+from controlplane.errors import LimitExceeded
+from inbox.services import send_message
+from tests.mcp_endpoint.test_push import pump, pushes, subscribe
+from webhooks import engine, mcp
+from webhooks.models import Delivery, Endpoint, Subscription
+from webhooks.transport import Outcome
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_kicks")]
+
+
+def test_lapsed_leases_give_their_places_to_new_subscriptions(world, receiver, monkeypatch):
+    # given: as many inbox subscriptions as a member may hold, one of them rejected for good
+    from webhooks import services as webhooks_services
+
+    monkeypatch.setattr(webhooks_services, "MAX_INBOX", 3)
+    first, second = subscribe(world, url=receiver.url("/a")), subscribe(world, url=receiver.url("/b"))
+    rejected = subscribe(world, url=receiver.url("/r"))
+    Subscription.objects.filter(public_id=rejected["id"]).update(status=Subscription.Status.SUSPENDED, terminal=True)
+    with pytest.raises(LimitExceeded):
+        subscribe(world, url=receiver.url("/c"))
+    # when: their leases run out, and another subscription is made
+    with freeze(now() + dt.timedelta(hours=25)):
+        third = subscribe(world, url=receiver.url("/c"))
+        again = subscribe(world, url=receiver.url("/a"))  # a lapsed one comes back as new
+    # then: the lapsed ones made room; the one rejected for good stays so until unsubscribed
+    status = dict(Subscription.objects.values_list("public_id", "status"))
+    assert status == {first["id"]: "active", second["id"]: "deleted", rejected["id"]: "suspended",
+                      third["id"]: "active"} and again["id"] == first["id"]
+    assert Subscription.objects.get(public_id=rejected["id"]).terminal
+
+
+def test_managed_endpoints_leave_the_members_own_endpoints_room_and_go_a_day_after(world, receiver, api_for,
+                                                                                   monkeypatch):
+    # given: a member with room for one endpoint of their own, after subscribing and unsubscribing twice
+    from webhooks import services as webhooks_services
+
+    monkeypatch.setattr(webhooks_services, "MAX_ENDPOINTS", 1)
+    for path in ("/a", "/b"):
+        subscribe(world, url=receiver.url(path))
+        assert mcp.unsubscribe(world["ada"], mcp.ITEM, {}, receiver.url(path))
+    kept = subscribe(world, url=receiver.url("/c"))
+    # when
+    created = api_for(world["ada"]).post("/v0/webhook-endpoints", {"url": receiver.url("/mine")})
+    # then: managed endpoints do not count
+    assert created.status_code == 201, created.json()
+    # and a day after an unsubscribe, the subscription goes with its endpoint and history
+    assert mcp.reap_deleted() == 0
+    with freeze(now() + dt.timedelta(days=1, minutes=1)):
+        assert mcp.reap_deleted() == 2
+    assert list(Subscription.objects.values_list("public_id", flat=True)) == [kept["id"]]
+    assert Endpoint.objects.filter(managed=True).count() == 1
+
+
+def test_an_unsubscribe_while_its_push_is_in_flight_leaves_the_rest_of_the_batch_recorded(world, receiver):
+    # given: two subscriptions' pushes claimed in one batch
+    from webhooks.models import Attempt
+
+    subscribe(world)
+    subscribe(world, url=receiver.url("/other"))
+    send_message(world["direct"], body="one", actor=world["bo"])
+    jobs = engine.claim_due(10)
+    assert len(jobs) == 2
+    # when: the agent unsubscribes the first while its push is in flight, then both answer 204
+    assert mcp.unsubscribe(world["ada"], mcp.ITEM, {}, world["url"])
+    ok = Outcome(status_code=204, error_class=None, duration_ms=5)
+    engine.record_or_leave([engine.Result(job, ok, "key", now()) for job in jobs])
+    # then: both answers are recorded (the unsubscribed one's row is still there to take it)
+    assert sorted(Delivery.objects.values_list("state", flat=True)) == ["cancelled", "delivered"]
+    assert Attempt.objects.count() == 2
+
+
+def test_a_refresh_resumes_a_subscription_suspended_after_its_retries(world, receiver):
+    # given: a subscription suspended after its retries ran out (not by a 410 or 413)
+    created = subscribe(world)
+    Subscription.objects.filter(public_id=created["id"]).update(
+        status=Subscription.Status.SUSPENDED, suspended_reason="retries_exhausted", suspended_at=now())
+    send_message(world["direct"], body="waiting", actor=world["bo"])
+    assert pump() == 0
+    # when
+    assert subscribe(world)["id"] == created["id"]
+    pump()
+    # then
+    assert Subscription.objects.get(public_id=created["id"]).status == Subscription.Status.ACTIVE
+    assert [r.json()["data"]["item"]["content"] for r in pushes(receiver)] == ["waiting"]
