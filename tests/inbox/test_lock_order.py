@@ -52,6 +52,26 @@ def in_thread(work) -> tuple[threading.Thread, list]:
     return thread, results
 
 
+def row_lock(table: str, value, *, column: str = "id", mode: str = "FOR NO KEY UPDATE") -> tuple[str, list]:
+    """A statement taking one row's lock, for `crossing`."""
+    return f"SELECT 1 FROM {table} WHERE {column} = %s {mode}", [value]
+
+
+def crossing(held: tuple[str, list], work, then: tuple[str, list]) -> tuple[threading.Thread, list]:
+    """This module's protocol: another writer runs `held`; `work()` starts on
+    its own connection (`in_thread`, past deadlock_timeout); the other
+    writer runs `then` and commits. Returns `work`'s thread, joined for up to
+    10 s, and its results."""
+    other = other_writer()
+    other.execute(*held)
+    thread, results = in_thread(work)
+    other.execute(*then)
+    other.commit()
+    other.close()
+    thread.join(10)
+    return thread, results
+
+
 def grouped_sends(monkeypatch, *, with_mailboxes: bool):
     """Two direct sends from `owner` (to high, then to low) captured as one
     group before they run; (low, high, the group)."""
@@ -86,13 +106,9 @@ def test_a_group_sending_to_two_members_waits_for_an_acknowledgement_holding_bot
     low, high, group = grouped_sends(monkeypatch, with_mailboxes=True)
     # when: an acknowledgement's transaction holds low's mailbox (taken first, in
     # member order) while the group starts, then takes high's
-    other = other_writer()
-    other.execute(f"SELECT 1 FROM {MAILBOX} WHERE member_id = %s FOR UPDATE", [low.pk])
-    committing, results = in_thread(lambda: writes._commit_group(group))
-    other.execute(f"SELECT 1 FROM {MAILBOX} WHERE member_id = %s FOR UPDATE", [high.pk])
-    other.commit()
-    other.close()
-    committing.join(10)
+    _, results = crossing(row_lock(MAILBOX, low.pk, column="member_id", mode="FOR UPDATE"),
+                          lambda: writes._commit_group(group),
+                          row_lock(MAILBOX, high.pk, column="member_id", mode="FOR UPDATE"))
     # then: the acknowledgement got both rows, and the group committed whole
     assert len(results) == 1 and len(results[0]) == 2
     assert Message.objects.filter(body="grouped").count() == 2
@@ -105,14 +121,8 @@ def test_a_group_makes_its_new_mailboxes_in_member_order(monkeypatch):
     # given
     low, high, group = grouped_sends(monkeypatch, with_mailboxes=False)
     # when: another writer makes low's row (member order) while the group starts, then high's
-    other = other_writer()
     insert = f"INSERT INTO {MAILBOX} (member_id, pending_bytes, firewall) VALUES (%s, 0, false)"
-    other.execute(insert, [low.pk])
-    committing, results = in_thread(lambda: writes._commit_group(group))
-    other.execute(insert, [high.pk])
-    other.commit()
-    other.close()
-    committing.join(10)
+    _, results = crossing((insert, [low.pk]), lambda: writes._commit_group(group), (insert, [high.pk]))
     # then: no cycle: the other writer made both rows and the group committed whole
     assert len(results) == 1 and len(results[0]) == 2
     assert Message.objects.filter(body="grouped").count() == 2
@@ -143,14 +153,10 @@ def test_a_suspension_notice_takes_its_owners_mailbox_before_the_log_head(receiv
     (job,) = engine.claim_due(10)
     result = engine.Result(job, Outcome(status_code=410, error_class=None, duration_ms=3), "key", now())
     # when: a send to alice holds her mailbox while the worker records the 410
-    other = other_writer()
-    other.execute(f"SELECT 1 FROM {MAILBOX} WHERE member_id = %s FOR UPDATE", [alice.pk])
-    recording, results = in_thread(lambda: engine.record([result]))
     # then: the send takes the log head next without a cycle, and both finish
-    other.execute("UPDATE controlplane_loghead SET position = position WHERE id = 1")
-    other.commit()
-    other.close()
-    recording.join(10)
+    recording, results = crossing(row_lock(MAILBOX, alice.pk, column="member_id", mode="FOR UPDATE"),
+                                  lambda: engine.record([result]),
+                                  ("UPDATE controlplane_loghead SET position = position WHERE id = 1", []))
     assert results == [[]] and not recording.is_alive()  # recorded, nothing handed on
     assert Subscription.objects.get(public_id=created["id"]).status == "suspended"
 
@@ -183,13 +189,9 @@ def test_recording_a_batch_does_not_hold_what_a_sends_commit_checks_its_keys_aga
     result = engine.Result(job, Outcome(status_code=500, error_class=None, duration_ms=3), "key", now())
     subscription = Subscription.objects.get(public_id=created["id"])
     # when: a send holds alice's mailbox while the worker records, then commits
-    other = other_writer()
-    other.execute(f"SELECT 1 FROM {MAILBOX} WHERE member_id = %s FOR UPDATE", [alice.pk])
-    recording, results = in_thread(lambda: engine.record([result]))
-    other.execute(f"SELECT 1 FROM {Subscription._meta.db_table} WHERE id = %s FOR KEY SHARE", [subscription.pk])
-    other.commit()
-    other.close()
-    recording.join(10)
+    recording, results = crossing(row_lock(MAILBOX, alice.pk, column="member_id", mode="FOR UPDATE"),
+                                  lambda: engine.record([result]),
+                                  row_lock(Subscription._meta.db_table, subscription.pk, mode="FOR KEY SHARE"))
     # then: both finished; the delivery waits for its retry
     assert results == [[]] and not recording.is_alive()  # recorded, nothing handed on
     assert Delivery.objects.get(pk=job.delivery_id).state == "pending"
@@ -210,14 +212,10 @@ def test_an_owners_acknowledgement_takes_its_mailbox_before_the_item(api_for):
     send_message(direct, body="for bob", actor=alice)
     item, as_bob = InboxItem.objects.get(member=bob), api_for(bob)
     # when: a record holds bob's mailbox while bob acknowledges, then takes the item
-    other = other_writer()
-    other.execute(f"SELECT 1 FROM {MAILBOX} WHERE member_id = %s FOR NO KEY UPDATE", [bob.pk])
-    acknowledging, results = in_thread(
-        lambda: as_bob.post("/v0/me/inbox/acknowledge", {"deliveryToken": item.token}).status_code)
-    other.execute(f"SELECT 1 FROM {InboxItem._meta.db_table} WHERE id = %s FOR NO KEY UPDATE", [item.pk])
-    other.commit()
-    other.close()
-    acknowledging.join(10)
+    acknowledging, results = crossing(
+        row_lock(MAILBOX, bob.pk, column="member_id"),
+        lambda: as_bob.post("/v0/me/inbox/acknowledge", {"deliveryToken": item.token}).status_code,
+        row_lock(InboxItem._meta.db_table, item.pk))
     # then: no cycle: both finished, and the item is acknowledged
     assert results == [200] and not acknowledging.is_alive()
     item.refresh_from_db()
@@ -248,13 +246,9 @@ def test_a_revocation_barrier_takes_its_recipients_mailboxes_before_their_items(
     item = InboxItem.objects.get(member=carol, grant=grant)
     barrier.start_barrier(grant.pk, ending=Grant.Status.REVOKED, actor=alice)
     # when: carol's acknowledgement holds her mailbox while the barrier settles, then takes the item
-    other = other_writer()
-    other.execute(f"SELECT 1 FROM {MAILBOX} WHERE member_id = %s FOR NO KEY UPDATE", [carol.pk])
-    settling, results = in_thread(lambda: barrier.finish_barrier(grant.pk))
-    other.execute(f"SELECT 1 FROM {InboxItem._meta.db_table} WHERE id = %s FOR NO KEY UPDATE", [item.pk])
-    other.commit()
-    other.close()
-    settling.join(10)
+    _, results = crossing(row_lock(MAILBOX, carol.pk, column="member_id"),
+                          lambda: barrier.finish_barrier(grant.pk),
+                          row_lock(InboxItem._meta.db_table, item.pk))
     # then: no cycle: both finished, the grant is revoked and the item rejected
     assert len(results) == 1 and isinstance(results[0], Grant) and results[0].status == Grant.Status.REVOKED
     item.refresh_from_db()
@@ -275,14 +269,10 @@ def test_deleting_a_subscription_takes_its_deliveries_before_itself():
                                                status=Subscription.Status.ACTIVE)
     delivery = Delivery.objects.create(subscription=subscription, after_position=0, through_position=1,
                                        state=Delivery.State.SENDING, due_at=now())
-    other = other_writer()
-    other.execute(f"SELECT 1 FROM {Delivery._meta.db_table} WHERE id = %s FOR NO KEY UPDATE", [delivery.pk])
     # when: the owner deletes the subscription meanwhile, and the worker goes on to suspend it
-    deleting, results = in_thread(lambda: webhooks_services.delete_subscription(subscription))
-    other.execute(f"SELECT 1 FROM {Subscription._meta.db_table} WHERE id = %s FOR NO KEY UPDATE", [subscription.pk])
-    other.commit()
-    other.close()
-    deleting.join(10)
+    _, results = crossing(row_lock(Delivery._meta.db_table, delivery.pk),
+                          lambda: webhooks_services.delete_subscription(subscription),
+                          row_lock(Subscription._meta.db_table, subscription.pk))
     # then: no cycle: both finished, and the delivery is cancelled with its subscription
     assert results == [None]
     delivery.refresh_from_db()
