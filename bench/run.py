@@ -128,15 +128,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-# Every request is counted against its member's rate limit, as in a
-# deployment, with a limit no phase reaches.
+# Every request is counted against its member's rate limit, and every
+# socket and waiting long-poll against its member's places, as in a
+# deployment, with limits no phase reaches (idle long-polls are one member's).
 RATE_LIMIT = "100000000"
+WAITS_PER_MEMBER = "100000"
 
 
 def server_env(args) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE"}}
     env.update({"DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{DB_NAME}", "SERVER_ADMIN_KEY": ADMIN_KEY,
-                "DEBUG": "0", "RATE_LIMIT_PER_MINUTE": RATE_LIMIT, "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"})
+                "DEBUG": "0", "RATE_LIMIT_PER_MINUTE": RATE_LIMIT,
+                "WAITS_PER_MEMBER": WAITS_PER_MEMBER, "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"})
     if not args.no_redis:
         env["REDIS_URL"] = args.redis_url
     return env

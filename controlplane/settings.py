@@ -52,6 +52,9 @@ WEBHOOK_LEASE_SECONDS = env_int("WEBHOOK_LEASE_SECONDS", 60)
 CLAIM_TTL_HOURS = env_int("CLAIM_TTL_HOURS", 24)
 EVENT_RETENTION_DAYS = env_int("EVENT_RETENTION_DAYS", 30)
 RATE_LIMIT_PER_MINUTE = env_int("RATE_LIMIT_PER_MINUTE", 12000)  # per member
+# Live page sockets and waiting long-polls one member may hold open in one
+# server process at once (controlplane.holding); 0: no cap.
+WAITS_PER_MEMBER = env_int("WAITS_PER_MEMBER", 100)
 CREDENTIALS_PER_HOUR = env_int("CREDENTIALS_PER_HOUR", 10)  # new credentials per member
 # With Redis: how long a process may reuse a bearer lookup while no member
 # or credential has changed (controlplane.api.authentication); 0 turns it off.

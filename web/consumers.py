@@ -18,6 +18,7 @@ import json
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 
+from controlplane import holding
 from controlplane.access import readable_conversation
 from controlplane.live import member_group
 from controlplane.topics import Memberships, heeding_cancellation
@@ -41,10 +42,13 @@ BACKFILL_BATCHES = 5  # at most this many batches are replayed on connect
 class SessionSocket:
     """A socket that ends with its session: signing out, or the member's
     suspension, closes it (4401). Opening one counts as a request against
-    the member's rate limit (one budget with the API and the web actions);
-    past it the handshake is refused, and the page retries with backoff."""
+    the member's rate limit (one budget with the API and the web actions),
+    and it holds one of the member's places in this process while it is
+    open (controlplane.holding): past either, the handshake is refused, and
+    the page retries with backoff."""
 
     memberships: Memberships | None = None
+    holder: int | None = None  # the member whose place the socket holds
 
     @property
     def channel_receive(self):
@@ -68,7 +72,7 @@ class SessionSocket:
             await self.disconnect(SERVER_ERROR)
 
     async def join(self, *groups: str) -> None:
-        """Join `groups` for as long as the socket is open (renewed; left at `leave_groups`)."""
+        """Join `groups` for as long as the socket is open (renewed; left at `leave`)."""
         if self.memberships is None:
             self.memberships = Memberships(self.channel_layer, self.channel_name)
         await self.memberships.join(*groups)
@@ -78,10 +82,14 @@ class SessionSocket:
         key = getattr(session, "session_key", None)
         await self.join(member_group(member), *([session_group(key)] if key else []))
 
-    async def over_budget(self, member) -> bool:
-        """Count the handshake against `member`'s budget (if signed in);
-        past it, refuse it (the page backs off before it retries)."""
-        if member is None or not await db_call(member_request_wait)(member):
+    async def refused(self, member) -> bool:
+        """Count the handshake against `member`'s budget and take one of
+        their places (if signed in); past either, refuse it (the page backs
+        off before it retries)."""
+        if member is None:
+            return False
+        if not await db_call(member_request_wait)(member) and holding.hold(member.pk):
+            self.holder = member.pk
             return False
         await self.close()
         return True
@@ -89,7 +97,11 @@ class SessionSocket:
     async def session_ended(self, event) -> None:
         await self.close(code=SIGNED_OUT)
 
-    async def leave_groups(self) -> None:
+    async def leave(self) -> None:
+        """Leave the socket's groups and give back its place."""
+        if self.holder is not None:
+            holding.release(self.holder)
+            self.holder = None
         if self.memberships is not None:
             await self.memberships.leave()
 
@@ -113,7 +125,7 @@ class ConversationConsumer(SessionSocket, AsyncWebsocketConsumer):
             await self.close()  # a malformed request: the handshake is refused
             return
         member, conversation = await db_call(self._authorize)()
-        if await self.over_budget(member):
+        if await self.refused(member):
             return
         # Accepted before saying no, so the page sees why (a refused
         # handshake looks like a network failure) and stops reconnecting.
@@ -172,7 +184,7 @@ class ConversationConsumer(SessionSocket, AsyncWebsocketConsumer):
     async def disconnect(self, code):
         if self.stream is not None:
             self.stream.leave(self)
-        await self.leave_groups()
+        await self.leave()
 
 
 class InboxConsumer(SessionSocket, AsyncJsonWebsocketConsumer):
@@ -181,7 +193,7 @@ class InboxConsumer(SessionSocket, AsyncJsonWebsocketConsumer):
 
     async def connect(self):
         member = await db_call(lambda: member_of(self.scope.get("user")))()
-        if await self.over_budget(member):
+        if await self.refused(member):
             return
         await self.accept()
         if member is None:
@@ -212,5 +224,5 @@ class InboxConsumer(SessionSocket, AsyncJsonWebsocketConsumer):
         await self._send_count()
 
     async def disconnect(self, code):
-        await self.leave_groups()
+        await self.leave()
 

@@ -5,6 +5,9 @@ database connection back at once; the wait itself is a coroutine on the
 event loop, woken by the process's LogWatcher, so a waiting request holds no
 thread and no database connection, and is cancelled if the client goes away.
 
+While it waits, a long-poll holds one of its member's places in the
+process (controlplane.holding); past the cap it is answered 429 at once.
+
 A view that names what its feed shows (`wants_wakes`: events of a space,
 events addressed to a member) is woken only by the commits that name it,
 so a commit costs a re-read of the feeds it touched, not of every feed
@@ -17,7 +20,9 @@ import asyncio
 from django.conf import settings
 from django.db import connections
 
+from controlplane import holding
 from controlplane.db import in_pool
+from controlplane.errors import RateLimited
 from controlplane.live import log_watcher
 
 MAX_WAIT_MS = 30_000
@@ -60,7 +65,7 @@ def long_polling(sync_view):
             return await read(request, *args, **kwargs)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
-        interest = None
+        interest = holder = None
         try:
             while True:
                 mark = log_watcher.mark()
@@ -70,6 +75,10 @@ def long_polling(sync_view):
                 remaining = deadline - loop.time()
                 if remaining <= 0 or response.status_code != 200 or response.data["events"]:
                     return response
+                if holder is None:
+                    if not holding.hold(request.user.pk):
+                        return RateLimited.after(1, "Too many requests of yours are waiting at once.").json_response()
+                    holder = request.user.pk
                 request.switchboard_repoll = True
                 if interest is None and (wake := getattr(request, "switchboard_wake", None)):
                     # Only the commits this feed may show wake it from now on.
@@ -83,6 +92,8 @@ def long_polling(sync_view):
         finally:
             if interest is not None:
                 log_watcher.unwatch(interest)
+            if holder is not None:
+                holding.release(holder)
 
     # drf-spectacular documents the wrapped DRF view.
     view.cls, view.initkwargs = sync_view.cls, sync_view.initkwargs

@@ -281,3 +281,37 @@ async def test_a_task_that_loses_a_cancellation_is_still_stopped():
     await asyncio.wait_for(topics.stop_task(task), 5)
     # then
     assert task.cancelled() and swallowed == [0]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_a_member_past_their_cap_of_waiting_long_polls_is_answered_429_at_once(monkeypatch, settings):
+    # given: a cap of one waiting request a member, and alice's long-poll waiting
+    from controlplane import holding
+
+    settings.WAITS_PER_MEMBER, settings.FEED_RECHECK_SECONDS = 1, 120
+    alice, token, space, general = await alice_in_the_lab()
+    head = await sync_to_async(lambda: LogHead.objects.get().position)()
+    cursor = pack_cursor((head,), caller=alice.public_id, stream=f"space:{space.public_id}")
+    auth, query = {"Authorization": f"Bearer {token}"}, {"cursor": cursor, "wait_ms": 20_000}
+    waiting = asyncio.Event()
+    original_wait = log_watcher.wait
+
+    async def observed_wait(mark, timeout):
+        waiting.set()
+        await original_wait(mark, timeout)
+
+    monkeypatch.setattr(log_watcher, "wait", observed_wait)
+    first = asyncio.create_task(AsyncClient().get("/v0/spaces/lab/events", query, headers=auth))
+    await asyncio.wait_for(waiting.wait(), 10)
+    # when: she long-polls again while it waits; a poll with no wait_ms is not held
+    second = await asyncio.wait_for(AsyncClient().get("/v0/spaces/lab/events", query, headers=auth), 5)
+    plain = await AsyncClient().get("/v0/spaces/lab/events", {"cursor": cursor}, headers=auth)
+    # then: the second is refused at once, in the contract's shape; the first still waits
+    assert second.status_code == 429 and second["Retry-After"] == "1"
+    assert second.json()["error"]["code"] == "RATE_LIMITED"
+    assert plain.status_code == 200 and not first.done()
+    # and: once the first is answered its place is given back
+    await sync_to_async(send_message)(general, body="wake up", actor=alice)
+    assert (await asyncio.wait_for(first, 15)).status_code == 200
+    assert holding.held(alice.pk) == 0

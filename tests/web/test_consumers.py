@@ -145,6 +145,27 @@ async def test_opening_sockets_counts_against_the_members_rate_limit(room, ben, 
     assert opened == [True, True, True, False]
 
 
+async def test_a_member_holds_at_most_their_cap_of_sockets_open_in_a_process(room, ben, settings):
+    # given: a cap of two open sockets (and long-polls) a member
+    from controlplane import holding
+
+    settings.WAITS_PER_MEMBER = 2
+    _, channel = room
+    conversation = f"/ws/conversations/{channel.public_id}/"
+    first, _ = await open_socket(conversation, ben)
+    second, _ = await open_socket("/ws/inbox/", ben)
+    # when: ben opens a third; then closes one and tries again
+    _, third = await open_socket(conversation, ben)
+    await first.disconnect()
+    fourth, again = await open_socket(conversation, ben)
+    # then: the third was refused at its handshake, the fourth took the place given back
+    assert (third, again) == (False, True)
+    assert await frames_until_live(fourth) == []
+    await second.disconnect()
+    await fourth.disconnect()
+    assert holding.held(ben.pk) == 0
+
+
 async def test_a_malformed_position_is_refused(room, ben):
     _, channel = room
     for after in ("-1", "%C2%B2", "x"):
