@@ -3,6 +3,7 @@ the host-wide event log and idempotency records."""
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 
 from controlplane.clock import now
@@ -91,6 +92,17 @@ class Space(models.Model):
 
     def __str__(self) -> str:
         return self.slug
+
+    def clean(self) -> None:
+        """A space's send policy may tighten, never relax (the admin's form
+        asks here): messages sent under explicit_only keep the grants they
+        were sent under, and the read paths look for revoked ones only in
+        explicit_only spaces (inbox.render.may_withhold), so relaxing one
+        would show bodies whose authority was revoked."""
+        if (self.pk and self.send_policy != self.SendPolicy.EXPLICIT_ONLY
+                and Space.objects.filter(pk=self.pk, send_policy=self.SendPolicy.EXPLICIT_ONLY).exists()):
+            raise ValidationError({"send_policy": "An explicit_only space stays explicit_only: its messages keep "
+                                                  "the grants they were sent under."})
 
 
 class Membership(models.Model):

@@ -12,7 +12,8 @@ from inbox.models import InboxItem, Message, Recipient
 
 def may_withhold(send_policy: str | None) -> bool:
     """Whether a message of a space with `send_policy` (None: not known) may
-    have its body withheld: only explicit_only spaces have grants."""
+    have its body withheld: only explicit_only spaces have grants, and an
+    explicit_only space stays one (Space.clean)."""
     return send_policy is None or send_policy == Space.SendPolicy.EXPLICIT_ONLY
 
 

@@ -135,6 +135,38 @@ def test_the_web_app_and_its_live_pass_withhold_bodies_too(locked, bob_to_carol,
     assert all("secret plans" not in html and "Withheld" in html for html in page + live)
 
 
+def test_an_explicit_only_space_cannot_be_relaxed_so_revoked_bodies_stay_withheld(locked, bob_to_carol, grant, root,
+                                                                                   alice, as_alice, as_bob, as_carol,
+                                                                                   carol):
+    """The read paths look for revoked authority only in explicit_only
+    spaces: relaxing one in the admin would have shown the bodies again."""
+    from django.test import Client
+
+    # given: a message under a revoked grant
+    grant("grt_pair", "pair", sender="@bob", recipient="@carol")
+    send(as_bob, bob_to_carol, "secret plans")
+    as_alice.post("/v0/grants/grt_pair/revoke")
+    # when: an admin sets the space's policy to open in the admin
+    admin = Client()
+    admin.force_login(root.user)
+    form = {"slug": "vault", "name": "Vault", "visibility": "open", "send_policy": "open", "created_by": alice.pk,
+            **{f"memberships-{k}": v for k, v in (("TOTAL_FORMS", 0), ("INITIAL_FORMS", 0))}}
+    response = admin.post(f"/admin/controlplane/space/{locked.pk}/change/", form)
+    # then: the form says why and changes nothing; every read path still withholds the body
+    assert response.status_code == 200 and "stays explicit_only" in response.content.decode()
+    locked.refresh_from_db()
+    assert locked.send_policy == "explicit_only"
+    live = read_pass(bob_to_carol.pk, {carol.pk}, after=0)
+    feed = as_carol.get("/v0/me/inbox/events").json()["events"]
+    assert "secret plans" not in json.dumps(feed) + "".join(frame for _, frame in live.frames)
+    # and: tightening an open space is allowed
+    as_alice.post("/v0/spaces", {"slug": "loose", "name": "Loose"})
+    form.update(slug="loose", name="Loose", send_policy="explicit_only")
+    space_pk = type(locked).objects.get(slug="loose").pk
+    assert admin.post(f"/admin/controlplane/space/{space_pk}/change/", form).status_code == 302
+    assert type(locked).objects.get(slug="loose").send_policy == "explicit_only"
+
+
 def test_later_still_authorized_messages_proceed_in_order(bob_to_carol, grant, as_bob, as_carol):
     # given: the first message under a one-message grant, the next under a pair grant
     once = grant("grt_once", "one_message", sender="@bob", recipient="@carol", idempotency_key="key-00001")
