@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from controlplane.api.parsers import check_text
 from controlplane.db import db_call
 from controlplane.errors import ApiError, NotFound, VerificationFailed, as_unavailable
-from controlplane.models import Credential
+from controlplane.models import Credential, Member
 from mcp_endpoint import errors, sources
 from mcp_endpoint.asgi import CREDENTIAL_KEY
 from mcp_endpoint.server import caller
@@ -164,8 +164,8 @@ async def stream(ctx, params: StreamParams) -> dict:
         raise MCPError(RESOURCE_EXHAUSTED, f"At most {MAX_STREAMS} open streams per member.",
                        data={"limit": "streams", "max": MAX_STREAMS}) from None
     try:
-        if credential_id is not None and not await _db(_credential_exists, credential_id):
-            ended = ENDINGS["revoked"]  # revoked before the stream heard of revocations
+        if (ending := await _db(_ended_before_start, member.pk, credential_id)) is not None:
+            ended = ENDINGS[ending]  # before the stream heard of suspensions and revocations
             raise MCPError(ended["code"], ended["message"], data=ended["data"])
         owner.watch(**await _db(sources.interest, member, source, arguments))
         batch = await _read(member, source, arguments, params.cursor, sources.MAX_EVENTS)
@@ -200,8 +200,16 @@ async def stream(ctx, params: StreamParams) -> dict:
         await owner.stop()
 
 
-def _credential_exists(public_id: str) -> bool:
-    return Credential.objects.filter(public_id=public_id).exists()
+def _ended_before_start(member_pk: int, credential_id: str | None) -> str | None:
+    """Why a stream that has just joined its member's and credential's
+    groups must not start: its member was suspended, or its credential
+    revoked, after the request was authenticated (their news went to
+    groups the stream was not in yet). None: neither."""
+    if not Member.objects.filter(pk=member_pk, status=Member.Status.ACTIVE).exists():
+        return "suspended"
+    if credential_id is not None and not Credential.objects.filter(public_id=credential_id).exists():
+        return "revoked"
+    return None
 
 
 class Lost(Exception):

@@ -134,17 +134,27 @@ def test_revoking_the_credential_that_opened_a_stream_ends_it(make_member, setti
     assert still
 
 
-def test_a_credential_revoked_while_its_stream_starts_ends_it_before_anything_is_sent(make_member, monkeypatch):
-    # given: the credential is revoked after the request was authenticated, before the stream listens for it
+@pytest.mark.parametrize("ending", ["revoked", "suspended"])
+def test_a_stream_whose_credential_or_member_ends_while_it_starts_ends_before_anything_is_sent(
+        make_member, monkeypatch, ending):
+    # given: the credential is revoked, or its member suspended, after the
+    # request was authenticated, before the stream listens for either
     from asgiref.sync import sync_to_async
 
     from mcp_endpoint.streams import StreamOwner
 
-    credential, token = services.issue_credential(make_member("ada"), actor=None)
+    ada = make_member("ada")
+    credential, token = services.issue_credential(ada, actor=None)
     start = StreamOwner.start
 
+    def end():
+        if ending == "revoked":
+            services.revoke_credential(credential, actor=None)
+        else:
+            services.update_member(ada, status="suspended", actor=None)
+
     async def start_late(self):
-        await sync_to_async(services.revoke_credential)(credential, actor=None)
+        await sync_to_async(end)()
         await start(self)
 
     monkeypatch.setattr(StreamOwner, "start", start_late)
@@ -156,4 +166,4 @@ def test_a_credential_revoked_while_its_stream_starts_ends_it_before_anything_is
     response = asyncio.run(with_endpoint(story))
     # then
     (answer,) = frames(response.text)
-    assert answer["error"]["code"] == -32024 and answer["error"]["data"] == {"reason": "revoked"}
+    assert answer["error"]["code"] == -32024 and answer["error"]["data"] == {"reason": ending}
