@@ -133,20 +133,21 @@ def _acknowledge_with_orm(member: Member, token: str) -> bool:
     return True
 
 
-# Which items a settling statement takes (`_settle_sql`), and which mailbox
-# it locks before them: an owner's one token (its own mailbox), or the items
-# a batch of push receivers answered with a 2xx (none: the record has
-# `mailbox.lock`ed every owner's already).
-BY_TOKEN = ("member_id = %(member)s AND token = %(token)s", "member_id = %(member)s")
-BY_IDS = ("id = ANY(%(ids)s)", "false")
+# Which items a settling statement takes (`_settle_sql`), which mailbox it
+# locks before them, and which admissions it settles: an owner's one token
+# (its own mailbox; an admitted item), or the items a batch of push
+# receivers answered with a 2xx (none: the record has `mailbox.lock`ed every
+# owner's already; a withheld one too, see `acknowledge_items`).
+BY_TOKEN = ("member_id = %(member)s AND token = %(token)s", "member_id = %(member)s", "admission = %(admitted)s")
+BY_IDS = ("id = ANY(%(ids)s)", "false", "admission IN (%(admitted)s, %(withheld)s)")
 
 
 @functools.cache
-def _settle_sql(which: tuple[str, str]) -> str:
-    """`settle_acknowledged` for the admitted items `which` names, as one
+def _settle_sql(which: tuple[str, str, str]) -> str:
+    """`settle_acknowledged` for the items `which` names, as one
     PostgreSQL statement. It returns how many items it found, and the
     public ids of the members whose items it settled (to announce to)."""
-    items, boxes = which
+    items, boxes, admissions = which
     item, box, share, member = (connection.ops.quote_name(model._meta.db_table)
                                 for model in (InboxItem, Mailbox, MailboxShare, Member))
     return (
@@ -157,9 +158,10 @@ def _settle_sql(which: tuple[str, str]) -> str:
         # so it runs once, before the item scan.
         f"WITH locked AS MATERIALIZED (SELECT 1 FROM {box} WHERE {boxes} FOR NO KEY UPDATE), "
         f"item AS (SELECT id, member_id, sender_id, content_bytes, state FROM {item} "
-        f"  WHERE {items} AND admission = %(admitted)s AND (SELECT count(*) FROM locked) >= 0 "
+        f"  WHERE {items} AND {admissions} AND (SELECT count(*) FROM locked) >= 0 "
         f"  ORDER BY id FOR NO KEY UPDATE), "
-        f"settled AS (UPDATE {item} i SET state = %(acknowledged)s, acknowledged_at = %(at)s FROM item "
+        f"settled AS (UPDATE {item} i SET state = %(acknowledged)s, acknowledged_at = %(at)s, "
+        f"  admission = %(admitted)s FROM item "
         f"  WHERE i.id = item.id AND item.state = %(pending)s "
         f"  RETURNING item.member_id, item.sender_id, item.content_bytes), "
         # (A data-modifying WITH runs to completion whether or not it is read.)
@@ -174,9 +176,9 @@ def _settle_sql(which: tuple[str, str]) -> str:
         f"  ARRAY(SELECT public_id FROM {member} WHERE id IN (SELECT member_id FROM settled))")
 
 
-def _settle_in_one_statement(which: tuple[str, str], params: dict) -> tuple[int, list[str]]:
-    params = {**params, "admitted": InboxItem.Admission.ADMITTED, "acknowledged": InboxItem.State.ACKNOWLEDGED,
-              "pending": InboxItem.State.PENDING, "at": now()}
+def _settle_in_one_statement(which: tuple[str, str, str], params: dict) -> tuple[int, list[str]]:
+    params = {**params, "admitted": InboxItem.Admission.ADMITTED, "withheld": InboxItem.Admission.WITHHELD,
+              "acknowledged": InboxItem.State.ACKNOWLEDGED, "pending": InboxItem.State.PENDING, "at": now()}
     with connection.cursor() as cursor:
         cursor.execute(_settle_sql(which), params)
         return cursor.fetchone()
@@ -194,9 +196,15 @@ def _acknowledge_in_one_statement(member: Member, token: str) -> bool:
 
 def acknowledge_items(item_ids: list[int]) -> None:
     """What a batch of push receivers' 2xx does: acknowledge those of these
-    admitted items that are still pending, in the caller's transaction,
-    which has `mailbox.lock`ed their owners' mailboxes (the lock order: the
-    debits touch several members' rows). One statement on PostgreSQL."""
+    items that are still pending, in the caller's transaction, which has
+    `mailbox.lock`ed their owners' mailboxes (the lock order: the debits
+    touch several members' rows). One statement on PostgreSQL.
+
+    An item a revocation barrier withheld while its push was on its way is
+    acknowledged too, and admitted again: it was received with a 2xx, so
+    it was handed off and stays delivered (SPEC §5), as the barrier itself
+    keeps a copy handed off before it. (Pushes only ever start with
+    admitted items: `webhooks.engine._item_ready`.)"""
     if not item_ids:
         return
     if connection.vendor == "postgresql":
@@ -207,7 +215,8 @@ def acknowledge_items(item_ids: list[int]) -> None:
 
 def _acknowledge_items_with_orm(item_ids: list[int]) -> None:
     settle_acknowledged(list(InboxItem.objects.select_for_update(no_key=True).select_related("member")
-                             .filter(pk__in=item_ids, admission=InboxItem.Admission.ADMITTED).order_by("pk")))
+                             .filter(pk__in=item_ids, admission__in=[InboxItem.Admission.ADMITTED,
+                                                                     InboxItem.Admission.WITHHELD]).order_by("pk")))
 
 
 def _acknowledge_items_in_one_statement(item_ids: list[int]) -> None:
@@ -226,9 +235,9 @@ def settle_acknowledged(items: list[InboxItem]) -> list[InboxItem]:
         return []
     at = now()
     InboxItem.objects.filter(pk__in=[item.pk for item in settled]).update(
-        state=InboxItem.State.ACKNOWLEDGED, acknowledged_at=at)
+        state=InboxItem.State.ACKNOWLEDGED, acknowledged_at=at, admission=InboxItem.Admission.ADMITTED)
     for item in settled:
-        item.state, item.acknowledged_at = InboxItem.State.ACKNOWLEDGED, at
+        item.state, item.acknowledged_at, item.admission = InboxItem.State.ACKNOWLEDGED, at, InboxItem.Admission.ADMITTED
     mailbox.debit_many([(item.member_id, item.sender_id, item.content_bytes) for item in settled])
     for member in {item.member_id: item.member for item in settled}.values():
         mailbox.announce_acknowledged(member)

@@ -130,6 +130,39 @@ def test_held_items_are_never_offered(world, receiver):
     assert [r.json()["data"]["item"]["content"] for r in pushes(receiver)] == ["hello"]
 
 
+@pytest.mark.parametrize("answer", [204, 500])
+def test_a_push_on_its_way_when_its_grant_is_revoked_is_kept_only_if_answered_2xx(world, receiver, answer):
+    """SPEC §5: finishing the barrier keeps what was handed off (received by
+    a webhook with a 2xx) and rejects the rest. The barrier withholds the
+    pending item as it starts, while its push may already be on its way."""
+    from grants import barrier
+    from grants import services as grants
+    from grants.models import Grant
+
+    # given: ada's items pushed, from bo's direct conversation in an explicit_only space
+    ada, bo = world["ada"], world["bo"]
+    vault = services.create_space(slug="vault", name="Vault", visibility="open", send_policy="explicit_only",
+                                  actor=bo)
+    services.join_space(vault, actor=ada)
+    direct, _ = services.get_or_create_direct(vault, ada, actor=bo)
+    grant = grants.create_grant(vault, grant_id="grt_pair", kind="pair", sender="@bo", recipient="@ada",
+                                actor=bo)[0]
+    subscribe(world)
+    send_message(direct, body="one", actor=bo)
+    (job,) = engine.claim_due(10)
+    # when: the barrier starts while the push is on its way, the receiver answers, the barrier finishes
+    barrier.start_barrier(grant.pk, ending=Grant.Status.REVOKED, actor=bo)
+    engine.record([engine.Result(job, Outcome(answer, None, 5), "whsec", now())])
+    barrier.finish_barrier(grant.pk)
+    # then
+    item = InboxItem.objects.get(member=ada, message__body="one")
+    if answer == 204:
+        assert (item.state, item.admission) == (InboxItem.State.ACKNOWLEDGED, InboxItem.Admission.ADMITTED)
+        assert Delivery.objects.get(pk=job.delivery_id).state == Delivery.State.DELIVERED
+    else:
+        assert (item.state, item.admission) == (InboxItem.State.REJECTED, InboxItem.Admission.WITHHELD)
+
+
 def test_a_rotated_secret_signs_beside_the_old_one_for_five_minutes(world, receiver):
     # given: the subscription refreshed with a new secret
     subscribe(world)
