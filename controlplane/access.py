@@ -61,6 +61,18 @@ def readable_spaces(member: Member | None) -> QuerySet[Space]:
     return Space.objects.filter(Q(visibility=Space.Visibility.OPEN) | Q(id__in=mine))
 
 
+def space_readable_by_row_member(space: str, member: str = "member_id") -> Q:
+    """`readable_spaces` as a filter over rows that each name their own
+    member (`member`, a column) and a space (`space`, a relation path),
+    for reads across many members at once: rows of no space, of an open
+    space, or of one their member actively belongs to. (The member's own
+    status is the caller's to check.)"""
+    memberships = Membership.objects.filter(member_id=OuterRef(member), space_id=OuterRef(f"{space}_id"),
+                                            status=Membership.Status.ACTIVE)
+    return (Q(**{f"{space}__isnull": True}) | Q(**{f"{space}__visibility": Space.Visibility.OPEN})
+            | Exists(memberships))
+
+
 def may_administer(space: Space, member: Member | None) -> bool:
     """Owners of the space, and active admins, administer it."""
     if is_active_admin(member):

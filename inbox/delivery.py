@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q, Subquery
 
+from controlplane.access import space_readable_by_row_member
 from controlplane.clock import now
 from controlplane.db import Compiled, ids_in, model_columns, model_from_row
 from controlplane.errors import InvalidEventId, UnknownDelivery, UnknownEvent
@@ -34,9 +35,12 @@ class InboxPage:
     next: tuple[int, int, int] | None
 
 
-def _pending_in_order(member: Member, bound: int | None, after: tuple[int, int]):
+def _pending_in_order(member: Member, bound: int | None, after: tuple[int, int], *, readable_only: bool = False):
     """`member`'s pending admitted items after `after` (position, id), in
-    insertion order, up to the insertion bound."""
+    insertion order, up to the insertion bound; with `readable_only`, only
+    those of spaces the member may still read (what may be delivered to
+    them now: an item stays in the inbox of a member who left its space,
+    but is no longer pushed)."""
     position, last_id = after
     # An item a revocation barrier withholds holds back its conversation's
     # later items until the barrier settles it (almost always: none).
@@ -47,16 +51,26 @@ def _pending_in_order(member: Member, bound: int | None, after: tuple[int, int])
                                     state=InboxItem.State.PENDING, position__gte=position)
     if bound is not None:
         rows = rows.filter(position__lte=bound)
+    if readable_only:
+        rows = rows.filter(space_readable_by_row_member("conversation__space"))
     # `position__gte` repeats what the OR implies so the index seeks to the
     # cursor instead of scanning every earlier item.
     return (rows.filter(Q(position__gt=position) | Q(position=position, id__gt=last_id))
             .filter(~Exists(withheld_before)).order_by("position", "id"))
 
 
+def deliverable(member):
+    """`member`'s (a pk, or an OuterRef to one) pending items that may be
+    delivered to them now, in the order `read_inbox` shows them: admitted,
+    not held back, of no space or of one they may still read."""
+    return _pending_in_order(member, None, (0, 0), readable_only=True)
+
+
 def oldest_pending(member_ids: Iterable[int]) -> dict[int, InboxItem]:
-    """For each of `member_ids` with a pending item, the item `read_inbox`
-    would show them first (what a push subscription of their inbox offers
-    next): two statements however many members. (As one, `id IN (the
+    """For each of `member_ids` with a pending item they may still read
+    (SPEC §3: removal from a space stops all delivery from it), the item
+    `read_inbox` would show them first of those (what a push subscription
+    of their inbox offers next): two statements however many members. (As one, `id IN (the
     firsts)`, the planner may hash the whole inbox table to find them.)"""
     with connection.cursor() as cursor:
         cursor.execute(*_FIRSTS.sql(sorted(set(member_ids))))
@@ -96,7 +110,7 @@ def read_inbox(member: Member, *, bound: int | None = None, after: tuple[int, in
 # The two reads above, compiled once (controlplane.db.Compiled): building
 # the held-item rule's query cost several times running it.
 _FIRSTS = Compiled(lambda members: Member.objects.filter(pk__in=members).annotate(
-    first=Subquery(_pending_in_order(OuterRef("pk"), None, (0, 0)).values("pk")[:1])).values_list("first", flat=True))
+    first=Subquery(deliverable(OuterRef("pk")).values("pk")[:1])).values_list("first", flat=True))
 _PAGE = Compiled(lambda member, bound, position, last_id: _pending_in_order(member, bound, (position, last_id))
                  .values_list(*(field.attname for field in InboxItem._meta.concrete_fields))[: PAGE_ITEMS + 1])
 

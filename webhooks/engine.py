@@ -37,7 +37,7 @@ from controlplane.clock import now, rfc3339
 from controlplane.cursors import caller_id, pack_cursor
 from controlplane.models import Member, Space
 from inbox import mailbox, notices
-from inbox.delivery import acknowledge_items, oldest_pending
+from inbox.delivery import acknowledge_items, deliverable, oldest_pending
 from inbox.models import InboxItem
 from webhooks import mcp
 from webhooks.due import (READY, anything_due, claimed, due_sql, insert_attempts, mark_delivered, mark_sending,
@@ -225,14 +225,16 @@ def _bind_items(deliveries: list[Delivery]) -> None:
 
 def _item_ready(delivery: Delivery) -> bool:
     """For an `item` subscription's delivery: an item is bound (see
-    `_bind_items`), and still pending (on a retry it may have been
-    acknowledged by other means meanwhile: the delivery is done with, and
-    the next item is offered)."""
+    `_bind_items`), and may still be delivered (on a retry it may have been
+    acknowledged by other means meanwhile, or its owner may have left its
+    space: the delivery is done with, and the next item is offered)."""
     if delivery.subscription.kind != Subscription.Kind.ITEM:
         return True
     item = delivery.item
-    return (item is not None and item.state == InboxItem.State.PENDING
-            and item.admission == InboxItem.Admission.ADMITTED)
+    if item is None or item.state != InboxItem.State.PENDING or item.admission != InboxItem.Admission.ADMITTED:
+        return False
+    # Bound just now (no body yet) from what was deliverable; a retry looks again.
+    return delivery.body is None or deliverable(item.member_id).filter(pk=item.pk).exists()
 
 
 def _finish(delivery: Delivery, state: str) -> None:

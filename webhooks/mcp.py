@@ -45,7 +45,7 @@ from controlplane.errors import Conflict, InvalidUrl, LimitExceeded, NotFound
 from controlplane.keys import purpose_key
 from controlplane.models import Member, Space
 from coordination.models import Task
-from inbox.delivery import pending_count
+from inbox.delivery import deliverable, pending_count
 from inbox.models import InboxItem
 from inbox.render import item_occurrence
 from webhooks import crypto, due
@@ -241,8 +241,7 @@ def offer_waiting() -> int:
     notice committed after its event's hook ran): each one that may send,
     has a pending item and nothing unfinished gets a delivery. Returns how
     many were offered."""
-    pending = InboxItem.objects.filter(member=OuterRef("owner"), admission=InboxItem.Admission.ADMITTED,
-                                       state=InboxItem.State.PENDING)
+    pending = deliverable(OuterRef("owner"))
     unfinished = Delivery.objects.filter(subscription=OuterRef("pk"), state__in=Delivery.UNFINISHED)
     may_send = RawSQL(due.sendable("%s", connection.ops.quote_name(Subscription._meta.db_table)),
                       [connection.ops.adapt_datetimefield_value(now())], output_field=BooleanField())

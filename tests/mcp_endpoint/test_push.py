@@ -211,6 +211,38 @@ def test_an_item_acknowledged_meanwhile_is_not_sent_and_the_next_one_is(world, r
     assert [r.json()["data"]["item"]["content"] for r in pushes(receiver)] == ["second"]
 
 
+@pytest.mark.parametrize("when", ["before its first push", "before its retry"])
+def test_removal_from_a_space_stops_pushing_its_items_and_the_next_ones_come(world, receiver, when):
+    """SPEC §3: removal stops all delivery from the space at once. The item
+    stays in the inbox (read_inbox shows it, docs/decisions.md) but is not
+    pushed, as the inbox feed (poll, stream) no longer shows it."""
+    from inbox.delivery import read_inbox
+
+    # given: ada in bo's private space `den`; an item from there, then one from the lab
+    ada, bo = world["ada"], world["bo"]
+    den = services.create_space(slug="den", name="Den", visibility="private", send_policy="open", actor=bo)
+    services.add_member(den, ada, actor=bo)
+    in_den, _ = services.get_or_create_direct(den, ada, actor=bo)
+    subscribe(world)
+    send_message(in_den, body="den plans", actor=bo)
+    send_message(world["direct"], body="lab news", actor=bo)
+    if when == "before its retry":
+        (job,) = engine.claim_due(10)
+        engine.record([engine.Result(job, Outcome(500, None, 5), "whsec", now())])
+        receiver.requests.clear()
+        Delivery.objects.filter(pk=job.delivery_id).update(due_at=now())
+    # when: bo removes ada from the den, and the worker runs
+    services.remove_member(den, ada, actor=bo)
+    pump()  # may send nothing: a retry it cancels offers the next item, due at once
+    while pump():
+        pass
+    # then: only the lab's item is pushed; the den's stays pending in her inbox
+    assert [r.json()["data"]["item"]["content"] for r in pushes(receiver)] == ["lab news"]
+    assert [i.payload["content"] for i in read_inbox(ada).items] == ["den plans"]
+    # and: the sweep offers nothing for it
+    assert mcp.offer_waiting() == 0
+
+
 def test_unsubscribe_cancels_sends_and_keeps_pending_items(world, receiver):
     subscribe(world)
     mcp.unsubscribe(world["ada"], mcp.ITEM, {}, world["url"])
