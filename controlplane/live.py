@@ -26,6 +26,7 @@ logger = logging.getLogger("switchboard.live")
 
 LOG_TOPIC = "switchboard.log"
 HEARD_HERE_KEPT = 10_000  # own announcements remembered, to skip their broker copies (LogWatcher.wake_here)
+RANGES_KEPT = 10_000  # announced ranges held between two looks at the log head before they are merged
 
 
 def credential_group(credential_id: str) -> str:
@@ -107,17 +108,92 @@ class Interest:
                                          or bool(self.addressed.intersection(message["members"])))
 
 
+class AnnouncedPositions:
+    """Which log positions the nudges a process heard announced, above
+    `checked`, the head it last looked at: a LogWatcher's bookkeeping.
+
+    Every append takes the next positions from the log head, and its
+    nudge names them (`first` to `position`, controlplane.log.appended), so
+    the positions up to a newer head that no nudge covered are the lost
+    ones, however many later commits were announced meanwhile. Kept only
+    while someone waits (`checked` is None otherwise), from the highest
+    position heard when the waiting began: every smaller one committed
+    before it did (commit order, controlplane.log), so a waiter's first read
+    sees them all."""
+
+    def __init__(self) -> None:
+        self.highest = 0  # the highest position any nudge named
+        self.checked: int | None = None
+        self._ranges: list[tuple[int, int]] = []  # as heard: in any order, duplicates and all
+        self._lost_track = False
+
+    def follow(self) -> None:
+        """Someone waits: account for the positions after the highest heard."""
+        if self.checked is None:
+            self.checked, self._ranges, self._lost_track = self.highest, [], False
+
+    def forget(self) -> None:
+        """No one waits: keep nothing."""
+        self.checked, self._ranges, self._lost_track = None, [], False
+
+    def heard(self, message: dict) -> None:
+        """A nudge: once per commit per process, so only an append. One
+        without `first` (an older process's) covers its own position."""
+        last = message.get("position")
+        if not isinstance(last, int):
+            return  # it covers nothing: the look finds the commit unannounced
+        if last > self.highest:
+            self.highest = last
+        if self.checked is not None and last > self.checked:
+            first = message.get("first", last)
+            self._ranges.append((first if isinstance(first, int) and first <= last else last, last))
+            if len(self._ranges) > RANGES_KEPT:
+                self._merge()
+                if len(self._ranges) > RANGES_KEPT // 2:
+                    # So many gaps and no look to account for them: start
+                    # again from the highest heard; the next look wakes everyone.
+                    self.checked, self._ranges, self._lost_track = max(self.checked, self.highest), [], True
+
+    def missed(self, head: int) -> bool:
+        """Whether a position in (checked, head] was never announced (or
+        the count was given up); then they are accounted for, and only the
+        ranges above `head` are kept."""
+        lost, self._lost_track = self._lost_track, False
+        if self.checked is None or head <= self.checked:
+            return lost
+        self._merge()
+        covered = sum(min(last, head) - first + 1 for first, last in self._ranges if first <= head)
+        expected, self.checked = head - self.checked, head
+        self._ranges = [(max(first, head + 1), last) for first, last in self._ranges if last > head]
+        return lost or covered < expected
+
+    def _merge(self) -> None:
+        """Sorted, overlapping and adjacent ranges joined, nothing at or below `checked`."""
+        merged: list[tuple[int, int]] = []
+        for first, last in sorted(self._ranges):
+            if last <= self.checked:
+                continue
+            first = max(first, self.checked + 1)
+            if merged and first <= merged[-1][1] + 1:
+                if last > merged[-1][1]:
+                    merged[-1] = (merged[-1][0], last)
+            else:
+                merged.append((first, last))
+        self._ranges = merged
+
+
 class LogWatcher:
     """One per process: listens to the log topic and wakes local waiters:
     those that took a `mark` on any advance, those that `watch` an
     `Interest` (long-polls, live pages) on the advances it names.
 
     While anyone waits it also reads the log head every
-    FEED_RECHECK_SECONDS, and wakes every waiter when a commit it read one
-    look ago has still not been announced: a lost nudge, or without Redis a
-    commit of another process. One small read per process, however many
-    wait: each waiter re-reading its feed on a timer instead cost a read
-    per waiter per interval."""
+    FEED_RECHECK_SECONDS, and wakes every waiter when a position it read
+    one look ago was not covered by any nudge heard (AnnouncedPositions): a
+    lost nudge, or without Redis a commit of another process, even behind
+    later commits that were announced. One small read per process, however
+    many wait: each waiter re-reading its feed on a timer instead cost a
+    read per waiter per interval."""
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -125,7 +201,7 @@ class LogWatcher:
         self._tasks: list[asyncio.Task] = []
         self._interests: set[Interest] = set()
         self._waiting = 0
-        self._announced = 0  # the highest position a nudge named
+        self._announced = AnnouncedPositions()
         self._pid = 0
         self._origins = itertools.count()
         # The broker's copies of what this process announced itself
@@ -137,7 +213,7 @@ class LogWatcher:
         if self._loop is not loop:
             self._loop, self._pid = loop, os.getpid()
             self._advanced = asyncio.Event()
-            self._interests, self._waiting, self._announced = set(), 0, 0
+            self._interests, self._waiting, self._announced = set(), 0, AnnouncedPositions()
             self._heard_here.clear()
             self._tasks = [loop.create_task(self._listen()), loop.create_task(self._check_head())]
 
@@ -150,6 +226,7 @@ class LogWatcher:
     async def wait(self, event: asyncio.Event, timeout: float) -> None:
         """Until `event` (a mark, an interest's event) is set or `timeout`."""
         self._ensure_started()
+        self._announced.follow()
         self._waiting += 1
         try:
             await asyncio.wait_for(event.wait(), timeout)
@@ -162,6 +239,7 @@ class LogWatcher:
         """Register an `Interest` (its arguments); `unwatch` it when the
         waiter goes."""
         self._ensure_started()
+        self._announced.follow()
         interest = Interest(**interest)
         self._interests.add(interest)
         return interest
@@ -200,6 +278,7 @@ class LogWatcher:
         self._heard_here[origin] = None
         while len(self._heard_here) > HEARD_HERE_KEPT:
             self._heard_here.popitem(last=False)
+        self._announced.heard(message)
         self._wake(message)
 
     def _heard(self, message: dict) -> None:
@@ -207,10 +286,10 @@ class LogWatcher:
         if message.get("origin") in self._heard_here:
             del self._heard_here[message["origin"]]
         else:
+            self._announced.heard(message)
             self._wake(message)
 
     def _wake(self, message: dict) -> None:
-        self._announced = max(self._announced, message.get("position", 0))
         advanced, self._advanced = self._advanced, asyncio.Event()
         advanced.set()
         for interest in self._interests:
@@ -229,13 +308,14 @@ class LogWatcher:
             await asyncio.sleep(settings.FEED_RECHECK_SECONDS)
             if not self._interests and not self._waiting:
                 seen = None
+                self._announced.forget()
                 continue
             try:
                 head = await db_call(head_position)()
             except Exception:
                 logger.warning("could not read the log head", exc_info=True)
                 continue
-            if seen is not None and self._announced < seen:
+            if seen is not None and self._announced.missed(seen):
                 self._wake({"type": "log.advanced", "position": seen})  # says nothing of what: wakes everyone
             seen = head
 

@@ -64,12 +64,15 @@ def appended(entries: list[tuple[int, NewEvent]]) -> None:
     in the transaction, the append hooks; after the commit, a wake of this
     process's waiters and one message to every other process (long-polls
     and live pages fan it out locally, so a commit costs one broker
-    message)."""
+    message). `entries` are in position order, at consecutive positions
+    (one reservation, or a group commit's statements under one lock), which
+    the message names from `first` to `position`: a log watcher counts the
+    positions no message covered as lost nudges (controlplane.live)."""
     for hook in _APPEND_HOOKS:
         hook(entries)
     events = [event for _, event in entries]
     addressees = {m for e in events for m in e.addressees}
-    announce_on_commit({"type": "log.advanced", "position": entries[-1][0],
+    announce_on_commit({"type": "log.advanced", "first": entries[0][0], "position": entries[-1][0],
                         "conversations": sorted({e.conversation_id for e in events if e.conversation_id}),
                         "spaces": sorted({e.space_id for e in events if e.space_id}),
                         # spaces where who may read changed (live pages re-check)

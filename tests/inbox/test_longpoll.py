@@ -9,7 +9,7 @@ import pytest_asyncio
 from asgiref.sync import sync_to_async
 from django.test import AsyncClient
 
-from controlplane import services
+from controlplane import live, services
 from controlplane.cursors import pack_cursor
 from controlplane.live import log_watcher
 from controlplane.models import LogHead
@@ -162,12 +162,116 @@ async def test_a_lost_nudge_is_found_by_one_look_at_the_log_head_not_by_every_po
     assert [e["data"]["message"]["body"] for e in response.json()["events"]] == ["unannounced"]
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_a_lost_nudge_is_found_even_when_a_later_commit_elsewhere_was_announced(monkeypatch, settings):
+    # given: a long-poll waiting on a quiet space, a watcher that looks at the log head every 0.2 s,
+    # and another space whose commits the poll does not wait for
+    settings.FEED_RECHECK_SECONDS = 0.2
+    alice, token, space, general = await alice_in_the_lab()
+    elsewhere = await sync_to_async(services.create_space)(slug="elsewhere", name="Elsewhere", visibility="open",
+                                                           send_policy="open", actor=alice)
+    elsewhere_general = await sync_to_async(services.create_channel)(elsewhere, "general", actor=alice)
+    head = await sync_to_async(lambda: LogHead.objects.get().position)()
+    waiting = asyncio.Event()
+    original_wait = log_watcher.wait
+
+    async def observed_wait(event, timeout):
+        waiting.set()
+        await original_wait(event, timeout)
+
+    monkeypatch.setattr(log_watcher, "wait", observed_wait)
+    cursor = pack_cursor((head,), caller=alice.public_id, stream=f"space:{space.public_id}")
+    poll = asyncio.create_task(AsyncClient().get("/v0/spaces/lab/events", {"cursor": cursor, "wait_ms": 20_000},
+                                                 headers={"Authorization": f"Bearer {token}"}))
+    await asyncio.wait([poll, asyncio.ensure_future(waiting.wait())], timeout=10,
+                       return_when=asyncio.FIRST_COMPLETED)
+    assert not poll.done(), poll.result().json()
+    # when: a send in the lab whose nudge is lost, then one in the other space whose nudge is heard
+    from controlplane import log
+    announce = log.announce_on_commit
+    monkeypatch.setattr(log, "announce_on_commit", lambda message: None)
+    await sync_to_async(send_message)(general, body="unannounced", actor=alice)
+    monkeypatch.setattr(log, "announce_on_commit", announce)
+    await sync_to_async(send_message)(elsewhere_general, body="announced", actor=alice)
+    # then: the later announcement does not hide the lost one: a look or two at the log head finds it
+    response = await asyncio.wait_for(poll, 3)
+    assert [e["data"]["message"]["body"] for e in response.json()["events"]] == ["unannounced"]
+
+
+def nudge(first: int, last: int) -> dict:
+    return {"type": "log.advanced", "first": first, "position": last}
+
+
+def test_the_positions_announced_are_counted_whatever_the_order_the_nudges_come_in():
+    # given: someone waits, from position 10
+    announced = live.AnnouncedPositions()
+    announced.heard(nudge(1, 10))
+    announced.follow()
+    # when: commits 11–13 (a group), 14 and 15 are heard out of order, 14 twice (its own process and the broker)
+    for message in (nudge(14, 14), nudge(15, 15), nudge(11, 13), nudge(14, 14)):
+        announced.heard(message)
+    # then: everything up to each head read is accounted for
+    assert not announced.missed(12) and not announced.missed(15)
+    # when: 16 is lost, 17 heard before the look that read the head, and 18 after it
+    announced.heard(nudge(17, 17))
+    head = 18
+    announced.heard(nudge(18, 18))
+    # then: the look finds 16 behind the later announcements, once
+    assert announced.missed(head)
+    assert not announced.missed(head)
+
+
+def test_a_nudge_without_its_first_position_covers_only_its_own():
+    # given: someone waits, from position 10
+    announced = live.AnnouncedPositions()
+    announced.heard(nudge(10, 10))
+    announced.follow()
+    # when: an older process announces a group commit of 11–13 by its last position alone
+    announced.heard({"type": "log.advanced", "position": 13})
+    # then: 11 and 12 count as lost (everyone wakes: never a sleep)
+    assert announced.missed(13)
+
+
+def test_the_count_starts_at_the_highest_position_heard_when_waiting_begins_and_stops_with_it():
+    # given: nobody waits while 1–20 are heard and 21 is lost
+    announced = live.AnnouncedPositions()
+    announced.heard(nudge(1, 20))
+    # when: someone starts waiting, and 22 is heard
+    announced.follow()
+    announced.heard(nudge(22, 22))
+    # then: what committed before the wait began is no one's to find; 21 is
+    assert not announced.missed(20) and announced.missed(22)
+    # when: nobody waits any more
+    announced.forget()
+    announced.heard(nudge(23, 23))
+    # then: nothing is kept, nor counted
+    assert announced.checked is None and not announced._ranges and not announced.missed(30)
+
+
+def test_the_ranges_kept_between_two_looks_are_bounded(monkeypatch):
+    # given: a bound of 10 ranges, and someone waiting from position 0
+    monkeypatch.setattr(live, "RANGES_KEPT", 10)
+    announced = live.AnnouncedPositions()
+    announced.follow()
+    # when: a hundred consecutive commits are heard
+    for position in range(1, 101):
+        announced.heard(nudge(position, position))
+    # then: they are merged, and all accounted for
+    assert len(announced._ranges) <= 10 and not announced.missed(100)
+    # when: every other nudge of the next hundred is lost
+    for position in range(102, 201, 2):
+        announced.heard(nudge(position, position))
+    # then: the count is given up, bounded: the next look wakes everyone
+    assert len(announced._ranges) <= 10 and announced.missed(200)
+
+
 @pytest.mark.asyncio
 async def test_log_watcher_renews_its_group_membership_under_steady_traffic(monkeypatch):
     # given: memberships expire after 1 s, renewed every 0.3 s, and a commit every 0.1 s
     from channels.layers import InMemoryChannelLayer
 
-    from controlplane import live, topics
+    from controlplane import topics
     layer = InMemoryChannelLayer(group_expiry=1)
     monkeypatch.setattr(topics, "get_channel_layer", lambda: layer)
     monkeypatch.setattr(topics, "GROUP_READD_SECONDS", 0.3)
@@ -195,7 +299,7 @@ async def test_a_commit_wakes_its_own_process_at_once_and_the_brokers_copy_is_sk
     # given: a watcher listening on a layer of its own, and two interests
     from channels.layers import InMemoryChannelLayer
 
-    from controlplane import live, topics
+    from controlplane import topics
 
     layer = InMemoryChannelLayer()
     monkeypatch.setattr(topics, "get_channel_layer", lambda: layer)
