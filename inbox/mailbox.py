@@ -17,12 +17,16 @@ module changes them, in the caller's transaction:
 
 Announcements tell a member's live inbox clients (web sockets) that their
 inbox changed; they carry ids and counts only, clients read the items
-through the inbox feed. They are sent after commit, never before.
+through the inbox feed. They are sent after commit, never before. An
+acknowledgement appends no event, so the apps above that follow a
+member's pending count without listening (webhooks: an MCP
+`inbox.pending` push) register a hook that `announce_acknowledged` runs in
+the acknowledging transaction.
 """
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from django.conf import settings
 from django.db import connection
@@ -164,6 +168,24 @@ def announce_available(member: Member, *, message_id: str | None = None) -> None
     group_send_on_commit(inbox_group(member), note)
 
 
-def announce_acknowledged(member: Member) -> None:
-    """After commit: an item of `member`'s inbox was acknowledged."""
-    group_send_on_commit(inbox_group(member), {"type": "inbox.acknowledged"})
+AcknowledgedHook = Callable[[set[int]], None]
+_acknowledged_hooks: list[AcknowledgedHook] = []
+
+
+def register_acknowledged_hook(hook: AcknowledgedHook) -> None:
+    """Run `hook(member pks)` in every transaction that acknowledges items
+    of those members (once per app: a hook registered twice runs once)."""
+    if hook not in _acknowledged_hooks:
+        _acknowledged_hooks.append(hook)
+
+
+def announce_acknowledged(members: Iterable[Member]) -> None:
+    """Items of `members` were acknowledged: their live inbox clients hear
+    it after commit, and the acknowledged hooks run now."""
+    pks = set()
+    for member in members:
+        group_send_on_commit(inbox_group(member), {"type": "inbox.acknowledged"})
+        pks.add(member.pk)
+    if pks:
+        for hook in _acknowledged_hooks:
+            hook(pks)

@@ -29,7 +29,11 @@ class WebhooksConfig(AppConfig):
 
         post_spawn.connect(_resume_on_spawn, dispatch_uid="webhooks.resume_on_spawn")
         from controlplane.log import register_append_hook
-        from webhooks.outbox import enqueue_wakes
+        from inbox.mailbox import register_acknowledged_hook
+        from webhooks.outbox import acknowledged, enqueue_wakes
 
-        # Every appended event gets its wakes in its own transaction.
+        # Every appended event gets its wakes in its own transaction, and so
+        # does every acknowledgement (which appends none) that changes a
+        # pushed pending count.
         register_append_hook(enqueue_wakes)
+        register_acknowledged_hook(acknowledged)

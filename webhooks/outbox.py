@@ -22,7 +22,7 @@ from django.db import connection
 
 from controlplane.access import readers_of_conversations
 from controlplane.clock import now
-from controlplane.db import plain_rows
+from controlplane.db import ids_in, plain_rows
 from controlplane.log import NewEvent
 from webhooks import due, mcp
 from webhooks.models import REQUEST_IDS_MAX, Delivery, Subscription
@@ -81,6 +81,29 @@ def enqueue_wakes(entries: Iterable[tuple[int, NewEvent]]) -> None:
         elif qualifying:
             extend_or_open(row[0], max(position for position, _ in qualifying), debounce_ms=row[6],
                            request_ids=[event.request_id for _, event in qualifying])
+
+
+_COUNTING = (f"SELECT id, debounce_ms FROM {_SUBSCRIPTIONS} WHERE status = 'active' AND kind = 'inbox' "
+             f"AND mcp_name = %s AND ")
+
+
+def acknowledged(members: set[int]) -> None:
+    """An acknowledgement lowered these members' pending counts without
+    appending an event (inbox.mailbox's acknowledged hook): each active
+    `inbox.pending` push of theirs gets a wake, which reads the count when
+    it is sent (one already open carries it). One plain statement, run for
+    every acknowledgement, that almost always finds nothing; in the
+    acknowledgement's transaction (its own, where it is one statement)."""
+    which, params = ids_in("owner_id", sorted(members))
+    rows = plain_rows(_COUNTING + which, [mcp.PENDING, *params])
+    if not rows:
+        return
+    at = now()
+    Delivery.objects.bulk_create(
+        [Delivery(subscription_id=pk, after_position=(after := last_through(pk)), through_position=after,
+                  due_at=at + dt.timedelta(milliseconds=debounce_ms)) for pk, debounce_ms in rows],
+        ignore_conflicts=True)  # an open one (one_open_delivery) already carries the count
+    due.kick_on_commit()
 
 
 def last_through(subscription_id: int) -> int:

@@ -291,6 +291,32 @@ def test_range_events_push_in_the_extension_shape(world, receiver):
     assert work["data"]["url"].endswith("/v0/spaces/lab/events")
 
 
+@pytest.mark.parametrize("by", ["its owner", "an item push's 2xx"])
+def test_an_acknowledgement_pushes_the_new_pending_count(world, receiver, by):
+    """An acknowledgement appends no event: the pushed count followed new
+    items only, and stayed at its highest while the inbox drained."""
+    from inbox.delivery import acknowledge_delivery
+
+    # given: ada's pending count pushed, and two items she received
+    ada = world["ada"]
+    mcp.subscribe(ada, mcp.PENDING, {}, receiver.url("/pending"), SECRET, ttl_ms=None)
+    sent = [send_message(world["direct"], body=f"item {n}", actor=world["bo"]).message for n in range(2)]
+    while pump():
+        pass
+    # when: they are acknowledged, by ada or by her item push's receiver
+    if by == "its owner":
+        for message in sent:
+            acknowledge_delivery(ada, InboxItem.objects.get(member=ada, message=message).token, actor=ada)
+    else:
+        subscribe(world)
+    while pump():
+        pass
+    # then: the last count pushed is the inbox's
+    counts = [r.json()["data"]["pendingCount"] for r in pushes(receiver) if r.path == "/pending"]
+    assert counts[0] == 2 and counts[-1] == 0, counts
+    assert len([r for r in pushes(receiver) if r.path == "/items"]) == (2 if by != "its owner" else 0)
+
+
 def test_work_pushed_for_one_task_carries_its_id_and_nothing_else_wakes_it(world, receiver):
     from coordination import services as tasks
 
