@@ -1,0 +1,195 @@
+"""Every delivery kind (space wake, inbox wake, MCP item push) × every
+receiver outcome, against the real HTTPS receiver: a failure of any kind
+(3xx, connection refused, an untrusted certificate, a timeout, 5xx) is
+recorded and retried with the same id; 100 failed attempts over an hour
+suspend, and 410 or 413 suspend for good (SPEC §8, §9)."""
+import base64
+import datetime as dt
+import json
+import socket
+import time
+
+import pytest
+
+from controlplane import services
+from controlplane.clock import freeze, now
+from inbox.models import InboxItem
+from inbox.services import send_message
+from tests.webhooks.scene import SECRET, pump
+from webhooks import mcp, transport
+from webhooks.models import Attempt, Delivery, Endpoint, Subscription
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_kicks")]
+MCP_SECRET = "whsec_" + base64.b64encode(b"m" * 32).decode()
+KINDS = ("space", "inbox", "item")
+TIMEOUTS = (transport.READ_TIMEOUT, transport.TOTAL_TIMEOUT)
+
+
+def challenge_or(answer):
+    """Echo both challenge shapes; anything else gets `answer(received)`."""
+    def respond(received):
+        body = received.json()
+        if body.get("type") in ("spaces.webhook.challenge", "verification"):
+            return 200, {"Content-Type": "application/json"}, json.dumps({"challenge": body["challenge"]}).encode()
+        return answer(received)
+    return respond
+
+
+def pushes(receiver):
+    return [r for r in receiver.requests if r.json().get("type") not in ("spaces.webhook.challenge", "verification")]
+
+
+@pytest.fixture
+def cell(receiver, api_for, make_member):
+    """alice with one active subscription of `kind` (debounce 0) on the
+    receiver; bob writes to her in a direct conversation of the open space."""
+    def make(kind):
+        alice, bob = make_member("alice"), make_member("bob")
+        space = services.create_space(slug="lab", name="Lab", visibility="open", send_policy="open", actor=alice)
+        services.join_space(space, actor=bob)
+        direct, _ = services.get_or_create_direct(space, alice, actor=bob)
+        receiver.respond = challenge_or(lambda r: (202, {}, b"{}"))
+        as_alice = api_for(alice)
+        if kind == "item":
+            created = mcp.subscribe(alice, mcp.ITEM, {}, receiver.url("/item"), MCP_SECRET, ttl_ms=None)
+            subscription = Subscription.objects.get(public_id=created["id"])
+        else:
+            endpoint = as_alice.post("/v0/webhook-endpoints", {"url": receiver.url(f"/{kind}"),
+                                                               "secret": SECRET}).json()["endpoint"]
+            assert as_alice.post(f"/v0/webhook-endpoints/{endpoint['id']}/verify").status_code == 200
+            collection = "/v0/spaces/lab/webhook-subscriptions" if kind == "space" else "/v0/me/inbox-subscriptions"
+            made = as_alice.post(collection, {"endpoint_id": endpoint["id"], "debounce_ms": 0}).json()["subscription"]
+            assert as_alice.post(f"{collection}/{made['id']}/activate").status_code == 200
+            subscription = Subscription.objects.get(public_id=made["id"])
+        receiver.requests.clear()
+        return {"alice": alice, "bob": bob, "space": space, "direct": direct, "as_alice": as_alice,
+                "subscription": subscription, "send": lambda body: send_message(direct, body=body, actor=bob)}
+    return make
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def first_delivery(subscription):
+    return Delivery.objects.filter(subscription=subscription).exclude(state="cancelled").order_by("id").first()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("outcome", ["302", "refused", "tls", "timeout", "500"])
+def test_a_failed_attempt_is_recorded_and_retried_with_the_same_id(cell, receiver, https_receiver, settings,
+                                                                  monkeypatch, kind, outcome):
+    world = cell(kind)
+    subscription = world["subscription"]
+    expected_error = None
+    if outcome == "302":
+        receiver.respond = challenge_or(lambda r: (302, {"Location": receiver.url("/elsewhere")}, b""))
+    elif outcome == "500":
+        receiver.respond = challenge_or(lambda r: (500, {}, b""))
+    elif outcome == "refused":
+        Endpoint.objects.filter(pk=subscription.endpoint_id).update(url=f"https://localhost:{closed_port()}/x")
+        expected_error = "connect_error"
+    elif outcome == "tls":
+        settings.WEBHOOK_CA_BUNDLE = None  # the receiver's certificate is no longer trusted
+        expected_error = "tls_error"
+    elif outcome == "timeout":
+        monkeypatch.setattr(transport, "READ_TIMEOUT", 0.5)
+        monkeypatch.setattr(transport, "TOTAL_TIMEOUT", 1.0)
+        receiver.respond = challenge_or(lambda r: (time.sleep(2), (202, {}, b"{}"))[1])
+        expected_error = "timeout"
+    sent = world["send"]("hello alice")
+    start = now()
+    with freeze(start):
+        assert pump() >= 1
+    delivery = first_delivery(subscription)
+    attempt = Attempt.objects.get(delivery=delivery)
+    assert delivery.state == "pending", (kind, outcome, delivery.state)
+    if expected_error:
+        assert (attempt.status_code, attempt.error_class) == (None, expected_error)
+    else:
+        assert attempt.status_code == int(outcome)
+    assert 4 <= (delivery.due_at - start).total_seconds() <= 6
+    assert Subscription.objects.get(pk=subscription.pk).status == "active"
+    if kind == "item":
+        assert InboxItem.objects.get(message=sent.message, member=world["alice"]).state == "pending"
+    # the receiver is fixed; the retry is the same wake
+    receiver.respond = challenge_or(lambda r: (202, {}, b"{}"))
+    settings.WEBHOOK_CA_BUNDLE = str(https_receiver[1])
+    Endpoint.objects.filter(pk=subscription.endpoint_id).update(url=receiver.url(f"/{kind}"))
+    monkeypatch.setattr(transport, "READ_TIMEOUT", TIMEOUTS[0])
+    monkeypatch.setattr(transport, "TOTAL_TIMEOUT", TIMEOUTS[1])
+    with freeze(start + dt.timedelta(seconds=7)):
+        pump()
+    delivery.refresh_from_db()
+    assert delivery.state == "delivered" and delivery.attempts == 2
+    ids = {r.headers.get("Webhook-Id") or r.headers.get("webhook-id") for r in pushes(receiver)}
+    assert len(ids) == 1, ids
+    # the history shows the failure without secrets
+    history = world["as_alice"].get(f"/v0/webhook-subscriptions/{subscription.public_id}/deliveries")
+    assert history.status_code == 200, history.json()
+    text = json.dumps(history.json())
+    assert SECRET not in text and MCP_SECRET not in text
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_suspension_after_100_attempts_spanning_an_hour(cell, receiver, kind):
+    world = cell(kind)
+    subscription = world["subscription"]
+    receiver.respond = challenge_or(lambda r: (503, {}, b""))
+    sent = world["send"]("down")
+    pump()
+    delivery = first_delivery(subscription)
+    Delivery.objects.filter(pk=delivery.pk).update(attempts=99, first_attempt_at=now() - dt.timedelta(hours=2),
+                                                    due_at=now())
+    Attempt.objects.filter(delivery=delivery).update(number=99)
+    pump()
+    subscription.refresh_from_db()
+    assert subscription.status == "suspended" and not subscription.terminal
+    assert subscription.suspended_error == "http_503"
+    delivery.refresh_from_db()
+    assert delivery.state == "failed"
+    notices = list(InboxItem.objects.filter(member=world["alice"], kind="subscription.suspended"))
+    assert len(notices) == 1 and notices[0].payload["terminal"] is False
+    feed = world["as_alice"].get("/v0/me/inbox/events").json()["events"]
+    assert "subscription.suspended" in [e["kind"] for e in feed]
+    # nothing more is sent while suspended
+    count = len(pushes(receiver))
+    world["send"]("still down?")
+    pump()
+    assert len(pushes(receiver)) == count
+    if kind == "item":
+        assert InboxItem.objects.get(message=sent.message, member=world["alice"]).state == "pending"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("status", [410, 413])
+def test_terminal_answers_in_process(cell, receiver, kind, status):
+    world = cell(kind)
+    subscription = world["subscription"]
+    receiver.respond = challenge_or(lambda r: (status, {}, b""))
+    world["send"]("gone?")
+    pump()
+    subscription.refresh_from_db()
+    assert subscription.status == "suspended" and subscription.terminal
+    assert subscription.suspended_error == f"http_{status}"
+    assert first_delivery(subscription).state == "failed"
+    assert InboxItem.objects.filter(member=world["alice"], kind="subscription.suspended").count() == 1
+    # a later send: nothing more sent; resume (or refresh) cannot clear it
+    before = len(pushes(receiver))
+    world["send"]("more")
+    pump()
+    assert len(pushes(receiver)) == before
+    if kind == "item":
+        from controlplane.errors import Conflict
+        with pytest.raises(Conflict):
+            mcp.subscribe(world["alice"], mcp.ITEM, {}, receiver.url("/item"), MCP_SECRET, ttl_ms=None)
+        with freeze(now() + dt.timedelta(days=2)):  # lease expiry cannot clear it either
+            with pytest.raises(Conflict):
+                mcp.subscribe(world["alice"], mcp.ITEM, {}, receiver.url("/item"), MCP_SECRET, ttl_ms=None)
+    else:
+        collection = "/v0/spaces/lab/webhook-subscriptions" if kind == "space" else "/v0/me/inbox-subscriptions"
+        path = f"{collection}/{subscription.public_id}"
+        assert world["as_alice"].patch(path, {"status": "active"}).status_code == 409
+        assert world["as_alice"].post(f"{path}/activate").status_code == 409
