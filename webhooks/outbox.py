@@ -92,8 +92,10 @@ def acknowledged(members: set[int]) -> None:
     appending an event (inbox.mailbox's acknowledged hook): each active
     `inbox.pending` push of theirs gets a wake, which reads the count when
     it is sent (one already open carries it). One plain statement, run for
-    every acknowledgement, that almost always finds nothing; in the
-    acknowledgement's transaction (its own, where it is one statement)."""
+    every acknowledgement, that almost always finds nothing. In the
+    acknowledgement's transaction, except after an owner's on PostgreSQL,
+    one statement committed on its own: a crash between the two leaves
+    the pushed count to the next change."""
     which, params = ids_in("owner_id", sorted(members))
     rows = plain_rows(_COUNTING + which, [mcp.PENDING, *params])
     if not rows:
