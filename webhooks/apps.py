@@ -21,7 +21,7 @@ class WebhooksConfig(AppConfig):
     name = "webhooks"
     verbose_name = "Webhooks"
     schedules = [("deliver-webhooks", "webhooks.tasks.deliver", 1),
-                 ("reap-deleted-mcp-subscriptions", "webhooks.tasks.reap_deleted_mcp_subscriptions", 60)]
+                 ("reap-deleted-webhooks", "webhooks.tasks.reap_deleted", 60)]
     gauges = "webhooks.health.gauges"  # manage.py health (controlplane.health)
 
     def ready(self):

@@ -51,6 +51,7 @@ from inbox.render import item_occurrence
 from webhooks import crypto, due
 from webhooks.models import Delivery, Endpoint, Subscription
 from webhooks.destinations import validate_url
+from webhooks.reaper import DELETED_KEPT, remove_endpoints
 
 ITEM = "org.switchboard/inbox.item"
 PENDING = "org.switchboard/inbox.pending"
@@ -61,9 +62,6 @@ DEFAULT_LEASE = dt.timedelta(hours=24)
 MIN_LEASE = dt.timedelta(seconds=60)
 MAX_LEASE = dt.timedelta(days=7)
 ROTATION_OVERLAP = dt.timedelta(minutes=5)
-# A deleted subscription's row is kept this long (its delivery history, and
-# far longer than a request in flight), then removed with its endpoint.
-DELETED_KEPT = dt.timedelta(days=1)
 SUBSCRIPTION_HEADER = "X-MCP-Subscription-Id"
 
 
@@ -217,23 +215,16 @@ def unsubscribe(member: Member, name: str, arguments: dict, url: str) -> bool:
 
 def reap_deleted(limit: int = 1000) -> int:
     """Remove, with their managed endpoints and deliveries, MCP
-    subscriptions deleted more than DELETED_KEPT ago, at most `limit` a run:
-    long after a request in flight could record anything. Each under its
-    owner's lock, as subscribe takes it, and only if still deleted (a
-    subscribe may bring one back). Returns how many."""
+    subscriptions deleted more than DELETED_KEPT ago, at most `limit` a run
+    (webhooks.reaper.remove_endpoints: under the owner's lock, as subscribe
+    takes it), and only if still deleted (a subscribe may bring one back).
+    Returns how many."""
     candidates = list(Subscription.objects.filter(
         mcp_name__isnull=False, status=Subscription.Status.DELETED, deleted_at__lt=now() - DELETED_KEPT,
         endpoint__managed=True).values_list("pk", "owner_id")[:limit])
-    reaped = 0
-    for pk, owner_id in candidates:
-        with transaction.atomic():
-            Member.objects.select_for_update(no_key=True).filter(pk=owner_id).first()
-            endpoint_ids = list(Subscription.objects.filter(pk=pk, status=Subscription.Status.DELETED)
-                                .values_list("endpoint_id", flat=True))
-            if endpoint_ids:
-                Endpoint.objects.filter(pk__in=endpoint_ids, managed=True).delete()
-                reaped += 1
-    return reaped
+    return sum(remove_endpoints(owner_id, Endpoint.objects.filter(
+        managed=True, subscriptions__pk=pk, subscriptions__status=Subscription.Status.DELETED))
+        for pk, owner_id in candidates)
 
 
 def offer_waiting() -> int:

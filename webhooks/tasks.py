@@ -72,7 +72,9 @@ def deliver() -> int:
     return sent
 
 
-def reap_deleted_mcp_subscriptions() -> int:
+def reap_deleted() -> int:
+    """Hourly: remove what was deleted more than a day ago, with its rows
+    (webhooks.reaper)."""
     return mcp.reap_deleted()
 
 

@@ -1,8 +1,10 @@
 """The periodic sweeps: scheduled once, and doing what they say."""
 import datetime as dt
+import importlib
 import threading
 
 import pytest
+from django.apps import apps as django_apps
 from django.db import connection
 from django_q.models import Schedule
 
@@ -21,8 +23,21 @@ def test_schedules_are_created_once(db):
     assert set(Schedule.objects.values_list("name", flat=True)) == {"prune-event-log", "purge-idempotency-records",
                                                                    "classify-inbox-items", "expire-grants",
                                                                    "deliver-webhooks", "sweep-claims",
-                                                                   "reap-deleted-mcp-subscriptions",
+                                                                   "reap-deleted-webhooks",
                                                                    "finish-collectives"}
+
+
+def test_the_reapers_earlier_schedule_is_renamed_rather_than_left_behind(db):
+    # given: the schedule an earlier version created
+    migration = importlib.import_module("webhooks.migrations.0008_reap_deleted_webhooks_schedule")
+    Schedule.objects.create(name="reap-deleted-mcp-subscriptions", func="webhooks.tasks.reap_deleted_mcp_subscriptions",
+                            schedule_type=Schedule.MINUTES, minutes=60, repeats=-1)
+    # when
+    migration.rename(migration.OLD, migration.NEW)(django_apps, None)
+    ensure_schedules()
+    # then
+    assert list(Schedule.objects.filter(name__startswith="reap-").values_list("name", "func")) == [
+        ("reap-deleted-webhooks", "webhooks.tasks.reap_deleted")]
 
 
 def test_duplicate_schedules_an_earlier_race_left_are_removed(db):
