@@ -10,8 +10,8 @@ from webhooks.models import Attempt, Delivery, Endpoint, SigningKey, Subscriptio
 
 @admin.register(Endpoint)
 class EndpointAdmin(ReadOnlyAdmin):
-    list_display = ["public_id", "owner", "url", "has_secret", "verified_at", "created_at"]
-    fields = ["public_id", "owner", "url", "has_secret", "verified_at", "created_at"]
+    list_display = ["public_id", "owner", "url", "has_secret", "verified_at", "created_at", "deleted_at"]
+    fields = ["public_id", "owner", "url", "has_secret", "verified_at", "created_at", "deleted_at"]
     readonly_fields = fields
     search_fields = ["public_id", "owner__handle", "url"]
 

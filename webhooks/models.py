@@ -48,9 +48,18 @@ class SigningKey(models.Model):
         return self.key_id
 
 
+class EndpointQuerySet(models.QuerySet):
+    def owned_by(self, owner) -> EndpointQuerySet:
+        """`owner`'s endpoints (a member or its pk), deleted ones left out:
+        every listing, lookup and count of them."""
+        return self.filter(owner=owner, deleted_at__isnull=True)
+
+
 class Endpoint(models.Model):
     """A receiver URL owned by a member, with an optional Standard Webhooks
-    secret (stored encrypted, never shown)."""
+    secret (stored encrypted, never shown). A deleted one's row stays, with
+    its subscriptions and their history, until `webhooks.reaper` removes it
+    a day later: a worker may be recording one of its deliveries."""
 
     public_id = models.CharField(max_length=40, unique=True, default=new_endpoint_id, editable=False)
     owner = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="+")
@@ -66,6 +75,9 @@ class Endpoint(models.Model):
     managed = models.BooleanField(default=False)
     previous_secret = models.TextField(null=True, blank=True, editable=False)
     previous_secret_until = models.DateTimeField(null=True, blank=True)
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    objects = EndpointQuerySet.as_manager()
 
     def __str__(self) -> str:
         return self.public_id

@@ -32,3 +32,11 @@ def remove_endpoints(owner_id: int, endpoints) -> int:
         Endpoint.objects.filter(pk__in=removable).delete()
     return len(removable)
 
+
+def reap_deleted_endpoints(limit: int = 1000) -> int:
+    """Remove the endpoints deleted more than DELETED_KEPT ago
+    (webhooks.services.delete_endpoint), at most `limit` a run. Returns how
+    many."""
+    candidates = list(Endpoint.objects.filter(deleted_at__lt=now() - DELETED_KEPT)
+                      .values_list("pk", "owner_id")[:limit])
+    return sum(remove_endpoints(owner_id, Endpoint.objects.filter(pk=pk)) for pk, owner_id in candidates)

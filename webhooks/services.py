@@ -48,7 +48,7 @@ def create_endpoint(owner: Member, url: str, secret: str | None, *, actor: Membe
     with transaction.atomic():
         # Lock the owner's row so concurrent creations count each other.
         Member.objects.select_for_update(no_key=True).filter(pk=owner.pk).first()
-        if Endpoint.objects.filter(owner=owner, managed=False).count() >= MAX_ENDPOINTS:
+        if Endpoint.objects.owned_by(owner).filter(managed=False).count() >= MAX_ENDPOINTS:
             raise LimitExceeded(f"At most {MAX_ENDPOINTS} webhook endpoints per owner.")
         endpoint = Endpoint.objects.create(owner=owner, url=url, secret=crypto.seal_secret(secret))
         audit.record("webhook.endpoint_created", endpoint.public_id, actor=actor, owner=owner.public_id)
@@ -56,7 +56,7 @@ def create_endpoint(owner: Member, url: str, secret: str | None, *, actor: Membe
 
 
 def owned_endpoint(endpoint_id: str, owner: Member) -> Endpoint:
-    endpoint = Endpoint.objects.filter(public_id=endpoint_id, owner=owner).first()
+    endpoint = Endpoint.objects.owned_by(owner).filter(public_id=endpoint_id).first()
     if endpoint is None:
         raise NotFound("No such webhook endpoint.")
     return endpoint
@@ -68,9 +68,16 @@ def is_verified(endpoint: Endpoint) -> bool:
 
 
 def delete_endpoint(endpoint: Endpoint) -> None:
-    """Delete the endpoint and its subscriptions; unsent wakes go with them."""
+    """Delete the endpoint and its subscriptions, atomically: unsent wakes
+    are cancelled (a request in flight may finish, and its attempt is
+    recorded). The rows stay until `webhooks.reaper` removes them a day
+    later: a worker may be recording a batch with one of its deliveries
+    now. Under the owner's lock, as subscriptions are created on it."""
     refuse_managed(endpoint)
-    endpoint.delete()
+    with transaction.atomic():
+        Member.objects.select_for_update(no_key=True).filter(pk=endpoint.owner_id).first()
+        _delete_subscriptions(Subscription.objects.filter(endpoint=endpoint))
+        Endpoint.objects.owned_by(endpoint.owner_id).filter(pk=endpoint.pk).update(deleted_at=now())
 
 
 def _challenge(endpoint: Endpoint, secret: str | None, challenge: str, mcp_subscription_id: str | None):
@@ -102,8 +109,8 @@ def verify_endpoint(endpoint: Endpoint, *, resolver=None, mcp_subscription_id: s
         refuse_managed(endpoint)  # MCP receivers are verified by events/subscribe
     secret = crypto.open_secret(endpoint.secret)
     digest = crypto.target_digest(endpoint.url, secret)
-    cached = (Endpoint.objects.filter(owner_id=endpoint.owner_id, verified_digest=digest,
-                                      verified_at__gte=now() - VERIFICATION_TTL)
+    cached = (Endpoint.objects.owned_by(endpoint.owner_id).filter(verified_digest=digest,
+                                                                 verified_at__gte=now() - VERIFICATION_TTL)
               .order_by("-verified_at").values_list("verified_at", flat=True).first())
     if cached is None:
         failed = cache.get(f"verify:failed:{endpoint.owner_id}:{digest}")
@@ -213,6 +220,7 @@ def create_subscription(owner: Member, endpoint_id: str, *, space: Space | None 
         conversation_ids = _conversation_subjects(space, subjects or [], owner)
     with transaction.atomic():
         Member.objects.select_for_update(no_key=True).filter(pk=owner.pk).first()
+        endpoint = owned_endpoint(endpoint_id, owner)  # again under the lock: not deleted meanwhile
         check_limits(owner, space=space)
         subscription = Subscription.objects.create(
             owner=owner, endpoint=endpoint, space=space,
@@ -272,9 +280,18 @@ def refuse_managed(record) -> None:
                        details={"managed_by": "mcp"})
 
 
+def _lock_undeleted(subscription: Subscription) -> Subscription:
+    """`subscription`'s row, locked, unless it was deleted since it was read
+    (NOT_FOUND): a change that read it before must not bring it back."""
+    locked = Subscription.objects.select_for_update(no_key=True).get(pk=subscription.pk)
+    if locked.status == Subscription.Status.DELETED:
+        raise NotFound("No such subscription.")
+    return locked
+
+
 def activate_locked(subscription: Subscription) -> None:
     """Activate `subscription` under its row lock, in the caller's transaction."""
-    locked = Subscription.objects.select_for_update(no_key=True).get(pk=subscription.pk)
+    locked = _lock_undeleted(subscription)
     if locked.status == Subscription.Status.SUSPENDED and locked.terminal:
         raise Conflict("The receiver rejected this subscription for good; create a new one.")
     if locked.activation_position is None:
@@ -291,7 +308,7 @@ def update_subscription(subscription: Subscription, *, status: str | None, debou
     if debounce_ms is not None:
         _check_debounce(debounce_ms)
     with transaction.atomic():
-        locked = Subscription.objects.select_for_update(no_key=True).get(pk=subscription.pk)
+        locked = _lock_undeleted(subscription)
         changed = []
         if debounce_ms is not None and debounce_ms != locked.debounce_ms:
             locked.debounce_ms = debounce_ms
@@ -331,12 +348,19 @@ def delete_subscription(subscription: Subscription, *, managed: bool = False) ->
     if not managed:
         refuse_managed(subscription)
     with transaction.atomic():
-        # Its deliveries before itself, as a worker recording a failure takes
-        # them (a delivery, then its subscription to suspend it).
-        Delivery.objects.filter(subscription=subscription, state__in=Delivery.UNFINISHED).update(
-            state=Delivery.State.CANCELLED, finished_at=now())
-        Subscription.objects.filter(pk=subscription.pk).update(status=Subscription.Status.DELETED,
-                                                               deleted_at=now())
+        _delete_subscriptions(Subscription.objects.filter(pk=subscription.pk))
+
+
+def _delete_subscriptions(subscriptions) -> None:
+    """Mark `subscriptions` (a queryset) deleted and cancel their unfinished
+    deliveries, in the caller's transaction."""
+    at = now()
+    # The deliveries before their subscriptions, as a worker recording a
+    # failure takes them (a delivery, then its subscription to suspend it).
+    Delivery.objects.filter(subscription__in=subscriptions, state__in=Delivery.UNFINISHED).update(
+        state=Delivery.State.CANCELLED, finished_at=at)
+    subscriptions.exclude(status=Subscription.Status.DELETED).update(status=Subscription.Status.DELETED,
+                                                                     deleted_at=at)
 
 
 def activation_cursor(subscription: Subscription) -> str:

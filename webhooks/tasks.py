@@ -8,7 +8,7 @@ import secrets
 from django.core.cache import cache
 
 from controlplane import live
-from webhooks import engine, mcp, pump
+from webhooks import engine, mcp, pump, reaper
 from webhooks.due import HELPER_KEY, TIMER_KEY
 
 log = logging.getLogger(__name__)
@@ -73,9 +73,9 @@ def deliver() -> int:
 
 
 def reap_deleted() -> int:
-    """Hourly: remove what was deleted more than a day ago, with its rows
-    (webhooks.reaper)."""
-    return mcp.reap_deleted()
+    """Hourly: remove what was deleted more than a day ago, endpoints and
+    MCP subscriptions, with their rows (webhooks.reaper)."""
+    return reaper.reap_deleted_endpoints() + mcp.reap_deleted()
 
 
 def ask_for_help() -> None:

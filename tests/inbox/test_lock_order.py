@@ -278,3 +278,40 @@ def test_deleting_a_subscription_takes_its_deliveries_before_itself():
     delivery.refresh_from_db()
     subscription.refresh_from_db()
     assert (delivery.state, subscription.status) == (Delivery.State.CANCELLED, Subscription.Status.DELETED)
+
+
+def test_deleting_an_endpoint_while_a_worker_records_its_attempt(receiver, api_for, monkeypatch):
+    """A worker recording a batch inserts its attempts (their foreign keys
+    checked at COMMIT), then finishes the deliveries it holds. An owner
+    deleting the endpoint meanwhile must wait for that record and keep what
+    it recorded: a delete that removed the delivery failed at its own
+    COMMIT on the attempt's foreign key (a 500)."""
+    from webhooks import engine
+    from webhooks.models import Attempt, Delivery
+
+    # given: alice's delivery claimed by a worker, whose record inserted its attempt and finished it
+    monkeypatch.setattr("webhooks.due.kick_on_commit", lambda: None)
+    alice = services.create_member("alice", actor=None)
+    space = services.create_space(slug="lab", name="Lab", visibility="open", send_policy="open", actor=alice)
+    general = services.create_channel(space, "general", actor=alice)
+    as_alice = api_for(alice)
+    endpoint = as_alice.post("/v0/webhook-endpoints", {"url": receiver.url()}).json()["endpoint"]["id"]
+    as_alice.post(f"/v0/webhook-endpoints/{endpoint}/verify")
+    created = as_alice.post("/v0/spaces/lab/webhook-subscriptions",
+                            {"endpoint_id": endpoint, "debounce_ms": 0}).json()["subscription"]
+    as_alice.post(f"/v0/spaces/lab/webhook-subscriptions/{created['id']}/activate")
+    send_message(general, body="wake alice", actor=alice)
+    (job,) = engine.claim_due(10)
+    recorded = (f"WITH attempt AS (INSERT INTO {Attempt._meta.db_table} "
+                f"(delivery_id, number, started_at, duration_ms, status_code, key_id) "
+                f"VALUES (%s, %s, now(), 5, 202, 'key')) "
+                f"UPDATE {Delivery._meta.db_table} SET state = 'delivered', finished_at = now(), claimed_until = NULL "
+                f"WHERE id = %s AND state = 'sending' AND attempts = %s",
+                [job.delivery_id, job.number, job.delivery_id, job.number])
+    # when: alice deletes the endpoint meanwhile, and the worker commits
+    deleting, results = crossing(recorded, lambda: as_alice.delete(f"/v0/webhook-endpoints/{endpoint}").status_code,
+                                 ("SELECT 1", []))
+    # then: the delete succeeded, and the delivery is recorded as delivered with its attempt
+    assert results == [204] and not deleting.is_alive()
+    assert Delivery.objects.get(pk=job.delivery_id).state == Delivery.State.DELIVERED
+    assert Attempt.objects.filter(delivery_id=job.delivery_id).count() == 1

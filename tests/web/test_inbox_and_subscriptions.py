@@ -127,7 +127,22 @@ def test_others_subscriptions_and_unreadable_targets_are_404(ann, ben, human, ro
     response = client.post("/app/subscriptions/new", {"endpoint": endpoint.public_id, "target": "space:room"})
     assert response.status_code == 404
     response = browser_of(ben).post(f"/app/subscriptions/receivers/{endpoint.public_id}/delete")
-    assert response.status_code == 404 and Endpoint.objects.filter(pk=endpoint.pk).exists()
+    assert response.status_code == 404 and Endpoint.objects.owned_by(cid).filter(pk=endpoint.pk).exists()
+
+
+@pytest.mark.django_db
+def test_a_deleted_receiver_is_no_longer_listed(ben, receiver, browser_of):
+    # given
+    client = browser_of(ben)
+    for path in ("/kept", "/gone"):
+        client.post("/app/subscriptions/receivers", {"url": receiver.url(path)})
+    kept, gone = (Endpoint.objects.get(url=receiver.url(path)) for path in ("/kept", "/gone"))
+    # when
+    assert client.post(f"/app/subscriptions/receivers/{gone.public_id}/delete").status_code == 302
+    # then: listed no more (its row is kept for a day, webhooks.reaper)
+    page = client.get("/app/subscriptions/").content.decode()
+    assert kept.public_id in page and gone.public_id not in page
+    assert Endpoint.objects.get(pk=gone.pk).deleted_at is not None
 
 
 def test_the_inbox_page_shows_collective_requests_and_results(room, ann, ben, browser_of):

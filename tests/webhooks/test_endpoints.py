@@ -38,7 +38,7 @@ def test_create_read_list_delete(receiver, as_alice, as_bob):
     assert as_bob.get(f"/v0/webhook-endpoints/{endpoint['id']}").status_code == 404
     assert as_bob.delete(f"/v0/webhook-endpoints/{endpoint['id']}").status_code == 404
     assert as_alice.delete(f"/v0/webhook-endpoints/{endpoint['id']}").status_code == 204
-    assert not Endpoint.objects.exists()
+    assert not Endpoint.objects.owned_by(as_alice.member).exists()
 
 
 def test_the_secret_is_stored_encrypted(receiver, as_alice):

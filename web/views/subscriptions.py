@@ -50,7 +50,7 @@ def _target_label(subscription: Subscription, member) -> str:
 def subscriptions_page(request, member):
     # An MCP subscription's endpoint is shown while the subscription is (it
     # stays a day after an unsubscribe, webhooks.mcp.reap_deleted).
-    endpoints = list(Endpoint.objects.filter(owner=member).exclude(managed=True, subscriptions__status="deleted")
+    endpoints = list(Endpoint.objects.owned_by(member).exclude(managed=True, subscriptions__status="deleted")
                      .order_by("created_at"))
     conversation = None
     if "conversation" in request.GET:

@@ -37,7 +37,7 @@ class EndpointsView(APIView):
                    responses={200: envelope("endpoints", EndpointOut, many=True, paged=True),
                               **errors("INVALID_REQUEST", "INVALID_CURSOR")})
     def get(self, request):
-        page = paginate(request, Endpoint.objects.filter(owner=request.user), stream="webhook-endpoints",
+        page = paginate(request, Endpoint.objects.owned_by(request.user), stream="webhook-endpoints",
                         render=render_endpoint)
         return Response({"endpoints": page.pop("items"), **page})
 
