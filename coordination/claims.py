@@ -115,6 +115,20 @@ def expire_if_due(space: Space, task_id: str) -> bool:
     return pk is not None and _decide(pk, at, checkins=False) == "expired"
 
 
+def expire_due_in(space: Space) -> int:
+    """A listing of the space's tasks sweeps the expiry of its claims first,
+    as a read of one task does: up to SCAN_LIMIT of them, the longest
+    unchanged first. Cheap when nothing is due (one indexed read). Returns
+    how many expired."""
+    limit = timeout()
+    if limit is None:
+        return 0
+    at = now()
+    due = (Task.objects.filter(space=space, status=Task.Status.CLAIMED, updated_at__lte=at - limit)
+           .order_by("updated_at", "id").values_list("pk", flat=True)[:SCAN_LIMIT])
+    return [_decide(pk, at, checkins=False) for pk in due].count("expired")
+
+
 def due_claims(at: dt.datetime) -> list[int]:
     """The scan's one read: up to SCAN_LIMIT claims that may be due, from
     the front of the sweep index."""

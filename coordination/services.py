@@ -70,6 +70,18 @@ def create_task(space: Space, *, title: str, description: str = "", assignee: st
     return task
 
 
+def space_tasks(space: Space, member: Member | None, status: str | None = None):
+    """The space's tasks (in `status`), if `member` can read it: 404
+    otherwise. Listing them sweeps their claims' expiry first (SPEC §10:
+    reads sweep expiry), so expired work shows as open on hosts with no
+    worker too."""
+    if not can_read_space(space, member):
+        raise NotFound()
+    claims.expire_due_in(space)
+    tasks = Task.objects.filter(space=space).select_related(*RELATED)
+    return tasks.filter(status=status) if status else tasks
+
+
 def visible_task(space: Space, task_id: str, member: Member | None, *, lock: bool = False) -> Task:
     """The task, if `member` can read its space: 404 otherwise. Reading a
     task sweeps its claim's expiry first (SPEC §10)."""
@@ -131,6 +143,7 @@ def claim_task(space: Space, task_id: str, *, actor: Member) -> Task:
 
 
 def release_task(space: Space, task_id: str, *, actor: Member) -> Task:
+    require_sender(space, actor)
     with transaction.atomic():
         task = visible_task(space, task_id, actor, lock=True)
         if task.status != Task.Status.CLAIMED:
@@ -142,6 +155,7 @@ def release_task(space: Space, task_id: str, *, actor: Member) -> Task:
 
 
 def submit_task(space: Space, task_id: str, *, actor: Member) -> Task:
+    require_sender(space, actor)
     with transaction.atomic():
         task = visible_task(space, task_id, actor, lock=True)
         if task.status != Task.Status.CLAIMED:
@@ -158,6 +172,7 @@ def _require_decider(task: Task, actor: Member) -> None:
 
 
 def complete_task(space: Space, task_id: str, *, actor: Member) -> Task:
+    require_sender(space, actor)
     with transaction.atomic():
         task = visible_task(space, task_id, actor, lock=True)
         _require_decider(task, actor)
@@ -170,6 +185,7 @@ def complete_task(space: Space, task_id: str, *, actor: Member) -> Task:
 def reopen_task(space: Space, task_id: str, *, actor: Member) -> Task:
     """Back to open, unclaimed: work sent back from review, or done work
     that was not."""
+    require_sender(space, actor)
     with transaction.atomic():
         task = visible_task(space, task_id, actor, lock=True)
         _require_decider(task, actor)

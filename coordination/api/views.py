@@ -32,9 +32,7 @@ class TasksView(APIView):
     def get(self, request, slug):
         space = get_readable_space(slug, request.user)
         status = validated(TaskListParams, request.query_params).get("status")
-        tasks = Task.objects.filter(space=space).select_related(*services.RELATED)
-        if status:
-            tasks = tasks.filter(status=status)
+        tasks = services.space_tasks(space, request.user, status)
         page = paginate(request, tasks, stream=f"tasks:{space.pk}:{status or 'all'}", render=render_task)
         return Response({"tasks": page.pop("items"), **page})
 

@@ -180,3 +180,42 @@ def test_text_a_database_would_refuse_is_422_invalid_body(space, as_alice, task,
     assert created.status_code == updated.status_code == 422
     assert error_code(created) == error_code(updated) == "INVALID_BODY"
     assert Task.objects.count() == 1 and Task.objects.get().title == "Write the report"
+
+
+def test_only_writers_of_an_active_space_move_tasks(space, make_member, api_for, alice, bob, as_alice, as_bob):
+    """Every move needs what creating and claiming need: an active member
+    who is not an observer, in a space that is not archived."""
+    # given: bob's claim, then bob removed; an observer named reviewer
+    claimed = as_alice.post(TASKS, {"title": "Claimed by bob"}).json()["task"]
+    as_bob.post(task_url(claimed["id"], "claim"))
+    services.remove_member(space, bob, actor=alice)
+    watcher = make_member("watcher")
+    services.add_member(space, watcher, role="observer", actor=alice)
+    reviewed = as_alice.post(TASKS, {"title": "Reviewed", "reviewer": "@watcher"}).json()["task"]
+    as_watcher = api_for(watcher)
+    # when / then: the removed claimant and the observer reviewer are refused
+    for response in (as_bob.post(task_url(claimed["id"], "submit")), as_bob.post(task_url(claimed["id"], "release")),
+                     as_watcher.post(task_url(reviewed["id"], "complete"))):
+        assert response.status_code == 403 and error_code(response) == "FORBIDDEN", response.json()
+    # and: in an archived space nothing moves, not even for its owner
+    space.archived = True
+    space.save(update_fields=["archived"])
+    released = as_alice.post(task_url(claimed["id"], "release"))
+    assert released.status_code == 409 and error_code(released) == "CONFLICT"
+    assert Task.objects.get(public_id=claimed["id"]).status == "claimed"
+
+
+def test_a_listing_sweeps_expired_claims_as_a_read_of_one_task_does(space, as_alice, as_bob):
+    import datetime as dt
+
+    from controlplane.clock import freeze, now
+
+    # given: bob's claim, silent for longer than the timeout, on a host with no worker
+    task = as_alice.post(TASKS, {"title": "Left behind"}).json()["task"]
+    as_bob.post(task_url(task["id"], "claim"))
+    with freeze(now() + dt.timedelta(hours=25)):
+        # when: the open tasks are listed
+        listed = as_alice.get(TASKS + "?status=open").json()["tasks"]
+    # then: the expired claim's task is among them
+    assert [t["id"] for t in listed] == [task["id"]]
+    assert kinds_in_feed()[-1] == "task_claim_expired"

@@ -34,9 +34,7 @@ def tasks_page(request, member, slug):
     status = request.GET.get("status") or None
     if status is not None and status not in Task.Status.values:
         raise NotFound()
-    rows = Task.objects.filter(space=space).select_related(*services.RELATED).order_by("-id")
-    if status:
-        rows = rows.filter(status=status)
+    rows = services.space_tasks(space, member, status).order_by("-id")
     return render(request, "web/tasks.html", {
         "space": space, "status": status, "statuses": Task.Status.values,
         "tasks": [(task, _actions(task, member)) for task in rows[:200]]})
