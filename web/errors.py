@@ -12,7 +12,10 @@ from web.pages import WEB_PATHS, error_response
 
 
 def _web_page(request, error: ApiError):
-    if request.path.startswith(WEB_PATHS) and "text/html" in request.headers.get("Accept", ""):
+    """The error as a page (or, for htmx, a message in the page's error
+    area) for a browser on the web app's paths; None for anyone else."""
+    browser = "text/html" in request.headers.get("Accept", "") or request.headers.get("HX-Request")
+    if request.path.startswith(WEB_PATHS) and browser:
         return error_response(request, error)
     return None
 

@@ -14,6 +14,7 @@ from django.shortcuts import render
 from django.template.loader import render_to_string
 from rest_framework.exceptions import APIException
 
+from controlplane.api.parsers import check_text
 from controlplane.errors import ApiError, Forbidden, RateLimited, Unauthenticated, from_drf
 from controlplane.ratelimit import member_request_wait
 from controlplane.models import Member
@@ -78,6 +79,8 @@ def member_page(view):
             # Pages and actions share the member's API budget (RATE_LIMIT_PER_MINUTE).
             if wait := member_request_wait(member):
                 raise RateLimited.after(wait)
+            # Query and form values reach the database as the API's do: storable text only.
+            check_text({"query": dict(request.GET.lists()), "form": dict(request.POST.lists())})
             return view(request, member, *args, **kwargs)
         except ApiError as error:
             return error_response(request, error)

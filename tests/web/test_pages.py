@@ -340,3 +340,43 @@ def test_web_actions_share_the_members_api_rate_limit(ann, room, browser_of, api
     assert Message.objects.count() == 1
     # page reads count too: a page can cost more than an API call
     assert browser_of(ann).get("/app/").status_code == 429
+
+
+@pytest.mark.parametrize("method,url,data", [
+    ("get", "/app/spaces/room/?after=%00", None),
+    ("get", "/app/subscriptions/?conversation=cnv_%00", None),
+    ("post", "/app/inbox/acknowledge", {"token": "dlv_\x00"}),
+    ("post", "/app/inbox/release", {"token": "dlv_\x00"}),
+    ("post", "/app/credentials/new", {"name": "lap\x00top"}),
+    ("post", "/app/spaces/room/tasks/new", {"title": "t\x00"}),
+    ("post", "/app/subscriptions/new", {"endpoint": "whe_\x00", "target": "inbox"}),
+    ("post", "/app/subscriptions/new", {"endpoint": "whe_x", "target": "space:\x00"}),
+])
+def test_a_nul_in_a_query_or_form_value_is_a_clear_4xx_and_changes_nothing(ann, room, browser_of, method, url, data):
+    """As in the API: on PostgreSQL such values reached the database and
+    answered 500 on seven pages."""
+    from controlplane.models import Credential
+
+    page = browser_of(ann)
+    before = Credential.objects.count()
+    response = getattr(page, method)(url, data or {}, HTTP_ACCEPT="text/html")
+    assert 400 <= response.status_code < 500, (url, data, response.status_code)
+    assert Credential.objects.count() == before
+
+
+def test_an_htmx_action_refused_by_its_csrf_check_lands_in_the_error_area(ann, ben, room):
+    """htmx asks with `Accept: */*`: the refusal was plain JSON, which the
+    page swapped over the item (hx-swap="delete") as if acknowledged."""
+    from inbox.models import InboxItem
+
+    space, _ = room
+    direct, _ = services.get_or_create_direct(space, ben, actor=ann)
+    send_message(direct, body="for ben", actor=ann)
+    item = InboxItem.objects.get(member=ben)
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(ben.user)
+    response = browser.post("/app/inbox/acknowledge", {"token": item.token}, HTTP_HX_REQUEST="true",
+                            HTTP_ACCEPT="*/*")
+    assert response.status_code == 403 and response["HX-Retarget"] == "#htmx-error"
+    item.refresh_from_db()
+    assert item.state == InboxItem.State.PENDING
