@@ -9,13 +9,13 @@ from switchboard_client.feeds import AsyncFeed, DrainError, DrainReport, Feed
 from switchboard_client.receiver import MemoryWakeStore, Reply, SQLiteWakeStore, Wake, WakeReceiver, WakeStore
 from switchboard_client.routes import ROUTES, Route
 from switchboard_client.transport import NO_RETRIES, RetryPolicy
-from switchboard_client.verify import InvalidWake, WakeVerifier, fetch_signing_keys
+from switchboard_client.verify import InvalidWake, SigningKeysUnavailable, WakeVerifier, fetch_signing_keys
 
 __version__ = "0.1.0"
 __all__ = [
     "AsyncClient", "AsyncFeed", "AuthError", "Client", "ConflictError", "ConnectionFailed", "DrainError",
     "DrainReport", "Feed", "InvalidWake", "MemoryWakeStore", "NO_RETRIES", "NotFoundError", "ROUTES",
     "RateLimitError", "Reply", "RequestError", "ResyncRequired", "RetryPolicy", "Route", "SQLiteWakeStore",
-    "ServerError", "SwitchboardError", "Wake", "WakeReceiver", "WakeStore", "WakeVerifier", "errors",
-    "fetch_signing_keys", "models",
+    "ServerError", "SigningKeysUnavailable", "SwitchboardError", "Wake", "WakeReceiver", "WakeStore",
+    "WakeVerifier", "errors", "fetch_signing_keys", "models",
 ]

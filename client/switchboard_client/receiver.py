@@ -5,7 +5,8 @@ For each request it:
 1. verifies it (verify.py): Ed25519 for native wakes and challenges (and the
    HMAC when the endpoint has a secret), or the Standard Webhooks HMAC alone
    for MCP pushes; a stale timestamp, a body id other than the Webhook-Id,
-   a wrong issuer: 400 (401 for a signature);
+   a wrong issuer: 400 (401 for a signature); 503 when the signing keys
+   could not be fetched, so the server retries;
 2. answers a challenge (`spaces.webhook.challenge`, MCP `verification`)
    with 200 `{"challenge"}`;
 3. refuses a wake of a subscription it was not configured for (400);
@@ -33,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from switchboard_client.verify import CHALLENGE, MCP_VERIFICATION, TOLERANCE_SECONDS, InvalidWake, WakeVerifier
+from switchboard_client.verify import (CHALLENGE, MCP_VERIFICATION, TOLERANCE_SECONDS, InvalidWake,
+                                       SigningKeysUnavailable, WakeVerifier)
 
 INBOX_TYPE, SPACE_TYPE = "spaces.inbox_events.available", "spaces.events.available"
 MCP_HEADER = "x-mcp-subscription-id"
@@ -142,8 +144,9 @@ Callback = Callable[[Wake], Any]
 class WakeReceiver:
     """See the module docstring. Keys come from `keys` (a mapping or a
     callable returning one), else from `client.signing_keys()`, else from
-    `base_url`'s `/v0/webhook-signing-keys`; they are fetched again once
-    when a wake names a key id not yet known.
+    `base_url`'s `/v0/webhook-signing-keys`; they are fetched again when a
+    wake names a key id not yet known, at most once per
+    `KEY_REFRESH_SECONDS` (verify.py).
 
     Configure the subscriptions you created: `inbox_subscription_id`,
     `space_subscription_ids`, `mcp_subscription_ids`. A kind left
@@ -199,6 +202,8 @@ class WakeReceiver:
                 wake = self._native_wake(self.verifier.verify(lowered, body))
         except InvalidWake as invalid:
             return Reply(401 if invalid.signature else 400, {"error": invalid.reason}, invalid.reason)
+        except SigningKeysUnavailable as unavailable:
+            return Reply(503, {"error": "signing keys unavailable"}, str(unavailable))
         if isinstance(wake, Reply):
             return wake
         if self.store.seen(wake.id):
@@ -318,4 +323,4 @@ class WakeReceiver:
 
 
 _REASONS = {200: "OK", 202: "Accepted", 400: "Bad Request", 401: "Unauthorized", 405: "Method Not Allowed",
-            500: "Internal Server Error"}
+            500: "Internal Server Error", 503: "Service Unavailable"}

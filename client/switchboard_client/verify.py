@@ -7,8 +7,8 @@
         persist(wake); respond 202; then read the feed from your own cursor
 
 `verify` checks a native wake or challenge, in order: the Ed25519 signature
-against the published key named by `Webhook-Key-Id` (fetching the keys once
-more when the id is new), the Standard Webhooks HMAC when a `whsec_` secret
+against the published key named by `Webhook-Key-Id` (fetching the keys
+again when the id is new, at most once per `KEY_REFRESH_SECONDS`), the Standard Webhooks HMAC when a `whsec_` secret
 is configured, the timestamp (at most `tolerance` seconds old or ahead), the
 body's id against `Webhook-Id`, the issuer, and the envelope type.
 `verify_standard` checks an MCP push: the HMAC alone, the timestamp, and the
@@ -22,6 +22,7 @@ import binascii
 import hashlib
 import hmac
 import json
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -33,6 +34,8 @@ CHALLENGE = "spaces.webhook.challenge"
 WAKE_TYPES = ("spaces.events.available", "spaces.inbox_events.available", CHALLENGE)
 MCP_VERIFICATION = "verification"
 TOLERANCE_SECONDS = 300
+# An unknown key id costs an outbound request on the anonymous rate limit; anyone can send one.
+KEY_REFRESH_SECONDS = 60
 
 
 class InvalidWake(Exception):
@@ -42,6 +45,11 @@ class InvalidWake(Exception):
     def __init__(self, reason: str, *, signature: bool = False):
         super().__init__(reason)
         self.reason, self.signature = reason, signature
+
+
+class SigningKeysUnavailable(Exception):
+    """The published keys could not be fetched, so the request could not be
+    checked; answer 503 so that the server retries it later."""
 
 
 def b64url_decode(value: str) -> bytes:
@@ -89,13 +97,35 @@ class WakeVerifier:
         self._clock = clock
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._remember = remember
+        self._refresh_lock = threading.Lock()
+        self._refreshed_at: float | None = None  # when the keys were last fetched, or tried
+        self._refresh_failed = False
 
     def _key(self, key_id: str) -> Ed25519PublicKey:
-        if key_id not in self._keys and self._fetch is not None:
-            self._keys = dict(self._fetch())  # a rotation: the new key is published before it signs
-        if key_id not in self._keys:
+        keys = self._keys
+        if key_id not in keys and self._fetch is not None:
+            keys = self._refreshed_keys()  # a rotation: the new key is published before it signs
+        if key_id not in keys:
             raise InvalidWake("unknown signing key", signature=True)
-        return Ed25519PublicKey.from_public_bytes(self._keys[key_id])
+        return Ed25519PublicKey.from_public_bytes(keys[key_id])
+
+    def _refreshed_keys(self) -> dict[str, bytes]:
+        """The keys, fetched again unless they were fetched (or tried) less
+        than `KEY_REFRESH_SECONDS` ago: until then an unknown id stays unknown.
+        Raises `SigningKeysUnavailable` when the latest try failed."""
+        with self._refresh_lock:  # concurrent unknown ids share one fetch
+            now = self._clock()
+            if self._refreshed_at is None or not 0 <= now - self._refreshed_at < KEY_REFRESH_SECONDS:
+                self._refreshed_at = now
+                try:
+                    self._keys = dict(self._fetch())
+                except Exception as failure:  # noqa: BLE001 - any failure to fetch is worth a retry
+                    self._refresh_failed = True
+                    raise SigningKeysUnavailable(f"{type(failure).__name__}: {failure}") from failure
+                self._refresh_failed = False
+            elif self._refresh_failed:
+                raise SigningKeysUnavailable("the latest fetch of the signing keys failed")
+            return self._keys
 
     def _check_timestamp(self, timestamp: str) -> None:
         if not timestamp.isdigit() or abs(self._clock() - int(timestamp)) > self.tolerance:

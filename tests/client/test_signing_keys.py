@@ -1,0 +1,110 @@
+"""Where a receiver gets its signing keys: an unknown key id costs at most
+one fetch of the published keys per KEY_REFRESH_SECONDS (anyone can send
+one), a rotated key is still picked up, and a failed fetch is a 503 the
+server retries rather than an exception."""
+import asyncio
+import base64
+import json
+import time
+
+import httpx
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from switchboard_client import WakeReceiver
+from switchboard_client.verify import KEY_REFRESH_SECONDS
+
+ISSUER = "https://switchboard.example"
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class PublishedKeys:
+    """The server's `/v0/webhook-signing-keys`, counting its fetches; `failure` makes them fail."""
+
+    def __init__(self, **keys: Ed25519PrivateKey):
+        self.keys, self.fetches, self.failure = keys, 0, None
+
+    def __call__(self) -> dict[str, bytes]:
+        self.fetches += 1
+        if self.failure is not None:
+            raise self.failure
+        return {key_id: key.public_key().public_bytes_raw() for key_id, key in self.keys.items()}
+
+
+def signed_wake(key_id: str, key: Ed25519PrivateKey, now: float, delivery_id: str) -> tuple[dict, bytes]:
+    body = json.dumps({"id": delivery_id, "type": "spaces.inbox_events.available", "issuer": ISSUER,
+                       "subscription": {"id": "whs_1"}, "event_range": {"after": "a", "through": "b"}}).encode()
+    timestamp = str(int(now))
+    signature = base64.urlsafe_b64encode(key.sign(f"{key_id}.{timestamp}.".encode() + body)).rstrip(b"=")
+    return {"Webhook-Id": delivery_id, "Webhook-Timestamp": timestamp, "Webhook-Key-Id": key_id,
+            "Webhook-Signature": f"v1={signature.decode()}"}, body
+
+
+def test_forged_key_ids_cost_one_fetch_of_the_keys_per_window():
+    # given: a receiver that has not fetched the keys yet
+    clock, genuine, forger = Clock(), Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    published = PublishedKeys(wsk_genuine=genuine)
+    receiver = WakeReceiver(keys=published, issuer=ISSUER, clock=clock)
+    # when: five requests name key ids nobody published
+    replies = []
+    for n in range(5):
+        clock.now += 1
+        replies.append(receiver.handle(*signed_wake(f"wsk_forged{n}", forger, clock.now, f"whd_forged{n}")))
+    # then: all are refused for their signature, after a single fetch
+    assert [(r.status, r.reason) for r in replies] == [(401, "unknown signing key")] * 5
+    assert published.fetches == 1
+    # and a genuine wake still verifies with the keys already fetched
+    assert receiver.handle(*signed_wake("wsk_genuine", genuine, clock.now, "whd_genuine")).status == 202
+    assert published.fetches == 1
+
+
+def test_a_rotated_key_is_picked_up_once_the_window_has_passed():
+    # given: a receiver that fetched the keys for a wake signed with the first key
+    clock, first, second = Clock(), Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    published = PublishedKeys(wsk_first=first)
+    receiver = WakeReceiver(keys=published, issuer=ISSUER, clock=clock)
+    assert receiver.handle(*signed_wake("wsk_first", first, clock.now, "whd_1")).status == 202
+    # when: the server rotates and signs with the second key within the window
+    published.keys["wsk_second"] = second
+    clock.now += KEY_REFRESH_SECONDS - 1
+    early = receiver.handle(*signed_wake("wsk_second", second, clock.now, "whd_2"))
+    # then: it is refused without a fetch (the server retries any non-2xx) ...
+    assert (early.status, published.fetches) == (401, 1)
+    # ... and its retry after the window fetches the keys again and is taken
+    clock.now += 1
+    retried = receiver.handle(*signed_wake("wsk_second", second, clock.now, "whd_2"))
+    assert (retried.status, published.fetches) == (202, 2)
+
+
+def test_a_failed_fetch_of_the_keys_is_a_503_to_retry_not_an_exception():
+    # given: a key listing that cannot be fetched
+    clock, key = Clock(), Ed25519PrivateKey.generate()
+    published = PublishedKeys(wsk_1=key)
+    published.failure = httpx.ConnectError("connection refused")
+    receiver = WakeReceiver(keys=published, issuer=ISSUER, clock=clock, on_inbox_wake=lambda wake: None)
+    # when
+    reply = receiver.handle(*signed_wake("wsk_1", key, clock.now, "whd_1"))
+    clock.now += 1
+    again = asyncio.run(receiver.handle_async(*signed_wake("wsk_1", key, clock.now, "whd_1")))
+    # then: both answer 503, so the server retries, and the second did not fetch again
+    assert (reply.status, reply.body, reply.reason) == (
+        503, {"error": "signing keys unavailable"}, "ConnectError: connection refused")
+    assert (again.status, published.fetches) == (503, 1)
+    # and once the window has passed and the listing answers, the retry is taken
+    published.failure = None
+    clock.now += KEY_REFRESH_SECONDS
+    assert receiver.handle(*signed_wake("wsk_1", key, clock.now, "whd_1")).status == 202
+    assert published.fetches == 2
+
+
+def test_a_receiver_whose_server_does_not_answer_replies_503():
+    # given: keys from a base URL where nothing listens
+    key = Ed25519PrivateKey.generate()
+    receiver = WakeReceiver(base_url="http://127.0.0.1:1", issuer=ISSUER)
+    # when / then
+    assert receiver.handle(*signed_wake("wsk_1", key, time.time(), "whd_1")).status == 503
