@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 DEFAULT_HOST = "http://127.0.0.1:8000"
 
@@ -24,10 +25,15 @@ def config_path() -> Path:
 
 
 def normalize_host(host: str) -> str:
-    """`127.0.0.1:8000` → `http://127.0.0.1:8000`, `example.org` → `https://example.org`."""
+    """`127.0.0.1:8000` → `http://127.0.0.1:8000`, `example.org` → `https://example.org`:
+    plain HTTP for loopback hosts only (`localhost`, `127.0.0.1`, `[::1]`)."""
     host = host.strip().rstrip("/")
     if "://" not in host:
-        local = host.split(":")[0] in ("127.0.0.1", "localhost", "[::1]")
+        try:
+            name = urlsplit(f"//{host}").hostname  # unlike a split on ":", understands `[::1]:8000`
+        except ValueError:  # an unbalanced bracket: not a loopback host
+            name = None
+        local = name in ("127.0.0.1", "localhost", "::1")
         host = f"{'http' if local else 'https'}://{host}"
     return host
 
