@@ -48,8 +48,10 @@ AppendHook = Callable[[list[tuple[int, NewEvent]]], None]
 # Work that must commit with the events, run by `appended` in the appending
 # transaction after the positions are taken. Apps above this one register
 # here from their AppConfig.ready(): the webhook outbox
-# (webhooks.outbox.enqueue_wakes) and the collective requests' removal check
-# (inbox.collectives.hook).
+# (webhooks.outbox.enqueue_wakes). A hook runs under the log head: it must
+# lock no row another writer holds while it waits for the log head (a
+# mailbox, inbox.mailbox.lock), so work that does registers elsewhere
+# (controlplane.services.register_removal_hook).
 _APPEND_HOOKS: list[AppendHook] = []
 
 

@@ -6,6 +6,7 @@ appends, and appends those events as its last write (controlplane.log).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -246,9 +247,26 @@ def add_member(space: Space, member: Member, *, role: str = Membership.Role.MEMB
         return change
 
 
+RemovalHook = Callable[[int, int], None]
+
+# Work a removal does in its transaction before it appends `member.removed`,
+# as `hook(space id, member id)`, once the membership reads as removed. Apps
+# above this one register here from their AppConfig.ready(): the collective
+# requests' removal check (inbox.collectives.fail_for_removed). Not an append
+# hook: one runs under the log head, and a hook that locks rows and mailboxes
+# must take them before it (inbox.mailbox.lock).
+_REMOVAL_HOOKS: list[RemovalHook] = []
+
+
+def register_removal_hook(hook: RemovalHook) -> None:
+    if hook not in _REMOVAL_HOOKS:
+        _REMOVAL_HOOKS.append(hook)
+
+
 def remove_member(space: Space, member: Member, *, actor: Member) -> None:
     """Remove a member (owners) or leave (anyone). Delivery from the space
-    stops at once: every read path checks the active membership."""
+    stops at once: every read path checks the active membership. The
+    removal hooks run in the same transaction, before the removal's event."""
     with transaction.atomic():
         membership = _lock_memberships(space, member)
         if member.pk != actor.pk:
@@ -260,6 +278,8 @@ def remove_member(space: Space, member: Member, *, actor: Member) -> None:
         membership.status, membership.updated_at = Membership.Status.REMOVED, now()
         membership.save(update_fields=["status", "updated_at"])
         if was_active:
+            for hook in _REMOVAL_HOOKS:
+                hook(space.pk, member.pk)
             append_events([events.member_removed(membership, actor=actor)])
 
 

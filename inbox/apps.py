@@ -9,8 +9,8 @@ class InboxConfig(AppConfig):
     gauges = "inbox.health.gauges"  # manage.py health (controlplane.health)
 
     def ready(self):
-        from controlplane.log import register_append_hook
+        from controlplane.services import register_removal_hook
         from inbox import collectives
 
         # Removals fail the collective operations that count on the member.
-        register_append_hook(collectives.hook)
+        register_removal_hook(collectives.fail_for_removed)

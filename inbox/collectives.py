@@ -27,7 +27,6 @@ from django.db import transaction
 from controlplane.access import can_read_space
 from controlplane.clock import now, rfc3339
 from controlplane.errors import Conflict, Forbidden, InvalidRequest
-from controlplane.log import NewEvent
 from controlplane.models import Conversation, Member, Participant
 from inbox import authority, mailbox, notices
 from inbox.models import Collective, CollectiveAnswer, Message, Recipient
@@ -131,13 +130,22 @@ def finish_due() -> int:
 
 def fail_for_removed(space_id: int, member_id: int) -> None:
     """A member left or was removed from a space: its pending operations
-    that count on them fail (in the removal's transaction)."""
-    for collective in (Collective.objects.select_for_update(no_key=True).select_related("message__space", "requester")
-                       .filter(state=Collective.State.PENDING, message__space_id=space_id)):
+    that count on them fail, in the removal's transaction before it appends
+    its event (controlplane.services.register_removal_hook), in the system's
+    lock order: the operations' rows (id order), then the mailbox of
+    everyone owed an outcome of any of them (inbox.mailbox.lock), then the
+    log head, with the first notice."""
+    failing = []
+    for collective in (Collective.objects.select_for_update(of=("self",), no_key=True)
+                       .select_related("message__space", "message__conversation", "requester")
+                       .filter(state=Collective.State.PENDING, message__space_id=space_id).order_by("pk")):
         if collective.requester_id == member_id:
-            _fail(collective, "requester_gone")
+            failing.append((collective, "requester_gone"))
         elif member_id in collective.members:
-            _fail(collective, "member_removed")
+            failing.append((collective, "member_removed"))
+    mailbox.lock((pk for collective, _ in failing for pk in _owed(collective)), create=True)
+    for collective, reason in failing:
+        _fail(collective, reason)
 
 
 def _problem(collective: Collective) -> str | None:
@@ -177,6 +185,11 @@ def _fail(collective: Collective, reason: str) -> None:
     _finish(collective, Collective.State.FAILED, reason, {"kind": "operationFailed", "reason": reason})
 
 
+def _owed(collective: Collective) -> list[int]:
+    """Who is told the outcome: the requester, and for all_gather every member."""
+    return [collective.requester_id, *(collective.members if collective.op == Collective.Op.ALL_GATHER else [])]
+
+
 def _finish(collective: Collective, state: str, reason: str | None, outcome: dict) -> None:
     """Mark the operation finished and tell who is owed the outcome (the
     requester, and for all_gather every member who can still read the space)."""
@@ -186,10 +199,8 @@ def _finish(collective: Collective, state: str, reason: str | None, outcome: dic
     payload = {**outcome, "collective": {"message": message.public_id, "op": collective.op,
                                          "conversation": message.conversation.public_id,
                                          "space": message.space.slug}}
-    owed = [collective.requester_id]
-    if collective.op == Collective.Op.ALL_GATHER:
-        owed += collective.members
-    mailbox.lock(owed)  # every notice's mailbox, in member order, before the log head
+    owed = _owed(collective)
+    mailbox.lock(owed, create=True)  # every notice's mailbox, in member order, before the log head
     for member in Member.objects.filter(pk__in=owed, status=Member.Status.ACTIVE):
         if member.pk != collective.requester_id and not can_read_space(message.space, member):
             continue
@@ -200,11 +211,3 @@ def _finish(collective: Collective, state: str, reason: str | None, outcome: dic
                                       space_id=message.space_id)
         notices.post_notice(member, payload, event, conversation_id=message.conversation_id)
 
-
-def hook(entries: list[tuple[int, NewEvent]]) -> None:
-    """The append hook: removals fail the operations that count on the member."""
-    for _, event in entries:
-        if event.kind == "member.removed" and event.space_id:
-            member = Member.objects.filter(handle=event.data["member"].lstrip("@")).first()
-            if member is not None:
-                fail_for_removed(event.space_id, member.pk)

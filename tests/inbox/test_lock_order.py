@@ -16,8 +16,9 @@ from django.db import connection
 
 from controlplane import services
 from controlplane.clock import now
+from controlplane.models import LogHead
 from inbox import writes
-from inbox.models import Mailbox, Message
+from inbox.models import Collective, Mailbox, Message
 from inbox.services import send_message
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -315,3 +316,52 @@ def test_deleting_an_endpoint_while_a_worker_records_its_attempt(receiver, api_f
     assert results == [204] and not deleting.is_alive()
     assert Delivery.objects.get(pk=job.delivery_id).state == Delivery.State.DELIVERED
     assert Attempt.objects.filter(delivery_id=job.delivery_id).count() == 1
+
+
+def pending_gather():
+    """alice's gather to her group with bob and carol, pending; dave shares
+    the space (a sender to alice). (alice, bob, carol, dave, the space, the
+    operation)"""
+    alice, bob, carol, dave = (services.create_member(h, actor=None) for h in ("alice", "bob", "carol", "dave"))
+    space = services.create_space(slug="lab", name="Lab", visibility="open", send_policy="open", actor=alice)
+    for member in (bob, carol, dave):
+        services.join_space(space, actor=member)
+    group, _ = services.get_or_create_group(space, [alice, bob, carol], actor=alice)
+    send_message(group, body="Vote?", collective={"op": "gather", "deadline_ms": 600_000}, actor=alice)
+    return alice, bob, carol, dave, space, Collective.objects.get()
+
+
+def test_removing_a_member_of_a_pending_collective_takes_the_requesters_mailbox_before_the_log_head():
+    """A removal fails the operations that count on the member and tells
+    their requesters. A send addressed to the requester holds her mailbox
+    and wants the log head next: the removal must wait for the mailbox
+    without holding the log head (it failed them from an append hook, under
+    the log head, and deadlocked)."""
+    # given: alice's gather counts on bob; dave writes to alice
+    alice, bob, _, dave, space, collective = pending_gather()
+    to_alice, _ = services.get_or_create_direct(space, alice, actor=dave)
+    send_message(to_alice, body="hi", actor=dave)
+    # when: dave's send holds alice's mailbox while bob is removed, then takes the log head
+    removing, results = crossing(row_lock(MAILBOX, alice.pk, column="member_id"),
+                                 lambda: services.remove_member(space, bob, actor=alice),
+                                 row_lock(LogHead._meta.db_table, 1))
+    # then: no cycle: the removal finished and the operation failed
+    assert results == [None] and not removing.is_alive()
+    collective.refresh_from_db()
+    assert (collective.state, collective.reason) == ("failed", "member_removed")
+
+
+def test_removing_a_member_of_a_collective_being_finished_takes_the_operation_before_the_log_head():
+    """The minute schedule finishing an operation (or its last answer) holds
+    its row and then appends the result: a removal failing the same
+    operation must wait for the row without holding the log head."""
+    # given: alice's gather counts on carol
+    alice, _, carol, _, space, collective = pending_gather()
+    # when: a finisher holds the operation's row while carol is removed, then takes the log head
+    removing, results = crossing(row_lock(Collective._meta.db_table, collective.pk),
+                                 lambda: services.remove_member(space, carol, actor=alice),
+                                 row_lock(LogHead._meta.db_table, 1))
+    # then: no cycle: the removal finished and the operation failed once
+    assert results == [None] and not removing.is_alive()
+    collective.refresh_from_db()
+    assert (collective.state, collective.reason) == ("failed", "member_removed")
