@@ -45,8 +45,11 @@ class Grant(models.Model):
     ending = models.CharField(max_length=16, choices=Status.choices, null=True, blank=True)
     generation = models.PositiveIntegerField(default=1)
     # The message a one-message grant authorized; it authorizes no other.
-    message = models.OneToOneField("inbox.Message", null=True, blank=True, on_delete=models.SET_NULL,
-                                   related_name="+")
+    # One message may hold several: a group message approved for two
+    # uncovered recipients uses a grant for each (one per recipient). Its
+    # lookups go through grant_message_recipient, which leads with it.
+    message = models.ForeignKey("inbox.Message", null=True, blank=True, on_delete=models.SET_NULL,
+                                related_name="+", db_index=False)
     created_by = models.ForeignKey(Member, null=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(default=now)
     barrier_started_at = models.DateTimeField(null=True, blank=True)
@@ -55,7 +58,12 @@ class Grant(models.Model):
     ended_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["space", "public_id"], name="grant_space_id")]
+        constraints = [
+            models.UniqueConstraint(fields=["space", "public_id"], name="grant_space_id"),
+            # A recipient's copy of a message is sent under one grant.
+            models.UniqueConstraint(fields=["message", "recipient"], name="grant_message_recipient",
+                                    condition=Q(message__isnull=False)),
+        ]
         indexes = [
             models.Index(fields=["public_id"], name="grant_public_id"),
             models.Index(fields=["space", "kind", "status"], name="grant_lookup"),

@@ -180,3 +180,22 @@ def test_a_sender_has_only_so_many_requests_waiting(bob_to_carol, as_bob, as_roo
     assert third.status_code == 409 and error_code(third) == "LIMIT_EXCEEDED"
     assert third.json()["error"]["details"] == {"max": 2, "recipients": ["@carol"]}
     assert ApprovalRequest.objects.count() == 3
+
+
+def test_approving_a_group_message_sends_it_once_to_every_uncovered_recipient(locked, alice, bob, carol, as_alice,
+                                                                              as_root, as_bob, as_carol):
+    # given: alice's group message refused for bob and carol alike, retained for approval
+    group, _ = services.get_or_create_group(locked, [alice, bob, carol], actor=alice)
+    refused = as_alice.post(send_path(group), {"body": "hi", "request_approval": True}, headers=KEY)
+    requested = refused.json()["error"]["details"]["approval_request"]
+    assert refused.status_code == 403 and requested["recipients"] == ["@bob", "@carol"]
+    # when
+    approved = as_root.post(f"/v0/approval-requests/{requested['id']}/approve")
+    # then: one message, each recipient's copy under its own one-message grant, now bound to it
+    assert approved.status_code == 200
+    message = Message.objects.get()
+    assert approved.json()["approval_request"]["message"] == message.public_id
+    grants = Grant.objects.filter(kind="one_message").order_by("recipient__handle")
+    assert [(g.recipient, g.message) for g in grants] == [(bob, message), (carol, message)]
+    assert [item["content"] for item in inbox(as_bob)] == ["hi"]
+    assert [item["content"] for item in inbox(as_carol)] == ["hi"]
