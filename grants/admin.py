@@ -34,7 +34,7 @@ class ApprovalRequestAdmin(ReadOnlyAdmin):
     search_fields = ["public_id", "sender__handle", "idempotency_key"]
     ordering = ["-created_at"]
     fields = ["public_id", "status", "space", "conversation", "sender", "recipient_handles", "idempotency_key",
-              "retained_body", "reply_to", "related_paths", "fingerprint", "created_at", "decided_by",
+              "retained_body", "reply_to", "related_paths", "collective", "fingerprint", "created_at", "decided_by",
               "decided_at", "reason", "message"]
     readonly_fields = fields
     actions = ["approve_selected", "deny_selected"]

@@ -21,9 +21,12 @@ MAX_REASON_CHARS = 2000
 MAX_PENDING_PER_SENDER = 20
 
 
-def retain_for_approval(message, uncovered: list[Member]) -> ApprovalRequest:
+def retain_for_approval(message, uncovered: list[Member], collective: dict | None = None) -> ApprovalRequest:
     """The approval request retaining `message` (an unsaved Message the send
-    refused): the existing one for this sender and key, or a new one. The
+    refused, with its validated `collective` if it is a collective request):
+    the existing one for this sender and key, or a new one. Its fingerprint
+    is the send's own (inbox.services.send_fingerprint), so approving sends
+    a message whose retry is the same send. The
     key is what a one-message grant is bound to, so one is required. A
     sender has at most MAX_PENDING_PER_SENDER pending (409 LIMIT_EXCEEDED)."""
     key = message.idempotency_key
@@ -44,7 +47,8 @@ def retain_for_approval(message, uncovered: list[Member]) -> ApprovalRequest:
                         **lookup, space=message.space, conversation=message.conversation,
                         recipients=[m.pk for m in uncovered], body=message.body,
                         reply_to=message.reply_to.public_id if message.reply_to_id else None,
-                        related_paths=message.related_paths, fingerprint=message.fingerprint)
+                        related_paths=message.related_paths, collective=collective,
+                        fingerprint=message.fingerprint)
         except IntegrityError:  # a concurrent retry created it first
             request = ApprovalRequest.objects.get(**lookup)
     if request.fingerprint != message.fingerprint:
@@ -95,7 +99,8 @@ def _notify_sender(request: ApprovalRequest) -> None:
 
 def approve(request: ApprovalRequest, *, actor: Member) -> ApprovalRequest:
     """Create a one-message grant for each retained recipient and send the
-    retained message exactly, as its sender, in one transaction. If the
+    retained message exactly, as its sender, in one transaction: a retained
+    collective request goes as one, its deadline counted from this send. If the
     send cannot go as approved (a recipient is no longer covered, the sender
     lost the right to write), nothing changes and the error says why."""
     if not is_active_admin(actor):
@@ -112,7 +117,7 @@ def approve(request: ApprovalRequest, *, actor: Member) -> ApprovalRequest:
         try:
             result = send_message(conversation, body=request.body, reply_to=request.reply_to,
                                   related_paths=request.related_paths, idempotency_key=request.idempotency_key,
-                                  actor=sender)
+                                  collective=request.collective, actor=sender)
         except ApiError as exc:
             # No grant for a recipient added since, a full mailbox, the
             # sender no longer a member, the key used for another message…

@@ -80,10 +80,10 @@ class GrantPolicy:
     consume = staticmethod(consume_one_message_grants)
 
     @staticmethod
-    def request_approval(message, uncovered: list[Member]) -> dict:
+    def request_approval(message, uncovered: list[Member], collective: dict | None = None) -> dict:
         from grants.approvals import retain_for_approval
         from grants.render import render_approval_request
-        return render_approval_request(retain_for_approval(message, uncovered))
+        return render_approval_request(retain_for_approval(message, uncovered, collective))
 
     @staticmethod
     def inactive() -> Q:

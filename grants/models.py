@@ -86,7 +86,7 @@ def new_approval_request_id() -> str:
 
 class ApprovalRequest(models.Model):
     """A send that lacked authority, retained exactly (sender, recipients,
-    key, body, fingerprint) for an admin to approve or deny. Approval sends
+    key, body, collective, fingerprint) for an admin to approve or deny. Approval sends
     this retained message and nothing else; nobody can edit it."""
 
     class Status(models.TextChoices):
@@ -104,6 +104,8 @@ class ApprovalRequest(models.Model):
     body = models.TextField()
     reply_to = models.CharField(max_length=40, null=True, blank=True)
     related_paths = models.JSONField(default=list)
+    # A collective request's `{"op", "deadline_ms"}`, as sent; null otherwise.
+    collective = models.JSONField(null=True, blank=True)
     fingerprint = models.CharField(max_length=64)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     created_at = models.DateTimeField(default=now)

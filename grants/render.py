@@ -43,6 +43,7 @@ def render_approval_request(request: ApprovalRequest) -> dict:
         "body": request.body,
         "reply_to": request.reply_to,
         "related_paths": request.related_paths,
+        "collective": request.collective,
         "fingerprint": request.fingerprint,
         "created_at": rfc3339(request.created_at),
         "decided_by": f"@{request.decided_by.handle}" if request.decided_by_id else None,

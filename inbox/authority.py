@@ -37,8 +37,9 @@ class SendPolicy(Protocol):
     def consume(self, authority: dict[int, Authority], message) -> None:
         """Bind single-use authority to the message it authorized."""
 
-    def request_approval(self, message, uncovered: list[Member]) -> dict:
-        """Retain the refused `message` for an admin's decision; its rendering."""
+    def request_approval(self, message, uncovered: list[Member], collective: dict | None = None) -> dict:
+        """Retain the refused `message` (and its `collective`, if any) for an
+        admin's decision; its rendering."""
 
     def inactive(self) -> Q:
         """A filter over rows with `grant` and `grant_generation` fields

@@ -169,7 +169,8 @@ def send_message(conversation: Conversation, *, body: str, reply_to: str | None 
         if idempotency_key and (replay := _replay(actor, idempotency_key, fingerprint)):
             return replay
         if request_approval:
-            refusal.details["approval_request"] = authority.send_policy().request_approval(message, refusal.uncovered)
+            refusal.details["approval_request"] = authority.send_policy().request_approval(
+                message, refusal.uncovered, collective)
         raise
     send_log.info("sent %s in %s at event %d", message.public_id, space.slug, message.position,
                   extra={"message_id": message.public_id, "space": space.slug,

@@ -241,6 +241,7 @@ class ApprovalRequest(Resource):
     body: str
     reply_to: str
     related_paths: tuple
+    collective: dict
     fingerprint: str
     created_at: str
     decided_by: str

@@ -4,6 +4,7 @@ from rest_framework import serializers
 
 from controlplane.api.fields import StrictCharField, StrictChoiceField, StrictSerializer
 from grants.models import ApprovalRequest, Grant
+from inbox.models import Collective
 
 
 class GrantCreateIn(StrictSerializer):
@@ -46,6 +47,11 @@ class GrantOut(serializers.Serializer):
     ended_at = serializers.DateTimeField(allow_null=True)
 
 
+class RetainedCollectiveOut(serializers.Serializer):
+    op = serializers.ChoiceField(choices=Collective.Op.choices)
+    deadline_ms = serializers.IntegerField(help_text="Counted from the approval's send")
+
+
 class ApprovalRequestOut(serializers.Serializer):
     id = serializers.CharField()
     status = serializers.ChoiceField(choices=ApprovalRequest.Status.choices)
@@ -57,6 +63,7 @@ class ApprovalRequestOut(serializers.Serializer):
     body = serializers.CharField()
     reply_to = serializers.CharField(allow_null=True)
     related_paths = serializers.ListField(child=serializers.CharField())
+    collective = RetainedCollectiveOut(allow_null=True, help_text="A collective request (SPEC §7b), as sent")
     fingerprint = serializers.CharField()
     created_at = serializers.DateTimeField()
     decided_by = serializers.CharField(allow_null=True)

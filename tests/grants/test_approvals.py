@@ -29,7 +29,7 @@ def test_a_refused_send_can_ask_for_approval(requested, bob_to_carol):
     assert requested | {"id": None, "created_at": None, "fingerprint": None} == {
         "id": None, "status": "pending", "space": "vault", "conversation": bob_to_carol.public_id,
         "sender": "@bob", "recipients": ["@carol"], "idempotency_key": "deploy-0001", "body": BODY,
-        "reply_to": None, "related_paths": ["src/app.py"], "fingerprint": None, "created_at": None,
+        "reply_to": None, "related_paths": ["src/app.py"], "collective": None, "fingerprint": None, "created_at": None,
         "decided_by": None, "decided_at": None, "reason": None, "message": None}
     assert requested["id"].startswith("apr_") and len(requested["fingerprint"]) == 64
     assert not Message.objects.exists() and not InboxItem.objects.exists()

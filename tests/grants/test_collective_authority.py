@@ -1,5 +1,9 @@
-"""A collective request sent under a grant fails once the grant is revoked (SPEC §7b)."""
+"""A collective request sent under a grant fails once the grant is revoked,
+and one retained for approval goes as a collective once approved (SPEC §5, §7b)."""
+import datetime as dt
+
 from controlplane import services
+from controlplane.clock import freeze, now
 from grants import services as grants
 from inbox.models import Collective, InboxItem
 from tests.conftest import error_code
@@ -21,3 +25,29 @@ def test_revoked_authority_fails_the_operation(locked, alice, bob, carol, grant,
     assert Collective.objects.get().reason == "authority_revoked"
     (failed,) = InboxItem.objects.filter(member=alice, kind="operationFailed")
     assert failed.payload["reason"] == "authority_revoked"
+
+
+def test_an_approved_collective_request_is_sent_as_a_collective(locked, alice, bob, carol, as_alice, as_root):
+    # given: alice's collective request refused without grants, retained for approval
+    group, _ = services.get_or_create_group(locked, [alice, bob, carol], actor=alice)
+    path = f"/v0/spaces/vault/conversations/{group.public_id}/messages"
+    send = {"body": "Vote?", "collective": {"op": "all_gather", "deadline_ms": 60_000}, "request_approval": True}
+    key = {"Idempotency-Key": "vote-0001"}
+    refused = as_alice.post(path, send, headers=key)
+    requested = refused.json()["error"]["details"]["approval_request"]
+    assert refused.status_code == 403 and requested["collective"] == {"op": "all_gather", "deadline_ms": 60_000}
+    # when: approved half a minute later
+    with freeze(now() + dt.timedelta(seconds=30)):
+        approved = as_root.post(f"/v0/approval-requests/{requested['id']}/approve")
+        retry = as_alice.post(path, send, headers=key)
+    # then: a collective whose deadline counts from the approval's send, requested of bob and carol
+    assert approved.status_code == 200
+    collective = Collective.objects.get()
+    assert collective.message.public_id == approved.json()["approval_request"]["message"]
+    assert (collective.op, collective.members) == ("all_gather", [bob.pk, carol.pk])
+    assert collective.deadline_at == collective.message.created_at + dt.timedelta(seconds=60)
+    for member in (bob, carol):
+        (item,) = InboxItem.objects.filter(member=member).exclude(kind="approval")
+        assert item.kind == "collective.request" and item.payload["collective"]["op"] == "all_gather"
+    # and alice's retry returns the original
+    assert retry.status_code == 200 and retry.json()["message"]["id"] == collective.message.public_id
