@@ -252,7 +252,8 @@ def settle_acknowledged(items: list[InboxItem]) -> list[InboxItem]:
     InboxItem.objects.filter(pk__in=[item.pk for item in settled]).update(
         state=InboxItem.State.ACKNOWLEDGED, acknowledged_at=at, admission=InboxItem.Admission.ADMITTED)
     for item in settled:
-        item.state, item.acknowledged_at, item.admission = InboxItem.State.ACKNOWLEDGED, at, InboxItem.Admission.ADMITTED
+        item.state, item.acknowledged_at = InboxItem.State.ACKNOWLEDGED, at
+        item.admission = InboxItem.Admission.ADMITTED
     mailbox.debit_many([(item.member_id, item.sender_id, item.content_bytes) for item in settled])
     mailbox.announce_acknowledged({item.member_id: item.member for item in settled}.values())
     return settled
