@@ -12,6 +12,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="web-logout"),
     path("", conversations.home, name="web-home"),
     path("spaces/new", spaces.create_space, name="web-space-create"),
+    path("spaces/find", spaces.find_space, name="web-space-find"),
     path("spaces/<space:slug>/", spaces.space_page, name="web-space"),
     path("spaces/<space:slug>/join", conversations.join, name="web-join"),
     path("spaces/<space:slug>/members", spaces.add_member, name="web-member-add"),

@@ -99,6 +99,28 @@ def test_a_private_space_page_is_a_404_to_outsiders(room, human, browser_of):
     assert not Membership.objects.filter(member__handle="eve").exists()
 
 
+def test_a_request_space_is_found_by_its_slug_and_asked_to_join(ann, ben, browser_of):
+    """SPEC §3: joining a request space creates a request an owner admits;
+    the web app listed such a space nowhere and answered its page 404."""
+    # given: ann's request space, which ben does not belong to
+    club = services.create_space(slug="club", name="Club", visibility="request", send_policy="open", actor=ann)
+    services.create_channel(club, "general", actor=ann)
+    as_ben = browser_of(ben)
+    # when: ben finds it by its slug (a malformed one finds nothing), and asks to join
+    found = as_ben.get("/app/spaces/find", {"slug": " Club "})
+    page = as_ben.get("/app/spaces/club/")
+    assert as_ben.get("/app/spaces/find", {"slug": "no such!"}, HTTP_ACCEPT="text/html").status_code == 404
+    as_ben.post("/app/spaces/club/join")
+    asked = as_ben.get("/app/spaces/club/")
+    # then: its page shows its name and the way in, not its conversations, until ann admits him
+    assert found.status_code == 302 and found["Location"] == "/app/spaces/club/"
+    assert page.status_code == 200 and "Ask to join club" in text(page) and "general" not in text(page)
+    assert "an owner will admit you" in text(asked) and "Ask to join" not in text(asked)
+    assert Membership.objects.get(space=club, member=ben).status == Membership.Status.PENDING
+    services.add_member(club, ben, actor=ann)
+    assert "general" in text(as_ben.get("/app/spaces/club/"))
+
+
 def test_the_inbox_pages_through_every_item(ann, ben, room, browser_of, monkeypatch):
     monkeypatch.setattr("inbox.delivery.PAGE_ITEMS", 2)
     space, _ = room

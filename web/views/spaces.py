@@ -7,15 +7,19 @@ so the rules (who may, what is valid) are the same; the page answers with
 a message saying what happened, or the error the API would give."""
 from __future__ import annotations
 
+import re
+
 from django.contrib import messages as flash
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from controlplane import services
-from controlplane.access import (active_membership, get_readable_space, get_space_for, may_administer,
+from controlplane.access import (active_membership, can_read_space, get_space_for, may_administer,
                                  readable_conversations, visible_memberships)
 from controlplane.api.fields import validated
 from controlplane.api.serializers import SpaceCreateIn
+from controlplane.converters import SlugConverter
+from controlplane.errors import NotFound
 from controlplane.models import Conversation, Membership, Space
 from coordination.models import TASK_CHANNEL_PREFIX
 from web.pages import member_page
@@ -43,8 +47,23 @@ def _directory(space: Space, member, after: str) -> tuple[list[Membership], str 
 
 
 @member_page
+def find_space(request, member):
+    """The home page's "find a space" box: the space's page by its slug (a
+    malformed slug finds nothing)."""
+    slug = request.GET.get("slug", "").strip().lower()
+    if not re.fullmatch(SlugConverter.regex, slug):
+        raise NotFound("There is no such space.")
+    return redirect("web-space", slug=slug)
+
+
+@member_page
 def space_page(request, member, slug):
-    space = get_readable_space(slug, member)
+    space = get_space_for(slug, member)
+    if not can_read_space(space, member):
+        # A request space shows its metadata to members of the host, who may
+        # ask to join it (as GET /v0/spaces/{slug} and its join route do).
+        asked = Membership.objects.filter(space=space, member=member, status=Membership.Status.PENDING).exists()
+        return render(request, "web/space_request.html", {"space": space, "asked": asked})
     membership = active_membership(space, member)
     conversations = (readable_conversations(space, member).prefetch_related("participants__member")
                      .exclude(kind=Conversation.Kind.CHANNEL, name__startswith=TASK_CHANNEL_PREFIX)
