@@ -98,6 +98,14 @@ def test_two_members_talk_live_without_losing_drafts_or_their_place(room, browse
         assert messages_in(ann_page)[-3:] == messages_in(ben_page)[-3:]
         shoot(ben_page, "conversation")
 
+        # signing out forgets the browser's drafts: the next person to use it must not find them
+        ben_page.locator("#body").fill("not for the next person")
+        drafts = "Object.keys(localStorage).filter(name => name.startsWith('switchboard:draft:'))"
+        assert len(ben_page.evaluate(drafts)) == 1
+        ben_page.get_by_role("button", name="Sign out @ben").click()
+        ben_page.wait_for_url("**/app/login/")
+        assert ben_page.evaluate(drafts) == []
+
 
 @pytest.mark.postgres
 def test_members_on_two_server_processes_talk_live(room, browser):

@@ -34,6 +34,16 @@
 
   const live = (window.switchboard = {});
 
+  // Drafts are kept in this browser per member, and forgotten when they
+  // sign out: the next person to use it must not find them.
+  const DRAFTS = "switchboard:draft:";
+  const signOut = document.querySelector('form[action$="/logout/"]');
+  if (signOut) {
+    signOut.addEventListener("submit", () => {
+      for (const name of Object.keys(localStorage)) if (name.startsWith(DRAFTS)) localStorage.removeItem(name);
+    });
+  }
+
   // --- the inbox count in the header, on every page --------------------------
   const badge = document.getElementById("inbox-count");
   if (badge) {
@@ -139,7 +149,7 @@
   const body = form.elements.body;
   const key = form.elements.idempotency_key;
   const errorBox = document.getElementById("composer-error");
-  const draftName = `switchboard:draft:${id}`;
+  const draftName = `${DRAFTS}${document.querySelector('meta[name="member"]').content}:${id}`;
   const newKey = () => {
     const bytes = crypto.getRandomValues(new Uint8Array(18));
     return "web-" + btoa(String.fromCharCode(...bytes)).replace(/\+/g, "-").replace(/\//g, "_");
