@@ -130,6 +130,11 @@ def readable_conversations(space: Space, member: Member | None) -> QuerySet[Conv
     return space.conversations.filter(_conversation_q(member, ""))
 
 
+def readable_conversations_in(spaces, member: Member) -> QuerySet[Conversation]:
+    """`readable_conversations` of each of `spaces` (readable ones), in one query."""
+    return Conversation.objects.filter(_conversation_q(member, ""), space__in=spaces)
+
+
 def _conversation_q(member: Member | None, prefix: str) -> Q:
     channels = Q(**{f"{prefix}kind": Conversation.Kind.CHANNEL})
     if member is None:

@@ -59,6 +59,40 @@ def test_a_session_of_a_member_suspended_later_no_longer_opens_pages(ann, browse
 
 # --- spaces and conversations ----------------------------------------------------------
 
+def test_home_costs_the_same_however_many_spaces_and_lists_only_so_many_open_ones(ann, ben, browser_of):
+    """Home listed every open space on the host with its channels, two
+    queries a space: any member could make everyone's home page slow."""
+    from web.views.conversations import OPEN_LISTED
+
+    def home_queries() -> int:
+        from django.db import connection
+        from django.test.utils import CaptureQueriesContext
+
+        with CaptureQueriesContext(connection) as queries:
+            assert browser_of(ann).get("/app/").status_code == 200
+        return len(queries)
+
+    # given: ann in three spaces with channels; ben's open spaces, more than are listed
+    for n in range(3):
+        space = services.create_space(slug=f"ann-{n}", name=f"Ann {n}", visibility="open", send_policy="open",
+                                      actor=ann)
+        services.create_channel(space, "general", actor=ann)
+    few = home_queries()
+    for n in range(OPEN_LISTED + 5):
+        services.create_space(slug=f"ben-{n:03}", name=f"Ben {n}", visibility="open", send_policy="open", actor=ben)
+    for n in range(3, 13):
+        space = services.create_space(slug=f"ann-{n}", name=f"Ann {n}", visibility="open", send_policy="open",
+                                      actor=ann)
+        services.create_channel(space, "general", actor=ann)
+    # when
+    page = browser_of(ann).get("/app/").content.decode()
+    # then: all of her spaces with their channels, the first open ones, and a way to the rest
+    assert all(f"/app/spaces/ann-{n}/" in page for n in range(13)) and page.count("#general") == 13
+    assert "ben-000" in page and f"ben-{OPEN_LISTED - 1:03}" in page and f"ben-{OPEN_LISTED:03}" not in page
+    assert "find one by its slug" in page
+    assert home_queries() == few
+
+
 def test_home_lists_only_what_the_member_can_read(ann, ben, human, room, browser_of):
     space, channel = room
     cid = human("cid")

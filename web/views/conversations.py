@@ -14,13 +14,13 @@ from controlplane.access import (
     get_conversation_to_write,
     get_readable_conversation,
     get_space_for,
-    readable_conversations,
+    readable_conversations_in,
     readable_spaces,
 )
 from controlplane.api.parsers import parse_json_object
 from controlplane.errors import ApiError, GrantRequired, InvalidIdempotencyKey, InvalidRequest, NotFound
 from controlplane.idempotency import is_valid_key
-from controlplane.models import Conversation, Membership
+from controlplane.models import Conversation, Membership, Space
 from coordination.models import TASK_CHANNEL_PREFIX, Task
 from inbox import services
 from web import messages
@@ -39,18 +39,27 @@ def conversation_label(conversation: Conversation, viewer) -> str:
     return ", ".join(others) or "just you"
 
 
+OPEN_LISTED = 50  # open spaces one does not belong to, listed by name on the home page
+
+
 @member_page
 def home(request, member):
+    """The member's spaces with their conversations (in a few queries
+    however many), then up to OPEN_LISTED open spaces they may join, by
+    slug: "Find a space" opens any other."""
     roles = dict(Membership.objects.filter(member=member, status=Membership.Status.ACTIVE)
                  .values_list("space_id", "role"))
-    spaces_ = []
-    for space in readable_spaces(member).order_by("slug"):
-        conversations = (readable_conversations(space, member).prefetch_related("participants__member")
+    mine = list(Space.objects.filter(pk__in=roles).order_by("slug"))
+    conversations = {space.pk: [] for space in mine}
+    for conversation in (readable_conversations_in(mine, member).prefetch_related("participants__member")
                          .exclude(kind=Conversation.Kind.CHANNEL, name__startswith=TASK_CHANNEL_PREFIX)
-                         .order_by("kind", "name", "created_at"))  # task discussions: on the tasks page
-        spaces_.append({"space": space, "role": roles.get(space.pk),
-                        "conversations": [(c, conversation_label(c, member)) for c in conversations]})
-    return render(request, "web/home.html", {"spaces": spaces_})
+                         .order_by("kind", "name", "created_at")):  # task discussions: on the tasks page
+        conversations[conversation.space_id].append((conversation, conversation_label(conversation, member)))
+    others = list(readable_spaces(member).exclude(pk__in=roles).order_by("slug")[: OPEN_LISTED + 1])
+    return render(request, "web/home.html", {
+        "spaces": [{"space": space, "role": roles[space.pk], "conversations": conversations[space.pk]}
+                   for space in mine],
+        "others": others[:OPEN_LISTED], "more_others": len(others) > OPEN_LISTED})
 
 
 @member_page
