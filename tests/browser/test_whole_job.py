@@ -21,7 +21,7 @@ def test_a_person_creates_a_space_adds_another_and_both_talk_live_in_a_direct_me
     with serving("--no-worker") as (base, _):
         ann = sign_in(browser, base, "ann")
         # ann creates a space
-        ann.get_by_label("Slug").fill("studio")
+        ann.get_by_label("Slug (a-z, 0-9 and -; in URLs)").fill("studio")
         ann.get_by_label("Name", exact=True).fill("The studio")
         ann.get_by_label("Who may join").select_option("private")
         ann.get_by_label("Name", exact=True).press("Enter")
