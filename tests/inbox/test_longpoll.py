@@ -26,6 +26,19 @@ async def alice_in_the_lab():
     return alice, token, space, general
 
 
+def waits_observed(monkeypatch) -> asyncio.Event:
+    """An event set when anything in this process starts waiting on the log watcher."""
+    waiting = asyncio.Event()
+    original_wait = log_watcher.wait
+
+    async def observed_wait(event, timeout):
+        waiting.set()
+        await original_wait(event, timeout)
+
+    monkeypatch.setattr(log_watcher, "wait", observed_wait)
+    return waiting
+
+
 @pytest_asyncio.fixture(autouse=True)
 async def watcher_stops():
     """This process's log watcher, started on the test's event loop by
@@ -42,14 +55,7 @@ async def test_long_poll_wakes_when_an_event_commits(monkeypatch, settings):
     alice, token, space, general = await alice_in_the_lab()
     head = await sync_to_async(lambda: LogHead.objects.get().position)()
     cursor = pack_cursor((head,), caller=alice.public_id, stream=f"space:{space.public_id}")
-    waiting = asyncio.Event()
-    original_wait = log_watcher.wait
-
-    async def observed_wait(mark, timeout):
-        waiting.set()
-        await original_wait(mark, timeout)
-
-    monkeypatch.setattr(log_watcher, "wait", observed_wait)
+    waiting = waits_observed(monkeypatch)
     poll = asyncio.create_task(AsyncClient().get("/v0/spaces/lab/events", {"cursor": cursor, "wait_ms": 20_000},
                                                  headers={"Authorization": f"Bearer {token}"}))
     await asyncio.wait([poll, asyncio.ensure_future(waiting.wait())], timeout=10,
@@ -173,14 +179,7 @@ async def test_a_lost_nudge_is_found_even_when_a_later_commit_elsewhere_was_anno
                                                            send_policy="open", actor=alice)
     elsewhere_general = await sync_to_async(services.create_channel)(elsewhere, "general", actor=alice)
     head = await sync_to_async(lambda: LogHead.objects.get().position)()
-    waiting = asyncio.Event()
-    original_wait = log_watcher.wait
-
-    async def observed_wait(event, timeout):
-        waiting.set()
-        await original_wait(event, timeout)
-
-    monkeypatch.setattr(log_watcher, "wait", observed_wait)
+    waiting = waits_observed(monkeypatch)
     cursor = pack_cursor((head,), caller=alice.public_id, stream=f"space:{space.public_id}")
     poll = asyncio.create_task(AsyncClient().get("/v0/spaces/lab/events", {"cursor": cursor, "wait_ms": 20_000},
                                                  headers={"Authorization": f"Bearer {token}"}))
@@ -398,14 +397,7 @@ async def test_a_member_past_their_cap_of_waiting_long_polls_is_answered_429_at_
     head = await sync_to_async(lambda: LogHead.objects.get().position)()
     cursor = pack_cursor((head,), caller=alice.public_id, stream=f"space:{space.public_id}")
     auth, query = {"Authorization": f"Bearer {token}"}, {"cursor": cursor, "wait_ms": 20_000}
-    waiting = asyncio.Event()
-    original_wait = log_watcher.wait
-
-    async def observed_wait(mark, timeout):
-        waiting.set()
-        await original_wait(mark, timeout)
-
-    monkeypatch.setattr(log_watcher, "wait", observed_wait)
+    waiting = waits_observed(monkeypatch)
     first = asyncio.create_task(AsyncClient().get("/v0/spaces/lab/events", query, headers=auth))
     await asyncio.wait_for(waiting.wait(), 10)
     # when: she long-polls again while it waits; a poll with no wait_ms is not held

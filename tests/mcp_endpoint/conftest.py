@@ -12,6 +12,14 @@ def no_kicks(monkeypatch):
     monkeypatch.setattr("webhooks.due.kick_on_commit", lambda: None)
 
 
+def echo_challenges(received):
+    """A push receiver: it echoes the verification challenge and answers every push 204."""
+    body = received.json()
+    if body.get("type") == "verification":
+        return 200, {"Content-Type": "application/json"}, json.dumps({"challenge": body["challenge"]}).encode()
+    return 204, {}, b""
+
+
 @pytest.fixture
 def world(receiver, make_member):
     """ada's inbox items pushed to the receiver (which echoes challenges and
@@ -21,11 +29,5 @@ def world(receiver, make_member):
     services.join_space(space, actor=ada)
     direct, _ = services.get_or_create_direct(space, ada, actor=bo)
 
-    def respond(received):
-        body = received.json()
-        if body.get("type") == "verification":
-            return 200, {"Content-Type": "application/json"}, json.dumps({"challenge": body["challenge"]}).encode()
-        return 204, {}, b""
-
-    receiver.respond = respond
+    receiver.respond = echo_challenges
     return {"ada": ada, "bo": bo, "direct": direct, "url": receiver.url("/items")}

@@ -4,7 +4,6 @@ retained for approval × every read path of its recipient: none shows what
 the firewall holds or an admin has not approved (SPEC §5, §7)."""
 import asyncio
 import base64
-import json
 
 import pytest
 
@@ -13,6 +12,7 @@ from inbox import firewall
 from inbox.models import InboxItem
 from inbox.services import send_message
 from mcp_endpoint import sources, tools
+from tests.mcp_endpoint.conftest import echo_challenges
 from webhooks import mcp
 from webhooks import pump as timer_loop
 
@@ -72,13 +72,7 @@ def test_a_retained_message_reaches_no_path_of_its_recipient(make_member, api_fo
     direct, _ = services.get_or_create_direct(space, carol, actor=bob)
     as_bob, as_carol = api_for(bob), api_for(carol)
 
-    def respond(received):
-        body = received.json()
-        if body.get("type") == "verification":
-            return 200, {"Content-Type": "application/json"}, json.dumps({"challenge": body["challenge"]}).encode()
-        return 204, {}, b""
-
-    receiver.respond = respond
+    receiver.respond = echo_challenges
     mcp.subscribe(carol, mcp.ITEM, {}, receiver.url("/carol-items"), SECRET, ttl_ms=None)
     mcp.subscribe(carol, mcp.PENDING, {}, receiver.url("/carol-pending"), SECRET, ttl_ms=None)
     mcp.subscribe(carol, mcp.WORK, {"space": "vault"}, receiver.url("/carol-work"), SECRET, ttl_ms=None)
