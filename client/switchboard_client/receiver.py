@@ -70,6 +70,13 @@ class Reply:
         return json.dumps(self.body).encode()
 
 
+# A wake's body is small, and a pushed MCP item's at most 256 KiB (SPEC §13):
+# the adapters read no more of an unsigned request than this, and answer
+# 413 past it (which only a forged request can reach).
+MAX_BODY_BYTES = 256 * 1024 + 4096
+TOO_LARGE = Reply(413, {"error": "body too large"}, "body too large")
+
+
 class WakeStore(Protocol):
     """Where delivery ids and watermarks persist. `record` must store both
     together (or neither)."""
@@ -286,15 +293,18 @@ class WakeReceiver:
                     return
         if scope["type"] != "http":
             return
-        chunks, more = [], True
-        while more:
+        chunks, size, more = [], 0, True
+        while more and size <= MAX_BODY_BYTES:  # an unsigned body is read no further than a wake can be
             message = await receive()
             if message["type"] == "http.disconnect":
                 return
             chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
             more = message.get("more_body", False)
         if scope["method"] != "POST":
             reply = Reply(405, {"error": "POST only"})
+        elif size > MAX_BODY_BYTES:
+            reply = TOO_LARGE
         else:
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
             reply = await self.handle_async(headers, b"".join(chunks))
@@ -306,11 +316,15 @@ class WakeReceiver:
 
     def wsgi(self, environ, start_response):
         """A WSGI application answering POSTs on any path."""
+        length = environ.get("CONTENT_LENGTH") or "0"
         if environ.get("REQUEST_METHOD") != "POST":
             reply = Reply(405, {"error": "POST only"})
+        elif not length.isascii() or not length.isdigit():
+            reply = Reply(400, {"error": "bad Content-Length"}, "bad Content-Length")
+        elif int(length) > MAX_BODY_BYTES:
+            reply = TOO_LARGE
         else:
-            length = int(environ.get("CONTENT_LENGTH") or 0)
-            body = environ["wsgi.input"].read(length) if length else b""
+            body = environ["wsgi.input"].read(int(length)) if int(length) else b""
             headers = {key[5:].replace("_", "-").lower(): value for key, value in environ.items()
                        if key.startswith("HTTP_")}
             if environ.get("CONTENT_TYPE"):
@@ -323,4 +337,4 @@ class WakeReceiver:
 
 
 _REASONS = {200: "OK", 202: "Accepted", 400: "Bad Request", 401: "Unauthorized", 405: "Method Not Allowed",
-            500: "Internal Server Error", 503: "Service Unavailable"}
+            413: "Content Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
