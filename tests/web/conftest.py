@@ -1,9 +1,15 @@
-"""Web app fixtures: human members who sign in with a password."""
+"""Web app fixtures: human members who sign in with a password, and live sockets ended with their test."""
+import asyncio
+
 import pytest
+import pytest_asyncio
 from django.test import Client
 
 from controlplane import services
+from controlplane.live import log_watcher
 from controlplane.models import Member
+from tests.web.sockets import OPEN, stops_finished
+from web.streams import streams
 
 PASSWORD = "correct horse battery"
 
@@ -48,3 +54,21 @@ def room(ann, ben):
     services.add_member(space, ben, actor=ann)
     channel = services.create_channel(space, "general", actor=ann)
     return space, channel
+
+
+@pytest_asyncio.fixture
+async def live_sockets(settings):
+    """No periodic re-reads: every frame must come from a nudge (or the
+    connect-time read). Every socket's application instance ends with its
+    test, a refused or server-closed one too, and so does the log watcher."""
+    settings.FEED_RECHECK_SECONDS = 30
+    yield
+    while OPEN:
+        await OPEN.pop().disconnect()
+    await stops_finished()  # receives that lost a cancellation stop before the loop ends
+    for _ in range(500):  # and their streams end, so no read is left running
+        if not streams.running():
+            break
+        await asyncio.sleep(0.01)
+    assert not streams.running()
+    await log_watcher.stop()  # started on this test's loop: it leaves the log group and stops with it

@@ -2,168 +2,23 @@
 URL routing) and the configured channel layer: in-memory on SQLite, Redis
 on the PostgreSQL + Redis run."""
 import asyncio
-import json
 
 import pytest
-import pytest_asyncio
 from channels.layers import get_channel_layer
-from channels.testing import WebsocketCommunicator
 from django.test import Client
 
 from controlplane import services
-from controlplane.asgi import router
 from controlplane import topics
-from controlplane.live import LOG_TOPIC, log_watcher, member_group
-from controlplane.publishing import publisher
+from controlplane.live import member_group
 from controlplane.models import Member
 from inbox.delivery import acknowledge_delivery
 from inbox.models import InboxItem
-from inbox.services import send_message
 from controlplane.db import db_call
+from tests.web.sockets import (OPEN, frames_until_live, log_watcher_listening, open_socket, refusal, send,
+                               stops_finished, watching)
 from web.streams import streams
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
-
-
-@pytest.fixture(autouse=True)
-def nudges_only(settings):
-    """No periodic re-reads during these tests: every frame must come from a
-    nudge (or the connect-time read)."""
-    settings.FEED_RECHECK_SECONDS = 30
-
-
-def session_cookie(member: Member) -> str:
-    client = Client()
-    client.force_login(member.user)
-    return client.cookies["sessionid"].value
-
-
-OPEN: list[WebsocketCommunicator] = []
-
-
-async def stops_finished() -> None:
-    """Wait (up to 5 s) for the receives topics.heeding_cancellation is still
-    stopping in the background."""
-    if topics._stopping:
-        await asyncio.wait(set(topics._stopping), timeout=5)
-
-
-@pytest_asyncio.fixture(autouse=True)
-async def sockets_finish():
-    """Every socket's application instance ends with its test, a refused or
-    server-closed one too, and so does the log watcher."""
-    yield
-    while OPEN:
-        await OPEN.pop().disconnect()
-    await stops_finished()  # receives that lost a cancellation stop before the loop ends
-    for _ in range(500):  # and their streams end, so no read is left running
-        if not streams.running():
-            break
-        await asyncio.sleep(0.01)
-    assert not streams.running()
-    await log_watcher.stop()  # started on this test's loop: it leaves the log group and stops with it
-
-
-async def open_socket(path, member=None, origin=None, cookie=None, host="testserver"):
-    headers = [(b"host", host.encode())]
-    if member is not None:
-        cookie = await db_call(session_cookie)(member)
-    if cookie is not None:
-        headers.append((b"cookie", f"sessionid={cookie}".encode()))
-    if origin is not None:
-        headers.append((b"origin", origin.encode()))
-    socket = WebsocketCommunicator(router, path, headers=headers)
-    OPEN.append(socket)
-    connected, _ = await socket.connect(timeout=5)
-    return socket, connected
-
-
-async def watching(member, conversation, after=0):
-    await log_watcher_listening()  # first, so its probes wake no socket
-    socket, connected = await open_socket(f"/ws/conversations/{conversation.public_id}/?after={after}", member)
-    assert connected
-    return socket
-
-
-async def log_watcher_listening():
-    """Wait until this process's log watcher hears the log topic (as another
-    process's commit reaches it: Redis pub/sub, or the in-memory layer's group)."""
-    for _ in range(100):
-        mark = log_watcher.mark()
-        if topics.on_redis():
-            await asyncio.to_thread(publisher.publish, LOG_TOPIC, {"type": "log.advanced"})
-        else:
-            await get_channel_layer().group_send(LOG_TOPIC, {"type": "log.advanced"})
-        await log_watcher.wait(mark, 0.05)
-        if mark.is_set():
-            return
-    raise AssertionError("the log watcher never heard the log topic")
-
-
-async def frames_until_live(socket) -> list[dict]:
-    frames = []
-    while (frame := await socket.receive_json_from(timeout=5))["type"] != "live":
-        frames.append(frame)
-    return frames
-
-
-send = db_call(send_message)
-
-
-async def refusal(socket) -> list:
-    """What a socket refused after the handshake says before it closes."""
-    said = []
-    while (output := await socket.receive_output(timeout=5))["type"] == "websocket.send":
-        said.append(json.loads(output["text"]))
-    return [*said, output.get("code")]
-
-
-async def test_signed_out_and_outsiders_are_told_why_and_closed_at_connect(room, human):
-    _, channel = room
-    cid = await db_call(human)("cid")
-    path = f"/ws/conversations/{channel.public_id}/"
-    anonymous, _ = await open_socket(path)
-    outsider, _ = await open_socket(path, cid)
-    unknown, _ = await open_socket("/ws/conversations/cnv_aaaaaaaaaaaaaaaa/", cid)
-    assert await refusal(anonymous) == [4401]
-    assert await refusal(outsider) == [{"type": "access.lost"}, 4403]
-    assert await refusal(unknown) == [{"type": "access.lost"}, 4403]
-
-
-async def test_opening_sockets_counts_against_the_members_rate_limit(room, ben, settings):
-    # given: a budget of three requests a minute
-    from tests.conftest import clear_of_window_edge
-
-    settings.RATE_LIMIT_PER_MINUTE = 3
-    _, channel = room
-    clear_of_window_edge()
-    # when: ben opens a conversation socket, an inbox socket, and two more
-    opened = [(await open_socket(path, ben))[1]
-              for path in (f"/ws/conversations/{channel.public_id}/", "/ws/inbox/",
-                           f"/ws/conversations/{channel.public_id}/", "/ws/inbox/")]
-    # then: the handshake past the budget is refused
-    assert opened == [True, True, True, False]
-
-
-async def test_a_member_holds_at_most_their_cap_of_sockets_open_in_a_process(room, ben, settings):
-    # given: a cap of two open sockets (and long-polls) a member
-    from controlplane import holding
-
-    settings.WAITS_PER_MEMBER = 2
-    _, channel = room
-    conversation = f"/ws/conversations/{channel.public_id}/"
-    first, _ = await open_socket(conversation, ben)
-    second, _ = await open_socket("/ws/inbox/", ben)
-    # when: ben opens a third; then closes one and tries again
-    _, third = await open_socket(conversation, ben)
-    await first.disconnect()
-    fourth, again = await open_socket(conversation, ben)
-    # then: the third was refused at its handshake, the fourth took the place given back
-    assert (third, again) == (False, True)
-    assert await frames_until_live(fourth) == []
-    await second.disconnect()
-    await fourth.disconnect()
-    assert holding.held(ben.pk) == 0
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio, pytest.mark.usefixtures("live_sockets")]
 
 
 async def test_a_malformed_position_is_refused(room, ben):
@@ -181,32 +36,6 @@ async def test_a_page_too_far_behind_is_told_to_reload(room, ann, ben, settings,
     socket = await watching(ben, channel)
     said = await refusal(socket)
     assert [f["type"] for f in said[:-1]] == ["message"] * 6 + ["resync"] and said[-1] == 4409
-
-
-async def test_sockets_opened_by_another_sites_page_are_refused(room, ben):
-    _, channel = room
-    path = f"/ws/conversations/{channel.public_id}/"
-    assert (await open_socket(path, ben, origin="https://evil.example"))[1] is False
-    socket, connected = await open_socket(path, ben, origin="http://testserver")
-    assert connected
-    await socket.disconnect()
-
-
-async def test_sockets_on_a_host_this_server_does_not_serve_are_refused(room, ben, settings):
-    """A name of the attacker's that resolves to this server (DNS
-    rebinding) makes its page same-origin with the socket: the Host must be
-    one of ALLOWED_HOSTS, as for every HTTP request and for `/mcp`."""
-    # given: a production host list
-    settings.ALLOWED_HOSTS = ["switchboard.example"]
-    _, channel = room
-    path = f"/ws/conversations/{channel.public_id}/"
-    # when / then: the rebound name is refused with or without an Origin; the served host is not
-    assert (await open_socket(path, ben, origin="http://rebound.example", host="rebound.example"))[1] is False
-    assert (await open_socket(path, ben, host="rebound.example"))[1] is False
-    socket, connected = await open_socket(path, ben, origin="https://switchboard.example",
-                                          host="switchboard.example")
-    assert connected
-    await socket.disconnect()
 
 
 async def test_messages_sent_anywhere_arrive_once_and_in_order(room, ann, ben):

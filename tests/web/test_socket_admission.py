@@ -1,0 +1,83 @@
+"""Who may open a live socket, and how many: the handshake refuses the
+signed out, outsiders, other sites' pages and hosts this server does not
+serve, and a member past their rate limit or their cap of open sockets."""
+import pytest
+
+from controlplane.db import db_call
+from tests.web.sockets import frames_until_live, open_socket, refusal
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio, pytest.mark.usefixtures("live_sockets")]
+
+
+async def test_signed_out_and_outsiders_are_told_why_and_closed_at_connect(room, human):
+    _, channel = room
+    cid = await db_call(human)("cid")
+    path = f"/ws/conversations/{channel.public_id}/"
+    anonymous, _ = await open_socket(path)
+    outsider, _ = await open_socket(path, cid)
+    unknown, _ = await open_socket("/ws/conversations/cnv_aaaaaaaaaaaaaaaa/", cid)
+    assert await refusal(anonymous) == [4401]
+    assert await refusal(outsider) == [{"type": "access.lost"}, 4403]
+    assert await refusal(unknown) == [{"type": "access.lost"}, 4403]
+
+
+async def test_opening_sockets_counts_against_the_members_rate_limit(room, ben, settings):
+    # given: a budget of three requests a minute
+    from tests.conftest import clear_of_window_edge
+
+    settings.RATE_LIMIT_PER_MINUTE = 3
+    _, channel = room
+    clear_of_window_edge()
+    # when: ben opens a conversation socket, an inbox socket, and two more
+    opened = [(await open_socket(path, ben))[1]
+              for path in (f"/ws/conversations/{channel.public_id}/", "/ws/inbox/",
+                           f"/ws/conversations/{channel.public_id}/", "/ws/inbox/")]
+    # then: the handshake past the budget is refused
+    assert opened == [True, True, True, False]
+
+
+async def test_a_member_holds_at_most_their_cap_of_sockets_open_in_a_process(room, ben, settings):
+    # given: a cap of two open sockets (and long-polls) a member
+    from controlplane import holding
+
+    settings.WAITS_PER_MEMBER = 2
+    _, channel = room
+    conversation = f"/ws/conversations/{channel.public_id}/"
+    first, _ = await open_socket(conversation, ben)
+    second, _ = await open_socket("/ws/inbox/", ben)
+    # when: ben opens a third; then closes one and tries again
+    _, third = await open_socket(conversation, ben)
+    await first.disconnect()
+    fourth, again = await open_socket(conversation, ben)
+    # then: the third was refused at its handshake, the fourth took the place given back
+    assert (third, again) == (False, True)
+    assert await frames_until_live(fourth) == []
+    await second.disconnect()
+    await fourth.disconnect()
+    assert holding.held(ben.pk) == 0
+
+
+async def test_sockets_opened_by_another_sites_page_are_refused(room, ben):
+    _, channel = room
+    path = f"/ws/conversations/{channel.public_id}/"
+    assert (await open_socket(path, ben, origin="https://evil.example"))[1] is False
+    socket, connected = await open_socket(path, ben, origin="http://testserver")
+    assert connected
+    await socket.disconnect()
+
+
+async def test_sockets_on_a_host_this_server_does_not_serve_are_refused(room, ben, settings):
+    """A name of the attacker's that resolves to this server (DNS
+    rebinding) makes its page same-origin with the socket: the Host must be
+    one of ALLOWED_HOSTS, as for every HTTP request and for `/mcp`."""
+    # given: a production host list
+    settings.ALLOWED_HOSTS = ["switchboard.example"]
+    _, channel = room
+    path = f"/ws/conversations/{channel.public_id}/"
+    # when / then: the rebound name is refused with or without an Origin; the served host is not
+    assert (await open_socket(path, ben, origin="http://rebound.example", host="rebound.example"))[1] is False
+    assert (await open_socket(path, ben, host="rebound.example"))[1] is False
+    socket, connected = await open_socket(path, ben, origin="https://switchboard.example",
+                                          host="switchboard.example")
+    assert connected
+    await socket.disconnect()
