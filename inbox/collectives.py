@@ -13,6 +13,11 @@ the requester and every member (`all_gather`). One that cannot complete
 message's authority revoked) ends with an `operationFailed` item saying
 why, to the same people.
 
+A result carries the answerers' content: it counts against its
+recipient's mailbox and the requester's share of it, goes as a reference
+past them (`answers_for` reads the answers), and gets its request's
+firewall decision (docs/collectives.md).
+
 Everything is in the database: a restart loses nothing. Deadlines are
 finished by the worker's minute schedule (`finish_due`) and whenever the
 operation is touched (an answer, a read of the message), so a result comes
@@ -26,10 +31,13 @@ from django.db import transaction
 
 from controlplane.access import can_read_space
 from controlplane.clock import now, rfc3339
+from controlplane.live import kick_on_commit
+from controlplane.log import NewEvent
 from controlplane.errors import Conflict, Forbidden, InvalidRequest
 from controlplane.models import Conversation, Member, Participant
 from inbox import authority, mailbox, notices
-from inbox.models import Collective, CollectiveAnswer, Message, Recipient
+from inbox.items import content_bytes
+from inbox.models import Collective, CollectiveAnswer, InboxItem, Mailbox, Message, Recipient
 from inbox.text import encode_text
 
 MIN_DEADLINE_MS = 1_000
@@ -163,6 +171,17 @@ def _problem(collective: Collective) -> str | None:
     return None
 
 
+def _outcome(collective: Collective) -> dict:
+    """`ended` and the answers, in membership order, missing ones marked."""
+    answers = {a.member_id: a for a in CollectiveAnswer.objects.filter(collective=collective)}
+    handles = dict(Member.objects.filter(pk__in=collective.members).values_list("pk", "handle"))
+    return {"ended": "all_answered" if len(answers) == len(collective.members) else "deadline",
+            "answers": [{"member": f"@{handles[pk]}", "answer": answers[pk].body,
+                         "answered_at": rfc3339(answers[pk].answered_at)}
+                        if pk in answers else {"member": f"@{handles[pk]}", "missing": True}
+                        for pk in collective.members]}
+
+
 def _settle(collective: Collective) -> None:
     """Finish a locked pending operation if it can or must be."""
     if collective.state != Collective.State.PENDING:
@@ -170,15 +189,10 @@ def _settle(collective: Collective) -> None:
     if problem := _problem(collective):
         _fail(collective, problem)
         return
-    answers = {a.member_id: a for a in CollectiveAnswer.objects.filter(collective=collective)}
-    everyone = len(answers) == len(collective.members)
+    everyone = CollectiveAnswer.objects.filter(collective=collective).count() == len(collective.members)
     if not everyone and now() < collective.deadline_at:
         return
-    handles = dict(Member.objects.filter(pk__in=collective.members).values_list("pk", "handle"))
-    results = [{"member": f"@{handles[pk]}", "answer": answers[pk].body, "answered_at": rfc3339(answers[pk].answered_at)}
-               if pk in answers else {"member": f"@{handles[pk]}", "missing": True} for pk in collective.members]
-    _finish(collective, Collective.State.COMPLETED, None, {
-        "kind": "collective.result", "ended": "all_answered" if everyone else "deadline", "answers": results})
+    _finish(collective, Collective.State.COMPLETED, None, {"kind": "collective.result", **_outcome(collective)})
 
 
 def _fail(collective: Collective, reason: str) -> None:
@@ -201,6 +215,7 @@ def _finish(collective: Collective, state: str, reason: str | None, outcome: dic
                                          "space": message.space.slug}}
     owed = _owed(collective)
     mailbox.lock(owed, create=True)  # every notice's mailbox, in member order, before the log head
+    firewalled = set(Mailbox.objects.filter(member_id__in=owed, firewall=True).values_list("member_id", flat=True))
     for member in Member.objects.filter(pk__in=owed, status=Member.Status.ACTIVE):
         if member.pk != collective.requester_id and not can_read_space(message.space, member):
             continue
@@ -209,5 +224,45 @@ def _finish(collective: Collective, state: str, reason: str | None, outcome: dic
         event = notices.private_event(f"collective.{'completed' if reason is None else 'failed'}",
                                       {"message": message.public_id, "reason": reason}, member,
                                       space_id=message.space_id)
-        notices.post_notice(member, payload, event, conversation_id=message.conversation_id)
+        if reason is not None:
+            notices.post_notice(member, payload, event, conversation_id=message.conversation_id)
+            continue
+        _post_result(member, payload, event, conversation_id=message.conversation_id,
+                     requester_id=collective.requester_id, firewalled=member.pk in firewalled)
 
+
+def _post_result(member: Member, payload: dict, event: NewEvent, *, conversation_id: int, requester_id: int,
+                 firewalled: bool) -> None:
+    """A result carries the answerers' content, which the requester asked
+    for: it counts against `member`'s mailbox and the requester's share of
+    it, and past either it goes as a reference (how many answered, why the
+    answers are left out: `GET /v0/messages/{id}/answers` reads them), which
+    is no bigger than the request was. With a firewall it waits for
+    classification, which gives it its request's decision (inbox.firewall)."""
+    omitted = mailbox.fits(member.pk, content_bytes(payload), sender_id=requester_id)
+    if omitted is not None:
+        answers = payload["answers"]
+        payload = {"kind": payload["kind"], "ended": payload["ended"], "answers_omitted": omitted,
+                   "answered": sum("answer" in a for a in answers), "asked": len(answers),
+                   "collective": payload["collective"]}
+    notices.post_notice(member, payload, event, conversation_id=conversation_id,
+                        sender_id=None if omitted else requester_id,
+                        admission=InboxItem.Admission.UNCLASSIFIED if firewalled else InboxItem.Admission.ADMITTED)
+    if firewalled:
+        kick_on_commit("inbox.tasks.classify_pending", member.pk)
+
+
+def answers_for(message: Message, member: Member) -> dict:
+    """The outcome of a finished collective request, for whom it is owed
+    (the requester; with all_gather every member): `{"ended", "answers"}`.
+    403 for anyone else, 409 while it is pending or when it failed."""
+    touch(message)
+    collective = Collective.objects.filter(message=message).first()
+    if collective is None:
+        raise InvalidRequest("This message is not a collective request.")
+    if member.pk not in _owed(collective):
+        raise Forbidden("The answers go to the requester (and, with all_gather, to every member).")
+    if collective.state != Collective.State.COMPLETED:
+        raise Conflict("The operation has not completed.", details={"state": collective.state,
+                                                                     "reason": collective.reason})
+    return _outcome(collective)

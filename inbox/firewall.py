@@ -7,7 +7,8 @@ a time, in insertion order, under that member's mailbox row lock (taken with
 SKIP LOCKED, so workers never wait on each other): every conversation's
 items are therefore admitted in order, each exactly once, however many
 workers run. A hold advances the conversation just like an admission.
-Matching (RE2, linear time) happens before any lock is taken.
+Matching (RE2, linear time) happens before any lock is taken. A
+collective's result is not matched: it gets its request's decision.
 """
 from __future__ import annotations
 
@@ -94,6 +95,16 @@ def decide(rules: list[FirewallRule], item: InboxItem) -> Decision:
     return Decision(FirewallRule.Action.ALLOW, None)
 
 
+def _decide_result(item: InboxItem) -> Decision:
+    """A collective's result goes where its request went: held if this
+    member's firewall held the request (they never saw what it answers),
+    else admitted. The requester had no request item; they asked for it."""
+    request_held = InboxItem.objects.filter(
+        member_id=item.member_id, kind="collective.request", admission=InboxItem.Admission.HELD,
+        message__public_id=item.payload["collective"]["message"]).exists()
+    return Decision(FirewallRule.Action.HOLD if request_held else FirewallRule.Action.ALLOW, None)
+
+
 def _rules(member_id: int) -> list[FirewallRule]:
     return list(FirewallRule.objects.filter(member_id=member_id).order_by("ordinal"))
 
@@ -114,7 +125,7 @@ def classify_next(member_id: int) -> bool:
     if candidate is None:
         return False
     rules = _rules(member_id)
-    decision = decide(rules, candidate)
+    decision = _decide_result(candidate) if candidate.kind == "collective.result" else decide(rules, candidate)
     with transaction.atomic():
         box = Mailbox.objects.select_for_update(skip_locked=True, no_key=True).filter(member_id=member_id).first()
         if box is None:

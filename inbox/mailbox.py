@@ -10,8 +10,10 @@ module changes them, in the caller's transaction:
   MAILBOX_FULL past the mailbox limit (`details.reason: "mailbox"`) or the
   sender's share of it (`"sender_share"`) (the PostgreSQL send statement in
   inbox.writes does the same reservation inside its one statement);
+- `fits` tells whether bytes would fit, without counting them (a
+  collective's result, which shrinks to a reference when they would not);
 - `credit` counts bytes that become pending without the limit (a notice,
-  a released held item);
+  a released held item, a result that `fits`);
 - `debit` uncounts bytes that stop being pending (acknowledged, held,
   rejected).
 
@@ -78,6 +80,18 @@ def reserve(recipients: list[Member], size: int, *, sender_id: int) -> set[int]:
     if without_room or without_share:
         raise full(recipients, without_room, without_share)
     return set(Mailbox.objects.filter(member__in=recipients, firewall=True).values_list("member_id", flat=True))
+
+
+def fits(member_id: int, size: int, *, sender_id: int) -> str | None:
+    """Whether `size` more pending bytes from `sender_id` fit `member_id`'s
+    mailbox: None, or why not (`"mailbox"`, `"sender_share"`, as in
+    MAILBOX_FULL). Counts nothing; the caller holds the mailbox (`lock`)."""
+    pending = Mailbox.objects.filter(member_id=member_id).values_list("pending_bytes", flat=True).first() or 0
+    if pending + size > MAILBOX_LIMIT_BYTES:
+        return "mailbox"
+    shared = (MailboxShare.objects.filter(member_id=member_id, sender_id=sender_id)
+              .values_list("pending_bytes", flat=True).first() or 0)
+    return "sender_share" if shared + size > sender_share_limit() else None
 
 
 def lock(member_ids: Iterable[int], *, create: bool = False) -> None:

@@ -26,22 +26,28 @@ def private_event(kind: str, data: dict, member: Member, **fields) -> NewEvent:
 
 
 def post_notice(member: Member, payload: dict, event: NewEvent, *, conversation_id: int | None = None,
-                position: int | None = None) -> InboxItem:
+                position: int | None = None, sender_id: int | None = None,
+                admission: str = InboxItem.Admission.ADMITTED) -> InboxItem:
     """Insert a notice from the control plane itself (`approval`,
-    `rejected`, `subscription_suspended`) into `member`'s inbox with its
-    event. A notice is admitted directly (there is no peer content for the
-    firewall to judge) and always fits: it tells of something that already
-    happened, so the mailbox limit does not refuse it. `position` places it
-    in an earlier slot (a rejection takes its message's place); by default
-    it goes at its event's position."""
+    `rejected`, `subscription_suspended`, a collective's outcome) into
+    `member`'s inbox with its event. A notice is admitted directly (there is
+    no peer content for the firewall to judge) unless `admission` says it
+    waits for classification (a collective's result, which carries the
+    answerers' content), and always fits: it tells of something that already
+    happened, so the mailbox limit does not refuse it (a caller whose notice
+    carries peer content checks `mailbox.fits` first, and names the
+    `sender_id` whose share it counts against). `position` places it in an
+    earlier slot (a rejection takes its message's place); by default it goes
+    at its event's position."""
     size = content_bytes(payload)
     # the mailbox before the log head, as a send takes them (mailbox.lock)
-    mailbox.credit(member.pk, size, sender_id=None)  # notices count against no sender's share
+    mailbox.credit(member.pk, size, sender_id=sender_id)
     (row,) = append_events([event])
     item = InboxItem.objects.create(member=member, kind=payload["kind"], payload=payload, content_bytes=size,
-                                    conversation_id=conversation_id,
+                                    conversation_id=conversation_id, sender_id=sender_id, admission=admission,
                                     position=row.position if position is None else position)
-    mailbox.announce_available(member)
+    if admission == InboxItem.Admission.ADMITTED:
+        mailbox.announce_available(member)
     return item
 
 

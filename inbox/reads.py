@@ -127,3 +127,12 @@ def answer(member: Member, message_id: str, body: str) -> tuple[dict, bool]:
         raise NotFound()
     given, created = collectives.answer(message, body, actor=member)
     return {"answer": render_answer(given)}, created
+
+
+def answers(member: Member, message_id: str) -> dict:
+    """`{"ended", "answers"}` of a completed collective request `member`
+    can see and is owed the outcome of (404 otherwise if they cannot see it)."""
+    message = Message.objects.visible_to(member).filter(public_id=message_id).first()
+    if message is None:
+        raise NotFound()
+    return collectives.answers_for(message, member)

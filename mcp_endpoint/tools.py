@@ -8,6 +8,7 @@ answers with the same shape.
 | `read_event {eventId}` | `GET /v0/inbox-events/{eventId}` |
 | `send_message {space, conversation, body, …}` | `POST /v0/spaces/{slug}/conversations/{conv}/messages` |
 | `answer {messageId, body}` | `POST /v0/messages/{id}/answer` |
+| `read_answers {messageId}` | `GET /v0/messages/{id}/answers` |
 | `get_coordination_context {page?}` | `GET /v0/me/snapshot` |
 """
 from __future__ import annotations
@@ -63,6 +64,10 @@ def _send(member: Member, arguments: dict) -> dict:
 def _answer(member: Member, arguments: dict) -> dict:
     answered, created = reads.answer(member, arguments["messageId"], arguments["body"])
     return {**answered, "created": created}
+
+
+def _read_answers(member: Member, arguments: dict) -> dict:
+    return reads.answers(member, arguments["messageId"])
 
 
 def _read_inbox(member: Member, arguments: dict) -> dict:
@@ -133,6 +138,13 @@ TOOLS = {tool.name: tool for tool in [
                  ("messageId", "body")),
          _object({"answer": OBJECT, "created": {"type": "boolean"}}, ("answer", "created")),
          _answer, read_only=False),
+    Tool("read_answers",
+         "The answers of a completed collective request you asked (or, with all_gather, were asked), by its "
+         "message id: what a collective.result carries, also when it came without them (answers_omitted).",
+         _object({"messageId": {"type": "string", "maxLength": 40}}, ("messageId",)),
+         _object({"ended": {"enum": ["all_answered", "deadline"]}, "answers": {"type": "array", "items": OBJECT}},
+                 ("ended", "answers")),
+         _read_answers),
     Tool("get_coordination_context",
          "A snapshot of your unresolved and unacknowledged messages as of one moment, with a feed cursor "
          "at its high watermark; pass next_page for the rest of the same snapshot.",

@@ -156,6 +156,22 @@ class Answer(Resource):
 
 
 @_optional
+class ResultAnswer(Resource):
+    member: str
+    answer: str
+    answered_at: str
+    missing: bool
+
+
+@_optional
+class CollectiveAnswers(Resource):
+    """A completed collective request's answers, in membership order."""
+    ended: str
+    answers: tuple
+    nested = {"answers": ResultAnswer}
+
+
+@_optional
 class Event(Resource):
     id: str
     position: int

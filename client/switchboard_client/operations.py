@@ -163,6 +163,11 @@ class Operations:
         return self._call("answer_collective", _one(m.Answer, "answer"), message_id=message_id,
                           json={"body": body}, idempotency_key=idempotency_key)
 
+    def read_answers(self, message_id: str) -> m.CollectiveAnswers:
+        """The answers of a completed collective request you are owed the
+        outcome of (also when its result came without them)."""
+        return self._call("read_collective_answers", m.CollectiveAnswers.from_api, message_id=message_id)
+
     # --- feeds (SPEC §6)
     def space_events(self, slug: str, *, cursor: str | None = None, limit: int | None = None,
                      wait_ms: int | None = None) -> m.Page[m.Event]:

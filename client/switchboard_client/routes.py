@@ -54,6 +54,7 @@ ROUTES: dict[str, Route] = {
     "acknowledge_message": _r("POST", "messages/{message_id}/acknowledge", True),
     "resolve_message": _r("POST", "messages/{message_id}/resolve", True),
     "answer_collective": _r("POST", "messages/{message_id}/answer", True),
+    "read_collective_answers": _r("GET", "messages/{message_id}/answers"),
     # feeds and snapshots
     "space_events": _r("GET", "spaces/{slug}/events"),
     "inbox_events": _r("GET", "me/inbox/events"),

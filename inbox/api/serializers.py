@@ -26,6 +26,18 @@ class AnswerOut(serializers.Serializer):
     answered_at = serializers.DateTimeField()
 
 
+class ResultAnswerOut(serializers.Serializer):
+    member = serializers.CharField()
+    answer = serializers.CharField(required=False)
+    answered_at = serializers.DateTimeField(required=False)
+    missing = serializers.BooleanField(required=False)
+
+
+class AnswersOut(serializers.Serializer):
+    ended = serializers.ChoiceField(choices=["all_answered", "deadline"])
+    answers = ResultAnswerOut(many=True)
+
+
 class SendMessageIn(StrictSerializer):
     body = StrictCharField(allow_blank=True, help_text="UTF-8 text, at most 8 KiB encoded; stored exactly.")
     reply_to = StrictCharField(required=False, allow_null=True, max_length=40)

@@ -19,4 +19,5 @@ urlpatterns = [
     path("messages/<pid:message_id>/acknowledge", views.AcknowledgeView.as_view()),
     path("messages/<pid:message_id>/resolve", views.ResolveView.as_view()),
     path("messages/<pid:message_id>/answer", views.AnswerView.as_view()),
+    path("messages/<pid:message_id>/answers", views.AnswersView.as_view()),
 ]

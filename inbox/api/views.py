@@ -18,7 +18,7 @@ from controlplane.errors import NotFound
 from controlplane.idempotency import idempotency_key, idempotent
 from inbox import collectives, feeds, reads, services
 from inbox.api.longpoll import wants_wakes
-from inbox.api.serializers import (AnswerIn, AnswerOut, BodyPageOut, BodyParams, FeedPageOut, FeedParams, MessageOut,
+from inbox.api.serializers import (AnswerIn, AnswerOut, AnswersOut, BodyPageOut, BodyParams, FeedPageOut, FeedParams, MessageOut,
                                    MessageStatusOut, ResolveIn, SendMessageIn, SnapshotOut, SnapshotParams)
 from inbox.models import Message
 from inbox.render import render_events, render_message, render_message_status
@@ -70,6 +70,13 @@ class AnswerView(APIView):
         data = validated(AnswerIn, request.data)
         answered, created = reads.answer(request.user, message_id, data["body"])
         return Response(answered, status=201 if created else 200)
+
+
+class AnswersView(APIView):
+    @extend_schema(operation_id="read_collective_answers",
+                   responses={200: AnswersOut, **errors("INVALID_REQUEST", "FORBIDDEN", "NOT_FOUND", "CONFLICT")})
+    def get(self, request, message_id):
+        return Response(reads.answers(request.user, message_id))
 
 
 class MessageBodyView(APIView):

@@ -44,6 +44,19 @@ def test_spaces_conversations_and_messages_come_back_typed(clients):
     assert sent.raw["id"] == sent.id
 
 
+def test_a_collective_request_is_answered_and_its_answers_read(clients):
+    alice, bob = clients
+    group = alice.create_group("lab", ["@alice", "@bob"])
+    # when
+    asked = alice.send("lab", group.id, "Ready?", collective={"op": "gather", "deadline_ms": 60_000})
+    given = bob.answer(asked.id, "ready")
+    read = alice.read_answers(asked.id)
+    # then
+    assert (given.member, given.body) == ("@bob", "ready")
+    assert isinstance(read, models.CollectiveAnswers) and read.ended == "all_answered"
+    assert [(a.member, a.answer, a.missing) for a in read.answers] == [("@bob", "ready", None)]
+
+
 def test_inbox_feeds_snapshot_grants_tasks_and_webhooks_come_back_typed(clients):
     alice, bob = clients
     direct = bob.open_direct("lab", "alice")

@@ -83,7 +83,7 @@ def test_tools_read_send_acknowledge_and_errors_through_serve(mode):
         api_inbox = httpx.get(f"{base}/v0/me/inbox", headers=bearer(bo)).json()["items"]
     # then: the same shapes as the API, and the API's rules
     assert set(tools) == {"read_inbox", "acknowledge_delivery", "read_event", "send_message", "answer",
-                          "get_coordination_context"}
+                          "read_answers", "get_coordination_context"}
     assert all(tool.input_schema["type"] == "object" and tool.output_schema for tool in tools.values())
     # a retry of send_message without its idempotency_key sends again: not idempotent
     assert {name for name, tool in tools.items() if not tool.annotations.idempotent_hint} == {"send_message"}

@@ -1,0 +1,144 @@
+"""A collective's result carries its answerers' content (SPEC §7 limits and
+firewall, §7b results): it counts against its recipient's mailbox and the
+requester's share of it, goes as a reference past them (the answers are
+read from `GET /v0/messages/{id}/answers`), and follows its request through
+the recipient's firewall."""
+import pytest
+
+from controlplane import services
+from inbox import firewall, mailbox
+from inbox.models import InboxItem, Mailbox, MailboxShare
+from mcp_endpoint.tools import TOOLS, check_arguments
+from tests.conftest import error_code
+
+
+@pytest.fixture
+def group(space, alice, bob, carol):
+    conversation, _ = services.get_or_create_group(space, [alice, bob, carol], actor=alice)
+    return conversation
+
+
+def ask(api, group, op="all_gather"):
+    response = api.post(f"/v0/spaces/lab/conversations/{group.public_id}/messages",
+                        {"body": "Your estimate?", "collective": {"op": op, "deadline_ms": 60_000}})
+    assert response.status_code == 201
+    return response.json()["message"]["id"]
+
+
+def result_of(member) -> InboxItem:
+    (item,) = InboxItem.objects.filter(member=member, kind="collective.result")
+    return item
+
+
+def share(member, sender) -> int:
+    return MailboxShare.objects.filter(member=member, sender=sender).values_list("pending_bytes", flat=True).first()
+
+
+def test_a_result_counts_against_the_requesters_share_until_acknowledged(group, alice, bob, as_alice, as_bob,
+                                                                         as_carol):
+    # given
+    message = ask(as_alice, group)
+    request_bytes = share(bob, alice)
+    # when
+    as_bob.post(f"/v0/messages/{message}/answer", {"body": "two days"})
+    as_carol.post(f"/v0/messages/{message}/answer", {"body": "three days"})
+    # then: the answers came, and they count in bob's mailbox as alice's
+    result = result_of(bob)
+    assert [a["answer"] for a in result.payload["answers"]] == ["two days", "three days"]
+    assert result.sender_id == alice.pk and share(bob, alice) == request_bytes + result.content_bytes
+    # when bob acknowledges the result, its bytes leave both counts
+    pending = Mailbox.objects.get(member=bob).pending_bytes
+    as_bob.post("/v0/me/inbox/acknowledge", {"deliveryToken": result.token})
+    assert share(bob, alice) == request_bytes
+    assert Mailbox.objects.get(member=bob).pending_bytes == pending - result.content_bytes
+
+
+def test_answers_past_the_requesters_share_go_as_a_reference(settings, group, alice, bob, carol, as_alice, as_bob,
+                                                            as_carol):
+    # given: answers that together pass the requester's share of every mailbox
+    settings.MAILBOX_SENDER_SHARE = 4096
+    message = ask(as_alice, group)
+    # when
+    as_bob.post(f"/v0/messages/{message}/answer", {"body": "b" * 2500})
+    as_carol.post(f"/v0/messages/{message}/answer", {"body": "c" * 2500})
+    # then: everyone owed the outcome has a reference, counted against no one's share
+    for member in (alice, bob, carol):
+        result = result_of(member)
+        assert result.payload["answers_omitted"] == "sender_share" and "answers" not in result.payload
+        assert (result.payload["answered"], result.payload["asked"]) == (2, 2)
+        assert result.sender_id is None and result.content_bytes < 400
+    # and each of them reads the answers from the message
+    for api in (as_alice, as_bob, as_carol):
+        read = api.get(f"/v0/messages/{message}/answers")
+        assert read.status_code == 200 and read.json()["ended"] == "all_answered"
+        assert [a["answer"] for a in read.json()["answers"]] == ["b" * 2500, "c" * 2500]
+
+
+def test_a_result_for_a_full_mailbox_goes_as_a_reference(group, alice, bob, carol, as_alice, as_bob, as_carol):
+    # given: bob's mailbox has room for the request and not for the answers
+    message = ask(as_alice, group)
+    Mailbox.objects.filter(member=bob).update(pending_bytes=mailbox.MAILBOX_LIMIT_BYTES - 300)
+    # when
+    as_bob.post(f"/v0/messages/{message}/answer", {"body": "b" * 200})
+    as_carol.post(f"/v0/messages/{message}/answer", {"body": "c" * 200})
+    # then
+    assert result_of(bob).payload["answers_omitted"] == "mailbox"
+    assert [a["answer"] for a in result_of(carol).payload["answers"]] == ["b" * 200, "c" * 200]
+
+
+def test_a_result_follows_its_request_through_the_firewall(group, alice, bob, carol, as_alice, as_bob, as_carol,
+                                                           django_capture_on_commit_callbacks):
+    # given: carol holds what alice sends; bob's rules would hold anything that mentions "days"
+    as_carol.put("/v0/me/inbox/firewall", {"rules": [{"action": "hold", "sender": "@alice"}]})
+    as_bob.put("/v0/me/inbox/firewall", {"rules": [{"action": "hold", "content_pattern": "days"}]})
+    with django_capture_on_commit_callbacks(execute=True):
+        message = ask(as_alice, group)
+    assert InboxItem.objects.get(member=carol, kind="collective.request").admission == "held"
+    # when: the request was held, yet carol may answer by its id; then the result goes out
+    as_bob.post(f"/v0/messages/{message}/answer", {"body": "two days"})
+    with django_capture_on_commit_callbacks(execute=True):
+        as_carol.post(f"/v0/messages/{message}/answer", {"body": "three days"})
+    # then: carol's result is held like her request; bob's is admitted like his
+    assert result_of(carol).admission == "held" and result_of(bob).admission == "admitted"
+    assert result_of(alice).admission == "admitted"
+    assert "collective.result" not in [e["item"]["kind"] for e in as_carol.get("/v0/me/inbox").json()["items"]]
+    assert "collective.result" in [e["item"]["kind"] for e in as_carol.get("/v0/me/inbox/held").json()["items"]]
+    # held content is not pending content
+    assert share(carol, alice) == 0
+
+
+def test_a_result_waits_for_classification_as_new_items_do(group, alice, bob, carol, as_alice, as_bob, as_carol):
+    # given: bob has rules, and no worker has run yet
+    as_bob.put("/v0/me/inbox/firewall", {"rules": [{"action": "hold", "sender": "@dave"}]})
+    message = ask(as_alice, group)
+    as_bob.post(f"/v0/messages/{message}/answer", {"body": "yes"})
+    as_carol.post(f"/v0/messages/{message}/answer", {"body": "no"})
+    # then: unclassified, so no read path offers it yet
+    assert result_of(bob).admission == "unclassified"
+    assert "collective.result" not in [e["item"]["kind"] for e in as_bob.get("/v0/me/inbox").json()["items"]]
+    # when the worker classifies bob's items
+    firewall.classify_pending(bob.pk)
+    # then
+    assert result_of(bob).admission == "admitted"
+
+
+def test_the_answers_are_read_only_by_whom_they_are_owed_once_completed(space, group, alice, bob, as_alice, as_bob,
+                                                                        as_carol, make_member, api_for):
+    # given
+    message = ask(as_alice, group, op="gather")
+    dave = make_member("dave")
+    services.join_space(space, actor=dave)
+    # then: pending is 409; another member of a gather is 403; someone outside the group 404
+    assert error_code(as_alice.get(f"/v0/messages/{message}/answers")) == "CONFLICT"
+    as_bob.post(f"/v0/messages/{message}/answer", {"body": "yes"})
+    as_carol.post(f"/v0/messages/{message}/answer", {"body": "no"})
+    assert error_code(as_bob.get(f"/v0/messages/{message}/answers")) == "FORBIDDEN"
+    assert error_code(api_for(dave).get(f"/v0/messages/{message}/answers")) == "NOT_FOUND"
+    # a plain message has no answers
+    plain = as_alice.post(f"/v0/spaces/lab/conversations/{group.public_id}/messages", {"body": "hi"}).json()
+    assert error_code(as_alice.get(f"/v0/messages/{plain['message']['id']}/answers")) == "INVALID_REQUEST"
+    # and the requester reads them, over MCP too (the same service)
+    assert [a["answer"] for a in as_alice.get(f"/v0/messages/{message}/answers").json()["answers"]] == ["yes", "no"]
+    tool = TOOLS["read_answers"]
+    read = tool.run(alice, check_arguments(tool, {"messageId": message}))
+    assert [a["answer"] for a in read["answers"]] == ["yes", "no"]
