@@ -108,6 +108,25 @@ def test_subscriptions_pause_resume_and_delete(ann, ben, room, receiver, browser
 
 
 @pytest.mark.django_db
+def test_the_page_lists_the_members_spaces_and_takes_any_other_by_slug(ann, ben, room, receiver, browser_of):
+    # given: an open space ben never joined, among many
+    for n in range(3):
+        services.create_space(slug=f"open-{n}", name="Open", visibility="open", send_policy="open", actor=ann)
+    client = browser_of(ben)
+    client.post("/app/subscriptions/receivers", {"url": receiver.url()})
+    endpoint = Endpoint.objects.get(owner=ben)
+    # then: the list offers his own space only
+    page = client.get("/app/subscriptions/").content.decode()
+    assert 'value="space:room"' in page and 'value="space:open-0"' not in page
+    # when he names an open space by its slug, it is the target
+    response = client.post("/app/subscriptions/new", {"endpoint": endpoint.public_id, "target": "inbox",
+                                                      "space": "open-1"})
+    # then
+    assert response.status_code == 302
+    assert Subscription.objects.get(owner=ben).space.slug == "open-1"
+
+
+@pytest.mark.django_db
 def test_activation_needs_a_verified_receiver(ann, ben, room, receiver, browser_of):
     client = browser_of(ben)
     client.post("/app/subscriptions/receivers", {"url": receiver.url()})

@@ -12,7 +12,8 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_POST
 
-from controlplane.access import get_readable_space, readable_conversation, readable_spaces
+from controlplane.access import get_readable_space, readable_conversation
+from controlplane.models import Membership, Space
 from controlplane.errors import InvalidRequest, NotFound
 from web.pages import member_page
 from web.views.conversations import conversation_label
@@ -59,7 +60,10 @@ def subscriptions_page(request, member):
         "endpoints": [(e, services.is_verified(e)) for e in endpoints],
         "receivers": [(e, services.is_verified(e)) for e in endpoints if not e.managed],  # may take a subscription
         "subscriptions": _subscription_rows(member),
-        "spaces": list(readable_spaces(member).order_by("slug")),
+        # The member's own spaces: any other readable space is named by its slug
+        # (every open space of the host would make one list without end).
+        "spaces": list(Space.objects.filter(memberships__member=member, memberships__status=Membership.Status.ACTIVE)
+                       .order_by("slug")),
         "conversation": conversation,
         "conversation_label": conversation_label(conversation, member) if conversation else "",
     })
@@ -96,9 +100,10 @@ def endpoint_action(request, member, endpoint_id, action):
     return _back(request)
 
 
-def _target(member, value: str) -> dict:
-    """`inbox`, `space:SLUG` or `conversation:CNV` as create_subscription's arguments."""
-    kind, _, ref = value.partition(":")
+def _target(member, value: str, slug: str = "") -> dict:
+    """`inbox`, `space:SLUG` or `conversation:CNV` as create_subscription's
+    arguments; a space named by `slug` (any the member may read) instead."""
+    kind, _, ref = ("space", None, slug) if slug else value.partition(":")
     if kind == "inbox" and not ref:
         return {}
     if kind == "space":
@@ -115,7 +120,8 @@ def _target(member, value: str) -> dict:
 def create_subscription(request, member):
     activate = request.POST.get("activate") == "1"
     subscription = services.create_subscription(member, request.POST.get("endpoint", ""), activate=activate,
-                                                **_target(member, request.POST.get("target", "")))
+                                                **_target(member, request.POST.get("target", ""),
+                                                                  request.POST.get("space", "").strip()))
     if activate:
         flash.success(request, f"Subscribed and active: {_target_label(subscription, member)}.")
     else:
