@@ -27,6 +27,8 @@ HANDLE_RE = re.compile(r"[a-z0-9][a-z0-9_-]{1,31}")
 SLUG_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
 CHANNEL_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,79}")
 MAX_GROUP_MEMBERS = 64
+MAX_SPACES_PER_MEMBER = 100  # spaces one member (not an admin) created and has not archived
+MAX_CHANNELS_PER_SPACE = 1_000
 
 
 def parse_handle(value: str) -> str:
@@ -139,6 +141,11 @@ def create_space(*, slug: str, name: str, visibility: str, send_policy: str, act
             raise InvalidRequest(f"{field} is one of {', '.join(allowed)}.", details={field: value})
     try:
         with transaction.atomic():
+            # The creator's row serializes their creations, so the count holds (as webhooks' caps do).
+            Member.objects.select_for_update(no_key=True).filter(pk=actor.pk).first()
+            created = Space.objects.filter(created_by=actor, archived=False).count()
+            if created >= MAX_SPACES_PER_MEMBER and not actor.is_admin:
+                raise LimitExceeded(f"A member creates at most {MAX_SPACES_PER_MEMBER} spaces; archive one first.")
             space = Space.objects.create(slug=slug, name=name, visibility=visibility, send_policy=send_policy,
                                          created_by=actor)
             owner = Membership.objects.create(space=space, member=actor, role=Membership.Role.OWNER)
@@ -307,6 +314,10 @@ def create_channel(space: Space, name: str, *, actor: Member) -> Conversation:
         raise InvalidRequest("A channel name is 1–80 characters of a-z, 0-9, _ and -.", details={"name": name})
     try:
         with transaction.atomic():
+            Space.objects.select_for_update(no_key=True).filter(pk=space.pk).first()  # serializes the count
+            channels = Conversation.objects.filter(space=space, kind=Conversation.Kind.CHANNEL).count()
+            if channels >= MAX_CHANNELS_PER_SPACE:
+                raise LimitExceeded(f"A space has at most {MAX_CHANNELS_PER_SPACE} channels.")
             conversation = Conversation.objects.create(space=space, kind=Conversation.Kind.CHANNEL, name=name,
                                                        address=f"#{name}", created_by=actor)
             append_events([events.conversation_created(conversation, [], actor=actor)])

@@ -89,7 +89,7 @@ class SpacesView(APIView):
     @extend_schema(operation_id="create_space", request=SpaceCreateIn, parameters=[IDEMPOTENCY_KEY],
                    responses={201: envelope("space", SpaceOut),
                               **errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "CONFLICT",
-                                       "IDEMPOTENCY_CONFLICT")})
+                                       "IDEMPOTENCY_CONFLICT", "LIMIT_EXCEEDED")})
     @idempotent
     def post(self, request):
         data = validated(SpaceCreateIn, request.data)
@@ -172,8 +172,9 @@ def _conversation_response(conversation, created: bool) -> Response:
     return Response({"conversation": render_conversation(conversation)}, status=201 if created else 200)
 
 
-CONVERSATION_ERRORS = errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "FORBIDDEN", "NOT_FOUND", "CONFLICT",
-                             "IDEMPOTENCY_CONFLICT")
+CONVERSATION_CODES = ("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "FORBIDDEN", "NOT_FOUND", "CONFLICT",
+                      "IDEMPOTENCY_CONFLICT")
+CONVERSATION_ERRORS = errors(*CONVERSATION_CODES)
 
 
 class DirectView(APIView):
@@ -191,7 +192,8 @@ class DirectView(APIView):
 
 class ChannelsView(APIView):
     @extend_schema(operation_id="create_channel", request=ChannelCreateIn, parameters=[IDEMPOTENCY_KEY],
-                   responses={201: envelope("conversation", ConversationOut), **CONVERSATION_ERRORS})
+                   responses={201: envelope("conversation", ConversationOut),
+                              **errors(*CONVERSATION_CODES, "LIMIT_EXCEEDED")})
     @idempotent
     def post(self, request, slug):
         data = validated(ChannelCreateIn, request.data)

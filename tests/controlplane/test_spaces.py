@@ -260,3 +260,31 @@ def test_the_space_service_refuses_an_unknown_visibility_or_send_policy_whoever_
         services.create_space(slug="lab", name="Lab", actor=alice, **fields)
     assert refused.value.details == {field: value}
     assert not Space.objects.exists()
+
+
+def test_a_member_creates_so_many_spaces_and_an_admin_more(monkeypatch, alice, as_alice, make_member):
+    # given
+    monkeypatch.setattr(services, "MAX_SPACES_PER_MEMBER", 2)
+    for slug in ("one", "two"):
+        assert as_alice.post("/v0/spaces", {"slug": slug, "name": slug}).status_code == 201
+    # when
+    refused = as_alice.post("/v0/spaces", {"slug": "three", "name": "three"})
+    # then: 409 LIMIT_EXCEEDED, nothing made; archiving one makes room
+    assert error_code(refused) == "LIMIT_EXCEEDED" and not Space.objects.filter(slug="three").exists()
+    Space.objects.filter(slug="one").update(archived=True)
+    assert as_alice.post("/v0/spaces", {"slug": "three", "name": "three"}).status_code == 201
+    admin = make_member("root", is_admin=True)
+    for slug in ("four", "five", "six"):
+        services.create_space(slug=slug, name=slug, visibility="open", send_policy="open", actor=admin)
+
+
+def test_a_space_has_so_many_channels(monkeypatch, space, as_bob):
+    # given
+    monkeypatch.setattr(services, "MAX_CHANNELS_PER_SPACE", 2)
+    for name in ("one", "two"):
+        assert as_bob.post("/v0/spaces/lab/channels", {"name": name}).status_code == 201
+    # when
+    refused = as_bob.post("/v0/spaces/lab/channels", {"name": "three"})
+    # then
+    assert error_code(refused) == "LIMIT_EXCEEDED"
+    assert not Conversation.objects.filter(space=space, name="three").exists()
