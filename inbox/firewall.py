@@ -143,8 +143,8 @@ def classify_next(member_id: int) -> bool:
         item.settled_at, item.guidance = now(), decision.guidance
         if decision.action == FirewallRule.Action.HOLD:
             item.admission = InboxItem.Admission.HELD
-            # Held content is not pending inbox content.
-            mailbox.debit(member_id, item.content_bytes, sender_id=item.sender_id)
+            # Held content is not pending inbox content (it stays in its sender's share).
+            mailbox.hold(member_id, item.content_bytes)
         else:
             item.admission = InboxItem.Admission.ADMITTED
             _announce_admitted(item)
@@ -191,7 +191,7 @@ def release_item(member: Member, token: str, *, actor: Member) -> InboxItem:
         item.admission, item.settled_at = InboxItem.Admission.ADMITTED, now()
         item.save(update_fields=["admission", "settled_at"])
         audit.record("inbox.item_released", member.public_id, actor=actor, item=item.token)
-        mailbox.credit(member.pk, item.content_bytes, sender_id=item.sender_id)
+        mailbox.release(member.pk, item.content_bytes)
         _announce_admitted(item)
         return item
 

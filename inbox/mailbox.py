@@ -3,9 +3,11 @@
 `Mailbox.pending_bytes` is the sum of `content_bytes` over the member's
 pending items that count: admitted or awaiting classification, not held
 (held content is not pending content) and not yet acknowledged or rejected.
-`MailboxShare.pending_bytes` is the same sum over one sender's items (a
-control-plane notice has no sender and counts against no share). Only this
-module changes them, in the caller's transaction:
+`MailboxShare.pending_bytes` is the same sum over one sender's items, held
+ones included: a sender the recipient's firewall holds fills no one's
+mailbox but their own share of it, so what they can pile into held rows is
+bounded too (a control-plane notice has no sender and counts against no
+share). Only this module changes them, in the caller's transaction:
 - `reserve` counts a new message's item for each recipient, refusing with
   MAILBOX_FULL past the mailbox limit (`details.reason: "mailbox"`) or the
   sender's share of it (`"sender_share"`) (the PostgreSQL send statement in
@@ -13,9 +15,10 @@ module changes them, in the caller's transaction:
 - `fits` tells whether bytes would fit, without counting them (a
   collective's result, which shrinks to a reference when they would not);
 - `credit` counts bytes that become pending without the limit (a notice,
-  a released held item, a result that `fits`);
-- `debit` uncounts bytes that stop being pending (acknowledged, held,
-  rejected).
+  a result that `fits`);
+- `debit` uncounts bytes that stop being pending (acknowledged, rejected);
+- `hold` and `release` take a held item's bytes out of the mailbox's count
+  and back, leaving its sender's share as it was.
 
 Announcements tell a member's live inbox clients (web sockets) that their
 inbox changed; they carry ids and counts only, clients read the items
@@ -138,9 +141,28 @@ def credit(member_id: int, size: int, *, sender_id: int | None) -> None:
             pending_bytes=F("pending_bytes") + size)
 
 
-def debit(member_id: int, size: int, *, sender_id: int | None) -> None:
-    """Uncount `size` bytes that stopped being pending."""
-    debit_many([(member_id, sender_id, size)])
+def debit(member_id: int, size: int, *, sender_id: int | None, held: bool = False) -> None:
+    """Uncount `size` bytes that stopped being pending; those of a `held`
+    item only from its sender's share (the mailbox stopped counting them
+    when it was held)."""
+    if not held:
+        debit_many([(member_id, sender_id, size)])
+    elif sender_id is not None:
+        lock([member_id])
+        _subtract(MailboxShare, ["member_id", "sender_id"], [(member_id, sender_id, size)])
+
+
+def hold(member_id: int, size: int) -> None:
+    """A held item's bytes leave the mailbox's count; its sender's share
+    keeps them, so a held sender fills no more than that share."""
+    lock([member_id])
+    _subtract(Mailbox, ["member_id"], [(member_id, size)])
+
+
+def release(member_id: int, size: int) -> None:
+    """A released item's bytes count in the mailbox again, whatever the
+    limit (they were counted in its sender's share all along)."""
+    credit(member_id, size, sender_id=None)
 
 
 def debit_many(entries: Iterable[tuple[int, int | None, int]]) -> None:

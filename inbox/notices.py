@@ -97,11 +97,10 @@ def reject_items_under(authority_id: int, *, authority_ref: str, reason: str, li
                 item.admission = InboxItem.Admission.ADMITTED
                 item.save(update_fields=["admission"])
             continue
-        counted = item.admission != InboxItem.Admission.HELD  # held content is not pending content
         item.state, item.reason, item.settled_at = InboxItem.State.REJECTED, reason, at
         item.save(update_fields=["state", "reason", "settled_at"])
-        if counted:
-            mailbox.debit(item.member_id, item.content_bytes, sender_id=item.sender_id)
+        mailbox.debit(item.member_id, item.content_bytes, sender_id=item.sender_id,
+                      held=item.admission == InboxItem.Admission.HELD)
         if recipient is not None:
             recipient.state, recipient.rejected_at, recipient.reason = Recipient.State.REJECTED, at, reason
             recipient.save(update_fields=["state", "rejected_at", "reason"])

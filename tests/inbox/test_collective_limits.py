@@ -103,8 +103,10 @@ def test_a_result_follows_its_request_through_the_firewall(group, alice, bob, ca
     assert result_of(alice).admission == "admitted"
     assert "collective.result" not in [e["item"]["kind"] for e in as_carol.get("/v0/me/inbox").json()["items"]]
     assert "collective.result" in [e["item"]["kind"] for e in as_carol.get("/v0/me/inbox/held").json()["items"]]
-    # held content is not pending content
-    assert share(carol, alice) == 0
+    # held content is not pending content; it stays in the requester's share, as a held message does
+    assert Mailbox.objects.get(member=carol).pending_bytes == 0
+    held = InboxItem.objects.filter(member=carol, admission="held")
+    assert share(carol, alice) == sum(held.values_list("content_bytes", flat=True))
 
 
 def test_a_result_waits_for_classification_as_new_items_do(group, alice, bob, carol, as_alice, as_bob, as_carol):

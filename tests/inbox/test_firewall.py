@@ -6,6 +6,7 @@ import pytest
 from django.db import connections
 
 from controlplane import services
+from controlplane.errors import ApiError
 from inbox import firewall, reads
 from controlplane.models import EventAddressee
 from inbox.models import InboxItem, Mailbox
@@ -53,6 +54,30 @@ def test_held_content_leaves_the_mailbox_count(space, alice, bob, as_bob):
     assert Mailbox.objects.get(member=bob).pending_bytes > 0
     firewall.classify_pending(bob.pk)
     assert Mailbox.objects.get(member=bob).pending_bytes == 0
+
+
+def test_a_held_sender_fills_only_their_share_of_held_rows(settings, space, alice, bob, carol, as_bob):
+    # given: bob holds everything alice sends; a share of two bodies
+    settings.MAILBOX_SENDER_SHARE = 2 * 1024 + 1024
+    as_bob.put("/v0/me/inbox/firewall", {"rules": [{"action": "hold", "sender": "@alice"}]})
+    from_alice, _ = services.get_or_create_direct(space, alice, actor=bob)
+    from_carol, _ = services.get_or_create_direct(space, carol, actor=bob)
+    for _ in range(2):
+        send_message(from_alice, body="a" * 1024, actor=alice)
+        firewall.classify_pending(bob.pk)
+    # when: a third would pass alice's share, though her held items fill no mailbox
+    with pytest.raises(ApiError) as refused:
+        send_message(from_alice, body="a" * 1024, actor=alice)
+    # then
+    assert (refused.value.code, refused.value.details["reason"]) == ("MAILBOX_FULL", "sender_share")
+    assert InboxItem.objects.filter(member=bob, admission="held").count() == 2
+    assert Mailbox.objects.get(member=bob).pending_bytes == 0
+    send_message(from_carol, body="c" * 1024, actor=carol)  # others are unaffected
+    # when bob releases one and acknowledges it, alice has room again
+    token = InboxItem.objects.filter(member=bob, admission="held").first().token
+    as_bob.post("/v0/me/inbox/held/release", {"deliveryToken": token})
+    as_bob.post("/v0/me/inbox/acknowledge", {"deliveryToken": token})
+    send_message(from_alice, body="a" * 1024, actor=alice)
 
 
 def test_no_rules_means_admitted_at_once(space, alice, bob, as_bob):

@@ -1,5 +1,6 @@
 """The mailbox counter is exactly the bytes of its owner's pending items
-(and each sender's share counter the bytes of that sender's pending items),
+(and each sender's share counter the bytes of that sender's pending items,
+held ones included),
 whatever happens in whatever order: sends (some refused for a full mailbox
 or a missing grant), acknowledgements (one at a time, and in batches as
 push receivers' 2xx settle them), firewall holds and releases, grant
@@ -39,9 +40,12 @@ OPERATIONS = st.one_of(
 
 
 def _pending_bytes(member, **sender) -> int:
-    """What the counter must say: pending items that are not held."""
-    return (InboxItem.objects.filter(member=member, state=InboxItem.State.PENDING, **sender)
-            .exclude(admission=InboxItem.Admission.HELD).aggregate(total=Sum("content_bytes"))["total"] or 0)
+    """What the counter must say: pending items that are not held (a
+    sender's share counts their held items too)."""
+    pending = InboxItem.objects.filter(member=member, state=InboxItem.State.PENDING, **sender)
+    if not sender:
+        pending = pending.exclude(admission=InboxItem.Admission.HELD)
+    return pending.aggregate(total=Sum("content_bytes"))["total"] or 0
 
 
 class World:
