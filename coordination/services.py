@@ -46,9 +46,11 @@ def _member_of(space: Space, handle: str | None, field: str) -> Member | None:
     if handle is None:
         return None
     member = member_for_handle(handle)
-    if not member.is_active or not can_read_space(space, member):
-        raise InvalidRequest(f"`{field}` must be an active member who can read the space.",
-                             details={"field": field, "member": handle})
+    try:
+        require_sender(space, member)  # moving a task takes a writer: one who is not could never act on it
+    except Forbidden:
+        raise InvalidRequest(f"`{field}` must be an active member of the space who may write in it.",
+                             details={"field": field, "member": handle}) from None
     return member
 
 

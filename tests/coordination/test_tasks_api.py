@@ -118,6 +118,22 @@ def test_bad_input_is_a_clear_4xx_and_creates_nothing(space, as_alice, body):
     assert Task.objects.count() == 0 and kinds_in_feed() == []
 
 
+def test_an_assignee_or_reviewer_is_a_writer_of_the_space(space, alice, as_alice, make_member):
+    # given: the space is open, so anyone may read it; dave never joined, eve only observes
+    make_member("dave")
+    services.add_member(space, make_member("eve"), role="observer", actor=alice)
+    # when
+    refused = [as_alice.post(TASKS, {"title": "t", field: who})
+               for field in ("assignee", "reviewer") for who in ("@dave", "@eve")]
+    made = as_alice.post(TASKS, {"title": "t", "assignee": "@bob", "reviewer": "@carol"})
+    # then: neither could ever move the task, so neither is taken
+    assert [(r.status_code, r.json()["error"]["details"]["field"]) for r in refused] == [
+        (400, "assignee"), (400, "assignee"), (400, "reviewer"), (400, "reviewer")]
+    assert made.status_code == 201 and Task.objects.count() == 1
+    task = made.json()["task"]["id"]
+    assert error_code(as_alice.patch(task_url(task), {"assignee": "@dave"})) == "INVALID_REQUEST"
+
+
 def test_lists_page_by_cursor_and_filter_by_status(space, as_alice, as_bob):
     # given
     ids = [as_alice.post(TASKS, {"title": f"t{n}"}).json()["task"]["id"] for n in range(5)]
@@ -185,13 +201,14 @@ def test_text_a_database_would_refuse_is_422_invalid_body(space, as_alice, task,
 def test_only_writers_of_an_active_space_move_tasks(space, make_member, api_for, alice, bob, as_alice, as_bob):
     """Every move needs what creating and claiming need: an active member
     who is not an observer, in a space that is not archived."""
-    # given: bob's claim, then bob removed; an observer named reviewer
+    # given: bob's claim, then bob removed; a reviewer made an observer since
     claimed = as_alice.post(TASKS, {"title": "Claimed by bob"}).json()["task"]
     as_bob.post(task_url(claimed["id"], "claim"))
     services.remove_member(space, bob, actor=alice)
     watcher = make_member("watcher")
-    services.add_member(space, watcher, role="observer", actor=alice)
+    services.add_member(space, watcher, actor=alice)
     reviewed = as_alice.post(TASKS, {"title": "Reviewed", "reviewer": "@watcher"}).json()["task"]
+    services.add_member(space, watcher, role="observer", actor=alice)
     as_watcher = api_for(watcher)
     # when / then: the removed claimant and the observer reviewer are refused
     for response in (as_bob.post(task_url(claimed["id"], "submit")), as_bob.post(task_url(claimed["id"], "release")),
