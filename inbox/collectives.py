@@ -19,13 +19,15 @@ past them (`answers_for` reads the answers), and gets its request's
 firewall decision (docs/collectives.md).
 
 Everything is in the database: a restart loses nothing. Deadlines are
-finished by the worker's minute schedule (`finish_due`) and whenever the
-operation is touched (an answer, a read of the message), so a result comes
-at most about a minute after its deadline.
+finished by the worker's minute schedule (`finish_due`, all that are due,
+for up to 20 s a run) and whenever the operation is touched (an answer, a
+read of the message), so a result comes at most about a minute after its
+deadline.
 """
 from __future__ import annotations
 
 import datetime as dt
+import time
 
 from django.db import transaction
 
@@ -44,6 +46,7 @@ MIN_DEADLINE_MS = 1_000
 MAX_DEADLINE_MS = 86_400_000
 MAX_ANSWER_BYTES = 8 * 1024
 DUE_PER_RUN = 100
+DUE_SECONDS = 20.0  # of one run of the minute schedule
 
 
 def validate(conversation: Conversation, spec) -> dict:
@@ -119,20 +122,27 @@ def touch(message: Message) -> None:
                 _settle(collective)
 
 
-def finish_due() -> int:
-    """The minute schedule: finish operations whose deadline has passed.
+def finish_due(*, seconds: float = DUE_SECONDS) -> int:
+    """The minute schedule: finish operations whose deadline has passed,
+    DUE_PER_RUN at a time, until none is left or `seconds` have passed (a
+    burst of deadlines finishes in this run, not a hundred a minute).
     Returns how many finished."""
-    due = list(Collective.objects.filter(state=Collective.State.PENDING, deadline_at__lte=now())
-               .order_by("deadline_at").values_list("message_id", flat=True)[:DUE_PER_RUN])
-    finished = 0
-    for message_id in due:
-        with transaction.atomic():
-            collective = (Collective.objects.select_for_update(skip_locked=True, no_key=True)
-                          .select_related("message__space", "message__conversation", "requester")
-                          .filter(message_id=message_id, state=Collective.State.PENDING).first())
-            if collective is not None:
-                _settle(collective)
-                finished += collective.state != Collective.State.PENDING
+    finished, until = 0, time.monotonic() + seconds
+    while time.monotonic() < until:
+        due = list(Collective.objects.filter(state=Collective.State.PENDING, deadline_at__lte=now())
+                   .order_by("deadline_at").values_list("message_id", flat=True)[:DUE_PER_RUN])
+        batch = 0
+        for message_id in due:
+            with transaction.atomic():
+                collective = (Collective.objects.select_for_update(skip_locked=True, no_key=True)
+                              .select_related("message__space", "message__conversation", "requester")
+                              .filter(message_id=message_id, state=Collective.State.PENDING).first())
+                if collective is not None:
+                    _settle(collective)
+                    batch += collective.state != Collective.State.PENDING
+        finished += batch
+        if len(due) < DUE_PER_RUN or not batch:  # all done, or the rest is another worker's for now
+            break
     return finished
 
 

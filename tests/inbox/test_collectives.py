@@ -80,6 +80,19 @@ def test_a_missing_answer_is_marked_at_the_deadline(group, alice, bob, as_alice,
                                  {"member": "@carol", "missing": True}]
 
 
+def test_one_run_of_the_schedule_finishes_a_burst_of_deadlines(monkeypatch, group, alice, as_alice):
+    # given: more due operations than one batch
+    monkeypatch.setattr(collectives, "DUE_PER_RUN", 2)
+    for _ in range(5):
+        ask(as_alice, group, deadline_ms=5_000)
+    # when
+    with freeze(now() + dt.timedelta(seconds=6)):
+        finished = collectives.finish_due()
+    # then: every one, in this run
+    assert finished == 5 and not Collective.objects.filter(state="pending").exists()
+    assert len(items(alice, "collective.result")) == 5
+
+
 def test_a_read_of_the_message_finishes_a_due_operation(group, alice, as_alice):
     # given
     message = ask(as_alice, group, deadline_ms=1_000).json()["message"]["id"]
