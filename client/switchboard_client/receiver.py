@@ -79,7 +79,9 @@ TOO_LARGE = Reply(413, {"error": "body too large"}, "body too large")
 
 class WakeStore(Protocol):
     """Where delivery ids and watermarks persist. `record` must store both
-    together (or neither)."""
+    together (or neither). A wake moves its subscription's watermark to its
+    `through` unless a wake recorded before ended there too: a replay
+    resends an old range (SPEC §8), and must not move the watermark back."""
 
     def seen(self, delivery_id: str) -> bool: ...
 
@@ -93,6 +95,7 @@ class MemoryWakeStore:
 
     def __init__(self, remember: int = 100_000):
         self._ids: OrderedDict[str, None] = OrderedDict()
+        self._ends: OrderedDict[tuple[str, str], None] = OrderedDict()  # (subscription, through) recorded
         self._watermarks: dict[str, str] = {}
         self._remember = remember
         self._lock = threading.Lock()
@@ -107,7 +110,12 @@ class MemoryWakeStore:
             if len(self._ids) > self._remember:
                 self._ids.popitem(last=False)
             if wake.subscription_id and wake.through:
-                self._watermarks[wake.subscription_id] = wake.through
+                end = (wake.subscription_id, wake.through)
+                if end not in self._ends:
+                    self._watermarks[wake.subscription_id] = wake.through
+                self._ends[end] = None
+                if len(self._ends) > self._remember:
+                    self._ends.popitem(last=False)
 
     def watermark(self, subscription_id: str) -> str | None:
         with self._lock:
@@ -123,6 +131,8 @@ class SQLiteWakeStore:
             db.execute("CREATE TABLE IF NOT EXISTS seen_wakes (id TEXT PRIMARY KEY, subscription TEXT, "
                        "received_at REAL NOT NULL)")
             db.execute("CREATE TABLE IF NOT EXISTS watermarks (subscription TEXT PRIMARY KEY, through TEXT NOT NULL)")
+            db.execute("CREATE TABLE IF NOT EXISTS wake_ends (subscription TEXT NOT NULL, through TEXT NOT NULL, "
+                       "PRIMARY KEY (subscription, through))")
 
     def _connect(self) -> sqlite3.Connection:
         return sqlite3.connect(self.path, timeout=30)
@@ -135,7 +145,8 @@ class SQLiteWakeStore:
         with self._connect() as db:  # one transaction: committed on leaving the block
             db.execute("INSERT OR IGNORE INTO seen_wakes VALUES (?, ?, ?)", (wake.id, wake.subscription_id,
                                                                             time.time()))
-            if wake.subscription_id and wake.through:
+            if wake.subscription_id and wake.through and db.execute(
+                    "INSERT OR IGNORE INTO wake_ends VALUES (?, ?)", (wake.subscription_id, wake.through)).rowcount:
                 db.execute("INSERT INTO watermarks VALUES (?, ?) ON CONFLICT (subscription) "
                            "DO UPDATE SET through = excluded.through", (wake.subscription_id, wake.through))
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import uvicorn
 from standardwebhooks.webhooks import Webhook
-from switchboard_client import Client, SQLiteWakeStore, WakeReceiver
+from switchboard_client import Client, MemoryWakeStore, SQLiteWakeStore, Wake, WakeReceiver
 
 from tests.client.conftest import member_token
 from tests.servers import serving
@@ -198,3 +198,21 @@ def test_standard_webhooks_pushes_are_checked_with_the_subscription_secret():
         headers, body.encode()).status == 401
     assert WakeReceiver(keys={}, mcp_secret=secret, mcp_subscription_ids={"sub_2"}).handle(
         headers, body.encode()).reason == "unknown subscription"
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_replay_of_an_old_range_does_not_move_the_watermark_back(kind, tmp_path):
+    # given: three chained wakes, then a replay of the first (the same range, a new delivery id)
+    store = MemoryWakeStore() if kind == "memory" else SQLiteWakeStore(tmp_path / "wakes.sqlite3")
+
+    def wake(delivery, after, through):
+        return Wake(delivery, "inbox", "whs_1", None, after, through, "webhook", "spaces.inbox_events.available", {})
+
+    for delivery, after, through in [("whd_1", "c0", "c1"), ("whd_2", "c1", "c2"), ("whd_3", "c2", "c3")]:
+        store.record(wake(delivery, after, through))
+    # when
+    store.record(wake("whd_4", "c0", "c1"))
+    # then: the watermark stays at the latest range; a wake after a lost one still moves it
+    assert store.watermark("whs_1") == "c3" and store.seen("whd_4")
+    store.record(wake("whd_6", "c4", "c5"))
+    assert store.watermark("whs_1") == "c5"
