@@ -224,9 +224,12 @@ class WakeReceiver:
             return Reply(503, {"error": "signing keys unavailable"}, str(unavailable))
         if isinstance(wake, Reply):
             return wake
-        if self.store.seen(wake.id):
-            return Reply(202, {"duplicate": True}, "already received")
-        previous = self.store.watermark(wake.subscription_id) if wake.subscription_id else None
+        try:
+            if self.store.seen(wake.id):
+                return Reply(202, {"duplicate": True}, "already received")
+            previous = self.store.watermark(wake.subscription_id) if wake.subscription_id else None
+        except Exception as failure:  # noqa: BLE001 - the server retries a 5xx
+            return Reply(503, {"error": "store unavailable"}, f"{type(failure).__name__}: {failure}")
         if previous is not None and wake.after != previous:
             wake = Wake(**{**wake.__dict__, "chained": False})
         return wake

@@ -2,6 +2,7 @@
 HTTPS to the receiver served by a real WSGI server (wsgiref) or ASGI server
 (uvicorn); the receiver answers the challenge, hands each wake to its
 callback once, and refuses a tampered, stale or foreign one."""
+import asyncio
 import base64
 import io
 import json
@@ -216,3 +217,27 @@ def test_a_replay_of_an_old_range_does_not_move_the_watermark_back(kind, tmp_pat
     assert store.watermark("whs_1") == "c3" and store.seen("whd_4")
     store.record(wake("whd_6", "c4", "c5"))
     assert store.watermark("whs_1") == "c5"
+
+
+def test_a_store_that_fails_while_a_wake_is_checked_is_answered_503_for_a_retry():
+    # given: a push the Standard Webhooks library signed, and a store that cannot be read
+    secret = "whsec_" + base64.b64encode(b"k" * 32).decode()
+    body = json.dumps({"eventId": "whd_bbbbbbbbbbbbbbbb", "name": "spaces.work.available", "timestamp": "x",
+                       "data": {"space": "lab", "event_range": {"after": "a", "through": "b"}}, "cursor": None})
+    from datetime import datetime, timezone
+    now = time.time()
+    headers = {"webhook-id": "whd_bbbbbbbbbbbbbbbb", "webhook-timestamp": str(int(now)),
+               "webhook-signature": Webhook(secret).sign("whd_bbbbbbbbbbbbbbbb",
+                                                         datetime.fromtimestamp(now, timezone.utc), body),
+               "X-MCP-Subscription-Id": "sub_1"}
+
+    class Broken(MemoryWakeStore):
+        def seen(self, delivery_id):
+            raise OSError("disk I/O error")
+
+    wakes = []
+    receiver = WakeReceiver(keys={}, mcp_secret=secret, store=Broken(), on_space_wake=wakes.append)
+    # when
+    replies = [receiver.handle(headers, body.encode()), asyncio.run(receiver.handle_async(headers, body.encode()))]
+    # then: a 5xx the server retries, with why, and no callback ran
+    assert [(r.status, r.reason) for r in replies] == [(503, "OSError: disk I/O error")] * 2 and wakes == []
