@@ -29,6 +29,7 @@ CHANNEL_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,79}")
 MAX_GROUP_MEMBERS = 64
 MAX_SPACES_PER_MEMBER = 100  # spaces one member (not an admin) created and has not archived
 MAX_CHANNELS_PER_SPACE = 1_000
+MAX_GROUPS_PER_MEMBER = 1_000  # in one space
 
 
 def parse_handle(value: str) -> str:
@@ -354,6 +355,16 @@ def get_or_create_group(space: Space, members: list[Member], *, actor: Member) -
                                        "group:" + ",".join(map(str, ids)), actor=actor)
 
 
+def _check_groups_made(space: Space, actor: Member) -> None:
+    """Every distinct ordered member list is a group of its own: a member
+    makes at most MAX_GROUPS_PER_MEMBER in one space (their row serializes
+    the count)."""
+    Member.objects.select_for_update(no_key=True).filter(pk=actor.pk).first()
+    made = Conversation.objects.filter(space=space, kind=Conversation.Kind.GROUP, created_by=actor).count()
+    if made >= MAX_GROUPS_PER_MEMBER:
+        raise LimitExceeded(f"A member makes at most {MAX_GROUPS_PER_MEMBER} groups in a space.")
+
+
 def _get_or_create_participants(space: Space, kind: str, members: list[Member], address: str, *,
                                  actor: Member) -> tuple[Conversation, bool]:
     require_sender(space, actor)
@@ -367,6 +378,8 @@ def _get_or_create_participants(space: Space, kind: str, members: list[Member], 
         raise InvalidRequest("Every member must be an active member of the space.", details={"members": outsiders})
     try:
         with transaction.atomic():
+            if kind == Conversation.Kind.GROUP:
+                _check_groups_made(space, actor)
             conversation = Conversation.objects.create(space=space, kind=kind, address=address, created_by=actor)
             Participant.objects.bulk_create(
                 Participant(conversation=conversation, member=m, ordinal=i) for i, m in enumerate(members))

@@ -204,7 +204,8 @@ class ChannelsView(APIView):
 class GroupsView(APIView):
     @extend_schema(operation_id="get_or_create_group", request=GroupCreateIn, parameters=[IDEMPOTENCY_KEY],
                    responses={200: envelope("conversation", ConversationOut),
-                              201: envelope("conversation", ConversationOut), **CONVERSATION_ERRORS})
+                              201: envelope("conversation", ConversationOut),
+                              **errors(*CONVERSATION_CODES, "LIMIT_EXCEEDED")})
     @idempotent
     def post(self, request, slug):
         data = validated(GroupCreateIn, request.data)

@@ -288,3 +288,17 @@ def test_a_space_has_so_many_channels(monkeypatch, space, as_bob):
     # then
     assert error_code(refused) == "LIMIT_EXCEEDED"
     assert not Conversation.objects.filter(space=space, name="three").exists()
+
+
+def test_a_member_makes_so_many_groups_in_a_space(monkeypatch, space, alice, bob, carol, as_alice):
+    # given: each ordering of the same members is a group of its own
+    monkeypatch.setattr(services, "MAX_GROUPS_PER_MEMBER", 2)
+    groups = "/v0/spaces/lab/groups"
+    for members in (["@alice", "@bob"], ["@bob", "@alice"]):
+        assert as_alice.post(groups, {"members": members}).status_code == 201
+    # when
+    refused = as_alice.post(groups, {"members": ["@alice", "@bob", "@carol"]})
+    # then: a new one is refused; one already made is still found
+    assert error_code(refused) == "LIMIT_EXCEEDED"
+    assert as_alice.post(groups, {"members": ["@alice", "@bob"]}).status_code == 200
+    assert Conversation.objects.filter(space=space, kind="group").count() == 2
