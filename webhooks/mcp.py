@@ -93,7 +93,8 @@ def subscribe(member: Member, name: str, arguments: dict, url: str, secret: str,
     rejected for good (410, 413) is not revived by a refresh: unsubscribe
     and subscribe again once the receiver is fixed."""
     # Imported here: webhooks.services imports the engine, which imports this module.
-    from webhooks.services import catch_up_locked, verify_endpoint
+    from webhooks.services import catch_up_locked
+    from webhooks.verification import verify_endpoint
 
     if not url.lower().startswith("https://"):  # even where development allows plain http for wakes
         raise InvalidUrl("An MCP callback URL must be https://.", details={"reason": "not_https"})

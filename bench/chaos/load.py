@@ -54,11 +54,11 @@ def members() -> dict[str, tuple[object, str]]:
 
 def subscribe_webhooks(people: dict, receiver: str) -> None:
     from controlplane.models import Space
-    from webhooks import mcp, services
+    from webhooks import mcp, services, verification
 
     def endpoint(owner, path):
         ep = services.create_endpoint(owner, f"{receiver}/hook/{path}", None, actor=owner)
-        services.verify_endpoint(ep)
+        verification.verify_endpoint(ep)
         return ep
 
     owner = people["owner"][0]

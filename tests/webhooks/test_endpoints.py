@@ -186,7 +186,7 @@ def test_one_verification_per_member_in_flight_and_no_connection_held(receiver, 
 
     from django.db import connection, connections
 
-    from webhooks import services
+    from webhooks import verification
     as_alice = api_for(make_member("alice"))
     endpoint = create(as_alice, receiver.url()).json()["endpoint"]
     arrived, release, held = threading.Event(), threading.Event(), []
@@ -199,13 +199,13 @@ def test_one_verification_per_member_in_flight_and_no_connection_held(receiver, 
         return default(received)
 
     receiver.respond = slow
-    original = services._post_once
+    original = verification._post_once
 
     async def post_once(*args):
         held.append(connection.connection is not None)  # the verifying thread's connection
         return await original(*args)
 
-    monkeypatch.setattr(services, "_post_once", post_once)
+    monkeypatch.setattr(verification, "_post_once", post_once)
     results = []
     def verify_in_a_thread():
         try:

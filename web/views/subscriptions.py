@@ -17,7 +17,7 @@ from controlplane.models import Membership, Space
 from controlplane.errors import InvalidRequest, NotFound
 from web.pages import member_page
 from web.views.conversations import conversation_label
-from webhooks import services
+from webhooks import services, verification
 from webhooks.models import Attempt, Endpoint, Subscription
 
 RECENT_DELIVERIES = 5
@@ -92,7 +92,7 @@ def create_endpoint(request, member):
 def endpoint_action(request, member, endpoint_id, action):
     endpoint = services.owned_endpoint(endpoint_id, member)
     if action == "verify":
-        services.verify_endpoint(endpoint)
+        verification.verify_endpoint(endpoint)
         flash.success(request, f"{endpoint.url} answered the signed challenge: verified.")
     else:
         services.delete_endpoint(endpoint)

@@ -14,7 +14,7 @@ from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, LIMIT, errors, exte
 from controlplane.api.serializers import EmptyIn, envelope
 from controlplane.clock import rfc3339
 from controlplane.idempotency import idempotent
-from webhooks import services
+from webhooks import services, verification
 from webhooks.api.serializers import (DeliveryOut, EndpointIn, EndpointOut, InboxSubscriptionIn, SigningKeyOut,
                                       SpaceSubscriptionIn, SubscriptionOut, SubscriptionPatchIn)
 from webhooks.models import Endpoint, Subscription
@@ -68,7 +68,7 @@ class VerifyEndpointView(APIView):
     def post(self, request, endpoint_id):
         validated(EmptyIn, request.data)
         endpoint = services.owned_endpoint(endpoint_id, request.user)
-        return Response({"verified_at": rfc3339(services.verify_endpoint(endpoint))})
+        return Response({"verified_at": rfc3339(verification.verify_endpoint(endpoint))})
 
 
 class SpaceSubscriptionsView(APIView):
