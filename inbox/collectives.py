@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from dataclasses import replace
 
 from django.db import transaction
 
@@ -231,23 +232,37 @@ def _finish(collective: Collective, state: str, reason: str | None, outcome: dic
             continue
         if member.pk == collective.requester_id and reason == "requester_gone":
             continue
-        event = notices.private_event(f"collective.{'completed' if reason is None else 'failed'}",
-                                      {"message": message.public_id, "reason": reason}, member,
-                                      space_id=message.space_id)
         if reason is not None:
-            notices.post_notice(member, payload, event, conversation_id=message.conversation_id)
+            notices.post_notice(member, payload, outcome_event(member, message.public_id, message.space_id, reason),
+                                conversation_id=message.conversation_id)
             continue
-        _post_result(member, payload, event, conversation_id=message.conversation_id,
-                     requester_id=collective.requester_id, firewalled=member.pk in firewalled)
+        _post_result(member, payload, outcome_event(member, message.public_id, message.space_id, None,
+                                                    screened=member.pk in firewalled),
+                     conversation_id=message.conversation_id, requester_id=collective.requester_id,
+                     firewalled=member.pk in firewalled)
+
+
+def outcome_event(member: Member, message_id: str, space_id: int, reason: str | None, *,
+                  screened: bool = False) -> NewEvent:
+    """The private `collective.completed` or `collective.failed` event of an
+    outcome's item. A result its member's firewall has yet to judge is
+    `screened`: its event takes the item's place in the log and reaches no
+    one, and the event its admission (or release) appends reaches them
+    (inbox.firewall), as `message.admitted` does for a message."""
+    event = notices.private_event(f"collective.{'completed' if reason is None else 'failed'}",
+                                  {"message": message_id, "reason": reason}, member, space_id=space_id)
+    return replace(event, addressees=()) if screened else event
 
 
 def _post_result(member: Member, payload: dict, event: NewEvent, *, conversation_id: int, requester_id: int,
                  firewalled: bool) -> None:
     """A result carries the answerers' content, which the requester asked
     for: it counts against `member`'s mailbox and the requester's share of
-    it, and past either it goes as a reference (how many answered, why the
-    answers are left out: `GET /v0/messages/{id}/answers` reads them), which
-    is no bigger than the request was. With a firewall it waits for
+    it. Past either it goes as a reference (how many answered, and why the
+    answers are left out: `answers_for` reads them), a few hundred bytes
+    that count against that share all the same, past it if need be: a
+    requester whose share is full sends no more requests, so references
+    pile up no faster than requests did. With a firewall it waits for
     classification, which gives it its request's decision (inbox.firewall)."""
     omitted = mailbox.fits(member.pk, content_bytes(payload), sender_id=requester_id)
     if omitted is not None:
@@ -255,8 +270,7 @@ def _post_result(member: Member, payload: dict, event: NewEvent, *, conversation
         payload = {"kind": payload["kind"], "ended": payload["ended"], "answers_omitted": omitted,
                    "answered": sum("answer" in a for a in answers), "asked": len(answers),
                    "collective": payload["collective"]}
-    notices.post_notice(member, payload, event, conversation_id=conversation_id,
-                        sender_id=None if omitted else requester_id,
+    notices.post_notice(member, payload, event, conversation_id=conversation_id, sender_id=requester_id,
                         admission=InboxItem.Admission.UNCLASSIFIED if firewalled else InboxItem.Admission.ADMITTED)
     if firewalled:
         kick_on_commit("inbox.tasks.classify_pending", member.pk)

@@ -25,7 +25,7 @@ from controlplane.clock import now
 from controlplane.errors import AuthorityRevoked, InvalidRequest, UnknownDelivery
 from controlplane.models import Conversation, Member
 from controlplane.log import append_events
-from inbox import authority, events, mailbox
+from inbox import authority, collectives, events, mailbox
 from inbox.models import FirewallRule, InboxItem, Mailbox
 
 log = logging.getLogger(__name__)
@@ -157,6 +157,9 @@ def _announce_admitted(item: InboxItem) -> None:
     addressed to its member) and live inbox clients."""
     if item.message_id is not None:
         append_events([events.message_admitted(item.message, item.member)])
+    elif item.kind == "collective.result":
+        append_events([collectives.outcome_event(item.member, item.payload["collective"]["message"],
+                                                 item.conversation.space_id, None)])
     mailbox.announce_available(item.member)
 
 

@@ -61,12 +61,12 @@ def test_answers_past_the_requesters_share_go_as_a_reference(settings, group, al
     # when
     as_bob.post(f"/v0/messages/{message}/answer", {"body": "b" * 2500})
     as_carol.post(f"/v0/messages/{message}/answer", {"body": "c" * 2500})
-    # then: everyone owed the outcome has a reference, counted against no one's share
+    # then: everyone owed the outcome has a reference, counted against alice's share all the same
     for member in (alice, bob, carol):
         result = result_of(member)
         assert result.payload["answers_omitted"] == "sender_share" and "answers" not in result.payload
         assert (result.payload["answered"], result.payload["asked"]) == (2, 2)
-        assert result.sender_id is None and result.content_bytes < 400
+        assert result.sender_id == alice.pk and result.content_bytes < 400
     # and each of them reads the answers from the message
     for api in (as_alice, as_bob, as_carol):
         read = api.get(f"/v0/messages/{message}/answers")
@@ -144,3 +144,47 @@ def test_the_answers_are_read_only_by_whom_they_are_owed_once_completed(space, g
     tool = TOOLS["read_answers"]
     read = tool.run(alice, check_arguments(tool, {"messageId": message}))
     assert [a["answer"] for a in read["answers"]] == ["yes", "no"]
+
+
+def test_a_reference_past_the_share_still_counts_so_the_requester_asks_no_more(settings, group, alice, bob,
+                                                                              as_alice, as_bob, as_carol):
+    # given: alice's share of bob's mailbox holds one request and less than a reference more
+    message = ask(as_alice, group)
+    settings.MAILBOX_SENDER_SHARE = limit = share(bob, alice) + 100
+    # when the answers come back past it
+    as_bob.post(f"/v0/messages/{message}/answer", {"body": "b" * 600})
+    as_carol.post(f"/v0/messages/{message}/answer", {"body": "c" * 600})
+    # then: the reference is counted, past the share, and alice's next request to bob is refused
+    assert result_of(bob).payload["answers_omitted"] == "sender_share"
+    assert share(bob, alice) > limit
+    refused = as_alice.post(f"/v0/spaces/lab/conversations/{group.public_id}/messages",
+                            {"body": "Again?", "collective": {"op": "all_gather", "deadline_ms": 60_000}})
+    assert refused.status_code == 507 and refused.json()["error"]["details"]["reason"] == "sender_share"
+
+
+def inbox_feed(api, cursor=None) -> tuple[list[str], str]:
+    page = api.get("/v0/me/inbox/events" + (f"?cursor={cursor}" if cursor else "")).json()
+    return [e["kind"] for e in page["events"]], page["cursor"]
+
+
+def test_a_result_is_heard_of_in_the_inbox_feed_when_it_is_admitted_and_not_before(group, bob, carol, as_alice,
+                                                                                   as_bob, as_carol):
+    # given: bob's rules concern someone else; carol's hold alice, so they held her request
+    as_bob.put("/v0/me/inbox/firewall", {"rules": [{"action": "hold", "sender": "@dave"}]})
+    as_carol.put("/v0/me/inbox/firewall", {"rules": [{"action": "hold", "sender": "@alice"}]})
+    message = ask(as_alice, group)
+    for member in (bob, carol):
+        firewall.classify_pending(member.pk)
+    _, bobs = inbox_feed(as_bob)
+    _, carols = inbox_feed(as_carol)
+    # when the operation completes: before classification neither feed hears of it
+    as_bob.post(f"/v0/messages/{message}/answer", {"body": "two"})
+    as_carol.post(f"/v0/messages/{message}/answer", {"body": "three"})
+    assert inbox_feed(as_bob, bobs)[0] == [] and inbox_feed(as_carol, carols)[0] == []
+    for member in (bob, carol):
+        firewall.classify_pending(member.pk)
+    # then: bob's admitted result is announced; carol's held one is not, until she releases it
+    assert inbox_feed(as_bob, bobs)[0] == ["collective.completed"]
+    assert inbox_feed(as_carol, carols)[0] == []
+    as_carol.post("/v0/me/inbox/held/release", {"deliveryToken": result_of(carol).token})
+    assert inbox_feed(as_carol, carols)[0] == ["collective.completed"]
