@@ -9,7 +9,7 @@ from controlplane import services
 from controlplane.errors import ApiError
 from inbox import firewall, reads
 from controlplane.models import EventAddressee
-from inbox.models import InboxItem, Mailbox
+from inbox.models import InboxItem, Mailbox, MailboxShare
 from inbox.services import send_message
 from tests.conftest import error_code
 
@@ -78,6 +78,27 @@ def test_a_held_sender_fills_only_their_share_of_held_rows(settings, space, alic
     as_bob.post("/v0/me/inbox/held/release", {"deliveryToken": token})
     as_bob.post("/v0/me/inbox/acknowledge", {"deliveryToken": token})
     send_message(from_alice, body="a" * 1024, actor=alice)
+
+
+def test_the_migration_counts_items_held_before_in_their_senders_share(space, alice, bob, as_bob):
+    # given: an item held the way it was before, out of its sender's share too
+    import importlib
+
+    from django.apps import apps
+    migration = importlib.import_module("inbox.migrations.0008_held_items_in_shares")
+    as_bob.put("/v0/me/inbox/firewall", {"rules": [{"action": "hold", "sender": "@alice"}]})
+    direct, _ = services.get_or_create_direct(space, alice, actor=bob)
+    send_message(direct, body="a" * 1000, actor=alice)
+    firewall.classify_pending(bob.pk)
+    held = InboxItem.objects.get(member=bob, admission="held")
+    MailboxShare.objects.filter(member=bob, sender=alice).update(pending_bytes=0)
+    # when
+    migration.count_held(apps, None)
+    # then: released and acknowledged, it leaves the share at zero, not below
+    assert MailboxShare.objects.get(member=bob, sender=alice).pending_bytes == held.content_bytes
+    as_bob.post("/v0/me/inbox/held/release", {"deliveryToken": held.token})
+    as_bob.post("/v0/me/inbox/acknowledge", {"deliveryToken": held.token})
+    assert MailboxShare.objects.get(member=bob, sender=alice).pending_bytes == 0
 
 
 def test_no_rules_means_admitted_at_once(space, alice, bob, as_bob):
