@@ -146,7 +146,8 @@ def create_space(*, slug: str, name: str, visibility: str, send_policy: str, act
             Member.objects.select_for_update(no_key=True).filter(pk=actor.pk).first()
             created = Space.objects.filter(created_by=actor, archived=False).count()
             if created >= MAX_SPACES_PER_MEMBER and not actor.is_admin:
-                raise LimitExceeded(f"A member creates at most {MAX_SPACES_PER_MEMBER} spaces; archive one first.")
+                raise LimitExceeded(f"A member creates at most {MAX_SPACES_PER_MEMBER} spaces; an admin can "
+                                    "archive one to make room.")
             space = Space.objects.create(slug=slug, name=name, visibility=visibility, send_policy=send_policy,
                                          created_by=actor)
             owner = Membership.objects.create(space=space, member=actor, role=Membership.Role.OWNER)
@@ -316,7 +317,9 @@ def create_channel(space: Space, name: str, *, actor: Member) -> Conversation:
     try:
         with transaction.atomic():
             Space.objects.select_for_update(no_key=True).filter(pk=space.pk).first()  # serializes the count
-            channels = Conversation.objects.filter(space=space, kind=Conversation.Kind.CHANNEL).count()
+            # A name with a colon is no channel of a member's making (a task's discussion, coordination).
+            channels = (Conversation.objects.filter(space=space, kind=Conversation.Kind.CHANNEL)
+                        .exclude(name__contains=":").count())
             if channels >= MAX_CHANNELS_PER_SPACE:
                 raise LimitExceeded(f"A space has at most {MAX_CHANNELS_PER_SPACE} channels.")
             conversation = Conversation.objects.create(space=space, kind=Conversation.Kind.CHANNEL, name=name,
@@ -357,9 +360,8 @@ def get_or_create_group(space: Space, members: list[Member], *, actor: Member) -
 
 def _check_groups_made(space: Space, actor: Member) -> None:
     """Every distinct ordered member list is a group of its own: a member
-    makes at most MAX_GROUPS_PER_MEMBER in one space (their row serializes
-    the count)."""
-    Member.objects.select_for_update(no_key=True).filter(pk=actor.pk).first()
+    makes at most MAX_GROUPS_PER_MEMBER in one space (the caller holds
+    their row, which serializes the count)."""
     made = Conversation.objects.filter(space=space, kind=Conversation.Kind.GROUP, created_by=actor).count()
     if made >= MAX_GROUPS_PER_MEMBER:
         raise LimitExceeded(f"A member makes at most {MAX_GROUPS_PER_MEMBER} groups in a space.")
@@ -379,6 +381,10 @@ def _get_or_create_participants(space: Space, kind: str, members: list[Member], 
     try:
         with transaction.atomic():
             if kind == Conversation.Kind.GROUP:
+                # The maker's row serializes the count; the same group made meanwhile is found, not refused.
+                Member.objects.select_for_update(no_key=True).filter(pk=actor.pk).first()
+                if (made := Conversation.objects.filter(space=space, address=address).first()) is not None:
+                    return made, False
                 _check_groups_made(space, actor)
             conversation = Conversation.objects.create(space=space, kind=kind, address=address, created_by=actor)
             Participant.objects.bulk_create(

@@ -134,6 +134,8 @@ def finish_due(*, seconds: float = DUE_SECONDS) -> int:
                    .order_by("deadline_at").values_list("message_id", flat=True)[:DUE_PER_RUN])
         batch = 0
         for message_id in due:
+            if time.monotonic() >= until:
+                break
             with transaction.atomic():
                 collective = (Collective.objects.select_for_update(skip_locked=True, no_key=True)
                               .select_related("message__space", "message__conversation", "requester")

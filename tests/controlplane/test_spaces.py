@@ -279,8 +279,10 @@ def test_a_member_creates_so_many_spaces_and_an_admin_more(monkeypatch, alice, a
 
 
 def test_a_space_has_so_many_channels(monkeypatch, space, as_bob):
-    # given
+    # given: tasks' discussions are channels too, and do not count
     monkeypatch.setattr(services, "MAX_CHANNELS_PER_SPACE", 2)
+    for n in range(3):
+        assert as_bob.post("/v0/spaces/lab/tasks", {"title": f"t{n}"}).status_code == 201
     for name in ("one", "two"):
         assert as_bob.post("/v0/spaces/lab/channels", {"name": name}).status_code == 201
     # when
@@ -302,3 +304,57 @@ def test_a_member_makes_so_many_groups_in_a_space(monkeypatch, space, alice, bob
     assert error_code(refused) == "LIMIT_EXCEEDED"
     assert as_alice.post(groups, {"members": ["@alice", "@bob"]}).status_code == 200
     assert Conversation.objects.filter(space=space, kind="group").count() == 2
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_the_same_group_made_twice_at_once_at_the_cap_is_found_not_refused(monkeypatch):
+    import threading
+    import time
+
+    from django.db import connection, connections
+
+    # given: alice may make one group more; the first making of it pauses before its commit
+    alice, bob = (services.create_member(h, actor=None) for h in ("alice", "bob"))
+    space = services.create_space(slug="lab", name="Lab", visibility="open", send_policy="open", actor=alice)
+    services.join_space(space, actor=bob)
+    monkeypatch.setattr(services, "MAX_GROUPS_PER_MEMBER", 1)
+    made, proceed, results = threading.Event(), threading.Event(), {}
+    original = services.append_events
+
+    def pausing(events, *args, **kwargs):
+        rows = original(events, *args, **kwargs)
+        if threading.current_thread().name == "first":
+            made.set()
+            proceed.wait(10)
+        return rows
+
+    monkeypatch.setattr(services, "append_events", pausing)
+
+    def make():
+        try:
+            results[threading.current_thread().name] = services.get_or_create_group(space, [alice, bob],
+                                                                                   actor=alice)[1]
+        except Exception as exc:  # noqa: BLE001 - compared below
+            results[threading.current_thread().name] = repr(exc)
+        finally:
+            connections.close_all()
+
+    first = threading.Thread(target=make, name="first")
+    first.start()
+    assert made.wait(10)
+    # when: the same group again, which waits for the first's lock on alice's row
+    second = threading.Thread(target=make, name="second")
+    second.start()
+    deadline = time.monotonic() + 10
+    with connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+            if cursor.fetchone()[0]:
+                break
+            time.sleep(0.02)
+    proceed.set()
+    first.join(20)
+    second.join(20)
+    # then: one made it, the other found it
+    assert results == {"first": True, "second": False}
