@@ -80,8 +80,10 @@ TOO_LARGE = Reply(413, {"error": "body too large"}, "body too large")
 class WakeStore(Protocol):
     """Where delivery ids and watermarks persist. `record` must store both
     together (or neither). A wake moves its subscription's watermark to its
-    `through` unless a wake recorded before ended there too: a replay
-    resends an old range (SPEC §8), and must not move the watermark back."""
+    `through` unless a wake recorded before began or ended there: a replay
+    resends an old range (SPEC §8), of a wake recorded or lost, and must not
+    move the watermark back. (A replay older than every wake a store
+    remembers still does: cursors are opaque, so nothing else orders them.)"""
 
     def seen(self, delivery_id: str) -> bool: ...
 
@@ -95,7 +97,7 @@ class MemoryWakeStore:
 
     def __init__(self, remember: int = 100_000):
         self._ids: OrderedDict[str, None] = OrderedDict()
-        self._ends: OrderedDict[tuple[str, str], None] = OrderedDict()  # (subscription, through) recorded
+        self._known: OrderedDict[tuple[str, str], None] = OrderedDict()  # (subscription, after or through)
         self._watermarks: dict[str, str] = {}
         self._remember = remember
         self._lock = threading.Lock()
@@ -110,12 +112,12 @@ class MemoryWakeStore:
             if len(self._ids) > self._remember:
                 self._ids.popitem(last=False)
             if wake.subscription_id and wake.through:
-                end = (wake.subscription_id, wake.through)
-                if end not in self._ends:
+                if (wake.subscription_id, wake.through) not in self._known:
                     self._watermarks[wake.subscription_id] = wake.through
-                self._ends[end] = None
-                if len(self._ends) > self._remember:
-                    self._ends.popitem(last=False)
+                for cursor in (wake.after, wake.through):
+                    self._known[wake.subscription_id, cursor] = None
+                while len(self._known) > 2 * self._remember:
+                    self._known.popitem(last=False)
 
     def watermark(self, subscription_id: str) -> str | None:
         with self._lock:
@@ -131,8 +133,8 @@ class SQLiteWakeStore:
             db.execute("CREATE TABLE IF NOT EXISTS seen_wakes (id TEXT PRIMARY KEY, subscription TEXT, "
                        "received_at REAL NOT NULL)")
             db.execute("CREATE TABLE IF NOT EXISTS watermarks (subscription TEXT PRIMARY KEY, through TEXT NOT NULL)")
-            db.execute("CREATE TABLE IF NOT EXISTS wake_ends (subscription TEXT NOT NULL, through TEXT NOT NULL, "
-                       "PRIMARY KEY (subscription, through))")
+            db.execute("CREATE TABLE IF NOT EXISTS wake_cursors (subscription TEXT NOT NULL, cursor TEXT NOT NULL, "
+                       "PRIMARY KEY (subscription, cursor))")
 
     def _connect(self) -> sqlite3.Connection:
         return sqlite3.connect(self.path, timeout=30)
@@ -145,10 +147,13 @@ class SQLiteWakeStore:
         with self._connect() as db:  # one transaction: committed on leaving the block
             db.execute("INSERT OR IGNORE INTO seen_wakes VALUES (?, ?, ?)", (wake.id, wake.subscription_id,
                                                                             time.time()))
-            if wake.subscription_id and wake.through and db.execute(
-                    "INSERT OR IGNORE INTO wake_ends VALUES (?, ?)", (wake.subscription_id, wake.through)).rowcount:
-                db.execute("INSERT INTO watermarks VALUES (?, ?) ON CONFLICT (subscription) "
-                           "DO UPDATE SET through = excluded.through", (wake.subscription_id, wake.through))
+            if wake.subscription_id and wake.through:
+                if not db.execute("SELECT 1 FROM wake_cursors WHERE subscription = ? AND cursor = ?",
+                                  (wake.subscription_id, wake.through)).fetchone():
+                    db.execute("INSERT INTO watermarks VALUES (?, ?) ON CONFLICT (subscription) "
+                               "DO UPDATE SET through = excluded.through", (wake.subscription_id, wake.through))
+                db.executemany("INSERT OR IGNORE INTO wake_cursors VALUES (?, ?)",
+                               [(wake.subscription_id, c) for c in (wake.after, wake.through) if c])
 
     def watermark(self, subscription_id: str) -> str | None:
         with self._connect() as db:

@@ -217,6 +217,9 @@ def test_a_replay_of_an_old_range_does_not_move_the_watermark_back(kind, tmp_pat
     assert store.watermark("whs_1") == "c3" and store.seen("whd_4")
     store.record(wake("whd_6", "c4", "c5"))
     assert store.watermark("whs_1") == "c5"
+    # and the replay of the lost wake (c3 → c4), whose end a recorded wake began at, leaves it too
+    store.record(wake("whd_7", "c3", "c4"))
+    assert store.watermark("whs_1") == "c5"
 
 
 def test_a_store_that_fails_while_a_wake_is_checked_is_answered_503_for_a_retry():
