@@ -228,7 +228,11 @@ def _finish(collective: Collective, state: str, reason: str | None, outcome: dic
                                          "space": message.space.slug}}
     owed = _owed(collective)
     mailbox.lock(owed, create=True)  # every notice's mailbox, in member order, before the log head
-    firewalled = set(Mailbox.objects.filter(member_id__in=owed, firewall=True).values_list("member_id", flat=True))
+    # A result waits for classification where a firewall judges new items, or where the request it
+    # answers still waits (rules removed meanwhile): it never overtakes its request.
+    firewalled = {*Mailbox.objects.filter(member_id__in=owed, firewall=True).values_list("member_id", flat=True),
+                  *InboxItem.objects.filter(message=message, admission=InboxItem.Admission.UNCLASSIFIED)
+                  .values_list("member_id", flat=True)}
     for member in Member.objects.filter(pk__in=owed, status=Member.Status.ACTIVE):
         if member.pk != collective.requester_id and not can_read_space(message.space, member):
             continue

@@ -125,7 +125,8 @@ def classify_next(member_id: int) -> bool:
     if candidate is None:
         return False
     rules = _rules(member_id)
-    decision = _decide_result(candidate) if candidate.kind == "collective.result" else decide(rules, candidate)
+    result = candidate.kind == "collective.result"  # decided under the lock: its request may be released meanwhile
+    decision = None if result else decide(rules, candidate)
     with transaction.atomic():
         box = Mailbox.objects.select_for_update(skip_locked=True, no_key=True).filter(member_id=member_id).first()
         if box is None:
@@ -140,6 +141,8 @@ def classify_next(member_id: int) -> bool:
                        .values_list("pk", flat=True))
         if item.pk != candidate.pk or current != [r.pk for r in rules]:
             return True  # settled by another worker, or the rules changed: decide again
+        if result:
+            decision = _decide_result(item)
         item.settled_at, item.guidance = now(), decision.guidance
         if decision.action == FirewallRule.Action.HOLD:
             item.admission = InboxItem.Admission.HELD

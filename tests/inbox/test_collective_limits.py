@@ -188,3 +188,19 @@ def test_a_result_is_heard_of_in_the_inbox_feed_when_it_is_admitted_and_not_befo
     assert inbox_feed(as_carol, carols)[0] == []
     as_carol.post("/v0/me/inbox/held/release", {"deliveryToken": result_of(carol).token})
     assert inbox_feed(as_carol, carols)[0] == ["collective.completed"]
+
+
+def test_a_result_does_not_overtake_its_request_when_the_rules_went_meanwhile(group, bob, as_alice, as_bob,
+                                                                              as_carol):
+    # given: bob's request waits for classification, then bob drops his rules
+    as_bob.put("/v0/me/inbox/firewall", {"rules": [{"action": "hold", "sender": "@dave"}]})
+    message = ask(as_alice, group)
+    as_bob.put("/v0/me/inbox/firewall", {"rules": []})
+    # when the operation completes
+    as_bob.post(f"/v0/messages/{message}/answer", {"body": "two"})
+    as_carol.post(f"/v0/messages/{message}/answer", {"body": "three"})
+    # then: the result waits with its request, and both are admitted in order
+    assert result_of(bob).admission == "unclassified"
+    firewall.classify_pending(bob.pk)
+    kinds = [e["item"]["kind"] for e in as_bob.get("/v0/me/inbox").json()["items"]]
+    assert kinds == ["collective.request", "collective.result"]
