@@ -4,7 +4,7 @@ held ones included),
 whatever happens in whatever order: sends (some refused for a full mailbox
 or a missing grant), acknowledgements (one at a time, and in batches as
 push receivers' 2xx settle them), firewall holds and releases, grant
-revocations and control-plane notices."""
+revocations, control-plane notices and collective results."""
 from __future__ import annotations
 
 from django.conf import settings as django_settings
@@ -18,7 +18,7 @@ from controlplane.errors import ApiError
 from controlplane.log import NewEvent
 from grants.models import Grant
 from grants.services import create_grant, revoke_grant
-from inbox import firewall, mailbox, notices
+from inbox import collectives, firewall, mailbox, notices
 from inbox.delivery import acknowledge_delivery, acknowledge_items
 from inbox.models import InboxItem, Mailbox, MailboxShare
 from inbox.services import send_message
@@ -36,6 +36,7 @@ OPERATIONS = st.one_of(
     st.tuples(st.just("classify"), person),
     st.tuples(st.just("release"), person, pick),
     st.tuples(st.just("notice"), person),
+    st.tuples(st.just("collective"), person, st.booleans(), st.integers(min_value=1, max_value=1500)),
 )
 
 
@@ -119,6 +120,17 @@ class World:
         if held:
             firewall.release_item(member, held[k % len(held)].token, actor=member)
 
+    def collective(self, asker, everyone, size):
+        """A collective request of the three, every other one answering: its
+        result counts against the asker's share, or goes as a reference."""
+        group, _ = services.get_or_create_group(self.open, list(self.people.values()), actor=self.people[asker])
+        sent = send_message(group, body="?", actor=self.people[asker],
+                            collective={"op": "all_gather" if everyone else "gather", "deadline_ms": 60_000})
+        for handle in PEOPLE:
+            if handle != asker:
+                collectives.answer(sent.message, "a" * size, actor=self.people[handle])
+        assert InboxItem.objects.filter(member=self.people[asker], kind="collective.result").exists()
+
     def notice(self, who):
         member = self.people[who]
         notices.post_notice(member, {"kind": "approval", "status": "denied", "reason": "r" * 40},
@@ -135,6 +147,9 @@ class World:
 @example(operations=[("rules", "ben", "ann"), ("grant", True, "ann", "ben"), ("send", "ann", 1, True, 100),
                      ("classify", "ben"), ("revoke", 0), ("release", "ben", 0)])
 @example(operations=[("send", "ann", 1, False, 1500)] * 3 + [("notice", "ben"), ("ack", "ben", 0)])
+@example(operations=[("rules", "cat", "ann"), ("collective", "ann", True, 1200), ("classify", "cat"),
+                     ("collective", "ann", True, 1500), ("classify", "cat"), ("release", "cat", 0),
+                     ("ack", "ben", 0), ("ack", "cat", 1)])
 @example(operations=[("send", "ann", 1, False, 300), ("send", "cat", 2, False, 200), ("notice", "ben"),
                      ("send", "ben", 1, False, 100), ("ack_batch", ["ben", "cat", "ben"]),
                      ("ack_batch", ["ben"])])
