@@ -242,10 +242,11 @@ def _finish(collective: Collective, state: str, reason: str | None, outcome: dic
             notices.post_notice(member, payload, outcome_event(member, message.public_id, message.space_id, reason),
                                 conversation_id=message.conversation_id)
             continue
+        screened = member.pk in firewalled
         _post_result(member, payload, outcome_event(member, message.public_id, message.space_id, None,
-                                                    screened=member.pk in firewalled),
+                                                    screened=screened),
                      conversation_id=message.conversation_id, requester_id=collective.requester_id,
-                     firewalled=member.pk in firewalled)
+                     firewalled=screened)
 
 
 def outcome_event(member: Member, message_id: str, space_id: int, reason: str | None, *,

@@ -15,7 +15,7 @@ share). Only this module changes them, in the caller's transaction:
 - `fits` tells whether bytes would fit, without counting them (a
   collective's result, which shrinks to a reference when they would not);
 - `credit` counts bytes that become pending without the limit (a notice,
-  a result that `fits`);
+  a collective's result, whole when it `fits`, else as a reference);
 - `debit` uncounts bytes that stop being pending (acknowledged, rejected);
 - `hold` and `release` take a held item's bytes out of the mailbox's count
   and back, leaving its sender's share as it was.

@@ -18,8 +18,8 @@ from controlplane.errors import NotFound
 from controlplane.idempotency import idempotency_key, idempotent
 from inbox import collectives, feeds, reads, services
 from inbox.api.longpoll import wants_wakes
-from inbox.api.serializers import (AnswerIn, AnswerOut, AnswersOut, BodyPageOut, BodyParams, FeedPageOut, FeedParams, MessageOut,
-                                   MessageStatusOut, ResolveIn, SendMessageIn, SnapshotOut, SnapshotParams)
+from inbox.api.serializers import (AnswerIn, AnswerOut, AnswersOut, BodyPageOut, BodyParams, FeedPageOut, FeedParams,
+                                   MessageOut, MessageStatusOut, ResolveIn, SendMessageIn, SnapshotOut, SnapshotParams)
 from inbox.models import Message
 from inbox.render import render_events, render_message, render_message_status
 
