@@ -34,9 +34,9 @@ def approval_queue(request):
 
 @staff_member_required
 @require_POST
-def revoke(request, grant_id: str):
+def revoke(request, slug: str, grant_id: str):
     actor = approver(request)
-    grant = get_object_or_404(Grant, public_id=grant_id)
+    grant = get_object_or_404(Grant, space__slug=slug, public_id=grant_id)  # an id is unique within its space
     try:
         grant = services.revoke_grant(grant, actor=actor)
         messages.success(request, f"Grant {grant.public_id} is {grant.status}.")

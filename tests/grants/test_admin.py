@@ -114,10 +114,28 @@ def test_the_staff_page_lists_grants_in_force_and_revokes_them(grant, approver, 
     make_member("walt", kind="human", password="walt-pass-123")
     other = Client()
     assert other.login(username="walt", password="walt-pass-123")
-    other.post(f"/staff/grants/{pair.public_id}/revoke")
+    other.post(f"/staff/grants/{pair.space.slug}/{pair.public_id}/revoke")
     unchanged = Grant.objects.get(pk=pair.pk).status
-    approver.post(f"/staff/grants/{pair.public_id}/revoke", {"csrfmiddlewaretoken": csrf(approver, page)})
+    approver.post(f"/staff/grants/{pair.space.slug}/{pair.public_id}/revoke",
+                  {"csrfmiddlewaretoken": csrf(approver, page)})
     # then
     assert unchanged == "active" and Grant.objects.get(pk=pair.pk).status == "revoked"
     after = approver.get("/staff/approvals/").content.decode()
     assert f"Grant {pair.public_id} is revoked." in after and "No grant is in force." in after
+
+
+def test_the_staff_page_revokes_the_grant_of_its_space_where_two_spaces_use_one_id(grant, approver, carol):
+    # given: the same id in another space (ids are unique within a space only)
+    from controlplane import services
+    from grants import services as grants
+
+    other = services.create_space(slug="other", name="Other", visibility="open", send_policy="explicit_only",
+                                  actor=carol)
+    mine = grant("grt_shared", "project")
+    theirs, _ = grants.create_grant(other, grant_id="grt_shared", kind="project", actor=carol)
+    page = approver.get("/staff/approvals/")
+    # when
+    response = approver.post("/staff/grants/other/grt_shared/revoke", {"csrfmiddlewaretoken": csrf(approver, page)})
+    # then: that space's grant, and no other
+    assert response.status_code == 302
+    assert Grant.objects.get(pk=theirs.pk).status == "revoked" and Grant.objects.get(pk=mine.pk).status == "active"
