@@ -8,7 +8,8 @@ from django.db import IntegrityError, transaction
 
 from controlplane.access import is_active_admin
 from controlplane.clock import now
-from controlplane.errors import ApiError, Conflict, IdempotencyConflict, InvalidRequest, LimitExceeded, NotFound
+from controlplane.errors import (ApiError, Conflict, Forbidden, IdempotencyConflict, InvalidRequest, LimitExceeded,
+                                 NotFound)
 from controlplane.models import Member
 from controlplane.tokens import public_id
 from grants.models import ApprovalRequest, Grant
@@ -105,15 +106,17 @@ def approve(request: ApprovalRequest, *, actor: Member) -> ApprovalRequest:
     lost the right to write), nothing changes and the error says why."""
     if not is_active_admin(actor):
         raise NotFound()
+    if request.sender_id == actor.pk:  # SPEC §5: a grant is never made by the member it governs
+        raise Forbidden("An approval request is approved by another admin than its sender.")
     with transaction.atomic():
         if done := _lock_pending(request, ApprovalRequest.Status.APPROVED):
             return done
         request.refresh_from_db()
         sender, conversation = request.sender, request.conversation
-        for recipient in Member.objects.filter(pk__in=request.recipients).order_by("pk"):
-            Grant.objects.create(public_id=public_id("grt"), space_id=request.space_id,
-                                 kind=Grant.Kind.ONE_MESSAGE, sender=sender, recipient=recipient,
-                                 idempotency_key=request.idempotency_key, created_by=actor)
+        made = [Grant.objects.create(public_id=public_id("grt"), space_id=request.space_id,
+                                     kind=Grant.Kind.ONE_MESSAGE, sender=sender, recipient=recipient,
+                                     idempotency_key=request.idempotency_key, created_by=actor)
+                for recipient in Member.objects.filter(pk__in=request.recipients).order_by("pk")]
         try:
             result = send_message(conversation, body=request.body, reply_to=request.reply_to,
                                   related_paths=request.related_paths, idempotency_key=request.idempotency_key,
@@ -123,6 +126,8 @@ def approve(request: ApprovalRequest, *, actor: Member) -> ApprovalRequest:
             # sender no longer a member, the key used for another message…
             raise Conflict(f"The retained message cannot be sent as approved: {exc.message}",
                            details={"cause": exc.code, **exc.details}) from None
+        if not result.created:  # sent meanwhile under other authority with the same key: these went unused
+            Grant.objects.filter(pk__in=[grant.pk for grant in made]).delete()
         request.status, request.decided_by, request.decided_at = ApprovalRequest.Status.APPROVED, actor, now()
         request.message = result.message
         request.save(update_fields=["status", "decided_by", "decided_at", "message"])

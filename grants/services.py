@@ -70,6 +70,8 @@ def create_grant(space: Space, *, grant_id: str, kind: str, sender: str | None =
     recipient_m = member_for_handle(recipient) if recipient is not None else None
     if sender_m is not None and sender_m == recipient_m:
         raise InvalidRequest("sender and recipient must be different members.")
+    if sender_m is not None and sender_m.pk == actor.pk:  # SPEC §5: never by the member it governs
+        raise Forbidden("A grant never names its creator as its sender: it would authorize itself.")
 
     def existing() -> Grant | None:
         grant = Grant.objects.filter(space=space, public_id=grant_id).first()

@@ -199,3 +199,32 @@ def test_approving_a_group_message_sends_it_once_to_every_uncovered_recipient(lo
     assert [(g.recipient, g.message) for g in grants] == [(bob, message), (carol, message)]
     assert [item["content"] for item in inbox(as_bob)] == ["hi"]
     assert [item["content"] for item in inbox(as_carol)] == ["hi"]
+
+
+def test_an_admin_does_not_approve_their_own_request(locked, root, as_root, carol):
+    # given: an admin who is a member asks for approval of their own send
+    services.join_space(locked, actor=root)
+    direct, _ = services.get_or_create_direct(locked, carol, actor=root)
+    asked = as_root.post(send_path(direct), {"body": "let me", "request_approval": True},
+                         headers={"Idempotency-Key": "self-00001"})
+    request_id = asked.json()["error"]["details"]["approval_request"]["id"]
+    # when
+    refused = as_root.post(f"/v0/approval-requests/{request_id}/approve")
+    # then
+    assert error_code(refused) == "FORBIDDEN"
+    assert ApprovalRequest.objects.get(public_id=request_id).status == "pending" and not Grant.objects.exists()
+
+
+def test_approving_a_message_already_sent_leaves_no_unused_grant(locked, bob_to_carol, as_alice, as_bob, as_root):
+    # given: bob asks for approval, then sends the same message under a pair grant, with the same key
+    asked = as_bob.post(send_path(bob_to_carol), {"body": "hello", "request_approval": True}, headers=KEY)
+    request_id = asked.json()["error"]["details"]["approval_request"]["id"]
+    as_alice.post("/v0/spaces/vault/grants", {"id": "grt_pair", "kind": "pair", "sender": "@bob",
+                                              "recipient": "@carol"})
+    sent = as_bob.post(send_path(bob_to_carol), {"body": "hello"}, headers=KEY)
+    # when an admin approves the request
+    approved = as_root.post(f"/v0/approval-requests/{request_id}/approve")
+    # then: the request names that message, and no one-message grant is left in force unused
+    assert sent.status_code == 201 and approved.status_code == 200
+    assert approved.json()["approval_request"]["message"] == sent.json()["message"]["id"]
+    assert not Grant.objects.filter(kind="one_message").exists()

@@ -1,6 +1,8 @@
 """POST /v0/spaces/{slug}/grants, GET /v0/grants/{id}, revoke (SPEC §5)."""
 import pytest
 
+from controlplane import services
+
 from grants.models import Grant
 from tests.conftest import error_code
 
@@ -96,6 +98,19 @@ def test_only_owners_and_admins_create_grants(locked, as_bob, as_root):
     # then
     assert refused.status_code == 403 and error_code(refused) == "FORBIDDEN"
     assert by_admin.status_code == 201 and by_admin.json()["grant"]["created_by"] == "@root"
+
+
+def test_a_grant_never_names_its_creator_as_its_sender(locked, alice, root, as_alice, as_root):
+    # when: the owner, and an admin, each name themselves as the sender
+    mine = as_alice.post("/v0/spaces/vault/grants", {"id": "grt_self", "kind": "pair", "sender": "@alice",
+                                                     "recipient": "@bob"})
+    services.join_space(locked, actor=root)
+    roots = as_root.post("/v0/spaces/vault/grants", {"id": "grt_root", "kind": "one_message", "sender": "@root",
+                                                     "recipient": "@bob", "idempotency_key": "key-00001"})
+    # then: 403, and nothing is made; the owner may still grant someone else
+    assert error_code(mine) == error_code(roots) == "FORBIDDEN" and not Grant.objects.exists()
+    assert as_alice.post("/v0/spaces/vault/grants", {"id": "grt_bob", "kind": "pair", "sender": "@bob",
+                                                     "recipient": "@alice"}).status_code == 201
 
 
 @pytest.mark.parametrize("body", [

@@ -89,12 +89,12 @@ def test_an_expired_grant_authorizes_nothing_even_before_the_sweep(bob_to_carol,
     assert Grant.objects.get(public_id="grt_brief").status == "active"  # the barrier runs on the schedule
 
 
-def test_group_sends_name_every_uncovered_recipient(locked, as_alice, grant, alice, bob, carol):
-    # given: alice may reach bob but not carol
-    grant("grt_pair", "pair", sender="@alice", recipient="@bob")
-    group, _ = services.get_or_create_group(locked, [alice, bob, carol], actor=alice)
+def test_group_sends_name_every_uncovered_recipient(locked, as_bob, grant, alice, bob, carol):
+    # given: bob may reach alice but not carol
+    grant("grt_pair", "pair", sender="@bob", recipient="@alice")
+    group, _ = services.get_or_create_group(locked, [bob, alice, carol], actor=bob)
     # when
-    response = as_alice.post(send_path(group), {"body": "all of you"})
+    response = as_bob.post(send_path(group), {"body": "all of you"})
     # then: all or nothing
     assert response.status_code == 403
     assert response.json()["error"]["details"]["recipients"] == ["@carol"]
