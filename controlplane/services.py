@@ -157,11 +157,15 @@ def create_space(*, slug: str, name: str, visibility: str, send_policy: str, act
     return space
 
 
+def _lock_owners(space: Space) -> None:
+    list(Membership.objects.select_for_update(no_key=True).filter(space=space, role=Membership.Role.OWNER,
+                                                                  status=Membership.Status.ACTIVE).order_by("id"))
+
+
 def _lock_memberships(space: Space, member: Member) -> Membership | None:
     """Lock the space's active owners (always first, in id order, so two
     membership changes never deadlock) and `member`'s row; return the latter."""
-    list(Membership.objects.select_for_update(no_key=True).filter(space=space, role=Membership.Role.OWNER,
-                                                       status=Membership.Status.ACTIVE).order_by("id"))
+    _lock_owners(space)
     return Membership.objects.select_for_update(no_key=True).filter(space=space, member=member).first()
 
 
@@ -226,6 +230,14 @@ def join_space(space: Space, *, actor: Member) -> MembershipChange:
 def require_owner(space: Space, actor: Member) -> None:
     if not may_administer(space, actor):
         raise Forbidden("Only the space's owners may do this.")
+
+
+def require_owner_locked(space: Space, actor: Member) -> None:
+    """`require_owner` under the owner rows' locks, in the caller's
+    transaction (as membership changes take them): an owner removed
+    meanwhile cannot act once the removal commits."""
+    _lock_owners(space)
+    require_owner(space, actor)
 
 
 def add_member(space: Space, member: Member, *, role: str = Membership.Role.MEMBER,

@@ -13,7 +13,7 @@ from controlplane.idempotency import is_valid_key
 from controlplane.log import append_events
 from controlplane.access import is_active_admin
 from controlplane.models import Member, Membership, Space
-from controlplane.services import member_for_handle, require_owner
+from controlplane.services import member_for_handle, require_owner, require_owner_locked
 from grants import barrier
 from grants.models import Grant
 from grants.render import grant_event
@@ -85,6 +85,7 @@ def create_grant(space: Space, *, grant_id: str, kind: str, sender: str | None =
         raise InvalidRequest("expires_at must be in the future.", details={"expires_at": rfc3339(expires_at)})
     try:
         with transaction.atomic():
+            require_owner_locked(space, actor)  # again, under the owners' locks: one removed meanwhile cannot
             grant = Grant.objects.create(public_id=grant_id, space=space, kind=kind, sender=sender_m,
                                          recipient=recipient_m, idempotency_key=idempotency_key,
                                          expires_at=expires_at, created_by=actor)

@@ -190,3 +190,26 @@ def test_grant_events_reach_the_parties_inbox_feeds_and_no_space_feed(locked, bo
     for api in (anon, as_bob, as_alice):
         kinds = [e["kind"] for e in api.get("/v0/spaces/vault/events").json()["events"]]
         assert not any(kind.startswith("grant.") for kind in kinds)
+
+
+def test_an_owner_removed_while_creating_a_grant_creates_none(locked, alice, carol, monkeypatch):
+    # given: a second owner removes alice between her first check and her grant's insert
+    from controlplane.errors import Forbidden
+    from grants import services as grants
+
+    services.add_member(locked, carol, role="owner", actor=alice)
+    looked_up = grants.member_for_handle
+
+    def removed_meanwhile(handle):
+        if not removed_meanwhile.done:
+            removed_meanwhile.done = True
+            services.remove_member(locked, alice, actor=carol)
+        return looked_up(handle)
+
+    removed_meanwhile.done = False
+    monkeypatch.setattr(grants, "member_for_handle", removed_meanwhile)
+    # when / then: the check under the owners' locks refuses it
+    with pytest.raises(Forbidden):
+        grants.create_grant(locked, grant_id="grt_late", kind="pair", sender="@bob", recipient="@carol",
+                            actor=alice)
+    assert not Grant.objects.exists()
