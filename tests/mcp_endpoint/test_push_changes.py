@@ -26,17 +26,19 @@ def test_a_push_on_its_way_when_its_grant_is_revoked_is_kept_only_if_answered_2x
 
     # given: ada's items pushed, from bo's direct conversation in an explicit_only space
     ada, bo = world["ada"], world["bo"]
+    owner = services.create_member("vera", actor=None)  # a grant is never made by the sender it governs
     vault = services.create_space(slug="vault", name="Vault", visibility="open", send_policy="explicit_only",
-                                  actor=bo)
+                                  actor=owner)
     services.join_space(vault, actor=ada)
+    services.join_space(vault, actor=bo)
     direct, _ = services.get_or_create_direct(vault, ada, actor=bo)
     grant = grants.create_grant(vault, grant_id="grt_pair", kind="pair", sender="@bo", recipient="@ada",
-                                actor=bo)[0]
+                                actor=owner)[0]
     subscribe(world)
     send_message(direct, body="one", actor=bo)
     (job,) = engine.claim_due(10)
     # when: the barrier starts while the push is on its way, the receiver answers, the barrier finishes
-    barrier.start_barrier(grant.pk, ending=Grant.Status.REVOKED, actor=bo)
+    barrier.start_barrier(grant.pk, ending=Grant.Status.REVOKED, actor=owner)
     engine.record([engine.Result(job, Outcome(answer, None, 5), "whsec", now())])
     barrier.finish_barrier(grant.pk)
     # then
