@@ -51,14 +51,19 @@ def active_membership(space: Space, member: Member | None) -> Membership | None:
     return Membership.objects.filter(space=space, member=member, status=Membership.Status.ACTIVE).first()
 
 
+def own_space_ids(member: Member) -> QuerySet:
+    """The ids of the spaces `member` actively belongs to, as a subquery
+    (the caller checks that they read as a member)."""
+    return Membership.objects.filter(member=member, status=Membership.Status.ACTIVE).values("space_id")
+
+
 def readable_spaces(member: Member | None) -> QuerySet[Space]:
     """Open spaces, and those `member` actively belongs to."""
     if member is None:
         return Space.objects.filter(visibility=Space.Visibility.OPEN)
     if not reads_as_member(member):
         return Space.objects.none()
-    mine = Membership.objects.filter(member=member, status=Membership.Status.ACTIVE).values("space_id")
-    return Space.objects.filter(Q(visibility=Space.Visibility.OPEN) | Q(id__in=mine))
+    return Space.objects.filter(Q(visibility=Space.Visibility.OPEN) | Q(id__in=own_space_ids(member)))
 
 
 def space_readable_by_row_member(space: str, member: str = "member_id") -> Q:

@@ -12,8 +12,8 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_POST
 
-from controlplane.access import get_readable_space, readable_conversation
-from controlplane.models import Membership, Space
+from controlplane.access import get_readable_space, own_space_ids, readable_conversation
+from controlplane.models import Space
 from controlplane.errors import InvalidRequest, NotFound
 from web.pages import member_page
 from web.views.conversations import conversation_label
@@ -62,8 +62,7 @@ def subscriptions_page(request, member):
         "subscriptions": _subscription_rows(member),
         # The member's own spaces: any other readable space is named by its slug
         # (every open space of the host would make one list without end).
-        "spaces": list(Space.objects.filter(memberships__member=member, memberships__status=Membership.Status.ACTIVE)
-                       .order_by("slug")),
+        "spaces": list(Space.objects.filter(id__in=own_space_ids(member)).order_by("slug")),
         "conversation": conversation,
         "conversation_label": conversation_label(conversation, member) if conversation else "",
     })
