@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import json
 import re
+from contextlib import nullcontext
 from functools import wraps
 
 from django.db import IntegrityError, transaction
@@ -57,13 +58,20 @@ def _replay(record: IdempotencyRecord, fingerprint: str) -> Response:
     return Response(record.body, status=record.status_code)
 
 
-def idempotent(view_method=None, *, secret_fields: tuple[str, ...] = ()):
+def idempotent(view_method=None, *, secret_fields: tuple[str, ...] = (), atomic: bool = True):
     """Decorate a DRF view method that creates or changes state.
 
     `secret_fields` of the response body are never stored: a replay answers
-    them as null (a token is shown once, and never kept in plain text)."""
+    them as null (a token is shown once, and never kept in plain text).
+
+    With `atomic` (the default) the view runs in one transaction, and its
+    record is stored in it. A view whose work is several transactions (a
+    revocation barrier's batches) or waits on the network (an endpoint's
+    challenge) takes `atomic=False`: its record is stored after its work,
+    so such a view must be idempotent by nature (a concurrent duplicate
+    with the same key may do the work again, and finds it done)."""
     if view_method is None:
-        return lambda method: idempotent(method, secret_fields=secret_fields)
+        return lambda method: idempotent(method, secret_fields=secret_fields, atomic=atomic)
 
     @wraps(view_method)
     def wrapper(self, request, *args, **kwargs):
@@ -77,7 +85,7 @@ def idempotent(view_method=None, *, secret_fields: tuple[str, ...] = ()):
         if record is not None:
             return _replay(record, fingerprint)
         try:
-            with transaction.atomic():
+            with transaction.atomic() if atomic else nullcontext():
                 response = view_method(self, request, *args, **kwargs)
                 if 200 <= response.status_code < 300:
                     stored = {**response.data, **{name: None for name in secret_fields if name in response.data}}

@@ -347,9 +347,11 @@ class Operations:
         return self._call("list_deliveries", _page(m.Delivery, "deliveries"), subscription_id=subscription_id,
                           params={"cursor": cursor, "limit": limit})
 
-    def replay_delivery(self, delivery_id: str) -> m.Delivery:
-        """Send the same range again, as a new wake with a new id."""
-        return self._call("replay_delivery", _one(m.Delivery, "delivery"), delivery_id=delivery_id)
+    def replay_delivery(self, delivery_id: str, *, idempotency_key: str | None = None) -> m.Delivery:
+        """Send the same range again, as a new wake with a new id (once per
+        `idempotency_key`, however often the call is retried)."""
+        return self._call("replay_delivery", _one(m.Delivery, "delivery"), delivery_id=delivery_id,
+                          idempotency_key=idempotency_key)
 
     def signing_keys(self) -> tuple[m.SigningKey, ...]:
         """The published wake-signing keys (anonymous)."""

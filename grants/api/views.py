@@ -19,6 +19,10 @@ from grants.models import ApprovalRequest, Grant
 from grants.render import render_approval_request, render_grant
 
 
+DECISION_ERRORS = ("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "FORBIDDEN", "NOT_FOUND", "CONFLICT",
+                   "IDEMPOTENCY_CONFLICT")
+
+
 def _grant(grant: Grant, status: int = 200) -> Response:
     return Response({"grant": render_grant(grant)}, status=status)
 
@@ -71,9 +75,9 @@ class GrantView(APIView):
 
 
 class RevokeGrantView(APIView):
-    @extend_schema(operation_id="revoke_grant", request=EmptyIn,
-                   responses={200: envelope("grant", GrantOut), **errors("INVALID_REQUEST", "FORBIDDEN",
-                                                                         "NOT_FOUND", "CONFLICT")})
+    @extend_schema(operation_id="revoke_grant", request=EmptyIn, parameters=[IDEMPOTENCY_KEY],
+                   responses={200: envelope("grant", GrantOut), **errors(*DECISION_ERRORS)})
+    @idempotent(atomic=False)  # the barrier settles its items in batches, each its own transaction
     def post(self, request, grant_id, slug=None):
         validated(EmptyIn, request.data)
         return _grant(services.revoke_grant(_find_grant(request, grant_id, slug), actor=request.user))
@@ -115,9 +119,9 @@ class ApprovalRequestView(APIView):
 class ApproveView(APIView):
     permission_classes = [IsAdmin]
 
-    @extend_schema(operation_id="approve_request", request=EmptyIn,
-                   responses={200: envelope("approval_request", ApprovalRequestOut),
-                              **errors("INVALID_REQUEST", "FORBIDDEN", "NOT_FOUND", "CONFLICT")})
+    @extend_schema(operation_id="approve_request", request=EmptyIn, parameters=[IDEMPOTENCY_KEY],
+                   responses={200: envelope("approval_request", ApprovalRequestOut), **errors(*DECISION_ERRORS)})
+    @idempotent
     def post(self, request, request_id):
         validated(EmptyIn, request.data)
         pending = approvals.visible_approval_request(request_id, request.user)
@@ -127,9 +131,9 @@ class ApproveView(APIView):
 class DenyView(APIView):
     permission_classes = [IsAdmin]
 
-    @extend_schema(operation_id="deny_request", request=DenyIn,
-                   responses={200: envelope("approval_request", ApprovalRequestOut),
-                              **errors("INVALID_REQUEST", "FORBIDDEN", "NOT_FOUND", "CONFLICT")})
+    @extend_schema(operation_id="deny_request", request=DenyIn, parameters=[IDEMPOTENCY_KEY],
+                   responses={200: envelope("approval_request", ApprovalRequestOut), **errors(*DECISION_ERRORS)})
+    @idempotent
     def post(self, request, request_id):
         data = validated(DenyIn, request.data)
         pending = approvals.visible_approval_request(request_id, request.user)

@@ -40,8 +40,8 @@ class SendMessageView(APIView):
                                        "NOT_FOUND", "IDEMPOTENCY_CONFLICT", "CONFLICT", "BODY_TOO_LARGE",
                                        "INVALID_BODY", "MAILBOX_FULL", "LIMIT_EXCEEDED")})
     def post(self, request, slug, conversation):
+        key = idempotency_key(request)  # first, as on every write route
         data = validated(SendMessageIn, request.data)
-        key = idempotency_key(request)
         target = get_conversation_to_write(slug, conversation, request.user)
         result = services.send_message(target, body=data["body"], reply_to=data.get("reply_to"),
                                        related_paths=data.get("related_paths"), idempotency_key=key,

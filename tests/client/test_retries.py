@@ -5,6 +5,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from switchboard_client import Client, RetryPolicy, errors
+from switchboard_client.routes import ROUTES, Route
 
 from tests.client.proxy import LossyProxy
 
@@ -31,9 +32,27 @@ def test_a_send_whose_answer_was_lost_is_retried_with_its_key_and_makes_one_mess
     proxy.close()
 
 
-def test_a_write_without_a_key_is_not_retried_after_a_lost_answer(clients, server):
-    # given: approving is not keyed, so the client cannot know whether a repeat would act twice
-    alice, bob = clients
+def test_a_revocation_whose_answer_was_lost_is_retried_with_its_key(clients, server):
+    # given: a grant; every POST takes a key (SPEC §2), revoking one too
+    alice, _ = clients
+    alice.create_grant("lab", "grt_everyone", "project")
+    address = urlsplit(server)
+    proxy = LossyProxy((address.hostname, address.port), drop_answers=1)
+    through_proxy = Client(proxy.base_url, alice.transport.token, sleep=lambda seconds: None)
+    # when
+    revoked = through_proxy.revoke_grant("grt_everyone")
+    # then: sent twice under one key, and answered
+    keys = proxy.idempotency_keys()
+    assert len(keys) == 2 and keys[0] == keys[1]
+    assert revoked.status == "revoked"
+    proxy.close()
+
+
+def test_a_write_without_a_key_is_not_retried_after_a_lost_answer(clients, server, monkeypatch):
+    # given: a route the client knows takes no key, so it cannot know whether a repeat would act twice
+    alice, _ = clients
+    keyed = ROUTES["revoke_grant"]
+    monkeypatch.setitem(ROUTES, "revoke_grant", Route(keyed.method, keyed.path, idempotent=False))
     address = urlsplit(server)
     proxy = LossyProxy((address.hostname, address.port), drop_answers=1)
     through_proxy = Client(proxy.base_url, alice.transport.token, retry=RetryPolicy(attempts=5),

@@ -420,3 +420,54 @@ def test_a_hot_statement_is_prepared_on_its_connection():
         cursor.execute("SELECT statement FROM pg_prepared_statements")
         prepared = [statement for statement, in cursor.fetchall()]
     assert any("SELECT s.send_policy, m.id" in statement for statement in prepared), prepared
+
+
+def _write_routes() -> list[tuple[str, str]]:
+    """(method, path) of every POST and PATCH route under /v0/, its
+    placeholders filled with well-formed ids that name nothing."""
+    import re
+
+    from django.urls import get_resolver
+    from django.urls.resolvers import URLResolver
+
+    samples = {"space": "lab", "handle": "@bob", "pid": "abc_aaaaaaaaaaaaaaaa", "conversation": "%23general",
+               "grant": "grt_none", "str": "none"}
+
+    def walk(patterns, prefix):
+        for pattern in patterns:
+            if isinstance(pattern, URLResolver):
+                yield from walk(pattern.url_patterns, prefix + str(pattern.pattern))
+            else:
+                yield prefix + str(pattern.pattern), getattr(pattern.callback, "cls", None)
+
+    routes = []
+    for path, view in walk(get_resolver().url_patterns, "/"):
+        if path.startswith("/v0/") and view is not None:
+            filled = re.sub(r"<(\w+):\w+>", lambda m: samples[m.group(1)], path)
+            routes += [(method, filled) for method in ("post", "patch") if hasattr(view, method)]
+    return routes
+
+
+def test_every_write_route_refuses_a_malformed_idempotency_key_first(make_member, api_for):
+    # given: an admin, whom every route's permissions admit
+    admin = api_for(make_member("root", kind="human", is_admin=True))
+    routes = _write_routes()
+    # when
+    answers = {(method, path): admin._call(method, path, {}, headers={"Idempotency-Key": "short"})
+               for method, path in routes}
+    # then: SPEC §2, "POST and PATCH that create or change state accept Idempotency-Key"
+    assert len(routes) >= 30  # the walk found them
+    refused = {route for route, response in answers.items()
+               if response.status_code == 400 and error_code(response) == "INVALID_IDEMPOTENCY_KEY"}
+    assert set(routes) - refused == set()
+    assert not Space.objects.exists()
+
+
+def test_every_write_operation_of_the_schema_declares_the_idempotency_key(anon):
+    schema = anon.client.get("/v0/schema/", HTTP_ACCEPT="application/json").json()
+    undeclared = [(method, path) for path, operations in schema["paths"].items() for method, operation
+                  in operations.items() if method in ("post", "patch")
+                  and "Idempotency-Key" not in {p["name"] for p in operation.get("parameters", [])}]
+    assert undeclared == []
+    assert all("INVALID_IDEMPOTENCY_KEY" in operations[m]["responses"]["400"]["description"]
+               for operations in schema["paths"].values() for m in operations if m in ("post", "patch"))

@@ -228,3 +228,29 @@ def test_approving_a_message_already_sent_leaves_no_unused_grant(locked, bob_to_
     assert sent.status_code == 201 and approved.status_code == 200
     assert approved.json()["approval_request"]["message"] == sent.json()["message"]["id"]
     assert not Grant.objects.filter(kind="one_message").exists()
+
+
+def test_a_keyed_decision_answers_its_retry_and_a_malformed_key_decides_nothing(requested, as_root):
+    # given
+    approve = f"/v0/approval-requests/{requested['id']}/approve"
+    deny = f"/v0/approval-requests/{requested['id']}/deny"
+    # when
+    malformed = as_root.post(approve, headers={"Idempotency-Key": "short"})
+    still = ApprovalRequest.objects.get().status
+    approved = as_root.post(approve, headers={"Idempotency-Key": "decide-0001"})
+    retry = as_root.post(approve, headers={"Idempotency-Key": "decide-0001"})
+    denied = as_root.post(deny, {"reason": "too late"}, headers={"Idempotency-Key": "decide-0002"})
+    # then
+    assert malformed.status_code == 400 and error_code(malformed) == "INVALID_IDEMPOTENCY_KEY"
+    assert still == "pending"
+    assert approved.status_code == 200 and retry.json() == approved.json()
+    assert denied.status_code == 409 and Message.objects.count() == 1
+
+
+def test_a_denial_retried_with_another_reason_under_its_key_conflicts(requested, as_root):
+    deny = f"/v0/approval-requests/{requested['id']}/deny"
+    first = as_root.post(deny, {"reason": "not now"}, headers={"Idempotency-Key": "deny-0001"})
+    other = as_root.post(deny, {"reason": "never"}, headers={"Idempotency-Key": "deny-0001"})
+    assert first.status_code == 200 and first.json()["approval_request"]["reason"] == "not now"
+    assert other.status_code == 409 and error_code(other) == "IDEMPOTENCY_CONFLICT"
+    assert ApprovalRequest.objects.get().reason == "not now"

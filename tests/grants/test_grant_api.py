@@ -170,6 +170,25 @@ def test_only_owners_and_admins_revoke(locked, as_alice, as_bob):
     assert again.json() == revoked.json()
 
 
+def test_a_malformed_key_revokes_nothing_and_a_keyed_revocation_answers_its_retry(locked, space, as_alice):
+    # given: the grant, and the same id in another space
+    as_alice.post(GRANTS, PAIR)
+    as_alice.post("/v0/spaces/lab/grants", {"id": "grt_bob-carol", "kind": "project"})
+    # when
+    malformed = as_alice.post("/v0/grants/grt_bob-carol/revoke", headers={"Idempotency-Key": "short"})
+    status = Grant.objects.get(space=locked).status
+    keyed = as_alice.post("/v0/spaces/vault/grants/grt_bob-carol/revoke", headers={"Idempotency-Key": "revoke-01"})
+    retry = as_alice.post("/v0/spaces/vault/grants/grt_bob-carol/revoke", headers={"Idempotency-Key": "revoke-01"})
+    elsewhere = as_alice.post("/v0/spaces/lab/grants/grt_bob-carol/revoke", headers={"Idempotency-Key": "revoke-01"})
+    # then: a key is scoped to its route
+    assert malformed.status_code == 400 and error_code(malformed) == "INVALID_IDEMPOTENCY_KEY"
+    assert status == "active"
+    assert keyed.status_code == 200 and keyed.json()["grant"]["status"] == "revoked"
+    assert retry.json() == keyed.json()
+    assert elsewhere.status_code == 200 and elsewhere.json()["grant"]["space"] == "lab"
+    assert sorted(Grant.objects.values_list("status", flat=True)) == ["revoked", "revoked"]
+
+
 def test_unknown_grant_ids_are_404(as_alice):
     assert as_alice.get("/v0/grants/grt_missing").status_code == 404
     assert as_alice.get("/v0/grants/not-a-grant").status_code == 404

@@ -167,6 +167,25 @@ def test_a_failed_verification_is_answered_again_from_memory_for_a_minute(receiv
     assert len(receiver.requests) == 2
 
 
+def test_a_keyed_verification_answers_its_retry_as_it_first_did(receiver, as_alice):
+    # given
+    endpoint = create(as_alice, receiver.url()).json()["endpoint"]
+    path = f"/v0/webhook-endpoints/{endpoint['id']}/verify"
+    # when
+    malformed = as_alice.post(path, headers={"Idempotency-Key": "short"})
+    unverified = Endpoint.objects.get().verified_at
+    first = as_alice.post(path, headers={"Idempotency-Key": "verify-0001"})
+    with freeze(now() + dt.timedelta(minutes=11)):
+        retry = as_alice.post(path, headers={"Idempotency-Key": "verify-0001"})
+        unkeyed = as_alice.post(path)
+    # then: the retry sends no challenge and answers the first time; without a key it is asked again
+    assert malformed.status_code == 400 and error_code(malformed) == "INVALID_IDEMPOTENCY_KEY"
+    assert unverified is None
+    assert first.status_code == retry.status_code == 200 and retry.json() == first.json()
+    assert unkeyed.json() != first.json()
+    assert len(receiver.requests) == 2
+
+
 def test_verifications_are_limited_per_member(receiver, as_alice, as_bob, settings):
     settings.VERIFY_PER_HOUR = 2
     endpoints = [create(as_alice, receiver.url(f"/hook{i}")).json()["endpoint"] for i in range(3)]
@@ -179,12 +198,13 @@ def test_verifications_are_limited_per_member(receiver, as_alice, as_bob, settin
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("headers", [{}, {"Idempotency-Key": "verify-0001"}], ids=["unkeyed", "keyed"])
 def test_one_verification_per_member_in_flight_and_no_connection_held(receiver, api_for, make_member,
-                                                                      monkeypatch):
+                                                                      monkeypatch, headers):
     # given: a receiver that holds the first challenge until told
     import threading
 
-    from django.db import connection, connections
+    from django.db import connections
 
     from webhooks import verification
     as_alice = api_for(make_member("alice"))
@@ -199,17 +219,23 @@ def test_one_verification_per_member_in_flight_and_no_connection_held(receiver, 
         return default(received)
 
     receiver.respond = slow
-    original = verification._post_once
+    original_challenge, original_post, verifying = verification._challenge, verification._post_once, []
+
+    def challenge(*args):
+        verifying.append(connections["default"])  # the verifying thread's connection (the loop has its own)
+        return original_challenge(*args)
 
     async def post_once(*args):
-        held.append(connection.connection is not None)  # the verifying thread's connection
-        return await original(*args)
+        held.append(verifying[0].connection is not None)
+        return await original_post(*args)
 
+    monkeypatch.setattr(verification, "_challenge", challenge)
     monkeypatch.setattr(verification, "_post_once", post_once)
     results = []
     def verify_in_a_thread():
         try:
-            results.append(as_alice.post(f"/v0/webhook-endpoints/{endpoint['id']}/verify").status_code)
+            results.append(as_alice.post(f"/v0/webhook-endpoints/{endpoint['id']}/verify",
+                                         headers=headers).status_code)
         finally:
             connections.close_all()
 

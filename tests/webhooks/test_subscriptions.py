@@ -259,6 +259,40 @@ def test_replays_wait_only_on_an_active_subscription_and_only_so_many(space, gen
     assert Delivery.objects.filter(replay_of=delivery).count() == 3
 
 
+def test_a_keyed_replay_retried_sends_one_wake(space, general, alice, as_alice, endpoint):
+    # given: a delivered wake
+    subscription = subscribe(as_alice, endpoint)
+    activate(as_alice, subscription)
+    send_message(general, body="1", actor=alice)
+    Delivery.objects.update(state=Delivery.State.DELIVERED)
+    (delivery,) = Delivery.objects.all()
+    replay = f"/v0/webhook-deliveries/{delivery.public_id}/replay"
+    # when
+    malformed = as_alice.post(replay, headers={"Idempotency-Key": "short"})
+    first = as_alice.post(replay, headers={"Idempotency-Key": "replay-0001"})
+    retry = as_alice.post(replay, headers={"Idempotency-Key": "replay-0001"})
+    # then: one new wake, and the retry answers it again
+    assert malformed.status_code == 400 and error_code(malformed) == "INVALID_IDEMPOTENCY_KEY"
+    assert first.status_code == retry.status_code == 202 and retry.json() == first.json()
+    assert Delivery.objects.filter(replay_of=delivery).count() == 1
+
+
+def test_a_malformed_key_activates_nothing_and_a_keyed_retry_answers_the_same_cursor(space, general, alice,
+                                                                                     as_alice, endpoint):
+    # given
+    subscription = subscribe(as_alice, endpoint)
+    path = f"/v0/spaces/lab/webhook-subscriptions/{subscription['id']}/activate"
+    # when
+    malformed = as_alice.post(path, headers={"Idempotency-Key": "short"})
+    status = Subscription.objects.get().status
+    first = as_alice.post(path, headers={"Idempotency-Key": "activate-01"})
+    retry = as_alice.post(path, headers={"Idempotency-Key": "activate-01"})
+    # then
+    assert malformed.status_code == 400 and error_code(malformed) == "INVALID_IDEMPOTENCY_KEY"
+    assert status == "inactive"
+    assert first.status_code == 200 and retry.json() == first.json()
+
+
 def test_the_activation_cursor_reads_the_owners_feed(space, general, alice, as_alice, endpoint):
     subscription = subscribe(as_alice, endpoint)
     cursor = activate(as_alice, subscription)

@@ -20,8 +20,8 @@ from webhooks.api.serializers import (DeliveryOut, EndpointIn, EndpointOut, Inbo
 from webhooks.models import Endpoint, Subscription
 from webhooks.render import render_delivery, render_endpoint, render_key, render_subscription
 
-CREATE_ERRORS = ("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "IDEMPOTENCY_CONFLICT", "LIMIT_EXCEEDED",
-                 "NOT_FOUND")
+KEYED = ("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "IDEMPOTENCY_CONFLICT")
+CREATE_ERRORS = (*KEYED, "LIMIT_EXCEEDED", "NOT_FOUND")
 
 
 def _endpoint(endpoint, status=200):
@@ -62,9 +62,10 @@ class EndpointView(APIView):
 
 
 class VerifyEndpointView(APIView):
-    @extend_schema(operation_id="verify_webhook_endpoint", request=EmptyIn,
+    @extend_schema(operation_id="verify_webhook_endpoint", request=EmptyIn, parameters=[IDEMPOTENCY_KEY],
                    responses={200: inline_serializer("Verified", {"verified_at": serializers.DateTimeField()}),
-                              **errors("INVALID_REQUEST", "NOT_FOUND", "VERIFICATION_FAILED", "CONFLICT")})
+                              **errors(*KEYED, "NOT_FOUND", "VERIFICATION_FAILED", "CONFLICT")})
+    @idempotent(atomic=False)  # the challenge waits on the receiver: no transaction stays open meanwhile
     def post(self, request, endpoint_id):
         validated(EmptyIn, request.data)
         endpoint = services.owned_endpoint(endpoint_id, request.user)
@@ -145,6 +146,7 @@ class _SubscriptionView(_OneSubscription):
 
 
 class _ActivateView(_OneSubscription):
+    @idempotent
     def post(self, request, subscription_id, slug=None):
         validated(EmptyIn, request.data)
         subscription = self.subscription(request, subscription_id, slug)
@@ -173,8 +175,8 @@ ACTIVATED = inline_serializer("Activated", {"activation_cursor": serializers.Cha
 
 def _activate_schema(scope: str):
     return extend_schema_view(post=extend_schema(
-        operation_id=f"activate_{scope}_subscription", request=EmptyIn,
-        responses={200: ACTIVATED, **errors("INVALID_REQUEST", "NOT_FOUND", "CONFLICT")}))
+        operation_id=f"activate_{scope}_subscription", request=EmptyIn, parameters=[IDEMPOTENCY_KEY],
+        responses={200: ACTIVATED, **errors(*KEYED, "NOT_FOUND", "CONFLICT")}))
 
 
 @_one_subscription_schema("space")
@@ -209,9 +211,10 @@ class DeliveriesView(APIView):
 
 
 class ReplayView(APIView):
-    @extend_schema(operation_id="replay_delivery", request=EmptyIn,
-                   responses={202: envelope("delivery", DeliveryOut), **errors("INVALID_REQUEST", "NOT_FOUND",
-                                                                                 "CONFLICT", "LIMIT_EXCEEDED")})
+    @extend_schema(operation_id="replay_delivery", request=EmptyIn, parameters=[IDEMPOTENCY_KEY],
+                   responses={202: envelope("delivery", DeliveryOut),
+                              **errors(*KEYED, "NOT_FOUND", "CONFLICT", "LIMIT_EXCEEDED")})
+    @idempotent  # each replay is a new wake: a retried request must not send it twice
     def post(self, request, delivery_id):
         validated(EmptyIn, request.data)
         return Response({"delivery": render_delivery(services.replay(delivery_id, request.user))},
