@@ -127,4 +127,5 @@ class GrantAdmin(ReadOnlyAdmin):
         actor = approver(request)
         for grant in queryset.filter(status__in=[Grant.Status.ACTIVE, Grant.Status.REVOKING]):
             barrier.revoke(grant, actor=actor)
-        self.message_user(request, "Revoked the selected grants.", messages.SUCCESS)
+        self.message_user(request, "Revoked the selected grants (one with a large backlog stays revoking until "
+                                   "a worker finishes its barrier).", messages.SUCCESS)

@@ -13,15 +13,22 @@ its place (inbox.notices, which owns those rows, does both).
 
 Every step is durable; `recover()` finishes barriers a crash interrupted,
 and runs at worker start and once a minute.
+
+A revocation request finishes its barrier for up to INLINE_SECONDS and then
+answers `revoking`, leaving the rest to a worker (grants.tasks.finish_barrier,
+and the minute's `recover` if that nudge is lost): a grant with a large
+backlog holds no request for longer than that.
 """
 from __future__ import annotations
 
 import logging
+import time
 
 from django.db import transaction
 
 from controlplane import faults
 from controlplane.clock import now
+from controlplane.live import kick
 from controlplane.log import append_events
 from controlplane.models import Member
 from grants.models import Grant
@@ -31,6 +38,7 @@ from inbox import notices
 log = logging.getLogger(__name__)
 
 BATCH = 500
+INLINE_SECONDS = 5.0
 
 
 def start_barrier(grant_pk: int, *, ending: str, actor: Member | None) -> Grant:
@@ -49,10 +57,15 @@ def start_barrier(grant_pk: int, *, ending: str, actor: Member | None) -> Grant:
     return grant
 
 
-def finish_barrier(grant_pk: int) -> Grant:
+def finish_barrier(grant_pk: int, *, until: float | None = None) -> Grant:
     """Settle every item sent under a `revoking` grant, then make the grant
-    terminal. Safe to run any number of times, from any process."""
+    terminal. Safe to run any number of times, from any process. With
+    `until` (a `time.monotonic()` deadline), stop after the batch that
+    passes it, still `revoking`, and have a worker finish."""
     while True:
+        if until is not None and time.monotonic() >= until:
+            kick("grants.tasks.finish_barrier", grant_pk)
+            return Grant.objects.get(pk=grant_pk)
         faults.point("barrier.step")  # between two durable steps
         with transaction.atomic():
             grant = Grant.objects.select_for_update(no_key=True).get(pk=grant_pk)
@@ -70,7 +83,7 @@ def finish_barrier(grant_pk: int) -> Grant:
 def revoke(grant: Grant, *, actor: Member) -> Grant:
     """Revoke `grant`: start its barrier, then finish it."""
     start_barrier(grant.pk, ending=Grant.Status.REVOKED, actor=actor)
-    return finish_barrier(grant.pk)
+    return finish_barrier(grant.pk, until=time.monotonic() + INLINE_SECONDS)
 
 
 def expire_due() -> int:

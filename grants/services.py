@@ -132,9 +132,9 @@ def visible_grant(grant_id: str, viewer: Member, *, space: Space | None = None) 
 
 
 def revoke_grant(grant: Grant, *, actor: Member) -> Grant:
-    """Run the revocation barrier (owners and admins). Revoking a grant that
-    is already revoking finishes its barrier; a terminal grant is returned
-    as it is."""
+    """Run the revocation barrier (owners and admins), in the request for up
+    to grants.barrier.INLINE_SECONDS. Revoking a grant that is already
+    revoking goes on with its barrier; a terminal grant is returned as it is."""
     if not _may_manage(grant, actor):
         raise Forbidden("Only the space's owners and admins may revoke its grants.")
     barrier.revoke(grant, actor=actor)

@@ -184,6 +184,29 @@ def test_later_still_authorized_messages_proceed_in_order(bob_to_carol, grant, a
     assert summary(as_carol) == [("rejected", first), ("direct", second), ("direct", third)]
 
 
+def test_a_revocation_past_its_time_answers_revoking_and_a_worker_finishes_it(bob_to_carol, grant, as_alice, as_bob,
+                                                                              as_carol, monkeypatch):
+    # given: three pending messages under a pair grant, and no time to settle them in the request
+    from grants import tasks
+
+    grant("grt_pair", "pair", sender="@bob", recipient="@carol")
+    sent = [send(as_bob, bob_to_carol, f"{n}") for n in range(3)]
+    kicked = []
+    monkeypatch.setattr(barrier, "INLINE_SECONDS", 0.0)
+    monkeypatch.setattr(barrier, "kick", lambda *args: kicked.append(args))
+    # when
+    answered = as_alice.post("/v0/grants/grt_pair/revoke").json()["grant"]
+    # then: fenced (nothing under it is readable or admitted), answered, and a worker asked to finish
+    assert answered["status"] == "revoking"
+    assert summary(as_carol) == []
+    assert kicked == [("grants.tasks.finish_barrier", Grant.objects.get().pk)]
+    # when: the worker runs
+    status = tasks.finish_barrier(*kicked[0][1:])
+    # then
+    assert status == "revoked" and summary(as_carol) == [("rejected", message) for message in sent]
+    assert as_alice.get("/v0/grants/grt_pair").json()["grant"]["status"] == "revoked"
+
+
 def test_a_send_during_the_barrier_is_refused(bob_to_carol, grant, as_bob):
     pair = grant("grt_pair", "pair", sender="@bob", recipient="@carol")
     barrier.start_barrier(pair.pk, ending=Grant.Status.REVOKED, actor=None)
