@@ -57,6 +57,14 @@ class Member(models.Model):
     def is_active(self) -> bool:
         return self.status == self.Status.ACTIVE
 
+    @classmethod
+    def take_turns(cls, member_id: int) -> None:
+        """Lock the member's row until the transaction ends, so that what
+        they create or remove (spaces, groups, endpoints, subscriptions,
+        approval requests) takes turns and a count read under it holds. A
+        no-key lock: rows that refer to the member stay free to write."""
+        cls.objects.select_for_update(no_key=True).filter(pk=member_id).first()
+
 
 class Credential(models.Model):
     """A bearer credential. Only the token's hash is stored."""

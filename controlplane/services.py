@@ -143,7 +143,7 @@ def create_space(*, slug: str, name: str, visibility: str, send_policy: str, act
     try:
         with transaction.atomic():
             # The creator's row serializes their creations, so the count holds (as webhooks' caps do).
-            Member.objects.select_for_update(no_key=True).filter(pk=actor.pk).first()
+            Member.take_turns(actor.pk)
             created = Space.objects.filter(created_by=actor, archived=False).count()
             if created >= MAX_SPACES_PER_MEMBER and not actor.is_admin:
                 raise LimitExceeded(f"A member creates at most {MAX_SPACES_PER_MEMBER} spaces; an admin can "
@@ -394,7 +394,7 @@ def _get_or_create_participants(space: Space, kind: str, members: list[Member], 
         with transaction.atomic():
             if kind == Conversation.Kind.GROUP:
                 # The maker's row serializes the count; the same group made meanwhile is found, not refused.
-                Member.objects.select_for_update(no_key=True).filter(pk=actor.pk).first()
+                Member.take_turns(actor.pk)
                 if (made := Conversation.objects.filter(space=space, address=address).first()) is not None:
                     return made, False
                 _check_groups_made(space, actor)

@@ -40,7 +40,7 @@ def retain_for_approval(message, uncovered: list[Member], collective: dict | Non
             with transaction.atomic():
                 # The sender's requests take turns here, so the count holds;
                 # a retry that waited for another looks again.
-                Member.objects.select_for_update(no_key=True).filter(pk=message.author_id).first()
+                Member.take_turns(message.author_id)
                 request = ApprovalRequest.objects.filter(**lookup).first()
                 if request is None:
                     _check_pending(message.author, uncovered)

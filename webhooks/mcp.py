@@ -112,7 +112,7 @@ def subscribe(member: Member, name: str, arguments: dict, url: str, secret: str,
     with transaction.atomic():
         # The member's subscribes and unsubscribes take turns (as ordinary
         # subscriptions are created): the row and the limits are as read.
-        Member.objects.select_for_update(no_key=True).filter(pk=member.pk).first()
+        Member.take_turns(member.pk)
         row = Subscription.objects.filter(public_id=public_id, owner=member).first()
         live = _refuse_or_count(row, member, space, make_room=True)
         if row is None:
@@ -204,7 +204,7 @@ def unsubscribe(member: Member, name: str, arguments: dict, url: str) -> bool:
     managed endpoint counts against no limit, and goes with it a day later
     (`reap_deleted`)."""
     with transaction.atomic():
-        Member.objects.select_for_update(no_key=True).filter(pk=member.pk).first()  # as subscribe does
+        Member.take_turns(member.pk)  # as subscribe does
         subscription = (Subscription.objects.filter(public_id=subscription_id(member, url, name, arguments),
                                                     owner=member).exclude(status=Subscription.Status.DELETED)
                         .first())

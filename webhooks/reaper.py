@@ -25,7 +25,7 @@ def remove_endpoints(owner_id: int, endpoints) -> int:
     created and deleted; but not one with a delivery still `sending` within
     its lease, whose worker may yet record its attempt. Returns how many."""
     with transaction.atomic():
-        Member.objects.select_for_update(no_key=True).filter(pk=owner_id).first()
+        Member.take_turns(owner_id)
         in_flight = Delivery.objects.filter(subscription__endpoint=OuterRef("pk"), state=Delivery.State.SENDING,
                                             claimed_until__gte=now())
         removable = list(endpoints.exclude(Exists(in_flight)).values_list("pk", flat=True))

@@ -37,7 +37,7 @@ def create_endpoint(owner: Member, url: str, secret: str | None, *, actor: Membe
         crypto.parse_secret(secret)
     with transaction.atomic():
         # Lock the owner's row so concurrent creations count each other.
-        Member.objects.select_for_update(no_key=True).filter(pk=owner.pk).first()
+        Member.take_turns(owner.pk)
         if Endpoint.objects.owned_by(owner).filter(managed=False).count() >= MAX_ENDPOINTS:
             raise LimitExceeded(f"At most {MAX_ENDPOINTS} webhook endpoints per owner.")
         endpoint = Endpoint.objects.create(owner=owner, url=url, secret=crypto.seal_secret(secret))
@@ -65,7 +65,7 @@ def delete_endpoint(endpoint: Endpoint) -> None:
     now. Under the owner's lock, as subscriptions are created on it."""
     refuse_managed(endpoint)
     with transaction.atomic():
-        Member.objects.select_for_update(no_key=True).filter(pk=endpoint.owner_id).first()
+        Member.take_turns(endpoint.owner_id)
         _delete_subscriptions(Subscription.objects.filter(endpoint=endpoint))
         Endpoint.objects.owned_by(endpoint.owner_id).filter(pk=endpoint.pk).update(deleted_at=now())
 
@@ -127,7 +127,7 @@ def create_subscription(owner: Member, endpoint_id: str, *, space: Space | None 
             raise NotFound()
         conversation_ids = _conversation_subjects(space, subjects or [], owner)
     with transaction.atomic():
-        Member.objects.select_for_update(no_key=True).filter(pk=owner.pk).first()
+        Member.take_turns(owner.pk)
         endpoint = owned_endpoint(endpoint_id, owner)  # again under the lock: not deleted meanwhile
         check_limits(owner, space=space)
         subscription = Subscription.objects.create(
