@@ -21,14 +21,18 @@ QUEUE_PAGE = 100
 @staff_member_required
 def approval_queue(request):
     approver(request)  # an active admin member, not only a staff user
-    pending = list(ApprovalRequest.objects.filter(status=ApprovalRequest.Status.PENDING)
-                   .select_related("space", "conversation", "sender").order_by("created_at")[:QUEUE_PAGE])
+    waiting = ApprovalRequest.objects.filter(status=ApprovalRequest.Status.PENDING)
+    pending = list(waiting.select_related("space", "conversation", "sender").order_by("created_at")[:QUEUE_PAGE])
     decided = list(ApprovalRequest.objects.exclude(status=ApprovalRequest.Status.PENDING)
                    .select_related("sender", "decided_by", "message").order_by("-decided_at")[:20])
-    grants = list(Grant.objects.filter(status__in=[Grant.Status.ACTIVE, Grant.Status.REVOKING])
-                  .select_related("space", "sender", "recipient").order_by("-created_at")[:QUEUE_PAGE])
+    in_force = Grant.objects.filter(status__in=[Grant.Status.ACTIVE, Grant.Status.REVOKING])
+    grants = list(in_force.select_related("space", "sender", "recipient").order_by("-created_at")[:QUEUE_PAGE])
+    # The page shows one screenful of each; past it, it says how many more
+    # there are, and the admin site's lists (filtered, searchable) have them all.
     return render(request, "staff/approvals.html", {
         "pending": [(r, render_approval_request(r)) for r in pending], "decided": decided, "grants": grants,
+        "pending_total": waiting.count() if len(pending) == QUEUE_PAGE else len(pending),
+        "grants_total": in_force.count() if len(grants) == QUEUE_PAGE else len(grants),
     })
 
 

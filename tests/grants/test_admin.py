@@ -95,6 +95,26 @@ def test_the_staff_queue_shows_and_decides_requests(pending, approver):
     assert "No request is waiting." in approver.get("/staff/approvals/").content.decode()
 
 
+def test_the_staff_queue_says_how_many_more_wait_past_its_page(pending, grant, approver, monkeypatch):
+    # given: a page of one, two grants in force
+    from grants import views
+
+    grant("grt_one", "project")
+    grant("grt_two", "pair", sender="@bob", recipient="@carol")
+    monkeypatch.setattr(views, "QUEUE_PAGE", 1)
+    alone = approver.get("/staff/approvals/").content.decode()
+    ApprovalRequest.objects.create(**{f.attname: getattr(pending, f.attname) for f in ApprovalRequest._meta.fields
+                                      if f.attname not in ("id", "public_id", "idempotency_key")},
+                                   idempotency_key="ship-00002")
+    # when
+    text = approver.get("/staff/approvals/").content.decode()
+    # then: the oldest request and the newest grant, and how many more there are, with where to find them
+    assert "The oldest 1 of 2 waiting requests are shown" in text and "more-requests" not in alone
+    assert "The newest 1 of 2 grants in force are shown" in text and "grt_two" in text and "grt_one" not in text
+    assert 'href="/admin/grants/approvalrequest/?status__exact=pending"' in text
+    assert 'href="/admin/grants/grant/"' in text
+
+
 def test_the_staff_queue_is_for_staff_only(pending, make_member):
     make_member("walt", kind="human", password="walt-pass-123")
     client = Client()
