@@ -38,6 +38,7 @@ from controlplane.live import kick_on_commit
 from controlplane.log import NewEvent
 from controlplane.errors import Conflict, Forbidden, InvalidRequest
 from controlplane.models import Conversation, Member, Participant
+from controlplane.services import require_sender
 from inbox import authority, mailbox, notices
 from inbox.items import content_bytes
 from inbox.models import Collective, CollectiveAnswer, InboxItem, Mailbox, Message, Recipient
@@ -82,9 +83,10 @@ def start(message: Message, recipients: list[Member], spec: dict) -> Collective:
 
 
 def _locked(message: Message) -> Collective | None:
-    return (Collective.objects.select_for_update(no_key=True).select_related("message__space", "message__conversation",
-                                                                   "requester")
-            .filter(message=message).first())
+    """The operation's row only (not its space's, message's or requester's,
+    which the join would lock too on PostgreSQL)."""
+    return (Collective.objects.select_for_update(of=("self",), no_key=True)
+            .select_related("message__space", "message__conversation", "requester").filter(message=message).first())
 
 
 def answer(message: Message, body: str, *, actor: Member) -> tuple[CollectiveAnswer, bool]:
@@ -98,6 +100,7 @@ def answer(message: Message, body: str, *, actor: Member) -> tuple[CollectiveAns
             raise InvalidRequest("This message is not a collective request.")
         if actor.pk not in collective.members:
             raise Forbidden("Only the group's other members answer a collective request.")
+        require_sender(collective.message.space, actor)  # an answer is written as a send is: not by observers
         existing = CollectiveAnswer.objects.filter(collective=collective, member=actor).first()
         if existing is not None:
             if existing.body != body:
@@ -137,7 +140,7 @@ def finish_due(*, seconds: float = DUE_SECONDS) -> int:
             if time.monotonic() >= until:
                 break
             with transaction.atomic():
-                collective = (Collective.objects.select_for_update(skip_locked=True, no_key=True)
+                collective = (Collective.objects.select_for_update(of=("self",), skip_locked=True, no_key=True)
                               .select_related("message__space", "message__conversation", "requester")
                               .filter(message_id=message_id, state=Collective.State.PENDING).first())
                 if collective is not None:
@@ -172,6 +175,8 @@ def fail_for_removed(space_id: int, member_id: int) -> None:
 def _problem(collective: Collective) -> str | None:
     """Why the operation can no longer complete, if it cannot."""
     space = collective.message.space
+    if space.archived:  # no answer is taken any more
+        return "space_archived"
     if not collective.requester.is_active or not can_read_space(space, collective.requester):
         return "requester_gone"
     active = set(Member.objects.filter(pk__in=collective.members, status=Member.Status.ACTIVE)

@@ -65,7 +65,10 @@ class AnswerView(APIView):
                    responses={201: envelope("answer", AnswerOut), 200: envelope("answer", AnswerOut),
                               **errors("INVALID_REQUEST", "FORBIDDEN", "NOT_FOUND", "CONFLICT", "BODY_TOO_LARGE",
                                        "INVALID_BODY", "INVALID_IDEMPOTENCY_KEY", "IDEMPOTENCY_CONFLICT")})
-    @idempotent
+    # An answer that finds its operation unable to complete fails it, commits
+    # that, then answers 409: in the view's own transaction the 409 would undo
+    # the failure. Answers are idempotent by content, so the record can follow.
+    @idempotent(atomic=False)
     def post(self, request, message_id):
         data = validated(AnswerIn, request.data)
         answered, created = reads.answer(request.user, message_id, data["body"])

@@ -120,6 +120,49 @@ def test_a_member_removed_mid_operation_fails_it_with_a_reason(space, group, ali
     assert late.status_code == 200  # the same answer again is still the same answer
 
 
+@pytest.mark.parametrize("headers", [{}, {"Idempotency-Key": "answer-0001"}], ids=["unkeyed", "keyed"])
+def test_an_answer_that_finds_the_operation_failed_leaves_it_failed(group, alice, carol, as_alice, as_bob, headers):
+    # given: carol suspended meanwhile (no hook fails the operation: the next touch does)
+    message = ask(as_alice, group, deadline_ms=3_600_000).json()["message"]["id"]
+    services.update_member(carol, status="suspended", actor=None)
+    # when: bob answers
+    answered = as_bob.post(f"/v0/messages/{message}/answer", {"body": "2 days"}, headers=headers)
+    # then: bob is told it failed, and it did: the requester is told why, now
+    assert answered.status_code == 409 and answered.json()["error"]["details"]["state"] == "failed"
+    assert Collective.objects.get().state == "failed"
+    assert [i["reason"] for i in items(alice, "operationFailed")] == ["member_removed"]
+
+
+def test_an_observer_answers_nothing_they_could_not_send(space, group, alice, carol, as_alice, as_carol):
+    # given: carol made an observer after the request
+    message = ask(as_alice, group, op="all_gather").json()["message"]["id"]
+    services.add_member(space, carol, role="observer", actor=alice)
+    # when
+    sent = as_carol.post(f"/v0/spaces/lab/conversations/{group.public_id}/messages", {"body": "hi"})
+    answered = as_carol.post(f"/v0/messages/{message}/answer", {"body": "free text to every member"})
+    # then: refused as her send is
+    assert sent.status_code == answered.status_code == 403 and error_code(answered) == "FORBIDDEN"
+    assert not collectives.CollectiveAnswer.objects.exists()
+
+
+def test_an_archived_space_takes_no_answer_and_its_operations_fail(space, group, alice, bob, as_alice, as_bob,
+                                                                   as_carol):
+    # given: bob answered, then the space was archived
+    message = ask(as_alice, group, op="all_gather").json()["message"]["id"]
+    as_bob.post(f"/v0/messages/{message}/answer", {"body": "yes"})
+    space.archived = True
+    space.save(update_fields=["archived"])
+    # when
+    answered = as_carol.post(f"/v0/messages/{message}/answer", {"body": "new content after archival"})
+    with freeze(now() + dt.timedelta(seconds=61)):
+        finished = collectives.finish_due()
+    # then: refused as a send is; at its deadline the operation fails, with no result
+    assert answered.status_code == 409 and error_code(answered) == "CONFLICT"
+    assert finished == 1 and Collective.objects.get().reason == "space_archived"
+    assert not InboxItem.objects.filter(kind="collective.result").exists()
+    assert [i["reason"] for i in items(bob, "operationFailed")] == ["space_archived"]
+
+
 def test_answers_are_idempotent_bounded_and_only_the_others_answer(group, alice, bob, as_alice, as_bob, as_carol,
                                                                   make_member, api_for, space):
     # given
@@ -175,3 +218,39 @@ def test_a_plain_message_is_not_answerable(group, as_alice, as_bob):
     response = as_bob.post(f"/v0/messages/{message}/answer", {"body": "hello"})
     # then
     assert response.status_code == 400 and error_code(response) == "INVALID_REQUEST"
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_an_operations_lock_leaves_its_space_and_requester_rows_free(space, group, alice, as_alice):
+    # given: the operation locked, as an answer or a read at its deadline locks it
+    import threading
+
+    from django.db import DatabaseError, connections, transaction
+
+    from controlplane.models import Member, Space
+    from inbox.models import Message
+
+    ask(as_alice, group)
+    taken = []
+
+    def lock_elsewhere():
+        try:
+            for model, pk in ((Space, space.pk), (Member, alice.pk)):
+                try:
+                    with transaction.atomic():
+                        model.objects.select_for_update(nowait=True, no_key=True).filter(pk=pk).first()
+                    taken.append(model.__name__)
+                except DatabaseError:
+                    pass
+        finally:
+            connections.close_all()
+
+    with transaction.atomic():
+        assert collectives._locked(Message.objects.get()) is not None
+        # when: another connection locks the space's and the requester's rows meanwhile
+        other = threading.Thread(target=lock_elsewhere)
+        other.start()
+        other.join(20)
+    # then: both were free (the join's rows are not locked with the operation's)
+    assert taken == ["Space", "Member"]
