@@ -16,6 +16,12 @@ spoke since is read, found not due, and moved on; none stays at the front.
 Each task is then decided in its own short transaction with the row
 locked, re-reading the claimant's latest message there, so one committed
 after the scan began still counts.
+
+Reads and claim attempts sweep the claims they show the same way, from the
+same index (on hosts with no worker too): a claim they find alive moves on
+in it, so the next read passes it by, and one that expired is never hidden
+behind live ones. A claim whose claimant was deleted (the admin site may)
+is released at its first look.
 """
 from __future__ import annotations
 
@@ -57,9 +63,9 @@ def silent_since(task: Task) -> dt.datetime:
     return max(task.updated_at, spoke) if spoke else task.updated_at
 
 
-def _decide(task_pk: int, at: dt.datetime, *, checkins: bool) -> str | None:
-    """Check in on, or expire, one claim, with its row locked. Returns
-    "checkin", "expired" or None."""
+def _decide(task_pk: int, at: dt.datetime) -> str | None:
+    """Check in on, or expire, one claim, with its row locked, and move it
+    on in the sweep index. Returns "checkin", "expired" or None."""
     limit = timeout()
     with transaction.atomic():
         task = (Task.objects.select_for_update(of=("self",), no_key=True)
@@ -71,18 +77,19 @@ def _decide(task_pk: int, at: dt.datetime, *, checkins: bool) -> str | None:
             Task.objects.filter(pk=task.pk).update(sweep_at=at + limit)
             return None
         start = silent_since(task)
-        if at >= start + limit:
+        if at >= start + limit or task.claimant is None:  # silent too long, or its claimant deleted
             claimant = task.claimant
             task.status, task.claimant, task.claimed_at, task.updated_at, task.sweep_at = (
                 Task.Status.OPEN, None, None, at, None)
             task.save(update_fields=["status", "claimant", "claimed_at", "updated_at", "sweep_at"])
             append_events([task_event("task_claim_expired", task, actor=None,
-                                      extra={"claimant": f"@{claimant.handle}", "silent_since": rfc3339(start)})])
+                                      extra={"claimant": claimant and f"@{claimant.handle}",
+                                             "silent_since": rfc3339(start)})])
             return "expired"
         key = {"task": task, "claimant_id": task.claimant_id, "task_updated_at": task.updated_at}
         checked_in = CheckinReceipt.objects.filter(**key).exists()
         outcome = None
-        if checkins and not checked_in and at >= start + limit * CHECKIN_AT:
+        if not checked_in and at >= start + limit * CHECKIN_AT:
             try:
                 with transaction.atomic():
                     CheckinReceipt.objects.create(**key, created_at=at)
@@ -96,37 +103,33 @@ def _decide(task_pk: int, at: dt.datetime, *, checkins: bool) -> str | None:
                            "asks": "Post progress and your next checkpoint, a blocker, or release the task."})])
                 outcome = "checkin"
             checked_in = True
-        if checkins:  # the scan moves the claim on in its index; a read leaves it
-            task.sweep_at = start + (limit if checked_in else limit * CHECKIN_AT)
-            Task.objects.filter(pk=task.pk).update(sweep_at=task.sweep_at)
+        task.sweep_at = start + (limit if checked_in else limit * CHECKIN_AT)
+        Task.objects.filter(pk=task.pk).update(sweep_at=task.sweep_at)
         return outcome
 
 
 def expire_if_due(space: Space, task_id: str) -> bool:
-    """Reads and claim attempts sweep the task's expiry themselves (on hosts
-    with no worker too). Cheap when nothing is due: the silence cannot have
-    run longer than the time since the task's update."""
-    limit = timeout()
-    if limit is None:
+    """Reads and claim attempts sweep the task's claim themselves, if it is
+    due in the sweep index. Cheap when it is not (one indexed read)."""
+    if timeout() is None:
         return False
     at = now()
-    pk = (Task.objects.filter(space=space, public_id=task_id, status=Task.Status.CLAIMED,
-                              updated_at__lte=at - limit).values_list("pk", flat=True).first())
-    return pk is not None and _decide(pk, at, checkins=False) == "expired"
+    pk = (Task.objects.filter(space=space, public_id=task_id, status=Task.Status.CLAIMED, sweep_at__lte=at)
+          .values_list("pk", flat=True).first())
+    return pk is not None and _decide(pk, at) == "expired"
 
 
 def expire_due_in(space: Space) -> int:
-    """A listing of the space's tasks sweeps the expiry of its claims first,
-    as a read of one task does: up to SCAN_LIMIT of them, the longest
-    unchanged first. Cheap when nothing is due (one indexed read). Returns
+    """A listing of the space's tasks sweeps its claims first, as a read of
+    one task does: up to SCAN_LIMIT of those due in the sweep index, the
+    earliest first. Cheap when nothing is due (one indexed read). Returns
     how many expired."""
-    limit = timeout()
-    if limit is None:
+    if timeout() is None:
         return 0
     at = now()
-    due = (Task.objects.filter(space=space, status=Task.Status.CLAIMED, updated_at__lte=at - limit)
-           .order_by("updated_at", "id").values_list("pk", flat=True)[:SCAN_LIMIT])
-    return [_decide(pk, at, checkins=False) for pk in due].count("expired")
+    due = (Task.objects.filter(space=space, status=Task.Status.CLAIMED, sweep_at__lte=at)
+           .order_by("sweep_at", "id").values_list("pk", flat=True)[:SCAN_LIMIT])
+    return [_decide(pk, at) for pk in due].count("expired")
 
 
 def due_claims(at: dt.datetime) -> list[int]:
@@ -142,7 +145,7 @@ def scan() -> dict[str, int]:
         return {"checkins": 0, "expired": 0, "looked_at": 0}
     at = now()
     due = due_claims(at)
-    outcomes = [_decide(pk, at, checkins=True) for pk in due]
+    outcomes = [_decide(pk, at) for pk in due]
     return {"checkins": outcomes.count("checkin"), "expired": outcomes.count("expired"), "looked_at": len(due)}
 
 

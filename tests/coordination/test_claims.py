@@ -182,3 +182,50 @@ def test_archived_spaces_are_not_swept(claimed, space, alice, start):
     # then
     assert outcome["checkins"] == outcome["expired"] == 0
     assert Task.objects.get().status == "claimed"
+
+
+def test_a_claim_whose_claimant_was_deleted_is_released_and_stops_nothing(space, alice, bob, make_member, as_bob,
+                                                                           start):
+    # given: dave's claim and bob's; then dave is deleted (the admin site may), leaving his claim with no claimant
+    from controlplane import services
+
+    dave = make_member("dave")
+    services.join_space(space, actor=dave)
+    with freeze(start):
+        gone = tasks.claim_task(space, tasks.create_task(space, title="dave's", actor=alice).public_id, actor=dave)
+        tasks.claim_task(space, tasks.create_task(space, title="bob's", actor=alice).public_id, actor=bob)
+    dave.delete()
+    # when: the sweep reaches the check-ins, and a listing after the timeout
+    checked = at(start + 18 * HOUR)
+    with freeze(start + 25 * HOUR):
+        listing = as_bob.get("/v0/spaces/lab/tasks")
+    # then: dave's task was opened at the first look, with no claimant named; bob's claim was checked in on
+    # and expired as ever
+    assert checked == {"checkins": 1, "expired": 1, "looked_at": 2}
+    assert listing.status_code == 200 and {t["status"] for t in listing.json()["tasks"]} == {"open"}
+    expired = events("task_claim_expired")
+    assert [e.data["task"]["id"] for e in expired][0] == gone.public_id and expired[0].data["claimant"] is None
+
+
+def test_reads_pass_live_claims_by_and_never_hide_an_expired_one(space, alice, bob, carol, make_member, api_for,
+                                                                 start, monkeypatch):
+    # given: 100 of bob's claims kept alive by his messages, and carol's, a minute younger, silent since
+    decided = []
+    decide = claims._decide
+    monkeypatch.setattr(claims, "_decide", lambda *args: decided.append(args[0]) or decide(*args))
+    with freeze(start):
+        live = [tasks.claim_task(space, tasks.create_task(space, title=f"t{n}", actor=alice).public_id, actor=bob)
+                for n in range(100)]
+    for task in live:
+        say(task, bob, start + 20 * HOUR, "still on it")
+    with freeze(start + dt.timedelta(minutes=1)):
+        silent = tasks.claim_task(space, tasks.create_task(space, title="left", actor=alice).public_id, actor=carol)
+    reader = api_for(make_member("dave"))  # never joined: an open space's reader
+    # when: anyone lists the open tasks, twice, with no worker sweeping
+    with freeze(start + 25 * HOUR):
+        first = reader.get("/v0/spaces/lab/tasks", status="open").json()["tasks"]
+        once = len(decided)
+        second = reader.get("/v0/spaces/lab/tasks", status="open").json()["tasks"]
+    # then: the first decides at most a page of claims and moves them on; the second finds carol's expired
+    assert once == claims.SCAN_LIMIT and [t["id"] for t in first] == []
+    assert [t["id"] for t in second] == [silent.public_id] and len(decided) == once + 1
