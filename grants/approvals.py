@@ -10,9 +10,11 @@ from controlplane.access import is_active_admin
 from controlplane.clock import now
 from controlplane.errors import (ApiError, Conflict, Forbidden, IdempotencyConflict, InvalidRequest, LimitExceeded,
                                  NotFound)
+from controlplane.log import append_events
 from controlplane.models import Member
 from controlplane.tokens import public_id
 from grants.models import ApprovalRequest, Grant
+from grants.render import grant_event
 from inbox import notices
 from inbox.services import send_message
 
@@ -128,6 +130,12 @@ def approve(request: ApprovalRequest, *, actor: Member) -> ApprovalRequest:
                            details={"cause": exc.code, **exc.details}) from None
         if not result.created:  # sent meanwhile under other authority with the same key: these went unused
             Grant.objects.filter(pk__in=[grant.pk for grant in made]).delete()
+        else:
+            # Recorded as create_grant records one, after the send: the send
+            # takes the mailboxes before the log head, as every writer does.
+            used = Grant.objects.filter(pk__in=[grant.pk for grant in made]).select_related(
+                "space", "sender", "recipient", "message", "created_by").order_by("pk")
+            append_events([grant_event("grant.created", grant, actor_id=actor.pk) for grant in used])
         request.status, request.decided_by, request.decided_at = ApprovalRequest.Status.APPROVED, actor, now()
         request.message = result.message
         request.save(update_fields=["status", "decided_by", "decided_at", "message"])

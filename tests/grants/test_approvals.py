@@ -254,3 +254,14 @@ def test_a_denial_retried_with_another_reason_under_its_key_conflicts(requested,
     assert first.status_code == 200 and first.json()["approval_request"]["reason"] == "not now"
     assert other.status_code == 409 and error_code(other) == "IDEMPOTENCY_CONFLICT"
     assert ApprovalRequest.objects.get().reason == "not now"
+
+
+def test_an_approvals_grant_is_an_event_for_its_parties_as_any_grant_is(requested, as_root, as_bob, as_carol):
+    # when
+    outcome = as_root.post(f"/v0/approval-requests/{requested['id']}/approve").json()["approval_request"]
+    # then: sender, recipient and the approving admin each hear of the one-message grant, consumed by the message
+    grant = Grant.objects.get(kind="one_message")
+    for api in (as_bob, as_carol, as_root):
+        events = [e for e in api.get("/v0/me/inbox/events").json()["events"] if e["kind"].startswith("grant.")]
+        assert [(e["kind"], e["actor"], e["data"]["grant"]["id"], e["data"]["grant"]["message"]) for e in events] == [
+            ("grant.created", "@root", grant.public_id, outcome["message"])]
