@@ -96,6 +96,12 @@ class McpEndpoint:
             await self._running
 
     async def __call__(self, scope, receive, send):
+        if scope.get("method") != "POST":
+            # Stateless: no session to end (DELETE), and no standalone stream
+            # (GET), which the SDK would hold open, written to by nothing and
+            # counted by no cap, past a revocation; the transport allows 405.
+            return await _refuse(send, ApiError("The MCP endpoint takes POST only.", status=405,
+                                                code="METHOD_NOT_ALLOWED", headers={"Allow": "POST"}))
         headers = dict(scope.get("headers") or [])
         if (refused := host_check(headers)) is not None:
             return await _refuse(send, refused)

@@ -114,6 +114,26 @@ def test_a_credential_is_required_and_the_rate_limit_counts():
     assert statuses[3] == 429 and limited.status_code == 429 and "retry-after" in limited.headers
 
 
+def test_only_post_is_served_so_no_idle_stream_is_held_open():
+    # given: GET would open the transport's standalone stream, which nothing writes to and no cap counts
+    ada = token_for("ada")
+    with serving("--no-worker") as (base, _):
+        # when
+        streams = [httpx.get(f"{base}/mcp", headers={**bearer(ada), "Accept": "text/event-stream"}, timeout=10)
+                   for _ in range(3)]
+        ended = httpx.request("DELETE", f"{base}/mcp", headers=bearer(ada), timeout=10)
+
+        async def tools():
+            async with connect(base, ada) as (client, _):  # the SDK's client, which asks for the stream too
+                return {tool.name for tool in (await client.list_tools()).tools}
+
+        served = asyncio.run(tools())
+    # then: answered at once, and POST still serves
+    assert [r.status_code for r in streams + [ended]] == [405] * 4
+    assert streams[0].headers["allow"] == "POST" and streams[0].json()["error"]["code"] == "METHOD_NOT_ALLOWED"
+    assert "read_inbox" in served
+
+
 def test_poll_pages_and_a_stream_delivers_within_a_second_with_heartbeats():
     # given
     ada, bo = token_for("ada"), token_for("bo")
