@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import unicodedata
 
 from django.conf import settings
 from django.core.cache import DEFAULT_CACHE_ALIAS, caches
@@ -118,7 +119,9 @@ def signin_wait(request) -> float | None:
     address (SIGNIN_PER_ACCOUNT) and that account from every address
     (SIGNIN_ACCOUNT_EVERYWHERE times as many); the seconds to wait when any
     is spent, else None."""
-    account, address = str(request.POST.get("username", "")).strip().lower()[:64], _source(client_address(request))
+    # The name as the sign-in form resolves it (NFKC, as Django's UsernameField), folded: "ａnn" is "ann"'s count.
+    account = unicodedata.normalize("NFKC", str(request.POST.get("username", ""))).strip().casefold()[:64]
+    address = _source(client_address(request))
     waits = [hit(f"signin:ip:{address}", limit=settings.SIGNIN_PER_ADDRESS, window=SIGNIN_WINDOW),
              hit(f"signin:user:{account}:{address}", limit=settings.SIGNIN_PER_ACCOUNT, window=SIGNIN_WINDOW),
              hit(f"signin:user:{account}", limit=settings.SIGNIN_PER_ACCOUNT * SIGNIN_ACCOUNT_EVERYWHERE,

@@ -104,5 +104,7 @@ def _check_answer(outcome, challenge: str) -> None:
     except ValueError:
         raise VerificationFailed(details={"reason": "not_json"}) from None
     answered = answer.get("challenge") if isinstance(answer, dict) else None
-    if not isinstance(answered, str) or not hmac.compare_digest(answered.encode(), challenge.encode()):
+    # surrogatepass: valid JSON may hold a lone surrogate, which is a wrong answer, not a crash
+    if not isinstance(answered, str) or not hmac.compare_digest(answered.encode("utf-8", "surrogatepass"),
+                                                                challenge.encode()):
         raise VerificationFailed(details={"reason": "challenge_mismatch"})

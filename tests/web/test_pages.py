@@ -327,6 +327,20 @@ def test_sign_in_is_throttled_per_account_even_for_the_right_password(ann, setti
 
 
 @pytest.mark.parametrize("path", ["/app/login/", "/admin/login/"])
+def test_a_handles_look_alike_forms_count_as_the_account_they_sign_in_to(ann, settings, path):
+    # given: ann's attempts spent from one address
+    settings.SIGNIN_PER_ACCOUNT, settings.SIGNIN_PER_ADDRESS = 2, 1000
+    clear_of_window_edge(15 * 60)
+    client = Client(REMOTE_ADDR="198.51.100.7")
+    guesses = [client.post(path, {"username": "ann", "password": "guess"}).status_code for _ in range(2)]
+    # when: the same account, named in full-width or capital letters, which the form resolves to "ann" (NFKC)
+    variants = [client.post(path, {"username": name, "password": PASSWORD}).status_code
+                for name in ("\uff41nn", " ANN", "\U0001d41anN")]
+    # then: each counts against ann's spent attempts
+    assert guesses == [200, 200] and variants == [429, 429, 429]
+
+
+@pytest.mark.parametrize("path", ["/app/login/", "/admin/login/"])
 def test_guesses_from_one_address_do_not_lock_the_owner_out_from_another(ann, settings, path):
     # given: one address spends its attempts at ann's account
     from controlplane.ratelimit import SIGNIN_ACCOUNT_EVERYWHERE

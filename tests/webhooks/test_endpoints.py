@@ -119,6 +119,16 @@ def test_a_wrong_answer_fails_verification(receiver, as_alice, answer, reason):
     assert Endpoint.objects.get().verified_at is None
 
 
+def test_an_answer_holding_a_lone_surrogate_fails_verification(receiver, as_alice):
+    # given: valid JSON that is no string of characters
+    endpoint = create(as_alice, receiver.url()).json()["endpoint"]
+    receiver.respond = lambda received: (200, {"Content-Type": "application/json"}, b'{"challenge": "\\ud800"}')
+    # when
+    response = as_alice.post(f"/v0/webhook-endpoints/{endpoint['id']}/verify")
+    # then
+    assert response.status_code == 422 and response.json()["error"]["details"]["reason"] == "challenge_mismatch"
+
+
 def test_an_unreachable_receiver_fails_verification(receiver, as_alice):
     endpoint = create(as_alice, "https://localhost:9/hook").json()["endpoint"]
     response = as_alice.post(f"/v0/webhook-endpoints/{endpoint['id']}/verify")
