@@ -28,6 +28,10 @@ from web import messages
 logger = logging.getLogger("switchboard.web")
 
 LOOP_FRAMES = 8  # a pass renders at most this many frames on the event loop itself
+# A socket whose page has not taken a pass's frames within this long (its
+# buffers full: the page stopped reading) leaves the stream and is closed;
+# its page, if it ever reads again, reconnects from its last frame.
+SEND_SECONDS = 2.0
 
 
 @dataclass
@@ -91,8 +95,10 @@ class ConversationStream:
                 sockets = list(self.sockets)
                 result = await next_pass(
                     self.conversation_id, {s.member_pk for s in sockets}, min(s.position for s in sockets))
-                for socket in sockets:
-                    await self._deliver(socket, result)
+                if len(sockets) == 1:
+                    await self._deliver(sockets[0], result)
+                else:  # side by side: a page that stops reading holds up no other
+                    await asyncio.gather(*(self._deliver(socket, result) for socket in sockets))
                 if result.full:
                     continue
                 with contextlib.suppress(TimeoutError):
@@ -103,8 +109,7 @@ class ConversationStream:
             # joining meanwhile starts a new stream instead of this ended one.
             sockets, self.sockets = list(self.sockets), set()
             self._on_empty(self)
-            for socket in sockets:
-                await _close(socket)
+            await asyncio.gather(*(_close(socket) for socket in sockets))
         finally:
             log_watcher.unwatch(self.interest)
             self._on_empty(self)
@@ -112,26 +117,37 @@ class ConversationStream:
     async def _deliver(self, socket, result: Pass) -> None:
         if socket not in self.sockets:
             return  # it left during the pass
-        if socket.member_pk not in result.readers:
-            self.leave(socket)
-            await socket.lose_access()
-            return
-        frames = [(position, text) for position, text in result.frames if position > socket.position]
         try:
-            await socket.deliver(frames, caught_up=not result.full)
-        except Exception:
-            logger.warning("could not send to a live socket; dropping it", exc_info=True)
+            async with asyncio.timeout(SEND_SECONDS):
+                if socket.member_pk not in result.readers:
+                    self.leave(socket)
+                    await socket.lose_access()
+                    return
+                frames = [(position, text) for position, text in result.frames if position > socket.position]
+                await socket.deliver(frames, caught_up=not result.full)
+        except Exception as error:
+            stalled = isinstance(error, TimeoutError)
+            logger.warning("%s; dropping it", "a live socket stopped reading" if stalled
+                           else "could not send to a live socket", exc_info=not stalled)
             self.leave(socket)
-            await _close(socket)  # if it is still open, its page reconnects rather than wait on no stream
+            # If it is still open, its page reconnects rather than wait on no stream;
+            # the close waits on that page too, so the pass does not.
+            _closing.add(task := asyncio.get_running_loop().create_task(_close(socket)))
+            task.add_done_callback(_closing.discard)
+
+
+_closing: set[asyncio.Task] = set()  # closes under way, held until they end
 
 
 async def _close(socket) -> None:
     """Close `socket` (1011: its page reconnects from its last frame), if it
-    still can be: each on its own, so one already gone stops no other."""
+    still can be within SEND_SECONDS: each on its own, so one already gone
+    or no longer reading stops no other."""
     try:
-        await socket.fail()
+        async with asyncio.timeout(SEND_SECONDS):
+            await socket.fail()
     except Exception:
-        logger.debug("could not close a live socket (gone already?)", exc_info=True)
+        logger.debug("could not close a live socket (gone already, or not reading?)", exc_info=True)
 
 
 class Streams:
