@@ -97,6 +97,12 @@ class SessionSocket:
     async def session_ended(self, event) -> None:
         await self.close(code=SIGNED_OUT)
 
+    async def session_changed(self, event) -> None:
+        """The member's password or active flag changed (web.sockets): the
+        page reconnects, and its handshake finds whether its session still
+        stands."""
+        await self.close(code=SERVER_ERROR)
+
     async def leave(self) -> None:
         """Leave the socket's groups and give back its place."""
         if self.holder is not None:

@@ -46,3 +46,30 @@ def end_live_sockets(sender, request, user, **kwargs) -> None:
     key = getattr(getattr(request, "session", None), "session_key", None)
     if key:
         group_send_on_commit(session_group(key), {"type": "session.ended"})
+
+
+# What a sign-in rests on besides the session: a new password ends every
+# other session (Django's session hash), and so does an inactive user.
+SESSION_FIELDS = ("password", "is_active")
+
+
+def note_session_change(sender, instance, update_fields=None, **kwargs) -> None:
+    """pre_save of a user: remember whether what their sessions rest on changes."""
+    if instance.pk is None or (update_fields is not None and not set(SESSION_FIELDS) & set(update_fields)):
+        return
+    before = type(instance).objects.filter(pk=instance.pk).values_list(*SESSION_FIELDS).first()
+    instance._sessions_changed = before is not None and before != tuple(getattr(instance, f) for f in SESSION_FIELDS)
+
+
+def recheck_live_sockets(sender, instance, **kwargs) -> None:
+    """post_save of a user whose password or active flag changed: every
+    socket of theirs closes to reconnect (1011), and each handshake then
+    decides again, so one of a session the change ended is signed out."""
+    if not getattr(instance, "_sessions_changed", False):
+        return
+    from controlplane.live import group_send_on_commit, member_group
+    from controlplane.models import Member
+
+    instance._sessions_changed = False
+    if (member := Member.objects.filter(user_id=instance.pk).first()) is not None:
+        group_send_on_commit(member_group(member), {"type": "session.changed"})

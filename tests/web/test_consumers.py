@@ -190,6 +190,50 @@ async def test_signing_out_closes_the_sessions_sockets(room, ben):
     assert await refusal(inbox) == [4401]
 
 
+async def test_a_new_password_ends_the_live_sockets_of_the_sessions_it_ends(room, ann, ben):
+    # given: two sessions of ben's, each with a live page; then his password is changed from the first
+    # (Django keeps the session that changed it and ends the others)
+    from django.contrib.auth import update_session_auth_hash
+
+    _, channel = room
+    await log_watcher_listening()
+    mine, stolen = Client(), Client()
+    for client in (mine, stolen):
+        await db_call(client.force_login)(ben.user)
+    cookies = [client.cookies["sessionid"].value for client in (mine, stolen)]
+    sockets = [(await open_socket(f"/ws/conversations/{channel.public_id}/", cookie=c))[0] for c in cookies]
+    for socket in sockets:
+        await frames_until_live(socket)
+
+    def change_password():
+        ben.user.set_password("a new password 123")
+        ben.user.save()
+        request = type("Request", (), {"session": mine.session, "user": ben.user})()
+        update_session_auth_hash(request, ben.user)  # under a new key, as the browser's cookie then says
+        request.session.save()
+        return request.session.session_key
+
+    # when
+    cookies[0] = await db_call(change_password)()
+    # then: both pages are told to reconnect, before the next message; the stolen session's page is
+    # signed out at its handshake, and the page of the session that made the change follows on
+    for socket in sockets:
+        assert (await socket.receive_output(timeout=5)) == {"type": "websocket.close", "code": 1011}
+    await send(channel, body="secret plans", actor=ann)
+    again = [(await open_socket(f"/ws/conversations/{channel.public_id}/", cookie=c))[0] for c in cookies]
+    assert [frame["type"] for frame in await frames_until_live(again[0])][-1] == "message"
+    assert await refusal(again[1]) == [4401]
+
+
+async def test_a_last_login_saved_ends_no_socket(room, ben):
+    _, channel = room
+    socket = await watching(ben, channel)
+    await frames_until_live(socket)
+    await db_call(lambda: ben.user.save(update_fields=["last_login"]))()
+    await db_call(lambda: ben.user.save())()  # nothing changed
+    assert await socket.receive_nothing(timeout=0.5)
+
+
 async def test_suspending_a_member_closes_all_their_sockets_at_once(room, ann, ben):
     # given: ben watches a conversation and his inbox
     _, channel = room
