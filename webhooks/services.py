@@ -277,8 +277,10 @@ def activation_cursor(subscription: Subscription) -> str:
 
 # --- history and replay -------------------------------------------------------------
 
-def deliveries_of(subscription: Subscription):
-    return Delivery.objects.filter(subscription=subscription).exclude(state=Delivery.State.OPEN)
+def deliveries_of(*subscriptions: Subscription):
+    """The delivery history of `subscriptions`: every wake but those still
+    open (in their debounce window)."""
+    return Delivery.objects.filter(subscription__in=subscriptions).exclude(state=Delivery.State.OPEN)
 
 
 def replay(delivery_id: str, owner: Member) -> Delivery:

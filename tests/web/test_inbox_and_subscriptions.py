@@ -90,6 +90,54 @@ def test_a_member_saves_verifies_subscribes_and_sees_the_attempt(ann, ben, room,
 
 
 @pytest.mark.django_db
+def test_the_page_costs_the_same_queries_however_many_subscriptions_subjects_and_deliveries(ann, ben, room,
+                                                                                          receiver, browser_of):
+    # given: one subscription, then many, each following several conversations (a task's among them), each with
+    # more deliveries than the page shows
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from coordination import services as tasks
+    from webhooks import services as webhooks
+    from webhooks.models import Attempt, Delivery
+
+    space, channel = room
+    client = browser_of(ben)
+    client.post("/app/subscriptions/receivers", {"url": receiver.url()})
+    endpoint = Endpoint.objects.get(owner=ben)
+    client.post(f"/app/subscriptions/receivers/{endpoint.public_id}/verify")
+    task = tasks.create_task(space, title="Ship it", actor=ann)
+    subjects = [channel, services.get_or_create_direct(space, ann, actor=ben)[0], task.conversation] + [
+        services.create_channel(space, f"c{n}", actor=ann) for n in range(3)]
+
+    def subscribe():
+        made = webhooks.create_subscription(ben, endpoint.public_id, space=space,
+                                            subjects=[{"type": "conversation", "id": c.public_id} for c in subjects])
+        for n in range(7):
+            delivery = Delivery.objects.create(subscription=made, after_position=n, through_position=n + 1,
+                                               state=Delivery.State.DELIVERED, due_at=made.created_at)
+            Attempt.objects.create(delivery=delivery, number=1, started_at=delivery.created_at, status_code=202,
+                                   duration_ms=3, key_id="k")
+        return made
+
+    def queries() -> tuple[int, str]:
+        with CaptureQueriesContext(connection) as captured:
+            page = client.get("/app/subscriptions/").content.decode()
+        return len(captured), page
+
+    subscribe()
+    one, _ = queries()
+    for _ in range(9):
+        subscribe()
+    # when
+    many, page = queries()
+    # then: the same number of queries, every label, and five recent deliveries of each
+    assert many == one
+    assert page.count("#general, @ann, Task: Ship it, #c0, #c1, #c2 in room") == 10
+    assert page.count('class="delivery"') == 10 * 5
+
+
+@pytest.mark.django_db
 def test_subscriptions_pause_resume_and_delete(ann, ben, room, receiver, browser_of):
     client = browser_of(ben)
     client.post("/app/subscriptions/receivers", {"url": receiver.url()})

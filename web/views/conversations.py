@@ -32,8 +32,10 @@ def conversation_label(conversation: Conversation, viewer) -> str:
     members' handles otherwise."""
     if conversation.kind == Conversation.Kind.CHANNEL:
         if conversation.name.startswith(TASK_CHANNEL_PREFIX):
-            title = Task.objects.filter(conversation=conversation).values_list("title", flat=True).first()
-            return f"Task: {title}"
+            try:
+                return f"Task: {conversation.task.title}"  # no query where the task was selected with it
+            except Task.DoesNotExist:
+                return f"Task: {conversation.name}"
         return f"#{conversation.name}"
     others = [f"@{p.member.handle}" for p in conversation.participants.all() if p.member_id != viewer.pk]
     return ", ".join(others) or "just you"

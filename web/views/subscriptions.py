@@ -6,13 +6,15 @@ once and never shown: the page says only whether an endpoint has one."""
 from __future__ import annotations
 
 from django.contrib import messages as flash
-from django.db.models import Prefetch
+from django.db.models import F, Prefetch, Window
+from django.db.models.functions import RowNumber
 from django.shortcuts import redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_POST
 
-from controlplane.access import get_readable_space, own_space_ids, readable_conversation
+from controlplane.access import (get_readable_space, own_space_ids, readable_conversation,
+                                 readable_conversations_in, readable_spaces)
 from controlplane.models import Space
 from controlplane.errors import InvalidRequest, NotFound
 from web.pages import member_page
@@ -24,26 +26,40 @@ RECENT_DELIVERIES = 5
 
 
 def _subscription_rows(member) -> list[dict]:
-    rows = []
-    for subscription in (Subscription.objects.filter(owner=member).exclude(status=Subscription.Status.DELETED)
-                         .select_related("endpoint", "space").order_by("created_at")):
-        deliveries = (services.deliveries_of(subscription).order_by("-created_at")
-                      .prefetch_related(Prefetch("attempt_rows", queryset=Attempt.objects.order_by("number"))))
-        rows.append({"subscription": subscription, "target": _target_label(subscription, member),
-                     "deliveries": list(deliveries[:RECENT_DELIVERIES])})
-    return rows
+    """Each subscription with what it follows and its recent deliveries, in
+    a few queries however many subscriptions and subjects there are (the
+    page reloads itself every two seconds while it is open)."""
+    subscriptions = list(Subscription.objects.filter(owner=member).exclude(status=Subscription.Status.DELETED)
+                         .select_related("endpoint", "space").order_by("created_at"))
+    recent = {}
+    deliveries = (services.deliveries_of(*subscriptions)
+                  .annotate(newest=Window(RowNumber(), partition_by=[F("subscription_id")],
+                                          order_by=[F("created_at").desc(), F("id").desc()]))
+                  .filter(newest__lte=RECENT_DELIVERIES).order_by("subscription_id", "newest")
+                  .prefetch_related(Prefetch("attempt_rows", queryset=Attempt.objects.order_by("number"))))
+    for delivery in deliveries:
+        recent.setdefault(delivery.subscription_id, []).append(delivery)
+    labels = _subject_labels(member, subscriptions)
+    return [{"subscription": s, "target": _target_label(s, labels), "deliveries": recent.get(s.pk, [])}
+            for s in subscriptions]
 
 
-def _target_label(subscription: Subscription, member) -> str:
+def _subject_labels(member, subscriptions: list[Subscription]) -> dict[int, str]:
+    """The label of every subject conversation `member` may still read, by pk."""
+    pks = {pk for s in subscriptions for pk in s.conversation_ids or ()}
+    readable = (readable_conversations_in(readable_spaces(member), member).filter(pk__in=pks)
+                .select_related("task").prefetch_related("participants__member"))
+    return {c.pk: conversation_label(c, member) for c in readable}
+
+
+def _target_label(subscription: Subscription, labels: dict[int, str]) -> str:
     if subscription.kind == Subscription.Kind.INBOX:
         return "Your inbox"
     if subscription.kind == Subscription.Kind.ITEM:
         return "Your inbox items, pushed"
     if subscription.conversation_ids:
-        names = [s.get("id") for s in subscription.subjects]
-        conversations = [readable_conversation(member, name) for name in names]
-        labels = [conversation_label(c, member) for c in conversations if c is not None]
-        return f"{', '.join(labels) or 'conversations'} in {subscription.space.slug}"
+        names = [labels[pk] for pk in subscription.conversation_ids if pk in labels]
+        return f"{', '.join(names) or 'conversations'} in {subscription.space.slug}"
     return f"All messages in {subscription.space.slug}"
 
 
@@ -121,10 +137,9 @@ def create_subscription(request, member):
     subscription = services.create_subscription(member, request.POST.get("endpoint", ""), activate=activate,
                                                 **_target(member, request.POST.get("target", ""),
                                                                   request.POST.get("space", "").strip()))
-    if activate:
-        flash.success(request, f"Subscribed and active: {_target_label(subscription, member)}.")
-    else:
-        flash.success(request, f"Subscription created (inactive): {_target_label(subscription, member)}.")
+    target = _target_label(subscription, _subject_labels(member, [subscription]))
+    flash.success(request, f"Subscribed and active: {target}." if activate
+                  else f"Subscription created (inactive): {target}.")
     return _back(request)
 
 
