@@ -233,17 +233,23 @@ def test_history_and_replay_are_the_owners(space, general, alice, as_alice, as_b
     assert as_bob.post(f"/v0/webhook-deliveries/{delivery['id']}/replay").status_code == 404
 
 
+def delivered_wake(api, endpoint, conversation, author):
+    """An active subscription of `api`'s member to the space, and its one wake, delivered."""
+    subscription = subscribe(api, endpoint)
+    activate(api, subscription)
+    send_message(conversation, body="1", actor=author)
+    Delivery.objects.update(state=Delivery.State.DELIVERED)
+    (delivery,) = Delivery.objects.all()
+    return subscription, delivery
+
+
 def test_replays_wait_only_on_an_active_subscription_and_only_so_many(space, general, alice, as_alice, endpoint,
                                                                        monkeypatch):
     # given: a delivered wake of an active subscription, room for two unsent replays
     from webhooks import services as webhooks_services
 
     monkeypatch.setattr(webhooks_services, "MAX_UNFINISHED_REPLAYS", 2)
-    subscription = subscribe(as_alice, endpoint)
-    activate(as_alice, subscription)
-    send_message(general, body="1", actor=alice)
-    Delivery.objects.update(state=Delivery.State.DELIVERED)
-    (delivery,) = Delivery.objects.all()
+    subscription, delivery = delivered_wake(as_alice, endpoint, general, alice)
     replay = f"/v0/webhook-deliveries/{delivery.public_id}/replay"
     # when
     answers = [as_alice.post(replay) for _ in range(3)]
@@ -261,11 +267,7 @@ def test_replays_wait_only_on_an_active_subscription_and_only_so_many(space, gen
 
 def test_a_keyed_replay_retried_sends_one_wake(space, general, alice, as_alice, endpoint):
     # given: a delivered wake
-    subscription = subscribe(as_alice, endpoint)
-    activate(as_alice, subscription)
-    send_message(general, body="1", actor=alice)
-    Delivery.objects.update(state=Delivery.State.DELIVERED)
-    (delivery,) = Delivery.objects.all()
+    _, delivery = delivered_wake(as_alice, endpoint, general, alice)
     replay = f"/v0/webhook-deliveries/{delivery.public_id}/replay"
     # when
     malformed = as_alice.post(replay, headers={"Idempotency-Key": "short"})
