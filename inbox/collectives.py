@@ -100,13 +100,13 @@ def answer(message: Message, body: str, *, actor: Member) -> tuple[CollectiveAns
             raise InvalidRequest("This message is not a collective request.")
         if actor.pk not in collective.members:
             raise Forbidden("Only the group's other members answer a collective request.")
-        require_sender(collective.message.space, actor)  # an answer is written as a send is: not by observers
         existing = CollectiveAnswer.objects.filter(collective=collective, member=actor).first()
         if existing is not None:
             if existing.body != body:
                 raise Conflict("You answered already, with a different answer.",
                                details={"state": collective.state})
             return existing, False
+        require_sender(collective.message.space, actor)  # a new answer is written as a send is: not by observers
         _settle(collective)  # one that cannot complete any more fails now, and that commits
         created = None
         if collective.state == Collective.State.PENDING:

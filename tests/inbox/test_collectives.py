@@ -154,10 +154,12 @@ def test_an_archived_space_takes_no_answer_and_its_operations_fail(space, group,
     space.save(update_fields=["archived"])
     # when
     answered = as_carol.post(f"/v0/messages/{message}/answer", {"body": "new content after archival"})
+    retried = as_bob.post(f"/v0/messages/{message}/answer", {"body": "yes"})
     with freeze(now() + dt.timedelta(seconds=61)):
         finished = collectives.finish_due()
-    # then: refused as a send is; at its deadline the operation fails, with no result
-    assert answered.status_code == 409 and error_code(answered) == "CONFLICT"
+    # then: a new answer is refused as a send is (a retry of one given before is answered again);
+    # at its deadline the operation fails, with no result
+    assert answered.status_code == 409 and error_code(answered) == "CONFLICT" and retried.status_code == 200
     assert finished == 1 and Collective.objects.get().reason == "space_archived"
     assert not InboxItem.objects.filter(kind="collective.result").exists()
     assert [i["reason"] for i in items(bob, "operationFailed")] == ["space_archived"]
