@@ -116,8 +116,8 @@ class Memberships:
     page open for a day stopped hearing of its inbox and of its session's
     end, and a stream of being replaced."""
 
-    def __init__(self, layer, channel: str) -> None:
-        self._layer, self.channel = layer, channel
+    def __init__(self, layer, channel: str, on_renewal: Callable[[], Awaitable[Any]] | None = None) -> None:
+        self._layer, self.channel, self._on_renewal = layer, channel, on_renewal
         self._groups: list[str] = []
         self._renewal: asyncio.Task | None = None
 
@@ -134,6 +134,8 @@ class Memberships:
             try:
                 for group in self._groups:
                     await self._layer.group_add(group, self.channel)
+                if self._on_renewal is not None:
+                    await self._on_renewal()
             except Exception:
                 logger.warning("could not renew a channel's groups; trying again later", exc_info=True)
 

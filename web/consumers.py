@@ -28,7 +28,7 @@ from inbox.delivery import pending_count
 from inbox.mailbox import inbox_group
 from controlplane.db import db_call
 from web.pages import member_of
-from web.sockets import session_group
+from web.sockets import session_group, signed_in_user_id
 from web.streams import next_pass, streams
 
 # Application close codes. After any of them the page does not reconnect.
@@ -72,10 +72,19 @@ class SessionSocket:
             await self.disconnect(SERVER_ERROR)
 
     async def join(self, *groups: str) -> None:
-        """Join `groups` for as long as the socket is open (renewed; left at `leave`)."""
+        """Join `groups` for as long as the socket is open (renewed, and the
+        session looked at again, every GROUP_READD_SECONDS; left at `leave`)."""
         if self.memberships is None:
-            self.memberships = Memberships(self.channel_layer, self.channel_name)
+            self.memberships = Memberships(self.channel_layer, self.channel_name, on_renewal=self.recheck_session)
         await self.memberships.join(*groups)
+
+    async def recheck_session(self) -> None:
+        """Close the socket (4401) once its session no longer signs its member
+        in: it expired, was deleted, or what it rests on changed behind the
+        signals' back (web.sockets.recheck_live_sockets hears the rest at once)."""
+        key = getattr(self.scope.get("session"), "session_key", None)
+        if key is not None and await db_call(signed_in_user_id)(key) != self.scope["user"].pk:
+            await self.close(code=SIGNED_OUT)
 
     async def follow_session(self, member) -> None:
         session = self.scope.get("session")

@@ -73,3 +73,18 @@ def recheck_live_sockets(sender, instance, **kwargs) -> None:
     instance._sessions_changed = False
     if (member := Member.objects.filter(user_id=instance.pk).first()) is not None:
         group_send_on_commit(member_group(member), {"type": "session.changed"})
+
+
+def signed_in_user_id(session_key: str) -> int | None:
+    """The id of the user the session signs in now, as a request with it
+    would find (Django's `get_user`: unexpired, its user active, its hash
+    the user's), else None."""
+    from importlib import import_module
+    from types import SimpleNamespace
+
+    from django.conf import settings
+    from django.contrib.auth import get_user
+
+    store = import_module(settings.SESSION_ENGINE).SessionStore(session_key=session_key)
+    user = get_user(SimpleNamespace(session=store))
+    return user.pk if user.is_authenticated else None

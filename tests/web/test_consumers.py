@@ -131,6 +131,24 @@ async def test_a_socket_open_past_the_group_expiry_still_counts_live_and_ends_wi
     assert (await socket.receive_output(timeout=5)) == {"type": "websocket.close", "code": 4401}
 
 
+async def test_a_socket_whose_session_ended_with_no_sign_out_closes_at_its_next_renewal(room, ben, monkeypatch):
+    # given: ben's page, its session then gone behind every signal's back (expired, or cleared from the store)
+    from django.contrib.sessions.models import Session
+
+    monkeypatch.setattr(topics, "GROUP_READD_SECONDS", 0.3)
+    _, channel = room
+    client = Client()
+    await db_call(client.force_login)(ben.user)
+    cookie = client.cookies["sessionid"].value
+    socket, _ = await open_socket(f"/ws/conversations/{channel.public_id}/", cookie=cookie)
+    await frames_until_live(socket)
+    assert await socket.receive_nothing(timeout=1)  # renewals of a valid session leave it open
+    # when
+    await db_call(lambda: Session.objects.filter(session_key=cookie).delete())()
+    # then: signed out at the next renewal
+    assert (await socket.receive_output(timeout=5)) == {"type": "websocket.close", "code": 4401}
+
+
 async def test_many_sockets_on_one_conversation_each_get_every_message(room, ann, ben):
     _, channel = room
     sockets = [await watching(ben, channel) for _ in range(5)]
