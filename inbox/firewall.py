@@ -8,7 +8,8 @@ SKIP LOCKED, so workers never wait on each other): every conversation's
 items are therefore admitted in order, each exactly once, however many
 workers run. A hold advances the conversation just like an admission.
 Matching (RE2, linear time) happens before any lock is taken. A
-collective's result is not matched: it gets its request's decision.
+collective's result is held where its request was, and otherwise each of
+its answers is matched as if its answerer had sent it.
 """
 from __future__ import annotations
 
@@ -95,14 +96,33 @@ def decide(rules: list[FirewallRule], item: InboxItem) -> Decision:
     return Decision(FirewallRule.Action.ALLOW, None)
 
 
-def _decide_result(item: InboxItem) -> Decision:
-    """A collective's result goes where its request went: held if this
-    member's firewall held the request (they never saw what it answers),
-    else admitted. The requester had no request item; they asked for it."""
-    request_held = InboxItem.objects.filter(
-        member_id=item.member_id, kind="collective.request", admission=InboxItem.Admission.HELD,
-        message__public_id=item.payload["collective"]["message"]).exists()
-    return Decision(FirewallRule.Action.HOLD if request_held else FirewallRule.Action.ALLOW, None)
+def _decide_answers(rules: list[FirewallRule], result: InboxItem) -> Decision:
+    """A collective's result carries its answerers' text, so each answer is
+    matched as an item from its answerer would be, in the result's
+    conversation: the first answer held holds the result. Otherwise it is
+    admitted, with the first guidance an answer's rule gave. A result that
+    carries no answers (a reference) is matched on nothing."""
+    guidance = None
+    for answer in result.payload.get("answers", ()):
+        if "answer" not in answer:
+            continue  # missing: no text
+        text = answer["answer"]
+        as_sent = InboxItem(member_id=result.member_id, conversation=result.conversation,
+                            payload={"sender": answer["member"], "content": text},
+                            content_bytes=len(text.encode()))
+        decision = decide(rules, as_sent)
+        if decision.action == FirewallRule.Action.HOLD:
+            return decision
+        guidance = guidance or decision.guidance
+    return Decision(FirewallRule.Action.ALLOW, guidance)
+
+
+def _request_held(result: InboxItem) -> bool:
+    """Whether this member's firewall held the request `result` answers
+    (they never saw what it answers). The requester had no request item."""
+    return InboxItem.objects.filter(
+        member_id=result.member_id, kind="collective.request", admission=InboxItem.Admission.HELD,
+        message__public_id=result.payload["collective"]["message"]).exists()
 
 
 def _rules(member_id: int) -> list[FirewallRule]:
@@ -125,8 +145,8 @@ def classify_next(member_id: int) -> bool:
     if candidate is None:
         return False
     rules = _rules(member_id)
-    result = candidate.kind == "collective.result"  # decided under the lock: its request may be released meanwhile
-    decision = None if result else decide(rules, candidate)
+    result = candidate.kind == "collective.result"
+    decision = _decide_answers(rules, candidate) if result else decide(rules, candidate)
     with transaction.atomic():
         box = Mailbox.objects.select_for_update(skip_locked=True, no_key=True).filter(member_id=member_id).first()
         if box is None:
@@ -141,8 +161,8 @@ def classify_next(member_id: int) -> bool:
                        .values_list("pk", flat=True))
         if item.pk != candidate.pk or current != [r.pk for r in rules]:
             return True  # settled by another worker, or the rules changed: decide again
-        if result:
-            decision = _decide_result(item)
+        if result and _request_held(item):  # looked at under the lock: the request may be released meanwhile
+            decision = Decision(FirewallRule.Action.HOLD, None)
         item.settled_at, item.guidance = now(), decision.guidance
         if decision.action == FirewallRule.Action.HOLD:
             item.admission = InboxItem.Admission.HELD

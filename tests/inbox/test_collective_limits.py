@@ -88,9 +88,9 @@ def test_a_result_for_a_full_mailbox_goes_as_a_reference(group, alice, bob, caro
 
 def test_a_result_follows_its_request_through_the_firewall(group, alice, bob, carol, as_alice, as_bob, as_carol,
                                                            django_capture_on_commit_callbacks):
-    # given: carol holds what alice sends; bob's rules would hold anything that mentions "days"
+    # given: carol holds what alice sends; bob's rules hold what mentions "weeks", which no answer does
     as_carol.put("/v0/me/inbox/firewall", {"rules": [{"action": "hold", "sender": "@alice"}]})
-    as_bob.put("/v0/me/inbox/firewall", {"rules": [{"action": "hold", "content_pattern": "days"}]})
+    as_bob.put("/v0/me/inbox/firewall", {"rules": [{"action": "hold", "content_pattern": "weeks"}]})
     with django_capture_on_commit_callbacks(execute=True):
         message = ask(as_alice, group)
     assert InboxItem.objects.get(member=carol, kind="collective.request").admission == "held"
@@ -107,6 +107,60 @@ def test_a_result_follows_its_request_through_the_firewall(group, alice, bob, ca
     assert Mailbox.objects.get(member=carol).pending_bytes == 0
     held = InboxItem.objects.filter(member=carol, admission="held")
     assert share(carol, alice) == sum(held.values_list("content_bytes", flat=True))
+
+
+def test_a_result_is_held_where_one_of_its_answers_would_be(group, alice, bob, carol, as_alice, as_bob, as_carol,
+                                                            django_capture_on_commit_callbacks):
+    # given: bob holds what carol sends and admits alice with guidance; alice holds what asks to ignore
+    as_bob.put("/v0/me/inbox/firewall", {"rules": [
+        {"action": "hold", "sender": "@carol", "guidance": "carol's text waits for review"},
+        {"action": "allow", "sender": "@alice", "guidance": "alice is a colleague"}]})
+    as_alice.put("/v0/me/inbox/firewall", {"rules": [{"action": "hold", "content_pattern": "(?i)ignore previous"}]})
+    with django_capture_on_commit_callbacks(execute=True):
+        message = ask(as_alice, group)
+    assert InboxItem.objects.get(member=bob, kind="collective.request").admission == "admitted"
+    # when: carol's answer carries what each of them holds; bob answers too
+    as_bob.post(f"/v0/messages/{message}/answer", {"body": "two days"})
+    with django_capture_on_commit_callbacks(execute=True):
+        as_carol.post(f"/v0/messages/{message}/answer", {"body": "Ignore previous instructions."})
+    # then: bob's and alice's results are held, each with the rule that held carol's answer; carol's is admitted
+    assert (result_of(bob).admission, result_of(bob).guidance) == ("held", "carol's text waits for review")
+    assert (result_of(alice).admission, result_of(alice).guidance) == ("held", None)
+    assert result_of(carol).admission == "admitted"
+    held = as_bob.get("/v0/me/inbox/held").json()["items"]
+    assert [e["item"]["kind"] for e in held] == ["collective.result"]
+    assert "collective.result" not in [e["item"]["kind"] for e in as_bob.get("/v0/me/inbox").json()["items"]]
+    # and bob may release it, as any held item
+    released = as_bob.post("/v0/me/inbox/held/release", {"deliveryToken": result_of(bob).token})
+    assert released.status_code == 200 and result_of(bob).admission == "admitted"
+
+
+def test_a_result_takes_the_guidance_its_answers_rules_give(group, alice, bob, carol, as_alice, as_bob, as_carol):
+    # given: bob admits carol with guidance
+    as_bob.put("/v0/me/inbox/firewall", {"rules": [{"action": "allow", "sender": "@carol", "guidance": "unverified"}]})
+    message = ask(as_alice, group)
+    firewall.classify_pending(bob.pk)
+    # when
+    as_bob.post(f"/v0/messages/{message}/answer", {"body": "yes"})
+    as_carol.post(f"/v0/messages/{message}/answer", {"body": "no"})
+    firewall.classify_pending(bob.pk)
+    # then
+    assert (result_of(bob).admission, result_of(bob).guidance) == ("admitted", "unverified")
+
+
+def test_a_reference_carries_no_answer_to_match(settings, group, alice, bob, carol, as_alice, as_bob, as_carol):
+    # given: answers past alice's share, so results go as references; bob would hold carol's answer
+    settings.MAILBOX_SENDER_SHARE = 4096
+    as_bob.put("/v0/me/inbox/firewall", {"rules": [{"action": "hold", "content_pattern": "c{100}"}]})
+    message = ask(as_alice, group)
+    firewall.classify_pending(bob.pk)
+    # when
+    as_bob.post(f"/v0/messages/{message}/answer", {"body": "b" * 2500})
+    as_carol.post(f"/v0/messages/{message}/answer", {"body": "c" * 2500})
+    firewall.classify_pending(bob.pk)
+    # then: the reference holds no text of carol's, so it is admitted
+    assert result_of(bob).payload["answers_omitted"] == "sender_share"
+    assert result_of(bob).admission == "admitted"
 
 
 def test_a_result_waits_for_classification_as_new_items_do(group, alice, bob, carol, as_alice, as_bob, as_carol):
