@@ -15,7 +15,7 @@ from django.db import transaction
 
 from controlplane.access import can_read_space, may_administer
 from controlplane.clock import now
-from controlplane.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from controlplane.errors import Conflict, Forbidden, InvalidRequest, LimitExceeded, NotFound
 from controlplane.log import append_events
 from controlplane.models import Conversation, Member, Space
 from controlplane.services import member_for_handle, require_sender
@@ -26,6 +26,10 @@ from inbox.text import encode_text
 
 TITLE_MAX = 200
 DESCRIPTION_MAX = 8 * 1024
+# Each task brings a discussion channel of its own, which the channel cap
+# does not count: a member has at most this many unfinished tasks of their
+# making in one space (done ones do not count: a long project makes many).
+MAX_UNFINISHED_TASKS_PER_MEMBER = 1_000
 RELATED = ("space", "conversation", "assignee", "reviewer", "claimant", "created_by")
 
 
@@ -62,6 +66,12 @@ def create_task(space: Space, *, title: str, description: str = "", assignee: st
     assignee_member, reviewer_member = _member_of(space, assignee, "assignee"), _member_of(space, reviewer,
                                                                                           "reviewer")
     with transaction.atomic():
+        Member.take_turns(actor.pk)  # serializes the count
+        unfinished = Task.objects.filter(space=space, created_by=actor).exclude(status=Task.Status.DONE).count()
+        if unfinished >= MAX_UNFINISHED_TASKS_PER_MEMBER:
+            raise LimitExceeded(f"A member has at most {MAX_UNFINISHED_TASKS_PER_MEMBER} unfinished tasks of their "
+                                "making in a space; complete some first.",
+                                details={"limit": MAX_UNFINISHED_TASKS_PER_MEMBER})
         task = Task(space=space, title=title, description=description, assignee=assignee_member,
                     reviewer=reviewer_member, created_by=actor)
         name = f"{TASK_CHANNEL_PREFIX}{task.public_id}"

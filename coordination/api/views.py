@@ -37,7 +37,7 @@ class TasksView(APIView):
         return Response({"tasks": page.pop("items"), **page})
 
     @extend_schema(operation_id="create_task", request=TaskCreateIn, parameters=[IDEMPOTENCY_KEY],
-                   responses={201: envelope("task", TaskOut), **errors(*WRITE_ERRORS)})
+                   responses={201: envelope("task", TaskOut), **errors(*WRITE_ERRORS, "LIMIT_EXCEEDED")})
     @idempotent
     def post(self, request, slug):
         data = validated(TaskCreateIn, request.data)

@@ -4,6 +4,7 @@ import pytest
 
 from controlplane import services
 from controlplane.log import Event
+from coordination import services as coordination_services
 from coordination.models import Task
 from tests.conftest import error_code
 
@@ -102,6 +103,22 @@ def test_update_changes_fields_and_says_so(space, as_alice, as_bob, task):
     assert updated.json()["task"]["title"] == "Write the long report"
     assert updated.json()["task"]["assignee"] == "@bob"
     assert kinds_in_feed() == ["task.created", "task.updated"]
+
+
+def test_a_member_has_so_many_unfinished_tasks_in_a_space(monkeypatch, space, as_alice, as_bob):
+    # given: alice has two unfinished tasks, the limit
+    monkeypatch.setattr(coordination_services, "MAX_UNFINISHED_TASKS_PER_MEMBER", 2)
+    made = [as_alice.post(TASKS, {"title": f"t{n}"}).json()["task"]["id"] for n in range(2)]
+    # when
+    refused = as_alice.post(TASKS, {"title": "one more"})
+    # then: refused, and nothing made of it; another member still creates tasks
+    assert refused.status_code == 409 and error_code(refused) == "LIMIT_EXCEEDED"
+    assert Task.objects.count() == 2 and kinds_in_feed() == ["task.created"] * 2
+    assert as_bob.post(TASKS, {"title": "bob's"}).status_code == 201
+    # when one of hers is done, she has room for one more
+    as_alice.post(f"{TASKS}/{made[0]}/claim")
+    as_alice.post(f"{TASKS}/{made[0]}/complete")
+    assert as_alice.post(TASKS, {"title": "one more"}).status_code == 201
 
 
 @pytest.mark.parametrize("body", [
