@@ -26,8 +26,11 @@ def message_admitted(message: Message, member: Member) -> NewEvent:
     """`member`'s firewall admitted `message` (by a rule, or a release of a
     held item): addressed to them alone and in no space feed, so their inbox
     feed and inbox wakes hear of it now, after the cursor they may have moved
-    past its `message.created`."""
-    return NewEvent("message.admitted", {"message": render_message(message)}, addressees=(member.pk,))
+    past its `message.created`. It names its space, so that a member who
+    can no longer read the space no longer reads it either (restricted, with
+    no conversation: in no space feed)."""
+    return NewEvent("message.admitted", {"message": render_message(message)}, space_id=message.space_id,
+                    restricted=True, addressees=(member.pk,))
 
 
 def message_acknowledged(message: Message, *, actor: Member) -> NewEvent:

@@ -22,6 +22,7 @@ import re2
 from django.db import transaction
 
 from controlplane import audit
+from controlplane.access import can_read_space
 from controlplane.clock import now
 from controlplane.errors import AuthorityRevoked, InvalidRequest, UnknownDelivery
 from controlplane.models import Conversation, Member
@@ -177,7 +178,11 @@ def classify_next(member_id: int) -> bool:
 
 def _announce_admitted(item: InboxItem) -> None:
     """The admitted item reaches the inbox feed and inbox wakes (an event
-    addressed to its member) and live inbox clients."""
+    addressed to its member) and live inbox clients: if its member can still
+    read its space. One removed meanwhile is told nothing (SPEC §3: removal
+    stops delivery at once); every read path leaves the item out too."""
+    if not can_read_space(item.conversation.space, item.member):
+        return
     if item.message_id is not None:
         append_events([events.message_admitted(item.message, item.member)])
     elif item.kind == "collective.result":

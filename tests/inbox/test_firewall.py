@@ -391,3 +391,34 @@ def test_the_held_page_reads_held_items_only(space, alice, bob, as_bob, django_c
     assert "inboxitem_held" in plan and "Sort" not in plan
     assert [e["item"]["content"] for e in as_bob.get("/v0/me/inbox/held").json()["items"]] == [
         f"held {i}" for i in range(3)]
+
+
+def test_a_member_removed_from_a_private_space_reads_none_of_its_admissions(alice, bob, as_bob, monkeypatch):
+    # given: bob's inbox subscription, his firewall, and a private space he is in
+    from controlplane.models import LogHead
+    from webhooks.models import Delivery, Endpoint, Subscription
+    monkeypatch.setattr("webhooks.due.kick_on_commit", lambda: None)
+    Subscription.objects.create(owner=bob, endpoint=Endpoint.objects.create(owner=bob, url="https://hooks.example/b"),
+                                kind=Subscription.Kind.INBOX, status=Subscription.Status.ACTIVE, debounce_ms=0,
+                                activation_position=LogHead.objects.get().position)
+    firewall.set_rules(bob, [{"action": "allow", "guidance": "fine"}], actor=bob)
+    vault = services.create_space(slug="vault", name="Vault", visibility="private", send_policy="open", actor=alice)
+    services.add_member(vault, bob, actor=alice)
+    direct, _ = services.get_or_create_direct(vault, bob, actor=alice)
+    send_message(direct, body="admitted before", actor=alice)
+    firewall.classify_pending(bob.pk)
+    def bodies():
+        events = as_bob.get("/v0/me/inbox/events").json()["events"]
+        return [e["data"]["message"]["body"] for e in events if e["kind"] == "message.admitted"]
+
+    assert bodies() == ["admitted before"]
+    send_message(direct, body="classified after", actor=alice)
+    wakes = Delivery.objects.count()
+    # when: alice removes bob before the second is classified
+    services.remove_member(vault, bob, actor=alice)
+    firewall.classify_pending(bob.pk)
+    # then: his inbox feed shows neither body, and nothing woke him
+    assert bodies() == []
+    assert Delivery.objects.count() == wakes
+    assert not EventAddressee.objects.filter(member=bob, event__kind="message.admitted",
+                                             event__data__message__body="classified after").exists()
