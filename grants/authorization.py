@@ -45,7 +45,9 @@ def authorize_send(space: Space, author: Member, recipients: list[Member], *,
         return {}
     pks = [r.pk for r in recipients]
     in_space = Grant.objects.filter(_usable(), space=space)
-    covering = Q(kind=Grant.Kind.PROJECT) | Q(kind=Grant.Kind.PAIR, sender=author, recipient_id__in=pks)
+    # A project grant covers every member but its creator: no grant authorizes the one who made it (SPEC §5).
+    covering = ((Q(kind=Grant.Kind.PROJECT) & ~Q(created_by_id=author.pk))
+                | Q(kind=Grant.Kind.PAIR, sender=author, recipient_id__in=pks))
     if idempotency_key:
         covering |= Q(kind=Grant.Kind.ONE_MESSAGE, sender=author, recipient_id__in=pks,
                       idempotency_key=idempotency_key, message__isnull=True)

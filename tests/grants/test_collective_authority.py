@@ -9,9 +9,9 @@ from inbox.models import Collective, InboxItem
 from tests.conftest import error_code
 
 
-def test_revoked_authority_fails_the_operation(locked, alice, bob, carol, grant, as_alice, as_bob):
-    # given: a project grant lets alice's collective request through
-    project = grant("grt_project", "project")
+def test_revoked_authority_fails_the_operation(locked, alice, bob, carol, root, as_alice, as_bob):
+    # given: an admin's project grant lets alice's collective request through
+    project, _ = grants.create_grant(locked, grant_id="grt_project", kind="project", actor=root)
     group, _ = services.get_or_create_group(locked, [alice, bob, carol], actor=alice)
     sent = as_alice.post(f"/v0/spaces/vault/conversations/{group.public_id}/messages",
                          {"body": "Vote?", "collective": {"op": "gather", "deadline_ms": 60_000}})

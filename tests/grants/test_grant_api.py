@@ -113,6 +113,18 @@ def test_a_grant_never_names_its_creator_as_its_sender(locked, alice, root, as_a
                                                      "recipient": "@alice"}).status_code == 201
 
 
+def test_a_project_grant_covers_every_member_but_its_creator(locked, alice, bob, as_alice, as_bob):
+    # given: alice, the owner, makes the space's project grant
+    assert as_alice.post("/v0/spaces/vault/grants", {"id": "grt_all", "kind": "project"}).status_code == 201
+    direct, _ = services.get_or_create_direct(locked, bob, actor=alice)
+    path = f"/v0/spaces/vault/conversations/{direct.public_id}/messages"
+    # when
+    hers, his = as_alice.post(path, {"body": "hi"}), as_bob.post(path, {"body": "hello"})
+    # then: it authorizes bob, not her
+    assert hers.status_code == 403 and error_code(hers) == "GRANT_REQUIRED"
+    assert his.status_code == 201
+
+
 @pytest.mark.parametrize("body", [
     {"id": "grt_p", "kind": "project", "sender": "@bob"},
     {"id": "grt_p", "kind": "pair", "sender": "@bob"},

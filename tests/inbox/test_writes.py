@@ -47,13 +47,13 @@ def _snapshot(message: Message, hooked: list, sent: list) -> dict:
     }
 
 
-def test_both_insert_paths_write_and_publish_the_same(space, alice, bob, carol, monkeypatch,
+def test_both_insert_paths_write_and_publish_the_same(space, alice, bob, carol, root, monkeypatch,
                                                       django_capture_on_commit_callbacks):
     # given: an explicit_only space, a grant covering everyone, a firewalled
     # recipient, a recording append hook and publisher
     space.send_policy = "explicit_only"
     space.save()
-    create_grant(space, grant_id="grt_all", kind="project", actor=alice)
+    create_grant(space, grant_id="grt_all", kind="project", actor=root)
     firewall.set_rules(carol, [{"action": "allow", "sender": "alice"}], actor=carol)
     group, _ = services.get_or_create_group(space, [alice, bob, carol], actor=alice)
     hooked, sent = [], []
