@@ -122,7 +122,8 @@ def approve(request: ApprovalRequest, *, actor: Member) -> ApprovalRequest:
         try:
             result = send_message(conversation, body=request.body, reply_to=request.reply_to,
                                   related_paths=request.related_paths, idempotency_key=request.idempotency_key,
-                                  collective=request.collective, actor=sender)
+                                  collective=request.collective, actor=sender,
+                                  lock_also=(sender.pk,))  # its notice, below, counts into the sender's mailbox
         except ApiError as exc:
             # No grant for a recipient added since, a full mailbox, the
             # sender no longer a member, the key used for another message…

@@ -16,7 +16,7 @@ from controlplane.log import append_events
 from controlplane.db import model_columns, model_from_row, plain_rows
 from controlplane.models import Conversation, Member, Membership, Participant, Space
 from controlplane.services import LOOK_UP_ROLE, require_sender
-from inbox import authority, collectives, events
+from inbox import authority, collectives, events, mailbox
 from inbox.mentions import parse_mentions
 from inbox.models import Message, Recipient
 from inbox.text import encode_text
@@ -104,7 +104,8 @@ def _members(sql: str, params: list) -> list[Member]:
 
 def send_message(conversation: Conversation, *, body: str, reply_to: str | None = None,
                  related_paths: list[str] | None = None, idempotency_key: str | None = None,
-                 request_approval: bool = False, collective: dict | None = None, actor: Member) -> SendResult:
+                 request_approval: bool = False, collective: dict | None = None, actor: Member,
+                 lock_also: tuple[int, ...] = ()) -> SendResult:
     """Send a message; with `collective` (`{"op", "deadline_ms"}`, group
     conversations only) a collective request (inbox.collectives).
 
@@ -116,6 +117,9 @@ def send_message(conversation: Conversation, *, body: str, reply_to: str | None 
     then retained in an approval request, named in the error's details. The
     caller has already checked that `actor` can read `conversation` (and may
     have annotated it with `caller_role`, see access.get_conversation_to_write).
+    `lock_also` names members whose mailboxes the caller counts into after
+    the send, in its transaction (an approval's notice to its sender): they
+    are locked with the recipients', in member order, before the log head.
     """
     space = conversation.space
     raw = encode_text(body, field="body", max_bytes=MAX_BODY_BYTES)
@@ -155,6 +159,8 @@ def send_message(conversation: Conversation, *, body: str, reply_to: str | None 
                 # decides; its grants stay locked from the decision to the commit.
                 policy = authority.send_policy()
                 granted = policy.authorize(space, actor, recipients, idempotency_key=idempotency_key)
+                if lock_also:
+                    mailbox.lock([*lock_also, *(r.pk for r in recipients)], create=True)
                 insert_message(message, recipients, granted, collective=request)
                 policy.consume(granted, message)
             if collective:

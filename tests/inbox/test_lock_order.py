@@ -365,3 +365,32 @@ def test_removing_a_member_of_a_collective_being_finished_takes_the_operation_be
     assert results == [None] and not removing.is_alive()
     collective.refresh_from_db()
     assert (collective.state, collective.reason) == ("failed", "member_removed")
+
+
+def test_an_approval_takes_its_senders_mailbox_before_the_log_head():
+    """Approving sends the retained message and posts the sender's notice in
+    one transaction; a send addressed to the sender holds their mailbox and
+    wants the log head next. The approval must wait for that mailbox before
+    its send takes the log head."""
+    from controlplane.errors import GrantRequired
+    from grants import approvals
+
+    # given: bob's send to carol in an explicit_only space, retained for approval
+    alice, bob, carol = (services.create_member(h, actor=None) for h in ("alice", "bob", "carol"))
+    root = services.create_member("root", actor=None, is_admin=True)
+    space = services.create_space(slug="vault", name="Vault", visibility="open", send_policy="explicit_only",
+                                  actor=alice)
+    for member in (bob, carol):
+        services.join_space(space, actor=member)
+    direct, _ = services.get_or_create_direct(space, carol, actor=bob)
+    with pytest.raises(GrantRequired) as refused:
+        send_message(direct, body="please", idempotency_key="please-0001", request_approval=True, actor=bob)
+    request = approvals.visible_approval_request(refused.value.details["approval_request"]["id"], root)
+    Mailbox.objects.get_or_create(member=bob)
+    # when: a send to bob holds his mailbox while the approval runs, then takes the log head
+    approving, results = crossing(row_lock(MAILBOX, bob.pk, column="member_id", mode="FOR UPDATE"),
+                                  lambda: approvals.approve(request, actor=root),
+                                  ("UPDATE controlplane_loghead SET position = position WHERE id = 1", []))
+    # then: no cycle: both finished, the message went and bob has his notice
+    assert not approving.is_alive() and [r.status for r in results] == ["approved"]
+    assert Message.objects.filter(body="please").count() == 1
