@@ -24,6 +24,7 @@ from controlplane import holding
 from controlplane.db import in_pool
 from controlplane.errors import RateLimited
 from controlplane.live import log_watcher
+from controlplane.ratelimit import client_address
 
 MAX_WAIT_MS = 30_000
 
@@ -48,6 +49,13 @@ def wants_wakes(request, **interest) -> None:
     request._request.switchboard_wake = interest
 
 
+def _holder(request) -> int | str:
+    """Whose places a waiting long-poll takes: its member's, or an anonymous
+    caller's client address's (counted as the rate limit counts them)."""
+    user = request.user  # the DRF view set it (None: anonymous)
+    return user.pk if user is not None else f"address:{client_address(request)}"
+
+
 def long_polling(sync_view):
     """Wrap a feed view (from `as_view()`) into an async long-polling view."""
 
@@ -60,7 +68,7 @@ def long_polling(sync_view):
     read = in_pool(read_once)
 
     async def view(request, *args, **kwargs):
-        wait_ms = _wait_ms(request)
+        wait_ms = _wait_ms(request) if request.method in ("GET", "HEAD") else 0
         if not wait_ms:
             return await read(request, *args, **kwargs)
         loop = asyncio.get_running_loop()
@@ -76,9 +84,10 @@ def long_polling(sync_view):
                 if remaining <= 0 or response.status_code != 200 or response.data["events"]:
                     return response
                 if holder is None:
-                    if not holding.hold(request.user.pk):
+                    place = _holder(request)
+                    if not holding.hold(place):
                         return RateLimited.after(1, "Too many requests of yours are waiting at once.").json_response()
-                    holder = request.user.pk
+                    holder = place
                 request.switchboard_repoll = True
                 if interest is None and (wake := getattr(request, "switchboard_wake", None)):
                     # Only the commits this feed may show wake it from now on.
