@@ -101,7 +101,7 @@ def _check_answer(outcome, challenge: str) -> None:
         raise VerificationFailed(details={"reason": f"http_{outcome.status_code}"})
     try:
         answer = json.loads(outcome.body)
-    except ValueError:
+    except (ValueError, RecursionError):  # the receiver's answer: any bytes, nested past the parser's depth too
         raise VerificationFailed(details={"reason": "not_json"}) from None
     answered = answer.get("challenge") if isinstance(answer, dict) else None
     # surrogatepass: valid JSON may hold a lone surrogate, which is a wrong answer, not a crash

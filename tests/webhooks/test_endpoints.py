@@ -129,6 +129,17 @@ def test_an_answer_holding_a_lone_surrogate_fails_verification(receiver, as_alic
     assert response.status_code == 422 and response.json()["error"]["details"]["reason"] == "challenge_mismatch"
 
 
+@pytest.mark.parametrize("answer", [b"[" * 60_000, b'{"challenge": ' * 30_000, b"not json"])
+def test_an_answer_no_json_parser_takes_fails_verification(receiver, as_alice, answer):
+    # given: the receiver answers with bytes nested past the parser's depth, or no JSON at all
+    endpoint = create(as_alice, receiver.url()).json()["endpoint"]
+    receiver.respond = lambda received: (200, {"Content-Type": "application/json"}, answer)
+    # when
+    response = as_alice.post(f"/v0/webhook-endpoints/{endpoint['id']}/verify")
+    # then
+    assert response.status_code == 422 and response.json()["error"]["details"]["reason"] == "not_json"
+
+
 def test_an_unreachable_receiver_fails_verification(receiver, as_alice):
     endpoint = create(as_alice, "https://localhost:9/hook").json()["endpoint"]
     response = as_alice.post(f"/v0/webhook-endpoints/{endpoint['id']}/verify")
