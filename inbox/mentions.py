@@ -7,13 +7,16 @@ addresses do not count; only plain text does.
 from __future__ import annotations
 
 import re
+import unicodedata
 from functools import lru_cache
 
 from markdown_it import MarkdownIt
 
 # Not after a word character (any script) or address punctuation, so the
-# local part of an e-mail address never reads as a mention.
-MENTION_RE = re.compile(r"(?<![\w.+@-])@([A-Za-z0-9][A-Za-z0-9_-]{1,31})(?![A-Za-z0-9_@-])")
+# local part of an e-mail address never reads as a mention; nor before one
+# (any script): "@josé" names no member "jos". A combining mark after it is
+# looked at apart (`_ends_there`): `re` has no class for marks.
+MENTION_RE = re.compile(r"(?<![\w.+@-])@([A-Za-z0-9][A-Za-z0-9_-]{1,31})(?![\w@-])")
 # An e-mail address that linkify did not take (for example inside emphasis).
 # It starts only where a run of address characters starts (the lookbehind),
 # and its parts cannot give back what they took (possessive): each character
@@ -55,5 +58,12 @@ def parse_mentions(body: str) -> list[str]:
     for text in _plain_text(body):
         text = EMAIL_RE.sub(" ", text)
         for match in MENTION_RE.finditer(text):
-            seen.setdefault(match.group(1).lower(), None)
+            if _ends_there(text, match.end()):
+                seen.setdefault(match.group(1).lower(), None)
     return list(seen)
+
+
+def _ends_there(text: str, end: int) -> bool:
+    """Whether the handle ends at `end`: not if a combining mark follows,
+    which makes its last letter another ("@bob" + U+0301 is "@bob́")."""
+    return end == len(text) or not unicodedata.category(text[end]).startswith("M")

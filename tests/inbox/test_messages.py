@@ -313,3 +313,17 @@ def test_acknowledge_refuses_a_malformed_body(general, as_alice, as_bob, raw):
 def test_unicode_email_addresses_do_not_mention(general, as_alice):
     message = send(as_alice, "write to josé@bob.com please").json()["message"]
     assert message["mentions"] == []
+
+
+@pytest.mark.parametrize("body", ["thanks @bobé!", "@bob日本 there", "@bobß", "@bob\u0301 hi"])
+def test_a_handle_followed_by_a_letter_of_any_script_names_no_shorter_member(general, as_alice, bob, body):
+    # when: what follows @bob makes it another word (a letter, or a mark that changes its last letter)
+    message = send(as_alice, body).json()["message"]
+    # then: bob is not mentioned, and nothing reached his inbox
+    assert message["mentions"] == []
+    assert not Recipient.objects.filter(member=bob).exists()
+
+
+def test_a_handle_ends_at_punctuation_of_any_script(general, as_alice, bob):
+    message = send(as_alice, "ask @bob。 or @bob, then @bob's").json()["message"]
+    assert message["mentions"] == ["@bob"]
