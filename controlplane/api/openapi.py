@@ -17,15 +17,25 @@ def apply_annotations(endpoints):
     return endpoints
 
 
+# What every route that takes a body can answer before (or as) its view
+# reads it: a body past DATA_UPLOAD_MAX_MEMORY_SIZE, one not sent as JSON,
+# and JSON holding text no column takes (a NUL, a lone surrogate).
+BODY_ERRORS = (("413", "BODY_TOO_LARGE"), ("415", "INVALID_REQUEST"), ("422", "INVALID_BODY"))
+
+
 def add_body_limit(result, generator, request, public):
-    """Postprocessing hook: a request body over DATA_UPLOAD_MAX_MEMORY_SIZE
-    is 413 BODY_TOO_LARGE before any view runs, so every route that takes a
-    body lists it."""
+    """Postprocessing hook: every route that takes a body lists BODY_ERRORS."""
     for operations in result["paths"].values():
         for operation in operations.values():
             responses = operation.get("responses", {})
-            if "requestBody" in operation and "413" not in responses and "401" in responses:
-                responses["413"] = {**responses["401"], "description": "Error codes: `BODY_TOO_LARGE`"}
+            if "requestBody" not in operation or "401" not in responses:
+                continue
+            for status, code in BODY_ERRORS:
+                if status not in responses:
+                    responses[status] = {**responses["401"], "description": f"Error codes: `{code}`"}
+                elif f"`{code}`" not in responses[status]["description"]:
+                    responses[status] = {**responses[status],
+                                         "description": f"{responses[status]['description']}, `{code}`"}
     return result
 
 

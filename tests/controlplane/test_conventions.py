@@ -6,6 +6,7 @@ from controlplane.models import Credential, Member, Space
 from controlplane.tokens import hash_token
 from tests.conftest import Api, clear_of_window_edge, error_code
 from tests.servers import cut_every_database_connection
+from tests.shapes import check_response
 
 
 def test_healthz(anon):
@@ -92,6 +93,7 @@ def test_malformed_bodies_get_contract_errors(as_alice, raw, content_type, code,
     assert response.status_code == status
     assert error_code(response) == code
     assert not Space.objects.exists()
+    check_response("post", "/v0/spaces", response)  # the schema lists what it answered
 
 
 @pytest.mark.parametrize("body", [
@@ -241,6 +243,13 @@ def test_schema_lists_every_route_with_its_errors(anon):
     send = paths["/v0/spaces/{slug}/conversations/{conversation}/messages"]["post"]["responses"]
     assert {"400", "403", "404", "409", "413", "422"} <= set(send)
     assert "BODY_TOO_LARGE" in send["413"]["description"]
+    # every route that takes a body lists what any body can be answered before its view looks at it
+    for path, operations in paths.items():
+        for method, operation in operations.items():
+            if "requestBody" in operation:
+                listed = operation["responses"]
+                for status, code in (("413", "BODY_TOO_LARGE"), ("415", "INVALID_REQUEST"), ("422", "INVALID_BODY")):
+                    assert f"`{code}`" in listed.get(status, {}).get("description", ""), (method, path, status)
     assert "RESYNC_REQUIRED" in paths["/v0/me/inbox/events"]["get"]["responses"]["410"]["description"]
     assert {} in paths["/v0/spaces/{slug}/events"]["get"]["security"]
     assert {} not in paths["/v0/me/inbox/events"]["get"].get("security", [{"bearer": []}])
