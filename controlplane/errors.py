@@ -216,8 +216,19 @@ def api_exception_handler(exc, context):
     if not isinstance(exc, ApiError):
         logger.exception("unhandled error in API view", exc_info=exc)
         exc = ApiError("Internal error.", status=500, code="INTERNAL")
-    response = Response(exc.body(), status=exc.status, headers=exc.headers)
-    return response
+    if isinstance(exc, Unauthenticated):
+        exc = refused_credential(context["request"]) or exc
+    return Response(exc.body(), status=exc.status, headers=exc.headers)
+
+
+def refused_credential(request) -> RateLimited | None:
+    """A request refused for its credential (the permission check and the
+    credential check run before the throttle) counts against its client
+    address as an anonymous one does: RateLimited past the limit."""
+    from controlplane.ratelimit import address_wait, client_address
+
+    wait = address_wait(client_address(request))
+    return RateLimited.after(wait) if wait is not None else None
 
 
 # Django-level handlers for errors raised outside DRF views.

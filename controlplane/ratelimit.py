@@ -21,11 +21,29 @@ def client_address(request) -> str:
     """The client's address: the peer's, or with TRUST_PROXY_HEADERS the
     last address the proxy appended to X-Forwarded-For (the ones before it
     come from the client and prove nothing)."""
+    return _address(request.META.get("HTTP_X_FORWARDED_FOR", ""), request.META.get("REMOTE_ADDR", ""))
+
+
+def scope_address(scope: dict) -> str:
+    """`client_address` for an ASGI application Django's handler does not serve (`/mcp`)."""
+    forwarded = dict(scope.get("headers") or []).get(b"x-forwarded-for", b"").decode("latin-1")
+    return _address(forwarded, (scope.get("client") or ("",))[0])
+
+
+def _address(forwarded_for: str, peer: str) -> str:
     if settings.TRUST_PROXY_HEADERS:
-        forwarded = [a.strip() for a in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",") if a.strip()]
+        forwarded = [a.strip() for a in forwarded_for.split(",") if a.strip()]
         if forwarded:
             return forwarded[-1]
-    return request.META.get("REMOTE_ADDR", "")
+    return peer
+
+
+def address_wait(address: str) -> float | None:
+    """Count one request against a client address's RATE_LIMIT_PER_MINUTE:
+    an anonymous caller's, and one refused for its credential (none,
+    unknown, revoked, suspended), so guessing credentials is throttled as
+    anonymous reading is."""
+    return hit(f"ip:{address}", limit=settings.RATE_LIMIT_PER_MINUTE, window=MEMBER_WINDOW)
 
 
 def hit(key: str, *, limit: int, window: int) -> float | None:

@@ -21,8 +21,9 @@ from django.conf import settings
 
 from controlplane.api.authentication import WWW_AUTHENTICATE, authenticate_bearer
 from controlplane.db import db_call
-from controlplane.errors import ApiError, RateLimited, as_unavailable
+from controlplane.errors import ApiError, RateLimited, Unauthenticated, as_unavailable
 from controlplane.middleware import host_check
+from controlplane.ratelimit import address_wait, scope_address
 
 if TYPE_CHECKING:
     from mcp.server.lowlevel import Server
@@ -107,6 +108,9 @@ class McpEndpoint:
             return await _refuse(send, refused)
         try:
             credential = await db_call(_authenticate)(headers.get(b"authorization", b"").decode("latin-1"))
+        except Unauthenticated as error:  # counted against the address, as the API counts it
+            wait = await db_call(address_wait)(scope_address(scope))
+            return await _refuse(send, RateLimited.after(wait) if wait is not None else error)
         except ApiError as error:
             return await _refuse(send, error)
         except Exception as exc:

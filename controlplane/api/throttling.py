@@ -1,10 +1,9 @@
 """The API's rate limits (controlplane.ratelimit counts them)."""
 from __future__ import annotations
 
-from django.conf import settings
 from rest_framework.throttling import BaseThrottle
 
-from controlplane.ratelimit import client_address, hit, member_request_wait
+from controlplane.ratelimit import address_wait, client_address, member_request_wait
 
 
 class _Throttle(BaseThrottle):
@@ -28,6 +27,6 @@ class MemberRateThrottle(_Throttle):
         elif request.user is not None:
             self._wait = member_request_wait(request.user)
         else:
-            self._wait = hit(f"ip:{client_address(request)}", limit=settings.RATE_LIMIT_PER_MINUTE, window=60)
+            self._wait = address_wait(client_address(request))
         return self._wait is None
 

@@ -111,6 +111,23 @@ def test_invalid_fields_are_400_and_change_nothing(as_alice, body):
     assert not Space.objects.exists()
 
 
+def test_refused_credentials_count_against_their_address_as_anonymous_reads_do(settings, anon, api_for, space,
+                                                                               alice):
+    # given
+    settings.RATE_LIMIT_PER_MINUTE = 3
+    clear_of_window_edge()
+    guessing = Api(token="sbt_" + "x" * 43)
+    # when: no credential, a guessed one, an anonymous read, then a guess again
+    statuses = [anon.get("/v0/me").status_code, guessing.get("/v0/me").status_code,
+                anon.get("/v0/spaces/lab").status_code, guessing.get("/v0/me").status_code]
+    # then: one budget for the address; past it, 429 with Retry-After
+    assert statuses == [401, 401, 200, 429]
+    limited = anon.get("/v0/me")
+    assert error_code(limited) == "RATE_LIMITED" and 1 <= int(limited["Retry-After"]) <= 60
+    # a member's own budget is theirs alone
+    assert api_for(alice).get("/v0/me").status_code == 200
+
+
 def test_rate_limit_is_per_member(settings, api_for, alice, bob):
     # given
     settings.RATE_LIMIT_PER_MINUTE = 3

@@ -1,5 +1,5 @@
 """What /mcp answers before the SDK, through a real `serve` process: the
-credential, the rate limit, and the methods it takes."""
+credential, the rate limit (refusals counted by address), and the methods it takes."""
 import asyncio
 
 import httpx
@@ -21,9 +21,12 @@ def test_a_credential_is_required_and_the_rate_limit_counts():
         forged = httpx.post(f"{base}/mcp", json={}, headers=bearer("sbt_" + "x" * 43))
         statuses = [httpx.post(f"{base}/mcp", json={}, headers=bearer(ada)).status_code for _ in range(4)]
         limited = httpx.post(f"{base}/mcp", json={}, headers=bearer(ada))
+        guesses = [httpx.post(f"{base}/mcp", json={}, headers=bearer(f"sbt_{n}" + "x" * 42)) for n in range(2)]
     assert missing.status_code == 401 and missing.json()["error"]["code"] == "UNAUTHENTICATED"
     assert missing.headers["www-authenticate"].startswith("Bearer")
     assert forged.status_code == 401
+    # refusals count against the address: the third is the last 401, then guessing is 429
+    assert [g.status_code for g in guesses] == [401, 429] and "retry-after" in guesses[1].headers
     assert statuses[3] == 429 and limited.status_code == 429 and "retry-after" in limited.headers
 
 
