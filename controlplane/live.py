@@ -57,6 +57,34 @@ def kick_on_commit(task: str, *args) -> None:
     transaction.on_commit(lambda: kick(task, *args), robust=True)
 
 
+def kick_once_on_commit(task: str, *args) -> None:
+    """`kick_on_commit`, coalesced where the cache is shared (Redis): a run
+    of the same task and arguments queued and not yet started is not queued
+    again. The task calls `started(task, *args)` before it reads anything,
+    so a commit after that queues a run anew and none is missed. A run lost
+    on its way leaves the mark for a minute, when the task's sweep has run."""
+    def kick_once():
+        from django.core.cache import cache
+
+        if shared_layer() and not cache.add(_queued_key(task, args), 1, timeout=60):
+            return
+        kick(task, *args)
+
+    transaction.on_commit(kick_once, robust=True)
+
+
+def started(task: str, *args) -> None:
+    """From a task queued by `kick_once_on_commit`: a later commit queues it again."""
+    if shared_layer():
+        from django.core.cache import cache
+
+        cache.delete(_queued_key(task, args))
+
+
+def _queued_key(task: str, args: tuple) -> str:
+    return f"queued:{task}:{':'.join(map(str, args))}"
+
+
 def group_send_on_commit(group: str, message: dict) -> None:
     """Send `message` to a Channels group once the current transaction commits."""
     transaction.on_commit(lambda: publisher.send(group, message), robust=True)

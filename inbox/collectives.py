@@ -34,7 +34,7 @@ from django.db import transaction
 
 from controlplane.access import can_read_space
 from controlplane.clock import now, rfc3339
-from controlplane.live import kick_on_commit
+from controlplane.live import kick_once_on_commit
 from controlplane.log import NewEvent
 from controlplane.errors import Conflict, Forbidden, InvalidRequest
 from controlplane.models import Conversation, Member, Participant
@@ -285,7 +285,7 @@ def _post_result(member: Member, payload: dict, event: NewEvent, *, conversation
     notices.post_notice(member, payload, event, conversation_id=conversation_id, sender_id=requester_id,
                         admission=InboxItem.Admission.UNCLASSIFIED if firewalled else InboxItem.Admission.ADMITTED)
     if firewalled:
-        kick_on_commit("inbox.tasks.classify_pending", member.pk)
+        kick_once_on_commit("inbox.tasks.classify_pending", member.pk)
 
 
 def answers_for(message: Message, member: Member) -> dict:

@@ -1,10 +1,14 @@
 """django-q2 entry points: thin wrappers over services."""
 from __future__ import annotations
 
+from controlplane import live
 from inbox import collectives, firewall
 
 
 def classify_pending(member_id: int) -> int:
+    """Queued once per member at a time (inbox.writes: every send to a
+    firewalled member asks for it)."""
+    live.started("inbox.tasks.classify_pending", member_id)
     return firewall.classify_pending(member_id)
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from django.db import connection, transaction
 
-from controlplane.live import kick_on_commit
+from controlplane.live import kick_once_on_commit
 from controlplane.log import NewEvent, append_events, appended, reserve_positions
 from controlplane.models import Event, EventAddressee, LogHead, Member
 from inbox import events, mailbox
@@ -38,7 +38,7 @@ def _after_commit(message: Message, recipients: list[Member], firewalled: set[in
     through read_inbox) and kick classification for firewalled recipients."""
     for member in recipients:
         if member.pk in firewalled:
-            kick_on_commit("inbox.tasks.classify_pending", member.pk)
+            kick_once_on_commit("inbox.tasks.classify_pending", member.pk)
         else:
             mailbox.announce_available(member, message_id=message.public_id)
 

@@ -3,6 +3,7 @@ release, classification in conversation order outside the send."""
 import threading
 
 import pytest
+from django.conf import settings
 from django.db import connections
 
 from controlplane import services
@@ -125,7 +126,7 @@ def test_bad_rules_are_400_and_change_nothing(as_bob, bob, rules):
 def test_the_sweep_settles_what_a_lost_kick_left(space, alice, bob, as_bob, monkeypatch):
     # given: kicks go nowhere
     monkeypatch.setattr("controlplane.live.kick_on_commit", lambda *a: None)
-    monkeypatch.setattr("inbox.writes.kick_on_commit", lambda *a: None)
+    monkeypatch.setattr("inbox.writes.kick_once_on_commit", lambda *a: None)
     as_bob.put("/v0/me/inbox/firewall", {"rules": [{"action": "allow", "guidance": "ok"}]})
     direct, _ = services.get_or_create_direct(space, alice, actor=bob)
     send_message(direct, body="waiting", actor=alice)
@@ -141,7 +142,7 @@ def test_the_sweep_settles_what_a_lost_kick_left(space, alice, bob, as_bob, monk
 @pytest.mark.django_db(transaction=True)
 def test_a_slow_decision_holds_no_lock_and_nothing_overtakes(monkeypatch):
     # given: bob's firewall, two items in one conversation, kicks disabled
-    monkeypatch.setattr("inbox.writes.kick_on_commit", lambda *a: None)
+    monkeypatch.setattr("inbox.writes.kick_once_on_commit", lambda *a: None)
     alice, bob = (services.create_member(h, actor=None) for h in ("alice", "bob"))
     space = services.create_space(slug="lab", name="Lab", visibility="open", send_policy="open", actor=alice)
     services.join_space(space, actor=bob)
@@ -181,7 +182,7 @@ def test_a_slow_decision_holds_no_lock_and_nothing_overtakes(monkeypatch):
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_workers_admit_every_conversation_in_order_once(monkeypatch):
     # given: 3 members with firewalls, 2 conversations each, 15 items per conversation
-    monkeypatch.setattr("inbox.writes.kick_on_commit", lambda *a: None)
+    monkeypatch.setattr("inbox.writes.kick_once_on_commit", lambda *a: None)
     sender = services.create_member("sender", actor=None)
     space = services.create_space(slug="lab", name="Lab", visibility="open", send_policy="open", actor=sender)
     members = [services.create_member(f"r{i}", actor=None) for i in range(3)]
@@ -422,3 +423,26 @@ def test_a_member_removed_from_a_private_space_reads_none_of_its_admissions(alic
     assert Delivery.objects.count() == wakes
     assert not EventAddressee.objects.filter(member=bob, event__kind="message.admitted",
                                              event__data__message__body="classified after").exists()
+
+
+@pytest.mark.skipif(not settings.REDIS_URL, reason="needs Redis: the shared deployment's cache")
+def test_a_firewalled_member_has_one_classification_queued_at_a_time(space, alice, bob, monkeypatch,
+                                                                      django_capture_on_commit_callbacks):
+    # given: bob's firewall, and the task queue recorded
+    from controlplane import live
+    from inbox import tasks
+
+    queued = []
+    monkeypatch.setattr(live, "kick", lambda task, *args: queued.append((task, args)))
+    firewall.set_rules(bob, [{"action": "allow"}], actor=bob)
+    direct, _ = services.get_or_create_direct(space, alice, actor=bob)
+    # when: five sends before the queued run starts
+    for n in range(5):
+        with django_capture_on_commit_callbacks(execute=True):
+            send_message(direct, body=f"note {n}", actor=alice)
+    # then: one run is queued; once it starts, the next send queues another
+    assert queued == [("inbox.tasks.classify_pending", (bob.pk,))]
+    assert tasks.classify_pending(bob.pk) == 5
+    with django_capture_on_commit_callbacks(execute=True):
+        send_message(direct, body="note 5", actor=alice)
+    assert len(queued) == 2

@@ -47,13 +47,13 @@ def _snapshot(message: Message, hooked: list, sent: list) -> dict:
     }
 
 
-def test_both_insert_paths_write_and_publish_the_same(space, alice, bob, carol, root, monkeypatch,
+def test_both_insert_paths_write_and_publish_the_same(space, alice, bob, carol, make_member, monkeypatch,
                                                       django_capture_on_commit_callbacks):
     # given: an explicit_only space, a grant covering everyone, a firewalled
     # recipient, a recording append hook and publisher
     space.send_policy = "explicit_only"
     space.save()
-    create_grant(space, grant_id="grt_all", kind="project", actor=root)
+    create_grant(space, grant_id="grt_all", kind="project", actor=make_member("root", is_admin=True))
     firewall.set_rules(carol, [{"action": "allow", "sender": "alice"}], actor=carol)
     group, _ = services.get_or_create_group(space, [alice, bob, carol], actor=alice)
     hooked, sent = [], []
@@ -62,7 +62,7 @@ def test_both_insert_paths_write_and_publish_the_same(space, alice, bob, carol, 
     monkeypatch.setattr(publisher, "send", record)
     monkeypatch.setattr(publisher, "publish", record)  # topics
     # (the firewall's kick is recorded, not run: the rows stay as written)
-    monkeypatch.setattr(writes, "kick_on_commit", lambda task, *args: sent.append((task, args)))
+    monkeypatch.setattr(writes, "kick_once_on_commit", lambda task, *args: sent.append((task, args)))
     snapshots = []
     for insert in (writes._insert_in_one_statement, writes._insert_with_orm):
         monkeypatch.setattr(writes, "_insert_in_one_statement", insert)
