@@ -3,6 +3,8 @@ claim and record): they run for every batch a worker claims or records,
 where compiling the ORM's equivalents cost more than running them."""
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from django.core.cache import cache
 from django.db import connection, transaction
 
@@ -69,10 +71,12 @@ def _first_unfinished(deliveries: str) -> str:
             f"AND o.id < d.id AND o.state IN ('pending', 'sending') LIMIT 1) IS NULL")
 
 
-def due_sql(ready: str, lock: bool = True) -> str:
+def due_sql(ready: str, lock: bool = True, *, not_owners: Iterable[int] = (), not_ids: Iterable[int] = ()) -> str:
     """Due deliveries (`ready`) whose subscription may send (`sendable`),
     that are their subscription's oldest unfinished one, whose endpoint has
-    fewer than PER_ENDPOINT in flight: oldest due first, skipping rows other
+    fewer than PER_ENDPOINT in flight and whose owner fewer than PER_OWNER
+    (webhooks.engine), leaving out those of `not_owners` and `not_ids`:
+    (id, owner) rows, oldest due first, skipping rows other
     workers hold and locking the rows it returns (without `lock`: a look
     that takes nothing). Plain SQL: this runs for every batch a worker
     claims, and compiling it through the ORM cost more than running it.
@@ -88,12 +92,18 @@ def due_sql(ready: str, lock: bool = True) -> str:
     deliveries, subscriptions = quote(Delivery._meta.db_table), quote(Subscription._meta.db_table)
     skip_locked = lock and connection.features.has_select_for_update_skip_locked
     lock_clause = " FOR NO KEY UPDATE OF d SKIP LOCKED" if skip_locked else ""
-    busy_endpoints = (f"SELECT bs.endpoint_id FROM {deliveries} b JOIN {subscriptions} bs ON bs.id = b.subscription_id "
-                      f"WHERE b.state = 'sending' AND b.claimed_until >= %(at)s AND b.claimed_until <= %(horizon)s "
-                      f"GROUP BY bs.endpoint_id HAVING COUNT(*) >= %(per_endpoint)s")
-    return (f"SELECT d.id FROM {deliveries} d WHERE {ready} "
-            f"AND (SELECT {SENDABLE} "
-            f"AND s.endpoint_id NOT IN ({busy_endpoints}) FROM {subscriptions} s WHERE s.id = d.subscription_id) "
+    def busy(column: str, cap: str) -> str:
+        return (f"SELECT bs.{column} FROM {deliveries} b JOIN {subscriptions} bs ON bs.id = b.subscription_id "
+                f"WHERE b.state = 'sending' AND b.claimed_until >= %(at)s AND b.claimed_until <= %(horizon)s "
+                f"GROUP BY bs.{column} HAVING COUNT(*) >= %({cap})s")
+
+    left_out = "".join(f" AND {column} NOT IN ({', '.join(map(str, map(int, values)))})"
+                       for column, values in (("s.owner_id", list(not_owners)), ("d.id", list(not_ids))) if values)
+    return (f"SELECT d.id, (SELECT s.owner_id FROM {subscriptions} s WHERE s.id = d.subscription_id) "
+            f"FROM {deliveries} d WHERE {ready} "
+            f"AND (SELECT {SENDABLE} AND s.endpoint_id NOT IN ({busy('endpoint_id', 'per_endpoint')}) "
+            f"AND s.owner_id NOT IN ({busy('owner_id', 'per_owner')}){left_out} "
+            f"FROM {subscriptions} s WHERE s.id = d.subscription_id) "
             f"AND {_first_unfinished(deliveries)} "
             f"ORDER BY d.due_at, d.id LIMIT %(limit)s{lock_clause}")
 

@@ -7,7 +7,9 @@ every attempt.
   body is frozen at its first claim; every retry sends the same id and body.
   Per subscription only the oldest unfinished wake is sent, so wakes arrive
   in range order; per endpoint at most `PER_ENDPOINT` are in flight across
-  all workers, so a slow receiver cannot hold up anyone else's.
+  all workers, so a slow receiver cannot hold up anyone else's, and one
+  member's wakes (their endpoints may share a URL) take at most `PER_OWNER`
+  of a claim, and none while `PER_OWNER` are in flight.
 - **Send** outside any transaction (webhooks.transport), many at once.
 - **Record** (one short transaction): the attempt row, then the outcome,
   but only if the delivery is still this attempt's (a lease that expired
@@ -52,6 +54,10 @@ wake_log = logging.getLogger("switchboard.wake")  # every attempt (docs/observab
 
 PER_ENDPOINT = 4
 MAX_IN_FLIGHT = 64
+# One member's share of a claim, and their wakes in flight past which a claim
+# takes none of theirs: half a worker's room, so slow receivers of one member
+# (20 endpoints, and the MCP-managed ones) never take all of it.
+PER_OWNER = MAX_IN_FLIGHT // 2
 FIRST_RETRY_SECONDS = 5.0
 MAX_RETRY_SECONDS = 600.0
 JITTER = 0.2
@@ -141,7 +147,7 @@ def ready_params(at, limit: int = 0) -> dict:
     """The parameters of webhooks.due.READY's reads at `at`."""
     adapt = connection.ops.adapt_datetimefield_value
     return {"at": adapt(at), "horizon": adapt(at + LEASE_HORIZON * lease()), "due_horizon": adapt(at + DUE_HORIZON),
-            "per_endpoint": PER_ENDPOINT, "limit": limit}
+            "per_endpoint": PER_ENDPOINT, "per_owner": PER_OWNER, "limit": limit}
 
 
 def claim_due(limit: int, recover: bool = True) -> list[Job]:
@@ -153,13 +159,7 @@ def claim_due(limit: int, recover: bool = True) -> list[Job]:
     at = now()
     jobs = []
     with transaction.atomic():
-        ids = []
-        with connection.cursor() as cursor:
-            for ready in READY if recover else READY[:1]:
-                cursor.execute(due_sql(ready), ready_params(at, limit - len(ids)))
-                ids += [row[0] for row in cursor.fetchall()]
-                if len(ids) >= limit:
-                    break
+        ids = _due_ids(at, limit, READY if recover else READY[:1])
         due = claimed(ids)
         # The rows are locked (PostgreSQL) or the database is (SQLite's
         # BEGIN IMMEDIATE), so what was read is what gets claimed.
@@ -189,6 +189,32 @@ def claim_due(limit: int, recover: bool = True) -> list[Job]:
         for delivery in due:
             jobs.append(_job(delivery))
     return jobs
+
+
+def _due_ids(at, limit: int, reads) -> list[int]:
+    """Up to `limit` due deliveries, locked, at most PER_OWNER of each
+    member's: a read that takes a member's last place reads again without
+    them (and without what it took), so the rest of the room goes to the
+    wakes of others due after theirs."""
+    ids: list[int] = []
+    taken: dict[int, int] = {}
+    with connection.cursor() as cursor:
+        for ready in reads:
+            while len(ids) < limit:
+                asked = limit - len(ids)
+                full = {owner for owner, count in taken.items() if count >= PER_OWNER}
+                cursor.execute(due_sql(ready, not_owners=full, not_ids=ids if full else ()), ready_params(at, asked))
+                rows = cursor.fetchall()
+                skipped = 0
+                for delivery_id, owner in rows:
+                    if taken.get(owner, 0) < PER_OWNER:
+                        taken[owner] = taken.get(owner, 0) + 1
+                        ids.append(delivery_id)
+                    else:
+                        skipped += 1
+                if len(rows) < asked or not skipped:  # nothing more is due, or the room is full
+                    break
+    return ids
 
 
 def _job(delivery: Delivery) -> Job:
