@@ -140,14 +140,19 @@ def create_subscription(owner: Member, endpoint_id: str, *, space: Space | None 
     return subscription
 
 
-def owned_subscription(subscription_id: str, owner: Member, *, space: Space | None = None,
+def owned_subscription(subscription_id: str, owner: Member, *, space_slug: str | None = None,
                        kinds: tuple[str, ...] | None = None) -> Subscription:
+    """`owner`'s subscription (of `kinds`; of the space `space_slug`), 404
+    otherwise. Owning it is what it takes: a member who can no longer see
+    the space (removed from a private one) still reads, pauses and deletes
+    their subscriptions to it, which would else count against their limit
+    for good; it wakes them no more (engine.may_receive)."""
     found = Subscription.objects.select_related("endpoint", "space", "owner").filter(
         public_id=subscription_id, owner=owner).exclude(status=Subscription.Status.DELETED)
     if kinds is not None:
         found = found.filter(kind__in=kinds)
-    if space is not None:
-        found = found.filter(space=space)
+    if space_slug is not None:
+        found = found.filter(space__slug=space_slug)
     subscription = found.first()
     if subscription is None:
         raise NotFound("No such subscription.")

@@ -141,6 +141,26 @@ def test_access_rules(alice, bob, as_alice, as_bob, receiver, api_for, make_memb
     assert foreign.status_code == 404
 
 
+def test_a_member_removed_from_a_private_space_still_manages_their_subscriptions_to_it(alice, bob, as_bob,
+                                                                                       receiver, as_alice):
+    # given: bob's subscription to a private space, and then his removal from it
+    private = services.create_space(slug="den", name="Den", visibility="private", send_policy="open", actor=alice)
+    services.add_member(private, bob, actor=alice)
+    endpoint = as_bob.post("/v0/webhook-endpoints", {"url": receiver.url()}).json()["endpoint"]["id"]
+    assert as_bob.post(f"/v0/webhook-endpoints/{endpoint}/verify").status_code == 200
+    mine = subscribe(as_bob, endpoint, slug="den")
+    services.remove_member(private, bob, actor=alice)
+    path = f"/v0/spaces/den/webhook-subscriptions/{mine['id']}"
+    # then: he reads and deletes it (it counted against his limit), and cannot activate it
+    assert as_bob.get(path).status_code == 200
+    assert error_code(as_bob.post(f"{path}/activate")) == "NOT_FOUND"
+    assert as_bob.delete(path).status_code == 204
+    assert Subscription.objects.get(public_id=mine["id"]).status == "deleted"
+    # and nobody else reaches it, nor reaches it under another space's slug
+    assert as_alice.get(path).status_code == 404
+    assert as_bob.get(f"/v0/spaces/lab/webhook-subscriptions/{mine['id']}").status_code == 404
+
+
 @pytest.mark.parametrize("body", [
     {"subjects": [{"type": "project", "id": "tsk_aaaaaaaaaaaaaaaa"}]},
     {"debounce_ms": 60_001}, {"debounce_ms": -1}, {"debounce_ms": "100"}, {"exclude_self": "yes"},

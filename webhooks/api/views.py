@@ -126,7 +126,7 @@ class _OneSubscription(APIView):
     def subscription(self, request, subscription_id, slug=None) -> Subscription:
         if slug is None:
             return services.owned_subscription(subscription_id, request.user, kinds=INBOX_KINDS)
-        return services.owned_subscription(subscription_id, request.user, space=get_space_for(slug, request.user))
+        return services.owned_subscription(subscription_id, request.user, space_slug=slug)
 
 
 class _SubscriptionView(_OneSubscription):
