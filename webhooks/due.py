@@ -76,7 +76,7 @@ def due_sql(ready: str, lock: bool = True, *, not_owners: Iterable[int] = (), no
     that are their subscription's oldest unfinished one, whose endpoint has
     fewer than PER_ENDPOINT in flight and whose owner fewer than PER_OWNER
     (webhooks.engine), leaving out those of `not_owners` and `not_ids`:
-    (id, owner) rows, oldest due first, skipping rows other
+    oldest due first, skipping rows other
     workers hold and locking the rows it returns (without `lock`: a look
     that takes nothing). Plain SQL: this runs for every batch a worker
     claims, and compiling it through the ORM cost more than running it.
@@ -99,8 +99,7 @@ def due_sql(ready: str, lock: bool = True, *, not_owners: Iterable[int] = (), no
 
     left_out = "".join(f" AND {column} NOT IN ({', '.join(map(str, map(int, values)))})"
                        for column, values in (("s.owner_id", list(not_owners)), ("d.id", list(not_ids))) if values)
-    return (f"SELECT d.id, (SELECT s.owner_id FROM {subscriptions} s WHERE s.id = d.subscription_id) "
-            f"FROM {deliveries} d WHERE {ready} "
+    return (f"SELECT d.id FROM {deliveries} d WHERE {ready} "
             f"AND (SELECT {SENDABLE} AND s.endpoint_id NOT IN ({busy('endpoint_id', 'per_endpoint')}) "
             f"AND s.owner_id NOT IN ({busy('owner_id', 'per_owner')}){left_out} "
             f"FROM {subscriptions} s WHERE s.id = d.subscription_id) "

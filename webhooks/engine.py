@@ -159,8 +159,7 @@ def claim_due(limit: int, recover: bool = True) -> list[Job]:
     at = now()
     jobs = []
     with transaction.atomic():
-        ids = _due_ids(at, limit, READY if recover else READY[:1])
-        due = claimed(ids)
+        due = _claimable(at, limit, READY if recover else READY[:1])
         # The rows are locked (PostgreSQL) or the database is (SQLite's
         # BEGIN IMMEDIATE), so what was read is what gets claimed.
         cancelled, superseded = [], set()
@@ -191,30 +190,33 @@ def claim_due(limit: int, recover: bool = True) -> list[Job]:
     return jobs
 
 
-def _due_ids(at, limit: int, reads) -> list[int]:
-    """Up to `limit` due deliveries, locked, at most PER_OWNER of each
-    member's: a read that takes a member's last place reads again without
-    them (and without what it took), so the rest of the room goes to the
-    wakes of others due after theirs."""
-    ids: list[int] = []
+def _claimable(at, limit: int, reads) -> list[Delivery]:
+    """Up to `limit` due deliveries, locked, with their relations
+    (webhooks.due.claimed), at most PER_OWNER of each member's: a read that
+    reaches a member's last place reads again without them (and without
+    what it took), so the rest of the room goes to the wakes of others due
+    after theirs."""
+    due: list[Delivery] = []
     taken: dict[int, int] = {}
     with connection.cursor() as cursor:
         for ready in reads:
-            while len(ids) < limit:
-                asked = limit - len(ids)
+            while len(due) < limit:
+                asked = limit - len(due)
                 full = {owner for owner, count in taken.items() if count >= PER_OWNER}
-                cursor.execute(due_sql(ready, not_owners=full, not_ids=ids if full else ()), ready_params(at, asked))
-                rows = cursor.fetchall()
+                cursor.execute(due_sql(ready, not_owners=full, not_ids=[d.pk for d in due] if full else ()),
+                               ready_params(at, asked))
+                ids = [row[0] for row in cursor.fetchall()]
                 skipped = 0
-                for delivery_id, owner in rows:
+                for delivery in claimed(ids):
+                    owner = delivery.subscription.owner_id
                     if taken.get(owner, 0) < PER_OWNER:
                         taken[owner] = taken.get(owner, 0) + 1
-                        ids.append(delivery_id)
+                        due.append(delivery)
                     else:
                         skipped += 1
-                if len(rows) < asked or not skipped:  # nothing more is due, or the room is full
+                if len(ids) < asked or not skipped:  # nothing more is due, or the room is full
                     break
-    return ids
+    return due
 
 
 def _job(delivery: Delivery) -> Job:
