@@ -1,9 +1,10 @@
-"""What one member (or one anonymous client address) holds open in a server process at once: live page
-sockets and waiting long-polls, together at most WAITS_PER_MEMBER (0: no
-cap). Each keeps a connection and a task for as long as it lasts; the rate
-limit bounds how fast a member opens them, this how many stay open. Counted
-in each process, so the cap bounds each process's share. (MCP streams have
-places of their own, shared on Redis: mcp_endpoint.streams.Places.)"""
+"""What one member (or one anonymous client address) holds open in a
+server process at once: live page sockets and waiting long-polls, together
+at most WAITS_PER_MEMBER (0: no cap). Each keeps a connection and a task
+for as long as it lasts; the rate limit bounds how fast a member opens
+them, this how many stay open. Counted in each process, so the cap bounds
+each process's share. (MCP streams have places of their own, shared on
+Redis: mcp_endpoint.streams.Places.)"""
 from __future__ import annotations
 
 import collections

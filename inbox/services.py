@@ -118,8 +118,9 @@ def send_message(conversation: Conversation, *, body: str, reply_to: str | None 
     caller has already checked that `actor` can read `conversation` (and may
     have annotated it with `caller_role`, see access.get_conversation_to_write).
     `lock_also` names members whose mailboxes the caller counts into after
-    the send, in its transaction (an approval's notice to its sender): they
-    are locked with the recipients', in member order, before the log head.
+    the send, in its transaction (an approval's notice to its sender, in an
+    `explicit_only` space): they are locked with the recipients', in member
+    order, after the grants and before the log head.
     """
     space = conversation.space
     raw = encode_text(body, field="body", max_bytes=MAX_BODY_BYTES)
