@@ -22,13 +22,18 @@ WORKERS = 4
 PUMP = "import asyncio; from webhooks import pump; print(asyncio.run(pump.run(seconds=60, wait=False)))"
 
 
+def members(count: int) -> list:
+    """Members for the wakes: one member's take no more than half a claim (webhooks.engine.PER_OWNER)."""
+    return [services.create_member(f"owner{n}", actor=None) for n in range(count)]
+
+
 def test_concurrent_workers_never_send_a_wake_twice(receiver, https_receiver):
-    # given: 240 due wakes, for 240 subscriptions over 24 endpoints
-    owner = services.create_member("alice", actor=None)
+    # given: 240 due wakes, for 240 subscriptions of 8 members over 24 endpoints
     endpoints = Endpoint.objects.bulk_create(Endpoint(owner=owner, url=receiver.url(f"/hook/{n}"))
-                                             for n in range(24))
+                                             for n, owner in enumerate(members(8) * 3))
     subscriptions = Subscription.objects.bulk_create(
-        Subscription(owner=owner, endpoint=endpoints[n % 24], kind="inbox", status="active", activation_position=0)
+        Subscription(owner=endpoints[n % 24].owner, endpoint=endpoints[n % 24], kind="inbox", status="active",
+                     activation_position=0)
         for n in range(WAKES))
     Delivery.objects.bulk_create(Delivery(subscription=s, after_position=0, through_position=1, state="pending",
                                           due_at=now()) for s in subscriptions)
@@ -61,18 +66,18 @@ def test_a_backlog_the_timer_cannot_hold_is_shared_with_a_helper_in_the_other_wo
 
     monkeypatch.setattr(Conf, "SYNC", False)  # this process queues tasks for serve's cluster, and runs none
 
-    # given: 480 wakes over 120 endpoints (four in flight each), answered after 0.3 s: ten of
-    # the timer's rooms (64) for three seconds
+    # given: 480 wakes of 8 members over 120 endpoints (four in flight each, 32 a member),
+    # answered after 0.3 s: ten of the timer's rooms (64) for three seconds
     def slowly(received):
         time.sleep(0.3)
         return 202, {}, b"{}"
 
     receiver.respond = slowly
-    owner = services.create_member("alice", actor=None)
     endpoints = Endpoint.objects.bulk_create(Endpoint(owner=owner, url=receiver.url(f"/hook/{n}"))
-                                             for n in range(120))
+                                             for n, owner in enumerate(members(8) * 15))
     subscriptions = Subscription.objects.bulk_create(
-        Subscription(owner=owner, endpoint=endpoints[n % 120], kind="inbox", status="active", activation_position=0)
+        Subscription(owner=endpoints[n % 120].owner, endpoint=endpoints[n % 120], kind="inbox", status="active",
+                     activation_position=0)
         for n in range(480))
     cache.delete(due.HELPER_KEY)
     with serving(WEBHOOK_CA_BUNDLE=str(https_receiver[1]), WEBHOOK_ALLOW_PRIVATE_NETWORKS="1"):
