@@ -22,7 +22,6 @@ For each request it:
 from __future__ import annotations
 
 import asyncio
-import base64
 import inspect
 import json
 import sqlite3
@@ -34,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from switchboard_client.verify import (CHALLENGE, MCP_VERIFICATION, TOLERANCE_SECONDS, InvalidWake,
-                                       SigningKeysUnavailable, WakeVerifier)
+from switchboard_client.verify import (CHALLENGE, KEY_FETCH_SECONDS, MCP_VERIFICATION, TOLERANCE_SECONDS, InvalidWake,
+                                       SigningKeysUnavailable, WakeVerifier, keys_from_listing)
 
 INBOX_TYPE, SPACE_TYPE = "spaces.inbox_events.available", "spaces.events.available"
 MCP_HEADER = "x-mcp-subscription-id"
@@ -164,6 +163,20 @@ class SQLiteWakeStore:
 Callback = Callable[[Wake], Any]
 
 
+def _fetcher_once(client) -> Callable[[], dict[str, bytes]]:
+    """The published keys through `client`'s connection, tried once within
+    KEY_FETCH_SECONDS: an unknown key id (anyone can send one) must not
+    hold a receiver's worker through the client's retries and their
+    Retry-After waits, as `fetch_signing_keys` does not either."""
+    from switchboard_client.routes import ROUTES
+    from switchboard_client.transport import NO_RETRIES, Call, SyncTransport
+
+    transport = SyncTransport(client.transport.base_url, None, timeout=KEY_FETCH_SECONDS, retry=NO_RETRIES,
+                              http=client.transport.http)
+    route = ROUTES["list_webhook_signing_keys"]
+    return lambda: keys_from_listing(transport.execute(Call(route, route.url(), lambda data: data)))
+
+
 class WakeReceiver:
     """See the module docstring. Keys come from `keys` (a mapping or a
     callable returning one), else from `client.signing_keys()`, else from
@@ -183,8 +196,7 @@ class WakeReceiver:
                  store: WakeStore | None = None, tolerance: int = TOLERANCE_SECONDS,
                  clock: Callable[[], float] = time.time):
         if keys is None and client is not None:
-            keys = lambda: {k.key_id: base64.urlsafe_b64decode(k.public_key + "=" * (-len(k.public_key) % 4))  # noqa: E731
-                            for k in client.signing_keys() if k.algorithm == "ed25519"}
+            keys = _fetcher_once(client)
         elif keys is None and base_url is not None:
             from switchboard_client.verify import fetch_signing_keys
 

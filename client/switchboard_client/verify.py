@@ -36,6 +36,7 @@ MCP_VERIFICATION = "verification"
 TOLERANCE_SECONDS = 300
 # An unknown key id costs an outbound request on the anonymous rate limit; anyone can send one.
 KEY_REFRESH_SECONDS = 60
+KEY_FETCH_SECONDS = 10  # one try: an unknown key id is anyone's to send
 
 
 class InvalidWake(Exception):
@@ -69,7 +70,7 @@ def fetch_signing_keys(base_url: str, *, opener: Callable[[str], bytes] | None =
     if opener is None:
         import httpx
 
-        response = httpx.get(url, timeout=10)
+        response = httpx.get(url, timeout=KEY_FETCH_SECONDS)
         response.raise_for_status()
         return keys_from_listing(response.json())
     return keys_from_listing(json.loads(opener(url)))
@@ -116,12 +117,13 @@ class WakeVerifier:
         with self._refresh_lock:  # concurrent unknown ids share one fetch
             now = self._clock()
             if self._refreshed_at is None or not 0 <= now - self._refreshed_at < KEY_REFRESH_SECONDS:
-                self._refreshed_at = now
                 try:
                     self._keys = dict(self._fetch())
                 except Exception as failure:  # noqa: BLE001 - any failure to fetch is worth a retry
                     self._refresh_failed = True
                     raise SigningKeysUnavailable(f"{type(failure).__name__}: {failure}") from failure
+                finally:  # the window counts from the fetch's end: those queued behind it fetch no more
+                    self._refreshed_at = self._clock()
                 self._refresh_failed = False
             elif self._refresh_failed:
                 raise SigningKeysUnavailable("the latest fetch of the signing keys failed")

@@ -108,3 +108,71 @@ def test_a_receiver_whose_server_does_not_answer_replies_503():
     receiver = WakeReceiver(base_url="http://127.0.0.1:1", issuer=ISSUER)
     # when / then
     assert receiver.handle(*signed_wake("wsk_1", key, time.time(), "whd_1")).status == 503
+
+
+class Answering:
+    """A plain HTTP server on 127.0.0.1 answering every request with `answer` (status, headers, JSON body),
+    counting them."""
+
+    def __init__(self, status: int, headers: dict, body: dict):
+        import http.server
+        import threading
+
+        outer = self
+        self.requests = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                outer.requests += 1
+                raw = json.dumps(body).encode()
+                self.send_response(status)
+                for name, value in {**headers, "Content-Type": "application/json",
+                                    "Content-Length": str(len(raw))}.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_keys_fetched_through_a_client_are_tried_once_whatever_its_retries():
+    # given: a client with its usual retries, whose server rate-limits the key listing for ten minutes
+    from switchboard_client import Client
+
+    server = Answering(429, {"Retry-After": "600"}, {"error": {"code": "RATE_LIMITED", "message": "slow down",
+                                                                  "details": {"retry_after": 600}}})
+    slept = []
+    client = Client(server.base_url, "sbt_" + "x" * 43, sleep=slept.append)
+    receiver = WakeReceiver(client=client, issuer=ISSUER)
+    # when: a request names a key id nobody published
+    reply = receiver.handle(*signed_wake("wsk_forged", Ed25519PrivateKey.generate(), time.time(), "whd_1"))
+    server.close()
+    # then: one request, no wait: the receiver's worker is not held through the client's Retry-After waits
+    assert (reply.status, server.requests, slept) == (503, 1, [])
+
+
+def test_the_window_counts_from_the_end_of_a_slow_fetch():
+    # given: a key listing that takes longer than the window to answer
+    clock, genuine = Clock(), Ed25519PrivateKey.generate()
+    published = PublishedKeys(wsk_genuine=genuine)
+
+    def slow():
+        clock.now += KEY_REFRESH_SECONDS + 10
+        return published()
+
+    receiver = WakeReceiver(keys=slow, issuer=ISSUER, clock=clock)
+    # when: forged key ids come one after another, as requests queued behind the fetch would
+    for n in range(3):
+        clock.now += 1
+        receiver.handle(*signed_wake(f"wsk_forged{n}", genuine, clock.now, f"whd_{n}"))
+    # then: the queued ones did not fetch again
+    assert published.fetches == 1
