@@ -11,6 +11,8 @@ does about it (the command line maps each group to an exit code).
 """
 from __future__ import annotations
 
+import math
+
 from collections.abc import Mapping
 
 
@@ -158,8 +160,9 @@ def error_from_response(status: int, body: object, headers: Mapping[str, str]) -
         cls = group_for_status(status)
     details = error.get("details") if isinstance(error.get("details"), dict) else {}
     retry_after = parse_retry_after(headers.get("retry-after"))
-    if retry_after is None and isinstance(details.get("retry_after"), (int, float)):
-        retry_after = float(details["retry_after"])
+    hinted = details.get("retry_after")
+    if retry_after is None and isinstance(hinted, (int, float)) and math.isfinite(hinted):
+        retry_after = max(0.0, float(hinted))  # the server's word, as the header's is: never below zero
     message = error.get("message") if isinstance(error.get("message"), str) else f"HTTP {status}"
     return cls(message, status=status, code=code or cls.default_code, details=details, retry_after=retry_after,
                headers=headers)

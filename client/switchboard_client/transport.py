@@ -62,7 +62,7 @@ class RetryPolicy:
 
     def wait(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
-            return min(retry_after, self.max_retry_after)
+            return min(max(0.0, retry_after), self.max_retry_after)
         base = min(self.backoff * 2 ** (attempt - 1), self.max_backoff)
         return base * random.uniform(0.8, 1.2)
 

@@ -64,3 +64,22 @@ def test_a_write_without_a_key_is_not_retried_after_a_lost_answer(clients, serve
     assert len(proxy.requests) == 1 and lost.value.details["sent"] is True
     assert lost.value.status is None and isinstance(lost.value, errors.ServerError)
     proxy.close()
+
+
+@pytest.mark.parametrize("hint", [-1, float("nan")])
+def test_a_retry_after_hint_below_zero_or_not_a_number_is_no_wait_to_follow(hint):
+    # given: a server answering 503 with a retry_after hint no wait can follow (and no header)
+    from tests.client.test_signing_keys import Answering
+
+    server = Answering(503, {}, {"error": {"code": "UNAVAILABLE", "message": "restarting",
+                                           "details": {"retry_after": hint}}})
+    slept = []
+    client = Client(server.base_url, "sbt_" + "x" * 43, sleep=slept.append, retry=RetryPolicy(attempts=3))
+    # when
+    with pytest.raises(errors.SwitchboardError) as raised:
+        client.me()
+    server.close()
+    # then: the client's own error after its retries, each wait a time.sleep takes (below zero: none;
+    # not a number: its own backoff)
+    assert raised.value.status == 503 and server.requests == 3 and len(slept) == 2
+    assert all(0 <= wait <= RetryPolicy().max_backoff for wait in slept)
