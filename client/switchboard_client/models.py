@@ -59,7 +59,7 @@ class Member(Resource):
 class Credential(Resource):
     id: str
     created_at: str
-    token: str  # only in the answer that created it
+    token: str = field(default=None, repr=False)  # only in the answer that created it; never in a repr
 
 
 @_optional

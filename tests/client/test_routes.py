@@ -28,3 +28,11 @@ def test_every_route_of_the_schema_is_in_the_table_and_nothing_else():
     # then: the same routes; names may differ where the schema's would read oddly
     assert sorted(table.values()) == sorted(served.values())
 
+
+
+def test_a_credentials_token_is_kept_out_of_its_repr():
+    # a credential printed or logged (print(client.create_credential())) shows no secret
+    from switchboard_client.models import Credential
+
+    credential = Credential.from_api({"id": "crd_1", "created_at": "2026-12-06T00:00:00Z", "token": "sbt_secret"})
+    assert credential.token == "sbt_secret" and "sbt_secret" not in repr(credential)
