@@ -3,7 +3,7 @@ claim and record): they run for every batch a worker claims or records,
 where compiling the ORM's equivalents cost more than running them."""
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from django.core.cache import cache
 from django.db import connection, transaction
@@ -105,6 +105,35 @@ def due_sql(ready: str, lock: bool = True, *, not_owners: Iterable[int] = (), no
             f"FROM {subscriptions} s WHERE s.id = d.subscription_id) "
             f"AND {_first_unfinished(deliveries)} "
             f"ORDER BY d.due_at, d.id LIMIT %(limit)s{lock_clause}")
+
+
+def claimable(limit: int, reads, params: Callable[[int], dict], per_owner: int) -> list[Delivery]:
+    """Up to `limit` due deliveries (`reads` of READY in turn, `params(asked)`
+    their parameters), locked, with their relations (`claimed`), at most
+    `per_owner` of each member's: a read that reaches a member's last place
+    reads again without them (and without what it took), so the rest of the
+    room goes to the wakes of others due after theirs."""
+    due: list[Delivery] = []
+    taken: dict[int, int] = {}
+    with connection.cursor() as cursor:
+        for ready in reads:
+            while len(due) < limit:
+                asked = limit - len(due)
+                full = {owner for owner, count in taken.items() if count >= per_owner}
+                cursor.execute(due_sql(ready, not_owners=full, not_ids=[d.pk for d in due] if full else ()),
+                               params(asked))
+                ids = [row[0] for row in cursor.fetchall()]
+                skipped = 0
+                for delivery in claimed(ids):
+                    owner = delivery.subscription.owner_id
+                    if taken.get(owner, 0) < per_owner:
+                        taken[owner] = taken.get(owner, 0) + 1
+                        due.append(delivery)
+                    else:
+                        skipped += 1
+                if len(ids) < asked or not skipped:  # nothing more is due, or the room is full
+                    break
+    return due
 
 
 # Index-backed reads (due wakes; claims whose lease ran out; claims and due

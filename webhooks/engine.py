@@ -42,7 +42,7 @@ from inbox import mailbox, notices
 from inbox.delivery import acknowledge_items, deliverable, oldest_pending
 from inbox.models import InboxItem
 from webhooks import mcp
-from webhooks.due import (READY, anything_due, claimed, due_sql, insert_attempts, mark_delivered, mark_sending,
+from webhooks.due import (READY, anything_due, claimable, insert_attempts, mark_delivered, mark_sending,
                           send_next_items, set_by_wrong_clock, soonest_due_at)
 from webhooks.models import Delivery, Subscription
 
@@ -159,7 +159,7 @@ def claim_due(limit: int, recover: bool = True) -> list[Job]:
     at = now()
     jobs = []
     with transaction.atomic():
-        due = _claimable(at, limit, READY if recover else READY[:1])
+        due = claimable(limit, READY if recover else READY[:1], lambda asked: ready_params(at, asked), PER_OWNER)
         # The rows are locked (PostgreSQL) or the database is (SQLite's
         # BEGIN IMMEDIATE), so what was read is what gets claimed.
         cancelled, superseded = [], set()
@@ -188,35 +188,6 @@ def claim_due(limit: int, recover: bool = True) -> list[Job]:
         for delivery in due:
             jobs.append(_job(delivery))
     return jobs
-
-
-def _claimable(at, limit: int, reads) -> list[Delivery]:
-    """Up to `limit` due deliveries, locked, with their relations
-    (webhooks.due.claimed), at most PER_OWNER of each member's: a read that
-    reaches a member's last place reads again without them (and without
-    what it took), so the rest of the room goes to the wakes of others due
-    after theirs."""
-    due: list[Delivery] = []
-    taken: dict[int, int] = {}
-    with connection.cursor() as cursor:
-        for ready in reads:
-            while len(due) < limit:
-                asked = limit - len(due)
-                full = {owner for owner, count in taken.items() if count >= PER_OWNER}
-                cursor.execute(due_sql(ready, not_owners=full, not_ids=[d.pk for d in due] if full else ()),
-                               ready_params(at, asked))
-                ids = [row[0] for row in cursor.fetchall()]
-                skipped = 0
-                for delivery in claimed(ids):
-                    owner = delivery.subscription.owner_id
-                    if taken.get(owner, 0) < PER_OWNER:
-                        taken[owner] = taken.get(owner, 0) + 1
-                        due.append(delivery)
-                    else:
-                        skipped += 1
-                if len(ids) < asked or not skipped:  # nothing more is due, or the room is full
-                    break
-    return due
 
 
 def _job(delivery: Delivery) -> Job:
