@@ -23,6 +23,7 @@ from django.db import connection, transaction
 from controlplane.live import kick_once_on_commit
 from controlplane.log import NewEvent, append_events, appended, reserve_positions
 from controlplane.models import Event, EventAddressee, LogHead, Member
+from controlplane.services import recheck_senders
 from inbox import events, mailbox
 from inbox.authority import Authority
 from inbox.items import message_items
@@ -71,6 +72,7 @@ def _insert_with_orm(message: Message, recipients: list[Member], items: list[Inb
             if item.member_id in firewalled:
                 item.admission = InboxItem.Admission.UNCLASSIFIED
         (message.position,) = reserve_positions(1)
+        recheck_senders([(message.space_id, message.author_id)])
         message.save(force_insert=True)
         Recipient.objects.bulk_create(
             Recipient(message=message, member=r, position=message.position,
@@ -182,11 +184,17 @@ def _run_one_statement(params: dict, recipients: list[Member], event: NewEvent) 
     return _write_alone(write) if connection.in_atomic_block else _group_commit.write(write)
 
 
+def _author(write: _Write) -> tuple[int, int]:
+    return write.params["space_id"], write.params["author_id"]
+
+
 def _write_alone(write: _Write) -> tuple[int, int, set[int]]:
     with transaction.atomic():
         message_id, position, screened, event = _execute(write)
         # Statements of their own, under the log head lock the first one
-        # took: they see every subscription activated before this position.
+        # took: they see every subscription activated before this position,
+        # and every removal of the author committed before it.
+        recheck_senders([_author(write)])
         appended([(position, event)])
     return message_id, position, screened
 
@@ -262,6 +270,7 @@ def _commit_group(group: list[_Write]) -> list[tuple[int, int, set[int]]]:
         with transaction.atomic():
             _lock_mailboxes(group)
             done = [_execute(w) for w in group]
+            recheck_senders([_author(w) for w in group])
             appended([(position, event) for _, position, _, event in done])
     except Exception:
         return []
