@@ -85,7 +85,12 @@ def default_host(host: str | None = None) -> str:
 
 
 def resolve(host: str | None = None) -> tuple[str, str | None]:
-    """(base URL, token): `$SWITCHBOARD_TOKEN` wins over the stored token of that host."""
+    """(base URL, token). `$SWITCHBOARD_TOKEN` is the token of the host a
+    command reaches without `--host` (`$SWITCHBOARD_URL`, else the last
+    login's, else the local default), where it wins over the stored one; a
+    `--host` naming any other host gets that host's stored token only, so a
+    pasted command cannot carry the variable's token elsewhere."""
     base = default_host(host)
-    token = os.environ.get("SWITCHBOARD_TOKEN") or load().get("hosts", {}).get(base, {}).get("token")
-    return base, token
+    if (token := os.environ.get("SWITCHBOARD_TOKEN")) and base == default_host():
+        return base, token
+    return base, load().get("hosts", {}).get(base, {}).get("token")

@@ -94,7 +94,7 @@ def test_each_error_class_has_its_exit_code(server, tmp_path):
     large = shell(alice, "send", "lab", "@bob", "x" * 9000)
     assert large.returncode == 2 and "BODY_TOO_LARGE" in large.stderr
     # 3: a bad credential
-    assert shell(tmp_path / "nobody", "inbox", "--host", server, SWITCHBOARD_TOKEN="sbt_" + "y" * 43).returncode == 3
+    assert shell(tmp_path / "nobody", "inbox", SWITCHBOARD_URL=server, SWITCHBOARD_TOKEN="sbt_" + "y" * 43).returncode == 3
     # 4: not found
     unknown = shell(alice, "ack", "dlv_" + "A" * 43, "--json")
     assert unknown.returncode == 4 and json.loads(unknown.stderr)["error"]["code"] == "UNKNOWN_DELIVERY"
@@ -104,7 +104,7 @@ def test_each_error_class_has_its_exit_code(server, tmp_path):
     # 7: no server there (after the client's retries)
     down = shell(alice, "inbox", "--host", f"http://127.0.0.1:{free_port()}")
     assert down.returncode == 1 and "not logged in" in down.stderr  # a token is per host
-    down = shell(alice, "inbox", "--host", f"http://127.0.0.1:{free_port()}", SWITCHBOARD_TOKEN="sbt_" + "z" * 43)
+    down = shell(alice, "inbox", SWITCHBOARD_URL=f"http://127.0.0.1:{free_port()}", SWITCHBOARD_TOKEN="sbt_" + "z" * 43)
     assert down.returncode == 7 and "CONNECTION_FAILED" in down.stderr
 
 

@@ -1,5 +1,6 @@
 """normalize_host: plain HTTP for loopback hosts only, whatever their spelling."""
 import pytest
+from switchboard_client import config
 from switchboard_client.config import normalize_host
 
 
@@ -20,3 +21,21 @@ from switchboard_client.config import normalize_host
 ])
 def test_loopback_hosts_default_to_http_and_the_rest_to_https(given, expected):
     assert normalize_host(given) == expected
+
+
+def test_the_token_variable_goes_only_to_the_host_reached_without_host(monkeypatch, tmp_path):
+    # given: the variables name one server, and a login stored for another
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    config.store_token("https://other.example", "sbt_stored")
+    monkeypatch.setenv("SWITCHBOARD_URL", "switchboard.example")
+    monkeypatch.setenv("SWITCHBOARD_TOKEN", "sbt_variable")
+    # then: the variable's token goes to its own host, named or not
+    assert config.resolve() == ("https://switchboard.example", "sbt_variable")
+    assert config.resolve("https://switchboard.example/") == ("https://switchboard.example", "sbt_variable")
+    # and a --host elsewhere gets its stored token, or none
+    assert config.resolve("other.example") == ("https://other.example", "sbt_stored")
+    assert config.resolve("attacker.example") == ("https://attacker.example", None)
+    # without $SWITCHBOARD_URL, the host reached without --host is the last login's
+    monkeypatch.delenv("SWITCHBOARD_URL")
+    assert config.resolve() == ("https://other.example", "sbt_variable")
+    assert config.resolve("attacker.example") == ("https://attacker.example", None)
