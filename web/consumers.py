@@ -27,7 +27,7 @@ from controlplane.ratelimit import member_request_wait
 from inbox.delivery import pending_count
 from inbox.mailbox import inbox_group
 from controlplane.db import db_call
-from web.pages import member_of
+from web.pages import digits, member_of
 from web.sockets import session_group, signed_in_user_id
 from web.streams import next_pass, streams
 
@@ -125,7 +125,7 @@ def _after_param(scope) -> int | None:
     for pair in scope.get("query_string", b"").decode("latin-1").split("&"):
         name, _, value = pair.partition("=")
         if name == "after":
-            return int(value) if value.isascii() and value.isdigit() and len(value) < 19 else None
+            return digits(value)
     return 0
 
 

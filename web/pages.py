@@ -32,6 +32,12 @@ def member_of(user) -> Member | None:
 WEB_PATHS = ("/app/", "/staff/")
 
 
+def digits(value: str, max_digits: int = 18) -> int | None:
+    """A form or query value of at most `max_digits` ASCII digits, as an
+    int; else None. Bounded: Python refuses to convert more than 4,300."""
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= max_digits else None
+
+
 def wants_json(request) -> bool:
     return "application/json" in request.headers.get("Accept", "")
 

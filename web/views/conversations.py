@@ -24,7 +24,7 @@ from controlplane.models import Conversation, Membership, Space
 from coordination.models import TASK_CHANNEL_PREFIX, Task
 from inbox import services
 from web import messages
-from web.pages import member_page, wants_json
+from web.pages import digits, member_page, wants_json
 
 
 def conversation_label(conversation: Conversation, viewer) -> str:
@@ -93,9 +93,9 @@ def _before_param(request) -> int | None:
     value = request.GET.get("before")
     if value is None:
         return None
-    if not (value.isascii() and value.isdigit()) or len(value) > 18:
+    if (position := digits(value)) is None:
         raise InvalidRequest("before must be a message position.", details={"before": value})
-    return int(value)
+    return position
 
 
 def _conversation(member, slug: str, conversation_id: str) -> Conversation:

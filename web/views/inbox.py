@@ -15,7 +15,7 @@ from inbox.api.delivery_views import parse_rules
 from inbox.delivery import acknowledge_delivery, pending_count
 from inbox.models import FirewallRule, InboxItem
 from inbox.render import RULE_FIELDS
-from web.pages import member_page
+from web.pages import digits, member_page
 
 BLANK_RULES = 1  # empty rows the form offers for new rules
 
@@ -67,7 +67,7 @@ def release(request, member):
 def set_rules(request, member):
     """Rows `rule-N-FIELD`, in order; a row without an action is dropped."""
     rows, count = [], request.POST.get("rules", "")
-    count = min(int(count), firewall.MAX_RULES + BLANK_RULES) if count.isascii() and count.isdigit() else 0
+    count = min(digits(count) or 0, firewall.MAX_RULES + BLANK_RULES)
     for n in range(count):
         row = {f: request.POST.get(f"rule-{n}-{f}", "").strip() for f in RULE_FIELDS}
         if not row["action"]:
@@ -75,7 +75,7 @@ def set_rules(request, member):
         rule = {f: v for f, v in row.items() if v}
         if "min_bytes" in rule:
             value = rule["min_bytes"]
-            rule["min_bytes"] = int(value) if value.isascii() and value.isdigit() else value  # else: a 400
+            rule["min_bytes"] = value if (number := digits(value)) is None else number  # else: a 400
         rows.append(rule)
     saved = firewall.set_rules(member, parse_rules({"rules": rows}), actor=member)
     flash.success(request, f"Firewall saved: {len(saved)} rule{'' if len(saved) == 1 else 's'}.")
