@@ -193,11 +193,12 @@ def _outcome(collective: Collective) -> dict:
     """`ended` and the answers, in membership order, missing ones marked."""
     answers = {a.member_id: a for a in CollectiveAnswer.objects.filter(collective=collective)}
     handles = dict(Member.objects.filter(pk__in=collective.members).values_list("pk", "handle"))
-    return {"ended": "all_answered" if len(answers) == len(collective.members) else "deadline",
+    members = [pk for pk in collective.members if pk in handles]  # a deleted member's answer went with them
+    return {"ended": "all_answered" if len(answers) == len(members) else "deadline",
             "answers": [{"member": f"@{handles[pk]}", "answer": answers[pk].body,
                          "answered_at": rfc3339(answers[pk].answered_at)}
                         if pk in answers else {"member": f"@{handles[pk]}", "missing": True}
-                        for pk in collective.members]}
+                        for pk in members]}
 
 
 def _settle(collective: Collective) -> None:
@@ -217,9 +218,17 @@ def _fail(collective: Collective, reason: str) -> None:
     _finish(collective, Collective.State.FAILED, reason, {"kind": "operationFailed", "reason": reason})
 
 
+def _existing(ids: list[int]) -> list[int]:
+    """`ids` without members deleted since (the admin site may delete one
+    who never wrote): `Collective.members` is a list, not foreign keys."""
+    existing = set(Member.objects.filter(pk__in=ids).values_list("pk", flat=True))
+    return [pk for pk in ids if pk in existing]
+
+
 def _owed(collective: Collective) -> list[int]:
     """Who is told the outcome: the requester, and for all_gather every member."""
-    return [collective.requester_id, *(collective.members if collective.op == Collective.Op.ALL_GATHER else [])]
+    return _existing([collective.requester_id,
+                      *(collective.members if collective.op == Collective.Op.ALL_GATHER else [])])
 
 
 def _finish(collective: Collective, state: str, reason: str | None, outcome: dict) -> None:
