@@ -49,10 +49,10 @@ def _text(value, field: str, limit: int, *, strip: bool = False) -> str:
 def _member_of(space: Space, handle: str | None, field: str) -> Member | None:
     if handle is None:
         return None
-    member = member_for_handle(handle)
     try:
+        member = member_for_handle(handle)
         require_sender(space, member)  # moving a task takes a writer: one who is not could never act on it
-    except Forbidden:
+    except (InvalidRequest, NotFound, Forbidden):
         raise InvalidRequest(f"`{field}` must be an active member of the space who may write in it.",
                              details={"field": field, "member": handle}) from None
     return member
