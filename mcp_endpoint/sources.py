@@ -26,7 +26,7 @@ from controlplane.access import get_readable_space
 from controlplane.clock import now, rfc3339
 from controlplane.cursors import caller_id, pack_cursor, unpack_cursor
 from controlplane.db import Compiled, db_call, loop_reads, model_from_row, padded, run_steps
-from controlplane.errors import ResyncRequired
+from controlplane.errors import InvalidCursor, ResyncRequired
 from controlplane.log import log_head_steps
 from controlplane.models import Member, Space
 from inbox import delivery, feeds
@@ -118,6 +118,8 @@ def _position_steps(member: Member, source: Source, arguments: dict, cursor: str
 
 def read(member: Member, source: Source, arguments: dict, cursor: str | None, max_events: int) -> Batch:
     if source.name == PENDING:
+        if cursor is not None:  # it never gives one out
+            raise InvalidCursor("inbox.pending has no replay: its cursor is null.")
         return Batch([pending_occurrence(delivery.pending_count(member))])
     return run_steps(_read_steps(member, source, arguments, cursor, max_events))
 

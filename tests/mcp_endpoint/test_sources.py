@@ -126,3 +126,18 @@ def test_work_narrowed_to_a_task_sees_only_that_task(pair):
         sources.read(ada, work, narrowed, whole.cursor, 50)
     with pytest.raises(NotFound):
         sources.read(ada, work, {"space": "lab", "task_id": "tsk_aaaaaaaaaaaaaaaa"}, None, 50)
+
+
+def test_the_pending_count_takes_no_cursor_as_it_gives_none(pair):
+    from controlplane.errors import InvalidCursor
+
+    # given: ada has one pending item
+    ada, bo, direct = pair
+    pending = sources.SOURCES["org.switchboard/inbox.pending"]
+    send_message(direct, body="hello", actor=bo)
+    # when / then: without a cursor, the count and a null cursor; any cursor is refused, as inbox.item's would be
+    read = sources.read(ada, pending, {}, None, 50)
+    assert [e["data"] for e in read.events] == [{"pendingCount": 1}] and read.cursor is None
+    for cursor in ("garbage", sources.read(ada, ITEM, {}, None, 50).cursor):
+        with pytest.raises(InvalidCursor):
+            sources.read(ada, pending, {}, cursor, 50)
