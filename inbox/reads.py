@@ -7,15 +7,15 @@ from __future__ import annotations
 import datetime as dt
 import secrets
 
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 
 from controlplane.clock import now, rfc3339
 from controlplane.cursors import caller_id, pack_cursor, unpack_cursor
 from controlplane.errors import InvalidRequest, NotFound, ResyncRequired
 from controlplane.log import log_head
 from controlplane.models import Member
-from inbox import collectives, delivery, feeds
-from inbox.models import InboxItem, Message
+from inbox import authority, collectives, delivery, feeds
+from inbox.models import InboxItem, Message, Recipient
 from inbox.render import render_answer, render_entry, render_message, withheld_bodies
 
 INBOX_STREAM = "read_inbox"
@@ -41,11 +41,15 @@ def inbox_page(member: Member, cursor: str | None) -> dict:
 
 def held_after(member: Member, position: int, last_id: int):
     """The query of `member`'s held items after (position, id), oldest
-    first: one page and one more (the `inboxitem_held` index serves it)."""
+    first: one page and one more (the `inboxitem_held` index serves it).
+    An item whose authority lapsed is left out: a barrier withholds only
+    admitted items, and rejects held ones when it settles."""
+    lapsed = Recipient.objects.filter(message=OuterRef("message"), member=OuterRef("member")).filter(
+        authority.inactive())
     return (InboxItem.objects.filter(member=member, admission=InboxItem.Admission.HELD,
                                      state=InboxItem.State.PENDING, position__gte=position)
             .filter(Q(position__gt=position) | Q(position=position, id__gt=last_id))
-            .order_by("position", "id")[: delivery.PAGE_ITEMS + 1])
+            .filter(~Exists(lapsed)).order_by("position", "id")[: delivery.PAGE_ITEMS + 1])
 
 
 def held_items(member: Member, cursor: str | None) -> tuple[list[InboxItem], str | None]:

@@ -295,3 +295,26 @@ def test_recover_finishes_a_barrier_whose_process_was_killed_between_its_steps(b
     assert Grant.objects.get(public_id="grt_pair").status == "revoked"
     assert summary(as_carol) == [("rejected", message_id)]
     assert Recipient.objects.get(member=carol).state == "rejected"
+
+
+def test_a_held_item_leaves_the_held_list_while_its_grant_is_being_revoked(locked, bob_to_carol, grant, alice, carol,
+                                                                           as_bob, as_carol):
+    """A barrier withholds admitted items at once and settles held ones
+    when it finishes: until then the held list showed the body."""
+    # given: carol's firewall holds bob's message, sent under a pair grant
+    pair = grant("grt_pair", "pair", sender="@bob", recipient="@carol")
+    as_carol.put("/v0/me/inbox/firewall", {"rules": [{"action": "hold", "sender": "@bob"}]})
+    send(as_bob, bob_to_carol, "the launch code is 1234")
+    firewall.classify_pending(carol.pk)
+    held = as_carol.get("/v0/me/inbox/held").json()["items"]
+    assert [i["item"]["content"] for i in held] == ["the launch code is 1234"]
+    # when: the revocation starts; a worker finishes it later
+    barrier.start_barrier(pair.pk, ending=Grant.Status.REVOKED, actor=alice)
+    # then: the held list no longer shows it, and it cannot be released
+    assert as_carol.get("/v0/me/inbox/held").json()["items"] == []
+    released = as_carol.post("/v0/me/inbox/held/release", {"deliveryToken": held[0]["deliveryToken"]})
+    assert released.status_code == 403 and error_code(released) == "AUTHORITY_REVOKED"
+    # and once the barrier settles it, it is rejected, not held
+    barrier.finish_barrier(pair.pk)
+    assert as_carol.get("/v0/me/inbox/held").json()["items"] == []
+    assert InboxItem.objects.get(token=held[0]["deliveryToken"]).state == InboxItem.State.REJECTED
