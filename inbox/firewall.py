@@ -186,8 +186,13 @@ def _announce_admitted(item: InboxItem) -> None:
     if item.message_id is not None:
         append_events([events.message_admitted(item.message, item.member)])
     elif item.kind == "collective.result":
-        append_events([collectives.outcome_event(item.member, item.payload["collective"]["message"],
-                                                 item.conversation.space_id, None)])
+        (event,) = append_events([collectives.outcome_event(item.member, item.payload["collective"]["message"],
+                                                            item.conversation.space_id, None)])
+        # A notice sits at its event's position: now the admission's, which
+        # reaches its member (the screened one reached no one), so readers
+        # that find items through their feed's events find it there.
+        item.position = event.position
+        item.save(update_fields=["position"])
     mailbox.announce_available(item.member)
 
 

@@ -141,3 +141,32 @@ def test_the_pending_count_takes_no_cursor_as_it_gives_none(pair):
     for cursor in ("garbage", sources.read(ada, ITEM, {}, None, 50).cursor):
         with pytest.raises(InvalidCursor):
             sources.read(ada, pending, {}, cursor, 50)
+
+
+@pytest.mark.parametrize("admitted_by", ["classification", "release"])
+def test_a_screened_collective_result_reaches_poll_once_admitted(pair, make_member, admitted_by):
+    """A result its member's firewall judges first sits at a screened event
+    that reaches no one; its admission's event reaches the member, and the
+    result with it, as read_inbox has it."""
+    from inbox import collectives, delivery
+
+    # given: ada's firewall judges everything (and holds "yes" when releasing is the way in)
+    ada, bo, _ = pair
+    cy = make_member("cy")
+    space = bo.memberships.get().space
+    services.join_space(space, actor=cy)
+    rule = {"action": "hold", "content_pattern": "yes"} if admitted_by == "release" else {
+        "action": "allow", "content_pattern": "zzz-never"}
+    firewall.set_rules(ada, [rule], actor=ada)
+    group, _ = services.get_or_create_group(space, [ada, bo, cy], actor=ada)
+    start = sources.read(ada, ITEM, {}, None, 50).cursor
+    asked = send_message(group, body="Ready?", collective={"op": "gather", "deadline_ms": 30_000}, actor=ada).message
+    collectives.answer(asked, "yes", actor=bo)
+    collectives.answer(asked, "no", actor=cy)
+    # when
+    firewall.classify_pending(ada.pk)
+    if admitted_by == "release":
+        release_the_secret(ada)
+    # then
+    assert [i.payload["kind"] for i in delivery.read_inbox(ada).items] == ["collective.result"]
+    assert [e["data"]["item"]["kind"] for e in sources.read(ada, ITEM, {}, start, 50).events] == ["collective.result"]
