@@ -42,11 +42,6 @@ def _pending_in_order(member: Member, bound: int | None, after: tuple[int, int],
     them now: an item stays in the inbox of a member who left its space,
     but is no longer pushed)."""
     position, last_id = after
-    # An item a revocation barrier withholds holds back its conversation's
-    # later items until the barrier settles it (almost always: none).
-    withheld_before = InboxItem.objects.filter(member_id=OuterRef("member_id"), admission=InboxItem.Admission.WITHHELD,
-                                               state=InboxItem.State.PENDING, conversation=OuterRef("conversation"),
-                                               position__lt=OuterRef("position"))
     rows = InboxItem.objects.filter(member=member, admission=InboxItem.Admission.ADMITTED,
                                     state=InboxItem.State.PENDING, position__gte=position)
     if bound is not None:
@@ -56,7 +51,16 @@ def _pending_in_order(member: Member, bound: int | None, after: tuple[int, int],
     # `position__gte` repeats what the OR implies so the index seeks to the
     # cursor instead of scanning every earlier item.
     return (rows.filter(Q(position__gt=position) | Q(position=position, id__gt=last_id))
-            .filter(~Exists(withheld_before)).order_by("position", "id"))
+            .filter(~held_back()).order_by("position", "id"))
+
+
+def held_back() -> Exists:
+    """Whether an item waits behind an earlier item of its conversation that
+    a revocation barrier withholds: until the barrier settles that one, no
+    read path hands out the later ones (SPEC §5; almost always: none)."""
+    return Exists(InboxItem.objects.filter(member_id=OuterRef("member_id"), admission=InboxItem.Admission.WITHHELD,
+                                           state=InboxItem.State.PENDING, conversation=OuterRef("conversation"),
+                                           position__lt=OuterRef("position")))
 
 
 def deliverable(member):

@@ -163,8 +163,12 @@ def pending_occurrence(count: int) -> dict:
 def _items_steps(member: Member, source: Source, after: int, max_events: int):
     """Items the inbox feed made available after `after`: a message's own
     item sits at its message.created position and a notice at its event's;
-    a firewall admission or a rejection notice is found through the message
-    its event names. Steps (controlplane.db.run_steps)."""
+    a firewall admission, or a rejection whose message is behind this page,
+    is found through the message its event names. An item a revocation
+    barrier withholds, or one waiting behind such an item of its
+    conversation, stops the read there until the barrier settles it (a
+    rejection then comes in the withheld item's place). Steps
+    (controlplane.db.run_steps)."""
     events, position, has_more = [], after, False
     for _ in range(5):  # bounded: feed pages whose events carry no item are skipped over
         page = yield from feeds.inbox_feed_steps(member, position, FEED_PAGE, related=False)
@@ -172,10 +176,13 @@ def _items_steps(member: Member, source: Source, after: int, max_events: int):
                  for e in page.events if e.kind in ("message.admitted", "message.rejected")}
         surfaced = {e.position: e.position for e in page.events}
         for public_id, message_position in ((yield _positions_of_messages(list(named))) if named else ()):
-            surfaced[message_position] = named[public_id].position
-        items = [model_from_row(InboxItem, row) for row in (yield _PENDING_AT.sql(member.pk, sorted(surfaced)))
-                 ] if surfaced else []
-        for event_position, _id, item in sorted((surfaced[item.position], item.id, item) for item in items):
+            if named[public_id].kind == "message.admitted" or message_position not in surfaced:
+                surfaced[message_position] = named[public_id].position
+        rows = (yield _PENDING_AT.sql(member.pk, sorted(surfaced))) if surfaced else []
+        items = [(model_from_row(InboxItem, row[:-1]), row[-1]) for row in rows]
+        for event_position, _id, item, waits in sorted((surfaced[i.position], i.id, i, w) for i, w in items):
+            if waits or item.admission == InboxItem.Admission.WITHHELD:
+                return Batch(events, _cursor(member, source, {}, position))
             if len(events) >= max_events:  # what is left of this page comes next time
                 return Batch(events, _cursor(member, source, {}, position), has_more=True)
             position = event_position
@@ -194,11 +201,19 @@ def _positions_of_messages(public_ids: list[str]) -> tuple[str, list]:
             f"WHERE m.public_id IN ({', '.join(['%s'] * len(ids))})", ids)
 
 
-# A member's pending items at some positions, compiled once per number of
+# A member's pending items at some positions, admitted or withheld, and
+# whether each waits behind a withheld one; compiled once per number of
 # positions: a stream reads them on every nudge.
-_PENDING_AT = Compiled(lambda member, positions: InboxItem.objects.filter(
-    member_id=member, admission=InboxItem.Admission.ADMITTED, state=InboxItem.State.PENDING,
-    position__in=positions).values_list(*(f.attname for f in InboxItem._meta.concrete_fields)))
+def _pending_at(member, positions):
+    def admitted(admission):  # one admission each: each half keeps its partial index
+        return (InboxItem.objects.filter(member_id=member, admission=admission, state=InboxItem.State.PENDING,
+                                         position__in=positions).annotate(waits=delivery.held_back())
+                .values_list(*(f.attname for f in InboxItem._meta.concrete_fields), "waits"))
+
+    return admitted(InboxItem.Admission.ADMITTED).union(admitted(InboxItem.Admission.WITHHELD), all=True)
+
+
+_PENDING_AT = Compiled(_pending_at)
 
 
 def _work(member: Member, source: Source, arguments: dict, after: int) -> Batch:

@@ -170,3 +170,39 @@ def test_a_screened_collective_result_reaches_poll_once_admitted(pair, make_memb
     # then
     assert [i.payload["kind"] for i in delivery.read_inbox(ada).items] == ["collective.result"]
     assert [e["data"]["item"]["kind"] for e in sources.read(ada, ITEM, {}, start, 50).events] == ["collective.result"]
+
+
+def test_items_behind_a_withheld_one_wait_for_its_barrier_and_come_in_read_inbox_order(make_member):
+    from grants import barrier
+    from grants import services as grants
+    from grants.models import Grant
+    from inbox import delivery
+
+    # given: bob sends carol a message under a one-message grant, then one under a pair grant
+    alice, bob, carol = (make_member(h) for h in ("alice", "bob", "carol"))
+    vault = services.create_space(slug="vault", name="Vault", visibility="open", send_policy="explicit_only",
+                                  actor=alice)
+    for member in (bob, carol):
+        services.join_space(vault, actor=member)
+    once = grants.create_grant(vault, grant_id="grt_once", kind="one_message", sender="@bob", recipient="@carol",
+                               idempotency_key="key-00001", actor=alice)[0]
+    grants.create_grant(vault, grant_id="grt_pair", kind="pair", sender="@bob", recipient="@carol", actor=alice)
+    direct, _ = services.get_or_create_direct(vault, carol, actor=bob)
+    start = sources.read(carol, ITEM, {}, None, 50).cursor
+    send_message(direct, body="first", idempotency_key="key-00001", actor=bob)
+    send_message(direct, body="second", actor=bob)
+    # when: the first one's grant is being revoked
+    barrier.start_barrier(once.pk, ending=Grant.Status.REVOKED, actor=None)
+    # then: nothing is handed out, read after read, as read_inbox hands out nothing
+    while_withheld = sources.read(carol, ITEM, {}, start, 50)
+    assert while_withheld.events == [] and delivery.read_inbox(carol).items == []
+    assert sources.read(carol, ITEM, {}, while_withheld.cursor, 50).events == []
+    # when the barrier settles: the rejection in the first one's place, then the second
+    barrier.finish_barrier(once.pk)
+    settled = sources.read(carol, ITEM, {}, while_withheld.cursor, 50).events
+
+    def shown(payloads):
+        return [f"{p['kind']}:{p.get('content', '-')}" for p in payloads]
+
+    assert shown(e["data"]["item"] for e in settled) == shown(i.payload for i in delivery.read_inbox(carol).items)
+    assert shown(e["data"]["item"] for e in settled) == ["rejected:-", "direct:second"]
