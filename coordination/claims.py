@@ -55,11 +55,17 @@ def schedule(task: Task) -> None:
     task.sweep_at = task.updated_at + limit * CHECKIN_AT if task.status == Task.Status.CLAIMED and limit else None
 
 
+def claimant_messages(task: Task):
+    """When the claimant wrote in the task's discussion, latest first (the
+    `message_author_conversation` index: however many others wrote there)."""
+    return (Message.objects.filter(conversation_id=task.conversation_id, author_id=task.claimant_id)
+            .order_by("-position").values_list("created_at", flat=True))
+
+
 def silent_since(task: Task) -> dt.datetime:
     """The later of the task's update and its claimant's latest message in
     the task's discussion."""
-    spoke = (Message.objects.filter(conversation_id=task.conversation_id, author_id=task.claimant_id)
-             .order_by("-position").values_list("created_at", flat=True).first())
+    spoke = claimant_messages(task).first()
     return max(task.updated_at, spoke) if spoke else task.updated_at
 
 

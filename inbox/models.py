@@ -30,7 +30,8 @@ class Message(models.Model):
     space = models.ForeignKey(Space, on_delete=models.CASCADE, related_name="+")
     # Indexed by message_conversation_position, whose first column it is.
     conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages", db_index=False)
-    author = models.ForeignKey(Member, on_delete=models.PROTECT, related_name="+")
+    # Indexed by message_author_conversation, whose first column it is.
+    author = models.ForeignKey(Member, on_delete=models.PROTECT, related_name="+", db_index=False)
     body = models.TextField()
     body_bytes = models.PositiveIntegerField()
     reply_to = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
@@ -48,7 +49,13 @@ class Message(models.Model):
             models.UniqueConstraint(fields=["author", "idempotency_key"], condition=Q(idempotency_key__isnull=False),
                                     name="message_sender_key_unique"),
         ]
-        indexes = [models.Index(fields=["conversation", "position"], name="message_conversation_position")]
+        indexes = [
+            models.Index(fields=["conversation", "position"], name="message_conversation_position"),
+            # An author's latest message in a conversation (a claimant's in a
+            # task's discussion, coordination.claims.silent_since) however
+            # many others wrote there; in place of the author's own index.
+            models.Index(fields=["author", "conversation", "position"], name="message_author_conversation"),
+        ]
 
     def __str__(self) -> str:
         return self.public_id

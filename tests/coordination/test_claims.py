@@ -229,3 +229,24 @@ def test_reads_pass_live_claims_by_and_never_hide_an_expired_one(space, alice, b
     # then: the first decides at most a page of claims and moves them on; the second finds carol's expired
     assert once == claims.SCAN_LIMIT and [t["id"] for t in first] == []
     assert [t["id"] for t in second] == [silent.public_id] and len(decided) == once + 1
+
+
+@pytest.mark.postgres
+def test_a_claimants_silence_is_read_from_their_own_messages_in_the_thread(claimed, alice, bob):
+    """However many messages others write in the task's discussion: before,
+    the read walked the thread backwards, filtering by author."""
+    from django.db import connection
+
+    from inbox.models import Message
+
+    # given: alice's messages in the thread, bob's one before them
+    send_message(claimed.conversation, body="on it", actor=bob)
+    for n in range(3):
+        send_message(claimed.conversation, body=f"ping {n}", actor=alice)
+    # when: the read is planned as on a big table
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+    plan = claims.claimant_messages(claimed)[:1].explain()
+    # then: one index seek to bob's latest message there, no sort, no filter by author
+    assert "message_author_conversation" in plan and "Sort" not in plan and "Filter" not in plan, plan
+    assert claims.silent_since(claimed) == max(claimed.updated_at, Message.objects.get(body="on it").created_at)
