@@ -61,19 +61,19 @@ class SelectParams(_Params):
 
 class PollParams(SelectParams):
     cursor: str | None = None
-    max_events: int = Field(default=sources.MAX_EVENTS, alias="maxEvents", ge=1, le=100)
-    max_age_ms: int | None = Field(default=None, alias="maxAgeMs")
+    max_events: int = Field(default=sources.MAX_EVENTS, alias="maxEvents", ge=1, le=100, strict=True)
+    max_age_ms: int | None = Field(default=None, alias="maxAgeMs", strict=True)
 
 
 class StreamParams(SelectParams):
     cursor: str | None = None
-    max_age_ms: int | None = Field(default=None, alias="maxAgeMs")
+    max_age_ms: int | None = Field(default=None, alias="maxAgeMs", strict=True)
 
 
 class SubscribeParams(SelectParams):
     delivery: dict[str, Any]
     cursor: str | None = None
-    ttl_ms: int | None = Field(default=None, alias="ttlMs")
+    ttl_ms: int | None = Field(default=None, alias="ttlMs", strict=True)  # JSON numbers: not true, not "60000"
 
 
 class UnsubscribeParams(SelectParams):

@@ -114,9 +114,10 @@ def test_poll_pages_and_a_stream_delivers_within_a_second_with_heartbeats():
                 first = await call(client, "events/poll", name=ITEM, cursor=start["cursor"], maxEvents=2)
                 rest = await call(client, "events/poll", name=ITEM, cursor=first["cursor"], maxEvents=2)
                 pending = await call(client, "events/poll", name="org.switchboard/inbox.pending")
-                with pytest.raises(MCPError) as too_few:
-                    await call(client, "events/poll", name=ITEM, cursor=start["cursor"], maxEvents=0)
-                assert too_few.value.error.code == -32602
+                for bad in (0, True, "2"):  # out of range, or no JSON integer at all
+                    with pytest.raises(MCPError) as refused:
+                        await call(client, "events/poll", name=ITEM, cursor=start["cursor"], maxEvents=bad)
+                    assert refused.value.error.code == -32602
                 stream = asyncio.ensure_future(call(client, "events/stream", name=ITEM))
                 active = await events.next()
                 beats = [await events.next(), await events.next()]
