@@ -29,6 +29,7 @@ import datetime as dt
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 
 from controlplane.clock import now, rfc3339
 from controlplane.log import append_events
@@ -145,11 +146,21 @@ def due_claims(at: dt.datetime) -> list[int]:
                 .order_by("sweep_at", "id").values_list("pk", flat=True)[:SCAN_LIMIT])
 
 
+def _catch_up(at: dt.datetime, limit: dt.timedelta) -> None:
+    """Claims whose next look an earlier CLAIM_TTL_HOURS set are due now (up
+    to SCAN_LIMIT a scan): none was set while it was 0, and one set under a
+    longer timeout lies past a whole timeout from now, where none can."""
+    stale = Task.objects.filter(Q(sweep_at__isnull=True) | Q(sweep_at__gt=at + limit), status=Task.Status.CLAIMED)
+    if pks := list(stale.values_list("pk", flat=True)[:SCAN_LIMIT]):
+        Task.objects.filter(pk__in=pks, status=Task.Status.CLAIMED).update(sweep_at=at)
+
+
 def scan() -> dict[str, int]:
     """One bounded pass: check-ins and expiries of claims due now."""
-    if timeout() is None:
+    if (limit := timeout()) is None:
         return {"checkins": 0, "expired": 0, "looked_at": 0}
     at = now()
+    _catch_up(at, limit)
     due = due_claims(at)
     outcomes = [_decide(pk, at) for pk in due]
     return {"checkins": outcomes.count("checkin"), "expired": outcomes.count("expired"), "looked_at": len(due)}

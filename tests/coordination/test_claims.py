@@ -250,3 +250,21 @@ def test_a_claimants_silence_is_read_from_their_own_messages_in_the_thread(claim
     # then: one index seek to bob's latest message there, no sort, no filter by author
     assert "message_author_conversation" in plan and "Sort" not in plan and "Filter" not in plan, plan
     assert claims.silent_since(claimed) == max(claimed.updated_at, Message.objects.get(body="on it").created_at)
+
+
+@pytest.mark.parametrize("then_hours", [0, 48])
+def test_claims_made_under_another_timeout_follow_the_new_one(space, alice, bob, start, settings, then_hours):
+    """A claim made while the timeout was off had no next look, and one made
+    under a longer timeout had its next look past the new whole timeout."""
+    # given: bob's claim, made under the timeout of then
+    settings.CLAIM_TTL_HOURS = then_hours
+    with freeze(start):
+        task = tasks.create_task(space, title="Report", actor=alice)
+        tasks.claim_task(space, task.public_id, actor=bob)
+    # when: the timeout is 24 h from an hour later (the minute's scan runs), and bob stays silent past it
+    settings.CLAIM_TTL_HOURS = 24
+    at(start + HOUR)
+    at(start + 25 * HOUR)
+    # then: the claim expired, as one made under today's timeout would have
+    task.refresh_from_db()
+    assert task.status == "open" and [e.data["claimant"] for e in events("task_claim_expired")] == ["@bob"]
