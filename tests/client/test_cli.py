@@ -94,7 +94,8 @@ def test_each_error_class_has_its_exit_code(server, tmp_path):
     large = shell(alice, "send", "lab", "@bob", "x" * 9000)
     assert large.returncode == 2 and "BODY_TOO_LARGE" in large.stderr
     # 3: a bad credential
-    assert shell(tmp_path / "nobody", "inbox", SWITCHBOARD_URL=server, SWITCHBOARD_TOKEN="sbt_" + "y" * 43).returncode == 3
+    guessed = "sbt_" + "y" * 43
+    assert shell(tmp_path / "nobody", "inbox", SWITCHBOARD_URL=server, SWITCHBOARD_TOKEN=guessed).returncode == 3
     # 4: not found
     unknown = shell(alice, "ack", "dlv_" + "A" * 43, "--json")
     assert unknown.returncode == 4 and json.loads(unknown.stderr)["error"]["code"] == "UNKNOWN_DELIVERY"
