@@ -23,5 +23,5 @@ class Command(BaseCommand):
             f"  user:     {handle}\n  password: {password}\n"
             f"  web app:  {settings.SWITCHBOARD_PUBLIC_URL}/app/\n"
             f"  admin:    {settings.SWITCHBOARD_PUBLIC_URL}/admin/\n"
-            f"  API token: DEBUG=1 .venv/bin/python manage.py issuecredential {handle}\n"
+            f"  API token: .venv/bin/python manage.py issuecredential {handle}\n"
         )
