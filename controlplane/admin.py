@@ -1,4 +1,6 @@
+import django_q.admin
 from django.contrib import admin
+from django_q.models import OrmQ, Schedule
 
 from controlplane import services
 from controlplane.access import admin_member
@@ -19,18 +21,30 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+class ThroughTheServices(admin.ModelAdmin):
+    """Rows the services make and remove (with their events, hooks, checks
+    and audit entries): the admin may change only what its own code routes
+    through them, and adds and deletes none."""
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(Member)
-class MemberAdmin(admin.ModelAdmin):
+class MemberAdmin(ThroughTheServices):
+    """Members are made by `createmember`, the API or the web app, and
+    suspended rather than deleted; a handle is a URL and a sign-in name."""
     list_display = ["handle", "public_id", "kind", "status", "is_admin", "created_at"]
     list_filter = ["kind", "status", "is_admin"]
     search_fields = ["handle", "public_id", "display_name"]
-    readonly_fields = ["public_id", "created_at"]
+    readonly_fields = ["public_id", "handle", "kind", "user", "created_at"]
 
     def save_model(self, request, obj, form, change):
         """Suspension and admin powers change through `update_member`, so
         sessions, sockets and the user's flags follow."""
-        if not change:
-            return super().save_model(request, obj, form, change)
         wanted = {name: form.cleaned_data[name] for name in ("status", "is_admin") if name in form.changed_data}
         others = [name for name in form.changed_data if name not in wanted]
         if others:
@@ -40,34 +54,50 @@ class MemberAdmin(admin.ModelAdmin):
 
 
 @admin.register(Credential)
-class CredentialAdmin(admin.ModelAdmin):
-    # Only a hash is stored, and even that is not shown.
+class CredentialAdmin(ThroughTheServices):
+    """Tokens are issued through the API or `issuecredential` (shown once),
+    and revoked here through `revoke_credential`, which records it. Only a
+    hash is stored, and even that is not shown."""
     list_display = ["public_id", "member", "created_at"]
     fields = ["public_id", "member", "created_at"]
     readonly_fields = ["public_id", "member", "created_at"]
     search_fields = ["public_id", "member__handle"]
+    actions = ["revoke"]
 
-    def has_add_permission(self, request):
-        return False  # tokens are issued through the API or `issuecredential`, shown once
+    @admin.action(description="Revoke the selected credentials")
+    def revoke(self, request, queryset):
+        actor = admin_member(request.user)
+        for credential in queryset.select_related("member"):
+            services.revoke_credential(credential, actor=actor)
+        self.message_user(request, "Revoked.")
 
 
 class MembershipInline(admin.TabularInline):
+    """Who joins and leaves, and in which role, goes through the services
+    (its events, removal hooks and the last owner's rule): through the API
+    or the web app, where an admin may act in any space."""
     model = Membership
     extra = 0
-    raw_id_fields = ["member"]
+    can_delete = False
+    readonly_fields = ["member", "role", "status", "updated_at"]
+
+    def has_add_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(Space)
-class SpaceAdmin(admin.ModelAdmin):
+class SpaceAdmin(ThroughTheServices):
+    """Spaces are made by `create_space` (its owner and event); a slug is a
+    URL. The rest may change here, the send policy only tightening."""
     list_display = ["slug", "name", "visibility", "send_policy", "archived", "created_at"]
     list_filter = ["visibility", "send_policy", "archived"]
     search_fields = ["slug", "name"]
-    readonly_fields = ["public_id", "created_at"]
+    readonly_fields = ["public_id", "slug", "created_by", "created_at"]
     inlines = [MembershipInline]
 
 
 @admin.register(Membership)
-class MembershipAdmin(admin.ModelAdmin):
+class MembershipAdmin(ReadOnlyAdmin):
     list_display = ["space", "member", "role", "status", "updated_at"]
     list_filter = ["role", "status"]
     search_fields = ["space__slug", "member__handle"]
@@ -125,3 +155,21 @@ class AuditEntryAdmin(ReadOnlyAdmin):
     list_display = ["at", "actor", "action", "target"]
     list_filter = ["action"]
     search_fields = ["target", "actor__handle"]
+
+
+# django_q's own models: a schedule names a function a worker runs, so one
+# added here ran any callable (`os.system`), and one deleted here (expiry
+# barriers, sweeps) stayed gone until a worker restarted; the queue holds
+# tasks the recovery paths count on. Shown, never changed.
+class ScheduleAdmin(ReadOnlyAdmin, django_q.admin.ScheduleAdmin):
+    pass
+
+
+class QueueAdmin(ReadOnlyAdmin, django_q.admin.QueueAdmin):
+    pass
+
+
+for model, shown in ((Schedule, ScheduleAdmin), (OrmQ, QueueAdmin)):
+    if admin.site.is_registered(model):
+        admin.site.unregister(model)
+        admin.site.register(model, shown)

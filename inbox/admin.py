@@ -59,25 +59,12 @@ class InboxItemAdmin(ReadOnlyAdmin):
 
 
 @admin.register(FirewallRule)
-class FirewallRuleAdmin(admin.ModelAdmin):
+class FirewallRuleAdmin(ReadOnlyAdmin):
+    """A member sets their own rules (the API or the web app), through
+    `firewall.set_rules`: its checks, the firewall flag and the audit entry."""
     list_display = ["member", "ordinal", "action", "sender", "space", "conversation_kind", "content_pattern",
                     "min_bytes"]
     search_fields = ["member__handle"]
-    raw_id_fields = ["member"]
-
-    def save_model(self, request, obj, form, change):
-        super().save_model(request, obj, form, change)
-        firewall.refresh_firewall_flag(obj.member)
-
-    def delete_model(self, request, obj):
-        super().delete_model(request, obj)
-        firewall.refresh_firewall_flag(obj.member)
-
-    def delete_queryset(self, request, queryset):
-        members = {rule.member for rule in queryset.select_related("member")}
-        super().delete_queryset(request, queryset)
-        for member in members:
-            firewall.refresh_firewall_flag(member)
 
 
 @admin.register(Mailbox)

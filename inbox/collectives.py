@@ -219,8 +219,8 @@ def _fail(collective: Collective, reason: str) -> None:
 
 
 def _existing(ids: list[int]) -> list[int]:
-    """`ids` without members deleted since (the admin site may delete one
-    who never wrote): `Collective.members` is a list, not foreign keys."""
+    """`ids` without members deleted since (from a shell, one who never
+    wrote may be): `Collective.members` is a list, not foreign keys."""
     existing = set(Member.objects.filter(pk__in=ids).values_list("pk", flat=True))
     return [pk for pk in ids if pk in existing]
 

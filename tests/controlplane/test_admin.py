@@ -106,3 +106,48 @@ def test_member_changes_in_the_admin_go_through_the_service(staff_client, make_m
     bob.refresh_from_db(), bob.user.refresh_from_db()
     assert bob.status == Member.Status.SUSPENDED and not bob.user.is_active
     assert AuditEntry.objects.filter(action="member.updated", target=bob.public_id, actor__handle="root").exists()
+
+
+@pytest.mark.parametrize("path", [
+    "/admin/controlplane/member/add/", "/admin/controlplane/space/add/", "/admin/controlplane/membership/add/",
+    "/admin/inbox/firewallrule/add/", "/admin/django_q/schedule/add/",
+])
+def test_rows_the_services_make_are_not_added_in_the_admin(staff_client, path):
+    """A member added here had no user to sign in with and no audit entry, a
+    space no owner, a membership no event, a firewall rule none of set_rules'
+    checks; a schedule names any function a worker will run (`os.system`)."""
+    assert staff_client.get(path).status_code == 403
+
+
+def test_the_admin_deletes_and_renames_nothing_the_services_keep(staff_client, space, alice, bob):
+    from controlplane.models import AuditEntry, Credential, Member, Membership, Space
+    from controlplane.schedules import ensure_schedules
+    from django_q.models import Schedule
+
+    # given
+    ensure_schedules()
+    credential, _ = services.issue_credential(alice, actor=None)
+    membership = Membership.objects.get(space=space, member=bob)
+    expiry = Schedule.objects.get(name="expire-grants")
+    # when: deletes, renames and a membership edit are posted
+    deletes = [staff_client.post(f"/admin/{path}/delete/", {"post": "yes"}).status_code for path in (
+        f"controlplane/member/{bob.pk}", f"controlplane/space/{space.pk}", f"controlplane/membership/{membership.pk}",
+        f"controlplane/credential/{credential.pk}", f"django_q/schedule/{expiry.pk}")]
+    staff_client.post(f"/admin/controlplane/member/{bob.pk}/change/",
+                      {"handle": "Bob Smith", "display_name": "Bob", "status": "active"})
+    staff_client.post(f"/admin/controlplane/space/{space.pk}/change/", {
+        "slug": "Lab Space", "name": "Lab Two", "visibility": "open", "send_policy": "open",
+        "memberships-TOTAL_FORMS": "0", "memberships-INITIAL_FORMS": "0"})
+    edited = staff_client.post(f"/admin/controlplane/membership/{membership.pk}/change/",
+                               {"space": space.pk, "member": bob.pk, "role": "owner", "status": "removed"})
+    # then: nothing was deleted, and the names and the membership stand
+    assert deletes == [403] * 5 and edited.status_code == 403
+    assert Member.objects.get(pk=bob.pk).handle == "bob" and Space.objects.get(pk=space.pk).slug == "lab"
+    assert Member.objects.get(pk=bob.pk).display_name == "Bob" and Space.objects.get(pk=space.pk).name == "Lab Two"
+    membership.refresh_from_db()
+    assert (membership.role, membership.status) == ("member", "active")
+    assert Credential.objects.filter(pk=credential.pk).exists() and Schedule.objects.filter(pk=expiry.pk).exists()
+    # and a credential is revoked through the service, which records it
+    staff_client.post("/admin/controlplane/credential/", {"action": "revoke", "_selected_action": [credential.pk]})
+    assert not Credential.objects.filter(pk=credential.pk).exists()
+    assert AuditEntry.objects.filter(action="credential.revoked", target=alice.public_id, actor__handle="root").exists()

@@ -1,5 +1,5 @@
-"""A collective request whose member is deleted (the admin site may delete a
-member who never wrote a message). `Collective.members` lists ids, not
+"""A collective request whose member is deleted (from a shell: one who
+never wrote a message may be). `Collective.members` lists ids, not
 foreign keys: finishing the request must not lock or count into a mailbox
 of a member who is gone, nor name them in the outcome."""
 from __future__ import annotations
