@@ -208,6 +208,21 @@ def soonest_due_at(params: dict):
     return datetime_from_db(row[0]) if row else None
 
 
+def soonest_claim_end(params: dict):
+    """When the soonest claim of a wake whose subscription may send runs out
+    (None: there is none), walking `delivery_claimed` in its order. A claim
+    left by a worker that died is taken back only while its subscription may
+    send: counting the others kept the timer polling at once, for good,
+    once a paused or lapsed subscription had one."""
+    quote = connection.ops.quote_name
+    deliveries, subscriptions = quote(Delivery._meta.db_table), quote(Subscription._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT d.claimed_until FROM {deliveries} d WHERE d.state = 'sending' "
+                       f"AND {_its_subscription_may_send(subscriptions)} ORDER BY d.claimed_until LIMIT 1", params)
+        row = cursor.fetchone()
+    return datetime_from_db(row[0]) if row else None
+
+
 def due_now(params: dict) -> tuple[int, object]:
     """How many wakes a worker could send now (due, their subscription may
     send, no older wake of it unfinished) and when the oldest of them fell

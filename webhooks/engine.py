@@ -43,7 +43,7 @@ from inbox.delivery import acknowledge_items, deliverable, oldest_pending
 from inbox.models import InboxItem
 from webhooks import mcp
 from webhooks.due import (READY, anything_due, claimable, insert_attempts, mark_delivered, mark_sending,
-                          send_next_items, set_by_wrong_clock, soonest_due_at)
+                          send_next_items, set_by_wrong_clock, soonest_claim_end, soonest_due_at)
 from webhooks.models import Delivery, Subscription
 
 if TYPE_CHECKING:  # aiohttp: the web processes import the engine, and send nothing
@@ -433,8 +433,7 @@ def next_due_in(horizon: float) -> float | None:
     params = ready_params(at)
     candidates = [
         soonest_due_at(params),
-        Delivery.objects.filter(state=Delivery.State.SENDING).order_by("claimed_until")
-        .values_list("claimed_until", flat=True).first(),
+        soonest_claim_end(params),
         at if set_by_wrong_clock(params) else None,  # due now
     ]
     waits = [max(0.0, (c - at).total_seconds()) for c in candidates if c is not None]

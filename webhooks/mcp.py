@@ -237,8 +237,10 @@ def offer_waiting() -> int:
     unfinished = Delivery.objects.filter(subscription=OuterRef("pk"), state__in=Delivery.UNFINISHED)
     may_send = RawSQL(due.sendable("%s", connection.ops.quote_name(Subscription._meta.db_table)),
                       [connection.ops.adapt_datetimefield_value(now())], output_field=BooleanField())
+    # A suspended owner's would be cancelled at its claim, and offered again next run.
     waiting = list(Subscription.objects.filter(may_send, kind=Subscription.Kind.ITEM)
-                   .filter(Exists(pending)).exclude(Exists(unfinished)).values_list("pk", flat=True))
+                   .filter(Exists(pending), owner__status=Member.Status.ACTIVE).exclude(Exists(unfinished))
+                   .values_list("pk", flat=True))
     with transaction.atomic():
         offer(waiting)
     return len(waiting)

@@ -315,6 +315,29 @@ def test_the_sweep_offers_again_only_what_may_send(world, receiver):
     Delivery.objects.filter(subscription=subscription).delete()
     Subscription.objects.filter(pk=subscription.pk).update(status=Subscription.Status.SUSPENDED)
     assert mcp.offer_waiting() == 0
+    # nor is a suspended member's (its claim would cancel each offer, and every run made a new one)
+    Subscription.objects.filter(pk=subscription.pk).update(status=Subscription.Status.ACTIVE)
+    services.update_member(world["ada"], status="suspended", actor=None)
+    for _ in range(3):
+        assert mcp.offer_waiting() == 0 and engine.claim_due(10) == []
+    assert not Delivery.objects.filter(subscription=subscription).exists()
+
+
+def test_a_claim_left_on_a_subscription_that_may_not_send_keeps_no_timer_busy(world, receiver):
+    """A worker died mid-push, and the lease lapsed: the claim is taken back
+    only once the subscription may send again. Counting it as due kept the
+    timer claiming at once, for good."""
+    # given: a push claimed by a worker that was killed mid-request (nothing recorded)
+    subscribe(world)
+    send_message(world["direct"], body="one", actor=world["bo"])
+    assert len(engine.claim_due(10)) == 1
+    # when: the subscription's lease has run out (and the claim's long before)
+    with freeze(now() + dt.timedelta(hours=25)):
+        # then: nothing may be claimed, and nothing is due
+        assert engine.claim_due(10) == []
+        assert engine.next_due_in(60) is None
+    # while the claim of a subscription that may send falls due when it runs out
+    assert 0 < engine.next_due_in(3600) <= engine.lease().total_seconds()
 
 
 def test_push_chains_leave_a_worker_room_for_what_else_falls_due(world, receiver, make_member, monkeypatch):
