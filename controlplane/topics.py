@@ -128,12 +128,16 @@ class Memberships:
         if self._renewal is None:
             self._renewal = asyncio.get_running_loop().create_task(self._renew())
 
+    async def rejoin(self) -> None:
+        """Join every group again (the layer may have lost them)."""
+        for group in self._groups:
+            await self._layer.group_add(group, self.channel)
+
     async def _renew(self) -> None:
         while True:
             await asyncio.sleep(GROUP_READD_SECONDS)
             try:
-                for group in self._groups:
-                    await self._layer.group_add(group, self.channel)
+                await self.rejoin()
                 if self._on_renewal is not None:
                     await self._on_renewal()
             except Exception:

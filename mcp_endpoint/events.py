@@ -20,12 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from controlplane.api.parsers import check_text
 from controlplane.db import db_call
 from controlplane.errors import ApiError, NotFound, VerificationFailed, as_unavailable
-from controlplane.models import Credential, Member
 from mcp_endpoint import errors, sources
 from mcp_endpoint.asgi import CREDENTIAL_KEY
 from mcp_endpoint.server import caller
 from mcp_endpoint.streams import MAX_PER_MEMBER as MAX_STREAMS
-from mcp_endpoint.streams import StreamOwner, TooManyStreams
+from mcp_endpoint.streams import StreamOwner, TooManyStreams, why_ended
 from webhooks import mcp as pushed
 
 EXTENSION = "io.modelcontextprotocol/events"
@@ -164,8 +163,8 @@ async def stream(ctx, params: StreamParams) -> dict:
         raise MCPError(RESOURCE_EXHAUSTED, f"At most {MAX_STREAMS} open streams per member.",
                        data={"limit": "streams", "max": MAX_STREAMS}) from None
     try:
-        if (ending := await _db(_ended_before_start, member.pk, credential_id)) is not None:
-            ended = ENDINGS[ending]  # before the stream heard of suspensions and revocations
+        if (ending := await _db(why_ended, member.pk, credential_id)) is not None:
+            ended = ENDINGS[ending]  # after the request was authenticated, before the stream joined their groups
             raise MCPError(ended["code"], ended["message"], data=ended["data"])
         owner.watch(**await _db(sources.interest, member, source, arguments))
         batch = await _read(member, source, arguments, params.cursor, sources.MAX_EVENTS)
@@ -198,18 +197,6 @@ async def stream(ctx, params: StreamParams) -> dict:
         return {"_meta": meta}
     finally:
         await owner.stop()
-
-
-def _ended_before_start(member_pk: int, credential_id: str | None) -> str | None:
-    """Why a stream that has just joined its member's and credential's
-    groups must not start: its member was suspended, or its credential
-    revoked, after the request was authenticated (their news went to
-    groups the stream was not in yet). None: neither."""
-    if not Member.objects.filter(pk=member_pk, status=Member.Status.ACTIVE).exists():
-        return "suspended"
-    if credential_id is not None and not Credential.objects.filter(public_id=credential_id).exists():
-        return "revoked"
-    return None
 
 
 class Lost(Exception):

@@ -20,6 +20,11 @@ two that start together exactly one survives. A replaced consumer's cleanup
 only removes its own channel, so however late it fails, it never ends its
 replacement.
 
+The listener outlives a lost channel layer: it listens again once the layer
+answers (1 s, doubling to LOST_SECONDS), joins its groups again, announces
+its claim again and reads its member's and credential's state again (their
+news may have gone while it was deaf), and wakes the stream to read.
+
 A member holds at most MAX_PER_MEMBER streams in all (`Places`): counted
 on Redis where the deployment shares one (every process's streams), else
 in the process, which is then the whole deployment.
@@ -37,7 +42,9 @@ import time
 from channels.layers import get_channel_layer
 
 from controlplane.cache import raw_redis
+from controlplane.db import db_call
 from controlplane.live import Interest, credential_group, log_watcher, member_group
+from controlplane.models import Credential, Member
 from controlplane.topics import Memberships, stop_task
 from inbox.mailbox import inbox_group
 from webhooks.mcp import ITEM, PENDING
@@ -51,6 +58,8 @@ MAX_PER_MEMBER = 8
 # On Redis a stream's place lasts this long unless renewed (every third of
 # it while the stream is open): a killed process's places free themselves.
 PLACE_SECONDS = 60
+LOST_SECONDS = 15  # the longest wait before a listener that lost its channel layer listens again
+_leaving: set[asyncio.Task] = set()  # stopped streams leaving their groups, after a cancelled stop
 
 
 class TooManyStreams(Exception):
@@ -184,7 +193,7 @@ class StreamOwner:
         self.groups = [member_group(member)] + ([self.owner_group, inbox_group(member)] if self.inbox else [])
         if credential_id is not None:
             self.groups.append(credential_group(credential_id))
-        self.member_pk = member.pk
+        self.member_pk, self.credential_id = member.pk, credential_id
         self.counted = False
         self.token = secrets.token_hex(8)  # its place's, and its claim's
         self.claim: tuple[int, str] | None = None  # once announced
@@ -239,25 +248,47 @@ class StreamOwner:
                 logger.warning("could not renew a stream's place; trying again later", exc_info=True)
 
     async def _listen(self) -> None:
+        lost_for = 0.0
         while True:
-            message = await self._layer.receive(self._channel)
-            if message.get("type") == CLAIM:
-                heard = (message["at"], message["token"])
-                if self.claim is None or heard == self.claim:
-                    continue  # not claimed yet (its claim will be newer), or its own
-                if heard > self.claim:
-                    self.replaced.set()
-                elif not self.replaced.is_set():  # an older consumer that did not hear this one
-                    try:
-                        await self._announce()
-                    except Exception:
-                        logger.warning("could not announce a stream's claim again", exc_info=True)
-            elif message.get("type") == "session.ended":
-                self.suspended.set()
-            elif message.get("type") == "credential.revoked":
-                self.revoked.set()
-            else:
-                self.nudged.set()
+            try:
+                if lost_for:
+                    await asyncio.sleep(lost_for)
+                    await self._listen_again()
+                message = await self._layer.receive(self._channel)
+            except Exception:
+                logger.warning("a stream lost its channel layer; listening again shortly", exc_info=True)
+                lost_for = min(2 * lost_for, LOST_SECONDS) if lost_for else 1.0
+                continue
+            lost_for = 0.0
+            await self._hear(message)
+
+    async def _listen_again(self) -> None:
+        """After a lost channel layer: what the stream may not have heard."""
+        await self._memberships.rejoin()
+        if self.claim is not None and not self.replaced.is_set():
+            await self._announce()
+        if (ending := await db_call(why_ended)(self.member_pk, self.credential_id)) is not None:
+            getattr(self, ending).set()
+        self.nudged.set()
+
+    async def _hear(self, message: dict) -> None:
+        if message.get("type") == CLAIM:
+            heard = (message["at"], message["token"])
+            if self.claim is None or heard == self.claim:
+                return  # not claimed yet (its claim will be newer), or its own
+            if heard > self.claim:
+                self.replaced.set()
+            elif not self.replaced.is_set():  # an older consumer that did not hear this one
+                try:
+                    await self._announce()
+                except Exception:
+                    logger.warning("could not announce a stream's claim again", exc_info=True)
+        elif message.get("type") == "session.ended":
+            self.suspended.set()
+        elif message.get("type") == "credential.revoked":
+            self.revoked.set()
+        else:
+            self.nudged.set()
 
     def watch(self, **interest) -> None:
         """Before the first read: wake for the commits this
@@ -288,8 +319,10 @@ class StreamOwner:
         return None
 
     async def stop(self) -> None:
-        # First what waits for nothing: the SDK ends a stream whose client
-        # went by cancelling it, which interrupts this at its first wait.
+        # Everything is started before the first wait: the SDK ends a stream
+        # whose client went by cancelling it, which interrupts this there.
+        # The listener stops and the groups are left by a task of their own
+        # (a channel left in them got a copy of every message, renewed hourly).
         if self._interest is not None:
             log_watcher.unwatch(self._interest)
             self._interest = None
@@ -300,10 +333,29 @@ class StreamOwner:
         if self.counted:
             self.counted = False
             giving = places.give_back(self.member_pk, self.token)
-        if self._listener is not None:
-            await stop_task(self._listener)
-        if self._memberships is not None:
-            await self._memberships.leave()
-        if giving is not None:  # a stop that is not cancelled ends with its place back
-            with contextlib.suppress(Exception):
-                await asyncio.shield(giving)
+        listener, memberships, self._listener, self._memberships = self._listener, self._memberships, None, None
+        leaving = asyncio.get_running_loop().create_task(_leave(listener, memberships))
+        _leaving.add(leaving)
+        leaving.add_done_callback(_leaving.discard)
+        for step in (leaving, giving):  # a stop that is not cancelled ends with both done
+            if step is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(step)
+
+
+async def _leave(listener: asyncio.Task | None, memberships: Memberships | None) -> None:
+    if listener is not None:
+        await stop_task(listener)
+    if memberships is not None:
+        await memberships.leave()
+
+
+def why_ended(member_pk: int, credential_id: str | None) -> str | None:
+    """Why a stream must end though it heard nothing: its member was
+    suspended, or its credential revoked, while it was not listening (before
+    it joined their groups, or while its channel layer was lost). None: neither."""
+    if not Member.objects.filter(pk=member_pk, status=Member.Status.ACTIVE).exists():
+        return "suspended"
+    if credential_id is not None and not Credential.objects.filter(public_id=credential_id).exists():
+        return "revoked"
+    return None

@@ -329,3 +329,79 @@ def test_an_inbox_stream_is_woken_by_commits_addressed_to_its_member(monkeypatch
     # then: a message to someone else does not wake it; one to ada does
     assert not wakes(lambda: send_message(to_cy, body="not for ada", actor=bo))
     assert wakes(lambda: send_message(to_ada, body="for ada", actor=bo))
+
+
+class FirstReceiveLost:
+    """The channel layer, but a stream's first receive fails (Redis lost a
+    moment): a listener that died of it heard nothing more, ever."""
+
+    def __init__(self, layer):
+        self._layer, self.failed = layer, False
+
+    def __getattr__(self, name):
+        return getattr(self._layer, name)
+
+    async def receive(self, channel):
+        if not self.failed:
+            self.failed = True
+            raise ConnectionError("the channel layer is gone a moment")
+        return await self._layer.receive(channel)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("then", ["replaced", "suspended"])
+def test_a_stream_whose_channel_layer_was_lost_a_moment_still_hears_what_ends_it(make_member, then):
+    from channels.layers import get_channel_layer
+
+    from controlplane.models import Member as Row
+
+    ada = make_member("ada")
+    item = sources.SOURCES["org.switchboard/inbox.item"]
+
+    async def story():
+        # given: ada's inbox stream, whose listener loses the channel layer at once
+        older = StreamOwner(ada, item, {})
+        older._layer = FirstReceiveLost(get_channel_layer())
+        await older.start()
+        await older.take_over()
+        await asyncio.sleep(0.1)
+        # when: a newer consumer takes over, or ada is suspended behind the layer's back, while it is deaf
+        newer = None
+        if then == "replaced":
+            newer = StreamOwner(ada, item, {})
+            await newer.start()
+            await newer.take_over()
+        else:
+            await asyncio.to_thread(Row.objects.filter(pk=ada.pk).update, status=Row.Status.SUSPENDED)
+        # then: once it listens again (after a second), it ends as it should
+        ended = await older.wait(3.0)
+        for owner in (older, newer):
+            if owner is not None:
+                await owner.stop()
+        return ended
+
+    assert asyncio.run(story()) == then
+
+
+def test_a_stream_whose_stop_is_cancelled_at_its_first_wait_still_leaves_its_groups():
+    import contextlib
+
+    from channels.layers import get_channel_layer
+
+    async def story():
+        owner = StreamOwner(Member(33), sources.SOURCES["org.switchboard/inbox.item"], {})
+        await owner.start()
+        await owner.take_over()
+        memberships = owner._memberships
+        # when: the SDK cancels the stream's cleanup at its first wait
+        stopping = asyncio.create_task(owner.stop())
+        await asyncio.sleep(0)
+        stopping.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await stopping
+        await asyncio.sleep(0.2)
+        # then: its channel is in none of its groups, and nothing joins it to them again
+        groups = get_channel_layer().groups
+        return [g for g in owner.groups if owner._channel in groups.get(g, {})], memberships._renewal
+
+    assert asyncio.run(story()) == ([], None)
