@@ -178,15 +178,17 @@ async def stream(ctx, params: StreamParams) -> dict:
                         continue
                     last_count = event["data"]["pendingCount"]
                 await send("event", **event)
-            if batch.has_more:
-                batch, retry_in = await _read_again(send, member, source, arguments, batch, retry_in)
-                continue
+            # Beats and endings are heeded while catching up too (a long feed
+            # with few items): page after page could run past 30 s.
             beat_in = settings.MCP_HEARTBEAT_SECONDS - (time.monotonic() - last_beat)
             if beat_in <= 0:
                 await send("heartbeat", cursor=batch.cursor)
                 last_beat, beat_in = time.monotonic(), settings.MCP_HEARTBEAT_SECONDS
-            wait = min(beat_in, settings.FEED_RECHECK_SECONDS) if owner.inbox else beat_in
-            ended = await owner.wait(wait if retry_in is None else min(wait, retry_in))
+            if batch.has_more:
+                ended = owner.ending()
+            else:
+                wait = min(beat_in, settings.FEED_RECHECK_SECONDS) if owner.inbox else beat_in
+                ended = await owner.wait(wait if retry_in is None else min(wait, retry_in))
             if ended is not None:
                 await send("terminated", error=ENDINGS[ended])
                 return {"_meta": meta}

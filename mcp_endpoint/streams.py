@@ -313,6 +313,10 @@ class StreamOwner:
         self.nudged.clear()
         if self._interest is not None:
             self._interest.event.clear()  # before the caller reads: a commit during its read wakes the next wait
+        return self.ending()
+
+    def ending(self) -> str | None:
+        """Why the stream must end, if it must, without waiting (see `wait`)."""
         for ending in ("replaced", "suspended", "revoked"):
             if getattr(self, ending).is_set():
                 return ending

@@ -167,3 +167,36 @@ def test_a_stream_whose_credential_or_member_ends_while_it_starts_ends_before_an
     # then
     (answer,) = frames(response.text)
     assert answer["error"]["code"] == -32024 and answer["error"]["data"] == {"reason": ending}
+
+
+def test_a_stream_catching_up_a_long_feed_still_beats_and_still_ends(make_member, settings, monkeypatch):
+    """Page after page with no item to send (an old cursor, a feed of acknowledged items): the stream read on
+    without a heartbeat, and without heeding a suspension, until it caught up."""
+    # given: a stream whose every read after the first finds more to read, slowly
+    settings.MCP_HEARTBEAT_SECONDS = 0.5
+    _, token = services.issue_credential(make_member("ada"), actor=None)
+    real, reads = sources.read_on_loop, []
+
+    async def catching_up(*args):
+        reads.append(args[3])
+        if len(reads) == 1:
+            return await real(*args)
+        await asyncio.sleep(0.1)
+        return sources.Batch(cursor=args[3], has_more=True)
+
+    monkeypatch.setattr(sources, "read_on_loop", catching_up)
+
+    async def story(http):
+        response = asyncio.create_task(http.post(**stream_request(token, 1, None)))
+        await asyncio.sleep(2.0)
+        # when: ada is suspended while it still catches up
+        from asgiref.sync import sync_to_async
+        from controlplane.models import Member
+        ada = await Member.objects.aget(handle="ada")
+        await sync_to_async(services.update_member)(ada, status="suspended", actor=None)
+        return await asyncio.wait_for(response, 5)
+
+    seen = methods(asyncio.run(with_endpoint(story)).text)
+    # then: heartbeats while it read, and the end
+    assert seen[0] == "notifications/events/active" and seen.count("notifications/events/heartbeat") >= 2
+    assert seen[-2] == "notifications/events/terminated" and len(reads) > 10
