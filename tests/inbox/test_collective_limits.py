@@ -3,19 +3,12 @@ firewall, §7b results): it counts against its recipient's mailbox and the
 requester's share of it, goes as a reference past them (the answers are
 read from `GET /v0/messages/{id}/answers`), and follows its request through
 the recipient's firewall."""
-import pytest
 
 from controlplane import services
 from inbox import firewall, mailbox
 from inbox.models import InboxItem, Mailbox, MailboxShare
 from mcp_endpoint.tools import TOOLS, check_arguments
 from tests.conftest import error_code
-
-
-@pytest.fixture
-def group(space, alice, bob, carol):
-    conversation, _ = services.get_or_create_group(space, [alice, bob, carol], actor=alice)
-    return conversation
 
 
 def ask(api, group, op="all_gather"):

@@ -12,12 +12,6 @@ from inbox.models import Collective, InboxItem
 from tests.conftest import error_code
 
 
-@pytest.fixture
-def group(space, alice, bob, carol):
-    conversation, _ = services.get_or_create_group(space, [alice, bob, carol], actor=alice)
-    return conversation
-
-
 def ask(api, group, op="gather", deadline_ms=60_000, body="Your estimate?"):
     return api.post(f"/v0/spaces/lab/conversations/{group.public_id}/messages",
                     {"body": body, "collective": {"op": op, "deadline_ms": deadline_ms}})

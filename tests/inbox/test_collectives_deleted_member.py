@@ -12,7 +12,7 @@ from controlplane import services
 from controlplane.clock import freeze, now
 from inbox import collectives
 from inbox.models import Collective
-from tests.inbox.test_collectives import ask, group  # noqa: F401  (the fixture)
+from tests.inbox.test_collectives import ask
 
 
 def asked(api, conversation, op: str, deadline_ms: int) -> str:
@@ -21,7 +21,7 @@ def asked(api, conversation, op: str, deadline_ms: int) -> str:
     return response.json()["message"]["id"]
 
 
-def test_the_answers_leave_out_a_member_deleted_since(group, carol, as_alice, as_bob):  # noqa: F811
+def test_the_answers_leave_out_a_member_deleted_since(group, carol, as_alice, as_bob):
     # given: a gather that ended at its deadline, carol silent, then deleted
     message = asked(as_alice, group, "gather", 1_000)
     as_bob.post(f"/v0/messages/{message}/answer", {"body": "yes"})
@@ -36,7 +36,7 @@ def test_the_answers_leave_out_a_member_deleted_since(group, carol, as_alice, as
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_removal_in_the_space_finishes_an_all_gather_whose_member_was_deleted(group, carol, as_alice):  # noqa: F811
+def test_a_removal_in_the_space_finishes_an_all_gather_whose_member_was_deleted(group, carol, as_alice):
     # given: a pending all_gather over bob and carol; carol then deleted
     message = asked(as_alice, group, "all_gather", 3_600_000)
     carol.delete()
@@ -48,7 +48,7 @@ def test_a_removal_in_the_space_finishes_an_all_gather_whose_member_was_deleted(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_schedule_finishes_every_request_past_one_whose_member_was_deleted(space, group, alice, bob,  # noqa: F811
+def test_the_schedule_finishes_every_request_past_one_whose_member_was_deleted(space, group, alice, bob,
                                                                               carol, as_alice, as_bob):
     # given: alice's all_gather (carol then deleted), and bob's later, unrelated gather
     asked(as_alice, group, "all_gather", 1_000)
