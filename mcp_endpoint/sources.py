@@ -205,12 +205,12 @@ def _positions_of_messages(public_ids: list[str]) -> tuple[str, list]:
 # whether each waits behind a withheld one; compiled once per number of
 # positions: a stream reads them on every nudge.
 def _pending_at(member, positions):
-    def admitted(admission):  # one admission each: each half keeps its partial index
+    def pending(admission):  # one admission each: each half keeps its partial index
         return (InboxItem.objects.filter(member_id=member, admission=admission, state=InboxItem.State.PENDING,
                                          position__in=positions).annotate(waits=delivery.held_back())
                 .values_list(*(f.attname for f in InboxItem._meta.concrete_fields), "waits"))
 
-    return admitted(InboxItem.Admission.ADMITTED).union(admitted(InboxItem.Admission.WITHHELD), all=True)
+    return pending(InboxItem.Admission.ADMITTED).union(pending(InboxItem.Admission.WITHHELD), all=True)
 
 
 _PENDING_AT = Compiled(_pending_at)
