@@ -199,13 +199,7 @@ def soonest_due_at(params: dict):
     plan that probed every subscription's deliveries: 80–110 ms on a
     benchmark's young database, after every wake, and a nudge the timer
     heard meanwhile waited for it (docs/benchmarks.md, round twenty)."""
-    quote = connection.ops.quote_name
-    deliveries, subscriptions = quote(Delivery._meta.db_table), quote(Subscription._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT d.due_at FROM {deliveries} d WHERE d.state IN ('open', 'pending') "
-                       f"AND {_its_subscription_may_send(subscriptions)} ORDER BY d.due_at, d.id LIMIT 1", params)
-        row = cursor.fetchone()
-    return datetime_from_db(row[0]) if row else None
+    return _soonest("due_at", "IN ('open', 'pending')", "d.due_at, d.id", params)
 
 
 def soonest_claim_end(params: dict):
@@ -214,11 +208,17 @@ def soonest_claim_end(params: dict):
     left by a worker that died is taken back only while its subscription may
     send: counting the others kept the timer polling at once, for good,
     once a paused or lapsed subscription had one."""
+    return _soonest("claimed_until", "= 'sending'", "d.claimed_until", params)
+
+
+def _soonest(column: str, state: str, order: str, params: dict):
+    """The first `column` of the deliveries whose state is `state` (a
+    condition) and whose subscription may send, in `order` (an index's)."""
     quote = connection.ops.quote_name
     deliveries, subscriptions = quote(Delivery._meta.db_table), quote(Subscription._meta.db_table)
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT d.claimed_until FROM {deliveries} d WHERE d.state = 'sending' "
-                       f"AND {_its_subscription_may_send(subscriptions)} ORDER BY d.claimed_until LIMIT 1", params)
+        cursor.execute(f"SELECT d.{column} FROM {deliveries} d WHERE d.state {state} "
+                       f"AND {_its_subscription_may_send(subscriptions)} ORDER BY {order} LIMIT 1", params)
         row = cursor.fetchone()
     return datetime_from_db(row[0]) if row else None
 
