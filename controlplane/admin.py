@@ -1,8 +1,10 @@
 import django_q.admin
 from django.contrib import admin
+from django.contrib.auth import admin as auth_admin
+from django.contrib.auth.models import Group, User
 from django_q.models import OrmQ, Schedule
 
-from controlplane import services
+from controlplane import audit, services
 from controlplane.access import admin_member
 from controlplane.models import (AuditEntry, Conversation, Credential, Event, EventAddressee, IdempotencyRecord,
                                  LogHead, Member, Membership, Participant, Space)
@@ -173,3 +175,30 @@ for model, shown in ((Schedule, ScheduleAdmin), (OrmQ, QueueAdmin)):
     if admin.site.is_registered(model):
         admin.site.unregister(model)
         admin.site.register(model, shown)
+
+
+class UserAdmin(auth_admin.UserAdmin):
+    """The web sign-in accounts of human members: made, named and flagged by
+    the services (`create_member`, `update_member`), so here an admin only
+    sets a password (a member's account recovery), which is recorded."""
+    readonly_fields = ["username", "is_active", "is_staff", "is_superuser", "groups", "user_permissions",
+                       "last_login", "date_joined"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def user_change_password(self, request, id, form_url=""):
+        response = super().user_change_password(request, id, form_url)
+        if request.method == "POST" and response.status_code == 302:
+            member = getattr(self.get_object(request, id), "member", None)
+            audit.record("member.password_set", member.public_id if member else f"user:{id}",
+                         actor=admin_member(request.user))
+        return response
+
+
+admin.site.unregister(Group)  # permissions are the members' roles, not Django's groups
+admin.site.unregister(User)
+admin.site.register(User, UserAdmin)
