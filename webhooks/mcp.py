@@ -188,10 +188,13 @@ def _activate(subscription: Subscription) -> None:
 
 def _store_secret(endpoint_id: int, sealed: str, verified_at, *, rotate: bool) -> None:
     """The endpoint's secret is the one just verified; on a rotation the
-    previous one keeps signing beside it for ROTATION_OVERLAP."""
+    previous one keeps signing beside it for ROTATION_OVERLAP. A
+    subscription made anew (after an unsubscribe) keeps no earlier one."""
     endpoint = Endpoint.objects.select_for_update(no_key=True).get(pk=endpoint_id)
     secret = crypto.open_secret(sealed)
-    if rotate and crypto.open_secret(endpoint.secret) != secret:
+    if not rotate:
+        endpoint.previous_secret = endpoint.previous_secret_until = None
+    elif crypto.open_secret(endpoint.secret) != secret:
         endpoint.previous_secret, endpoint.previous_secret_until = endpoint.secret, now() + ROTATION_OVERLAP
     endpoint.secret, endpoint.verified_at = sealed, verified_at
     endpoint.verified_digest = crypto.target_digest(endpoint.url, secret)

@@ -150,6 +150,26 @@ def test_a_rotated_secret_signs_beside_the_old_one_for_five_minutes(world, recei
     assert after.headers["webhook-signature"].count("v1,") == 1
 
 
+def test_a_subscription_made_again_signs_with_its_new_secret_alone(world, receiver):
+    # given: a rotation's overlap still running when the subscription is deleted
+    subscribe(world)
+    subscribe(world, secret=ROTATED)
+    mcp.unsubscribe(world["ada"], mcp.ITEM, {}, world["url"])
+    # when: made again, with a third secret, within the five minutes
+    third = "whsec_" + base64.b64encode(b"c" * 32).decode()
+    subscribe(world, secret=third)
+    send_message(world["direct"], body="afresh", actor=world["bo"])
+    pump()
+    # then: the secrets of the deleted subscription sign nothing
+    [push] = pushes(receiver)
+    headers = {k.lower(): v for k, v in push.headers.items()}
+    Webhook(third).verify(push.body, headers)
+    assert headers["webhook-signature"].count("v1,") == 1
+    for old in (SECRET, ROTATED):
+        with pytest.raises(WebhookVerificationError):
+            Webhook(old).verify(push.body, headers)
+
+
 def test_an_expired_lease_stops_sending_and_keeps_the_item_for_a_refresh(world, receiver):
     # given
     subscribe(world)
