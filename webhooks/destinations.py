@@ -78,8 +78,8 @@ def _ip_literal(host: str) -> bool:
 
 def validate_url(url: str) -> str:
     """422 INVALID_URL unless `url` is an acceptable target: HTTPS (plain
-    HTTP only with WEBHOOK_ALLOW_PRIVATE_NETWORKS), a host, no credentials,
-    no fragment, and no forbidden IP literal. Names are checked when used."""
+    HTTP only with WEBHOOK_ALLOW_PRIVATE_NETWORKS), an ASCII host, no
+    credentials, no fragment, and no forbidden IP literal. Names are checked when used."""
     if not isinstance(url, str) or len(url) > MAX_URL_CHARS or _UNPRINTABLE.search(url):
         raise InvalidUrl(f"A webhook URL is at most {MAX_URL_CHARS} printable characters.")
     try:
@@ -92,6 +92,9 @@ def validate_url(url: str) -> str:
         raise InvalidUrl("Webhook URLs must use https.", details={"scheme": parts.scheme})
     if not parts.hostname:
         raise InvalidUrl("The URL has no host.")
+    if not parts.hostname.isascii():  # the HTTP client maps it through IDNA: "１２７.０.０.１" is 127.0.0.1 to it
+        raise InvalidUrl("The URL's host must be ASCII: write an internationalized name in its xn-- form.",
+                         details={"reason": "non_ascii_host"})
     if parts.username is not None or parts.password is not None:
         raise InvalidUrl("Credentials do not belong in a webhook URL; use a whsec_ secret.")
     if parts.fragment:

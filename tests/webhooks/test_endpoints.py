@@ -54,6 +54,7 @@ def test_the_secret_is_stored_encrypted(receiver, as_alice):
     "https://[::ffff:192.168.0.1]/hook",     # mapped private literal
     "https://169.254.169.254/latest/",      # cloud metadata
     "https://127.0.0.1:8443/hook",            # loopback, without the development flag
+    "https://１２７.０.０.１:8443/hook",      # loopback in full-width digits, which IDNA maps to ASCII
     "ftp://receiver.example/",
     "https:///nohost",
     "https://receiver.example/a b",

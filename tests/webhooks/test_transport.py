@@ -8,6 +8,7 @@ import socket
 import pytest
 from aiohttp.abc import AbstractResolver
 
+from controlplane.errors import InvalidUrl
 from webhooks.destinations import forbidden_reason, validate_url
 from webhooks.transport import Transport
 
@@ -90,6 +91,21 @@ def test_ip_literals_and_schemes_are_checked_before_connecting(url, error, no_co
     resolver = MappedResolver("8.8.8.8")
     outcome = post(url, resolver)
     assert outcome.error_class == error and no_connections == [] and resolver.asked == []
+
+
+@pytest.mark.parametrize("host", ["１２７.０.０.１", "127。0。0。1", "①②⑦.0.0.1", "１６９.２５４.１６９.２５４",
+                                  "bücher.example"])
+def test_a_host_not_spelled_in_ascii_is_refused_before_connecting(host, no_connections, settings):
+    # the HTTP client maps such a host through IDNA: full-width digits and
+    # ideographic dots become an IP literal it connects to without resolving
+    settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS = False
+    resolver = MappedResolver("8.8.8.8")
+    with pytest.raises(InvalidUrl) as refused:
+        validate_url(f"https://{host}:8443/hook")
+    assert refused.value.details == {"reason": "non_ascii_host"}
+    outcome = post(f"https://{host}:8443/hook", resolver)
+    assert outcome.error_class == "invalid_url" and no_connections == [] and resolver.asked == []
+    assert validate_url("https://xn--bcher-kva.example/hook") == "https://xn--bcher-kva.example/hook"
 
 
 def test_every_name_is_resolved_again_on_each_connection(receiver):
