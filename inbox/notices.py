@@ -64,7 +64,8 @@ def withhold_items_under(authority_id: int) -> int:
 def reject_items_under(authority_id: int, *, authority_ref: str, reason: str, limit: int) -> bool:
     """Settle up to `limit` pending items sent under `authority_id`, oldest
     first; False once none is left. A copy already handed off stays
-    delivered; any other becomes `rejected` (a tombstone with the reason),
+    delivered (one the firewall holds is settled as acknowledged: its
+    release would be refused); any other becomes `rejected` (a tombstone with the reason),
     its handling row says so, and a `rejected` notice takes its place in the
     inbox, so the conversation's later messages follow in order.
 
@@ -96,6 +97,10 @@ def reject_items_under(authority_id: int, *, authority_ref: str, reason: str, li
             if item.admission == InboxItem.Admission.WITHHELD:
                 item.admission = InboxItem.Admission.ADMITTED
                 item.save(update_fields=["admission"])
+            elif item.admission == InboxItem.Admission.HELD:  # the firewall's to release, but never released now
+                item.state, item.acknowledged_at = InboxItem.State.ACKNOWLEDGED, at
+                item.save(update_fields=["state", "acknowledged_at"])
+                mailbox.debit(item.member_id, item.content_bytes, sender_id=item.sender_id, held=True)
             continue
         item.state, item.reason, item.settled_at = InboxItem.State.REJECTED, reason, at
         item.save(update_fields=["state", "reason", "settled_at"])

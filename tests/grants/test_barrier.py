@@ -14,7 +14,7 @@ from controlplane.schedules import ensure_schedules
 from grants import barrier
 from grants.models import Grant
 from inbox import firewall
-from inbox.models import InboxItem, Mailbox, Recipient
+from inbox.models import InboxItem, Mailbox, MailboxShare, Recipient
 from tests.conftest import error_code
 from tests.grants.conftest import send_path
 from tests.servers import ROOT, manage, server_env
@@ -91,6 +91,27 @@ def test_a_message_acknowledged_but_not_its_inbox_item_is_kept_and_the_barrier_e
     assert revoked["status"] == "revoked"
     assert summary(as_carol) == [("direct", message)]
     assert InboxItem.objects.get(grant__public_id="grt_pair").admission == InboxItem.Admission.ADMITTED
+
+
+def test_a_held_item_whose_message_was_acknowledged_is_settled_and_the_barrier_ends(bob_to_carol, grant, as_alice,
+                                                                                   as_bob, as_carol, carol):
+    """The same for an item carol's firewall holds: the barrier found it in
+    every batch and never ended, and `recover` at a server's start with it."""
+    # given: a held item whose message carol acknowledged by its id
+    as_carol.put("/v0/me/inbox/firewall", {"rules": [{"action": "hold", "sender": "@bob"}]})
+    grant("grt_pair", "pair", sender="@bob", recipient="@carol")
+    message = send(as_bob, bob_to_carol, "held")
+    firewall.classify_pending(carol.pk)
+    assert as_carol.post(f"/v0/messages/{message}/acknowledge").status_code == 200
+    # when
+    revoked = as_alice.post("/v0/grants/grt_pair/revoke").json()["grant"]
+    # then: the barrier ends; the item is settled as handed off and bob's share of the mailbox freed
+    assert revoked["status"] == "revoked"
+    item = InboxItem.objects.get(message__public_id=message)
+    assert item.state == InboxItem.State.ACKNOWLEDGED
+    assert summary(as_carol) == [] and as_carol.get("/v0/me/inbox/held").json()["items"] == []
+    assert Mailbox.objects.get(member=carol).pending_bytes == 0
+    assert not MailboxShare.objects.filter(member=carol, pending_bytes__gt=0).exists()
 
 
 def test_feeds_withhold_bodies_once_authority_is_revoked(locked, bob_to_carol, grant, as_alice, as_bob, as_carol):
