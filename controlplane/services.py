@@ -241,10 +241,10 @@ def require_owner_locked(space: Space, actor: Member) -> None:
     require_owner(space, actor)
 
 
-def add_member(space: Space, member: Member, *, role: str = Membership.Role.MEMBER,
-               actor: Member) -> MembershipChange:
-    """Owners add a member, admit a pending request, or change a role."""
-    if role not in Membership.Role.values:
+def add_member(space: Space, member: Member, *, role: str | None = None, actor: Member) -> MembershipChange:
+    """Owners add a member, admit a pending request, or change a role. With
+    no `role`, an active member keeps theirs; anyone else joins as a member."""
+    if role is not None and role not in Membership.Role.values:
         raise InvalidRequest("role must be owner, member or observer.", details={"role": role})
     if not member.is_active:
         raise Conflict("The member is suspended.")
@@ -252,12 +252,15 @@ def add_member(space: Space, member: Member, *, role: str = Membership.Role.MEMB
         current = _lock_memberships(space, member)
         require_owner(space, actor)  # under the owner rows' locks: a just-removed owner cannot act
         if current is None:
-            created = _create_membership(space, member, status=Membership.Status.ACTIVE, role=role)
+            created = _create_membership(space, member, status=Membership.Status.ACTIVE,
+                                         role=role or Membership.Role.MEMBER)
             if created is not None:
                 append_events([events.member_joined(created, actor=actor)])
                 return MembershipChange(created, True)
             # a concurrent join won the race: the owner's decision applies to its row
             current = Membership.objects.select_for_update(no_key=True).get(space=space, member=member)
+        if role is None:
+            role = current.role if current.status == Membership.Status.ACTIVE else Membership.Role.MEMBER
         if current.status == Membership.Status.ACTIVE and current.role == role:
             return MembershipChange(current, False)
         if role != Membership.Role.OWNER:

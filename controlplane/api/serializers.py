@@ -42,7 +42,7 @@ class MemberRefIn(StrictSerializer):
 
 
 class MembershipAddIn(MemberRefIn):
-    role = StrictChoiceField(choices=Membership.Role.choices, default=Membership.Role.MEMBER)
+    role = StrictChoiceField(choices=Membership.Role.choices, required=False)  # none: an active member keeps theirs
 
 
 class ChannelCreateIn(StrictSerializer):

@@ -141,7 +141,7 @@ class SpaceMembersView(APIView):
     def post(self, request, slug):
         data = validated(MembershipAddIn, request.data)
         space = get_space_for(slug, request.user)
-        change = services.add_member(space, services.member_for_handle(data["member"]), role=data["role"],
+        change = services.add_member(space, services.member_for_handle(data["member"]), role=data.get("role"),
                                      actor=request.user)
         return _membership_response(change)
 

@@ -215,6 +215,21 @@ def test_a_space_keeps_an_owner_through_demotion(space, as_alice):
     assert as_alice.post("/v0/spaces/lab/members", {"member": "@alice", "role": "member"}).status_code == 200
 
 
+def test_adding_a_member_without_a_role_keeps_an_active_members_role(space, make_member, as_alice, alice):
+    # given: bob an owner, eve an observer
+    services.add_member(space, make_member("eve"), role="observer", actor=alice)
+    as_alice.post("/v0/spaces/lab/members", {"member": "@bob", "role": "owner"})
+    # when: posted again with no role
+    for handle in ("bob", "eve"):
+        response = as_alice.post("/v0/spaces/lab/members", {"member": f"@{handle}"})
+        assert response.status_code == 200
+    # then: nothing changed; a newcomer with no role joins as a member
+    roles = dict(Membership.objects.filter(space=space).values_list("member__handle", "role"))
+    assert (roles["bob"], roles["eve"]) == ("owner", "observer")
+    make_member("zed")
+    assert as_alice.post("/v0/spaces/lab/members", {"member": "@zed"}).json()["membership"]["role"] == "member"
+
+
 def test_credentials_are_capped(as_alice, settings):
     settings.CREDENTIALS_PER_HOUR = 0  # the cap, not the hourly limit, is under test
     statuses = [as_alice.post("/v0/me/credentials").status_code for _ in range(20)]

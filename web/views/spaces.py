@@ -89,7 +89,7 @@ def add_member(request, member, slug):
     """Add a member, admit a join request, or change a role (owners)."""
     space = get_space_for(slug, member)
     other = services.member_for_handle(_handle(request.POST.get("member", "")))
-    change = services.add_member(space, other, role=request.POST.get("role", Membership.Role.MEMBER), actor=member)
+    change = services.add_member(space, other, role=request.POST.get("role") or None, actor=member)
     verb = "added" if change.created else "is now"
     flash.success(request, f"@{other.handle} {verb} {change.membership.role} of {slug}.")
     return redirect("web-space", slug=slug)
