@@ -13,17 +13,19 @@ from typing import Any
 
 import httpx
 
+from switchboard_client.config import DEFAULT_HOST, variable_token
 from switchboard_client.errors import ResyncRequired
 from switchboard_client.feeds import AsyncFeed, DrainError, DrainReport, Feed, Resync
 from switchboard_client.models import InboxEntry
 from switchboard_client.operations import Operations
 from switchboard_client.transport import AsyncTransport, Call, RetryPolicy, SyncTransport
 
-DEFAULT_URL = "http://127.0.0.1:8000"
+DEFAULT_URL = DEFAULT_HOST
 
 
 def _settings(base_url: str | None, token: str | None) -> tuple[str, str | None]:
-    return base_url or os.environ.get("SWITCHBOARD_URL") or DEFAULT_URL, token or os.environ.get("SWITCHBOARD_TOKEN")
+    base_url = base_url or os.environ.get("SWITCHBOARD_URL") or DEFAULT_URL
+    return base_url, token or variable_token(base_url)
 
 
 class Client(Operations):
@@ -33,7 +35,8 @@ class Client(Operations):
         client.send("lab", "#general", "hello")
 
     `base_url` and `token` default to `$SWITCHBOARD_URL` and
-    `$SWITCHBOARD_TOKEN`; `Client.from_config()` uses what `switchboard
+    `$SWITCHBOARD_TOKEN` (the variable's token only for its own host, as the
+    command line has it: config.variable_token); `Client.from_config()` uses what `switchboard
     login` stored. Failed calls raise a `SwitchboardError` subclass after the
     retries `retry` allows (see transport.py for which calls are retried);
     `sleep` is how the client waits between them."""

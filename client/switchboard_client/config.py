@@ -84,13 +84,18 @@ def default_host(host: str | None = None) -> str:
     return normalize_host(host or os.environ.get("SWITCHBOARD_URL") or load().get("default_host") or DEFAULT_HOST)
 
 
+def variable_token(base: str) -> str | None:
+    """`$SWITCHBOARD_TOKEN`, for the host it belongs to only: `$SWITCHBOARD_URL`,
+    else the local default (never the last login's host, which another login
+    changes). A command or a base URL that names any other host gets nothing
+    from it, so neither can carry the variable's token elsewhere."""
+    token = os.environ.get("SWITCHBOARD_TOKEN")
+    own = normalize_host(os.environ.get("SWITCHBOARD_URL") or DEFAULT_HOST)
+    return token if token and normalize_host(base) == own else None
+
+
 def resolve(host: str | None = None) -> tuple[str, str | None]:
-    """(base URL, token). `$SWITCHBOARD_TOKEN` is the token of the host a
-    command reaches without `--host` (`$SWITCHBOARD_URL`, else the last
-    login's, else the local default), where it wins over the stored one; a
-    `--host` naming any other host gets that host's stored token only, so a
-    pasted command cannot carry the variable's token elsewhere."""
+    """(base URL, token): `variable_token` for its own host, where it wins
+    over the stored one; else the host's stored token, if any."""
     base = default_host(host)
-    if (token := os.environ.get("SWITCHBOARD_TOKEN")) and base == default_host():
-        return base, token
-    return base, load().get("hosts", {}).get(base, {}).get("token")
+    return base, variable_token(base) or load().get("hosts", {}).get(base, {}).get("token")

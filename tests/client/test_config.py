@@ -35,7 +35,20 @@ def test_the_token_variable_goes_only_to_the_host_reached_without_host(monkeypat
     # and a --host elsewhere gets its stored token, or none
     assert config.resolve("other.example") == ("https://other.example", "sbt_stored")
     assert config.resolve("attacker.example") == ("https://attacker.example", None)
-    # without $SWITCHBOARD_URL, the host reached without --host is the last login's
+    # without $SWITCHBOARD_URL, the variable's token is the local default's, even
+    # where the host reached without --host is the last login's
     monkeypatch.delenv("SWITCHBOARD_URL")
-    assert config.resolve() == ("https://other.example", "sbt_variable")
+    assert config.resolve() == ("https://other.example", "sbt_stored")
+    assert config.resolve("127.0.0.1:8000") == ("http://127.0.0.1:8000", "sbt_variable")
     assert config.resolve("attacker.example") == ("https://attacker.example", None)
+
+
+def test_a_library_client_sends_the_token_variable_only_to_its_own_host(monkeypatch):
+    from switchboard_client import Client
+
+    monkeypatch.setenv("SWITCHBOARD_URL", "https://switchboard.example")
+    monkeypatch.setenv("SWITCHBOARD_TOKEN", "sbt_variable")
+    assert Client().transport.token == "sbt_variable"
+    assert Client("https://switchboard.example/").transport.token == "sbt_variable"
+    assert Client("https://attacker.example").transport.token is None
+    assert Client("https://attacker.example", token="sbt_given").transport.token == "sbt_given"
