@@ -1,6 +1,7 @@
 """The outbound HTTP transport for wakes and challenges (SPEC §8).
 
-- The host is resolved on every connection (no DNS cache), and every
+- The host is resolved on every connection (no DNS cache), on the event
+  loop (c-ares: no thread a stalled name could hold), and every
   address it resolves to is checked: loopback, private, link-local, CGNAT,
   multicast, reserved, unspecified and cloud-metadata addresses are refused,
   for IPv4 and IPv6, including IPv4 embedded in IPv6 (mapped, compatible,
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
-from aiohttp.resolver import ThreadedResolver
+from aiohttp.resolver import AsyncResolver
 from django.conf import settings
 
 from controlplane.clock import timestamp
@@ -41,14 +42,31 @@ CONNECT_TIMEOUT = 5.0
 READ_TIMEOUT = 10.0
 TOTAL_TIMEOUT = 15.0
 MAX_RESPONSE_BYTES = 64 * 1024
+# Where names are looked up: None for the system's name servers
+# (resolv.conf); tests point it at a silent socket on loopback.
+NAMESERVERS: list[str] | None = None
+RESOLVE_TIMEOUT, RESOLVE_TRIES = 2.0, 2  # inside CONNECT_TIMEOUT
+
+
+def system_resolver() -> AbstractResolver:
+    """The hosts file and the name servers, through c-ares on the event
+    loop. A name whose servers never answer costs a socket and a timer until
+    its timeout, not a thread: a pool of lookup threads shared by every
+    endpoint was filled by one member's unanswered names, and everyone
+    else's lookups queued behind them."""
+    return AsyncResolver(nameservers=NAMESERVERS, timeout=RESOLVE_TIMEOUT, tries=RESOLVE_TRIES)
+
+
 class GuardedResolver(AbstractResolver):
     """Resolves through `inner` (the system resolver unless one is injected)
     and refuses names with any forbidden address."""
 
     def __init__(self, inner: AbstractResolver | None = None):
-        self.inner = inner or ThreadedResolver()
+        self.inner = inner  # the system's is made on the event loop that uses it
 
     async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET) -> list[ResolveResult]:
+        if self.inner is None:
+            self.inner = system_resolver()
         results = await self.inner.resolve(host, port, family)
         if not results:
             raise ForbiddenDestination("the name resolved to nothing")
@@ -57,7 +75,8 @@ class GuardedResolver(AbstractResolver):
         return results
 
     async def close(self) -> None:
-        await self.inner.close()
+        if self.inner is not None:
+            await self.inner.close()
 
 
 def ssl_context() -> ssl.SSLContext:
@@ -144,6 +163,7 @@ class Transport:
 
     async def __aexit__(self, *exc) -> None:
         await self.session.close()
+        await self._resolver.close()  # the connector closes only a resolver of its own
 
     async def post(self, url: str, body: bytes, headers: dict[str, str]) -> Outcome:
         started = time.monotonic()

@@ -4,12 +4,14 @@ injected resolver; no traffic leaves loopback."""
 import asyncio
 import ipaddress
 import socket
+import time
 
 import pytest
 from aiohttp.abc import AbstractResolver
 
 from controlplane.errors import InvalidUrl
 from webhooks.destinations import forbidden_reason, validate_url
+from webhooks import engine, transport
 from webhooks.transport import Transport
 
 FORBIDDEN = [
@@ -125,6 +127,54 @@ def test_every_name_is_resolved_again_on_each_connection(receiver):
     first, second = asyncio.run(twice())
     assert first.status_code == 202 and second.error_class == "forbidden_destination"
     assert resolver.asked == ["localhost", "localhost"]
+
+
+@pytest.fixture
+def silent_name_servers(monkeypatch):
+    """Names other than the hosts file's are asked of a server on loopback
+    that never answers; a thread-based lookup would sleep as long."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    server.bind(("127.0.0.1", 0))
+    monkeypatch.setattr(transport, "NAMESERVERS", [f"127.0.0.1:{server.getsockname()[1]}"], raising=False)
+    system_lookup = socket.getaddrinfo
+
+    def stalled(host, *args, **kwargs):
+        if str(host).startswith("stalled"):
+            time.sleep(transport.TOTAL_TIMEOUT + 5)
+            raise socket.gaierror(socket.EAI_AGAIN, "no answer")
+        return system_lookup(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", stalled)
+    yield
+    server.close()
+
+
+def test_names_that_are_never_answered_hold_up_no_other_lookup(receiver, silent_name_servers):
+    # given: as many lookups of unanswered names as one member's endpoints may have in flight
+    async def go():
+        async with Transport() as client:  # the system resolver
+            stalled = [asyncio.create_task(client.post(f"https://stalled{n}.example/h", b"{}", {}))
+                       for n in range(3 * engine.PER_ENDPOINT * 4)]
+            await asyncio.sleep(0.2)
+            # when: another endpoint's wake goes out
+            started = time.monotonic()
+            other = await client.post(receiver.url(), b"{}", {"Content-Type": "application/json"})
+            took = time.monotonic() - started
+            return other, took, await asyncio.gather(*stalled)
+
+    other, took, stalled = asyncio.run(go())
+    # then: it is answered at once; the others fail within the connect timeout
+    assert other.status_code == 202 and took < 1.0
+    assert {outcome.error_class for outcome in stalled} <= {"dns_error", "timeout"}
+    assert max(outcome.duration_ms for outcome in stalled) < transport.CONNECT_TIMEOUT * 1000 + 1000
+
+
+def test_a_verification_of_an_unanswered_name_ends_within_the_connect_timeout(silent_name_servers, as_alice):
+    endpoint = as_alice.post("/v0/webhook-endpoints", {"url": "https://stalled.example/h"}).json()["endpoint"]
+    started = time.monotonic()
+    answer = as_alice.post(f"/v0/webhook-endpoints/{endpoint['id']}/verify")
+    assert answer.status_code == 422
+    assert time.monotonic() - started < transport.CONNECT_TIMEOUT + 1
 
 
 def test_tls_checks_the_hostname_not_the_address(receiver):
