@@ -54,13 +54,18 @@ def _pending_in_order(member: Member, bound: int | None, after: tuple[int, int],
             .filter(~held_back()).order_by("position", "id"))
 
 
-def held_back() -> Exists:
+def held_back() -> Q:
     """Whether an item waits behind an earlier item of its conversation that
-    a revocation barrier withholds: until the barrier settles that one, no
-    read path hands out the later ones (SPEC §5; almost always: none)."""
-    return Exists(InboxItem.objects.filter(member_id=OuterRef("member_id"), admission=InboxItem.Admission.WITHHELD,
-                                           state=InboxItem.State.PENDING, conversation=OuterRef("conversation"),
-                                           position__lt=OuterRef("position")))
+    a revocation barrier withholds, or that the firewall has yet to judge:
+    until that one is settled, no read path hands out the later ones (SPEC
+    §5, §7: order within a conversation; almost always: none). An admitted
+    item follows an unjudged one only when its member's rules were removed
+    meanwhile (firewall.set_rules)."""
+    def earlier(admission: str) -> Exists:
+        return Exists(InboxItem.objects.filter(member_id=OuterRef("member_id"), admission=admission,
+                                               state=InboxItem.State.PENDING, conversation=OuterRef("conversation"),
+                                               position__lt=OuterRef("position")))
+    return Q(earlier(InboxItem.Admission.WITHHELD)) | Q(earlier(InboxItem.Admission.UNCLASSIFIED))
 
 
 def deliverable(member):

@@ -25,6 +25,7 @@ from controlplane import audit
 from controlplane.access import can_read_space
 from controlplane.clock import now
 from controlplane.errors import AuthorityRevoked, InvalidRequest, UnknownDelivery
+from controlplane.live import kick_once_on_commit
 from controlplane.models import Conversation, Member
 from controlplane.log import append_events
 from inbox import authority, collectives, events, mailbox
@@ -251,6 +252,9 @@ def set_rules(member: Member, rules: list[dict], *, actor: Member) -> list[Firew
             FirewallRule(member=member, ordinal=i, **rule) for i, rule in enumerate(rules))
         refresh_firewall_flag(member)
         audit.record("inbox.firewall_rules_set", member.public_id, actor=actor, rules=len(created))
+        if InboxItem.objects.filter(member=member, admission=InboxItem.Admission.UNCLASSIFIED).exists():
+            # judged by the new rules now, not at the next sweep: later items wait behind them (delivery.held_back)
+            kick_once_on_commit("inbox.tasks.classify_pending", member.pk)
         return created
 
 

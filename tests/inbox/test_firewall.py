@@ -8,7 +8,7 @@ from django.db import connections
 
 from controlplane import services
 from controlplane.errors import ApiError
-from inbox import firewall, reads
+from inbox import delivery, firewall, reads
 from controlplane.models import EventAddressee
 from inbox.models import InboxItem, Mailbox, MailboxShare
 from inbox.services import send_message
@@ -109,6 +109,37 @@ def test_no_rules_means_admitted_at_once(space, alice, bob, as_bob):
     send_message(direct, body="straight in", actor=alice)
     assert InboxItem.objects.get(member=bob).admission == "admitted" and InboxItem.objects.get(
         member=bob).settled_at is None
+
+
+def test_an_item_sent_after_the_rules_are_cleared_waits_behind_one_still_unjudged(space, alice, bob, as_bob,
+                                                                                   monkeypatch):
+    # given: an item waiting for the firewall, its kick lost; then the rules cleared, their kick lost too
+    for where in ("inbox.writes", "inbox.firewall"):
+        monkeypatch.setattr(f"{where}.kick_once_on_commit", lambda *a: None)
+    as_bob.put("/v0/me/inbox/firewall", {"rules": [{"action": "allow", "guidance": "ok"}]})
+    direct, _ = services.get_or_create_direct(space, alice, actor=bob)
+    send_message(direct, body="m1", actor=alice)
+    as_bob.put("/v0/me/inbox/firewall", {"rules": []})
+    # when: a later item of the same conversation is admitted at once
+    send_message(direct, body="m2", actor=alice)
+    assert InboxItem.objects.get(member=bob, message__body="m2").admission == "admitted"
+    # then: it does not overtake the first, on any path that hands items out
+    assert inbox_contents(as_bob) == []
+    assert not delivery.deliverable(bob.pk).exists()  # what pushes and wakes offer
+    firewall.classify_pending(bob.pk)
+    assert inbox_contents(as_bob) == [("m1", None), ("m2", None)]
+
+
+def test_clearing_the_rules_judges_the_items_waiting_at_once(space, alice, bob, as_bob, monkeypatch,
+                                                             django_capture_on_commit_callbacks):
+    monkeypatch.setattr("inbox.writes.kick_once_on_commit", lambda *a: None)  # only the one set_rules makes
+    as_bob.put("/v0/me/inbox/firewall", {"rules": [{"action": "allow", "guidance": "ok"}]})
+    direct, _ = services.get_or_create_direct(space, alice, actor=bob)
+    send_message(direct, body="m1", actor=alice)
+    with django_capture_on_commit_callbacks(execute=True):
+        as_bob.put("/v0/me/inbox/firewall", {"rules": []})
+    send_message(direct, body="m2", actor=alice)
+    assert inbox_contents(as_bob) == [("m1", None), ("m2", None)]
 
 
 @pytest.mark.parametrize("rules", [
