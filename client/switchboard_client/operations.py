@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from switchboard_client import errors
 from switchboard_client import models as m
 from switchboard_client.routes import ROUTES
 from switchboard_client.transport import Call, new_idempotency_key
@@ -68,8 +69,10 @@ class Operations:
         return self._call("list_credentials", _page(m.Credential, "credentials"))
 
     def create_credential(self, name: str | None = None, *, idempotency_key: str | None = None) -> m.Credential:
-        """A new token for the caller (`.token`, shown this once)."""
-        return self._call("create_credential", m.Credential.from_api, json=_body(name=name),
+        """A new token for the caller (`.token`, shown this once). Should its
+        answer be lost, the retry's answer has no token (the server keeps
+        none): `TOKEN_LOST`, naming the credential to delete."""
+        return self._call("create_credential", _fresh_credential, json=_body(name=name),
                           idempotency_key=idempotency_key)
 
     def delete_credential(self, credential_id: str) -> None:
@@ -369,3 +372,13 @@ def _scoped(verb: str, space: str | None) -> tuple[str]:
 
 def _slug(space: str | None) -> dict:
     return {} if space is None else {"slug": space}
+
+
+def _fresh_credential(data: Any) -> m.Credential:
+    credential = m.Credential.from_api(data)
+    if credential.token is None:
+        raise errors.ConflictError(
+            f"The credential {credential.id} was made, but the answer with its token was lost, and the server shows "
+            "a token once: delete that credential and make another.", status=200, code="TOKEN_LOST",
+            details={"credential": credential.id})
+    return credential

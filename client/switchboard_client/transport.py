@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from switchboard_client.errors import ConnectionFailed, SwitchboardError, error_from_response
+from switchboard_client.errors import ConnectionFailed, RequestError, ServerError, SwitchboardError, error_from_response
 from switchboard_client.routes import Route
 
 USER_AGENT = "switchboard-client/0.1.0"
@@ -92,14 +92,30 @@ def connection_failed(exc: httpx.TransportError) -> ConnectionFailed:
 
 
 def outcome(call: Call, response: httpx.Response) -> tuple[bool, Any]:
-    """(True, parsed result) for a 2xx answer, else (False, the error)."""
+    """(True, parsed result) for a 2xx answer, else (False, the error). A
+    2xx that is not the route's answer (a sign-in page, a proxy's) is
+    `BAD_RESPONSE`; a redirect, never followed, is `REDIRECTED` with where
+    it points. Neither is retried: the request may have been carried out."""
+    status = response.status_code
     try:
         data = response.json() if response.content else None
     except ValueError:
         data = None
     if response.is_success:
-        return True, call.parse(data)
-    return False, error_from_response(response.status_code, data, response.headers)
+        try:
+            return True, call.parse(data)
+        except SwitchboardError as error:  # the answer says the call cannot give what it promises
+            return False, error
+        except (KeyError, TypeError, AttributeError, ValueError):
+            kind = response.headers.get("content-type", "no content type")
+            return False, ServerError(f"HTTP {status} ({kind}) is not a Switchboard answer: is the host right?",
+                                      status=status, code="BAD_RESPONSE", headers=response.headers)
+    if response.is_redirect:
+        where = response.headers.get("location", "nowhere")
+        return False, RequestError(f"HTTP {status} redirects to {where}: use that server's URL (redirects are not "
+                                   "followed, so the token goes nowhere else)", status=status, code="REDIRECTED",
+                                   headers=response.headers)
+    return False, error_from_response(status, data, response.headers)
 
 
 class _Base:

@@ -83,3 +83,37 @@ def test_a_retry_after_hint_below_zero_or_not_a_number_is_no_wait_to_follow(hint
     # not a number: its own backoff)
     assert raised.value.status == 503 and server.requests == 3 and len(slept) == 2
     assert all(0 <= wait <= RetryPolicy().max_backoff for wait in slept)
+
+
+def test_a_credential_whose_answer_was_lost_says_so_and_names_it(clients, server):
+    # given: the answer carrying the new token is lost; the retry's replay carries none (the server keeps none)
+    alice, _ = clients
+    address = urlsplit(server)
+    proxy = LossyProxy((address.hostname, address.port), drop_answers=1)
+    through_proxy = Client(proxy.base_url, alice.transport.token, sleep=lambda seconds: None)
+    # when
+    with pytest.raises(errors.ConflictError) as lost:
+        through_proxy.create_credential("ci")
+    proxy.close()
+    # then: not a credential without a token, but an error naming the one to delete
+    made = [c.id for c in alice.credentials().items]
+    assert lost.value.code == "TOKEN_LOST" and lost.value.details["credential"] in made
+    assert len(proxy.idempotency_keys()) == 2
+
+
+@pytest.mark.parametrize(("status", "headers", "body", "code"), [
+    (200, {"Content-Type": "text/html"}, b"<html>sign in</html>", "BAD_RESPONSE"),
+    (200, {}, {"unexpected": "shape"}, "BAD_RESPONSE"),
+    (301, {"Location": "https://switchboard.example/v0/me"}, b"", "REDIRECTED"),
+])
+def test_an_answer_that_is_not_switchboards_is_an_error_of_its_own_not_retried(status, headers, body, code):
+    from tests.client.test_signing_keys import Answering
+
+    server = Answering(status, headers, body)
+    client = Client(server.base_url, "sbt_" + "x" * 43, sleep=lambda seconds: None, retry=RetryPolicy(attempts=3))
+    with pytest.raises(errors.SwitchboardError) as raised:
+        client.me()
+    server.close()
+    assert raised.value.code == code and raised.value.status == status and server.requests == 1
+    if status == 301:
+        assert "https://switchboard.example/v0/me" in str(raised.value)

@@ -111,10 +111,10 @@ def test_a_receiver_whose_server_does_not_answer_replies_503():
 
 
 class Answering:
-    """A plain HTTP server on 127.0.0.1 answering every request with `answer` (status, headers, JSON body),
-    counting them."""
+    """A plain HTTP server on 127.0.0.1 answering every request with `answer` (status, headers, a JSON body
+    or raw bytes), counting them."""
 
-    def __init__(self, status: int, headers: dict, body: dict):
+    def __init__(self, status: int, headers: dict, body: dict | bytes):
         import http.server
         import threading
 
@@ -124,9 +124,9 @@ class Answering:
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
                 outer.requests += 1
-                raw = json.dumps(body).encode()
+                raw = body if isinstance(body, bytes) else json.dumps(body).encode()
                 self.send_response(status)
-                for name, value in {**headers, "Content-Type": "application/json",
+                for name, value in {"Content-Type": "application/json", **headers,
                                     "Content-Length": str(len(raw))}.items():
                     self.send_header(name, value)
                 self.end_headers()
