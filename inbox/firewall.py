@@ -165,6 +165,8 @@ def classify_next(member_id: int) -> bool:
             return True  # settled by another worker, or the rules changed: decide again
         if result and _request_held(item):  # looked at under the lock: the request may be released meanwhile
             decision = Decision(FirewallRule.Action.HOLD, None)
+        if not _readable(item):  # removed from its space meanwhile (SPEC §3): held, out of sight until they return
+            decision = Decision(FirewallRule.Action.HOLD, None)
         item.settled_at, item.guidance = now(), decision.guidance
         if decision.action == FirewallRule.Action.HOLD:
             item.admission = InboxItem.Admission.HELD
@@ -175,6 +177,13 @@ def classify_next(member_id: int) -> bool:
             _announce_admitted(item)
         item.save(update_fields=["admission", "guidance", "settled_at"])
         return True
+
+
+def _readable(item: InboxItem) -> bool:
+    """Whether `item`'s member may still read its space: an item they could
+    not is never admitted (classified or released), as removal stops all
+    delivery from a space at once."""
+    return item.conversation_id is None or can_read_space(item.conversation.space, item.member)
 
 
 def _announce_admitted(item: InboxItem) -> None:
@@ -225,6 +234,8 @@ def release_item(member: Member, token: str, *, actor: Member) -> InboxItem:
             raise UnknownDelivery("No such held item.")
         if item.state == InboxItem.State.REJECTED:  # the barrier settled it
             raise AuthorityRevoked("The grant this item was sent under is no longer active.")
+        if not _readable(item):  # as the held list leaves it out
+            raise UnknownDelivery("No such held item.")
         item.admission, item.settled_at = InboxItem.Admission.ADMITTED, now()
         item.save(update_fields=["admission", "settled_at"])
         audit.record("inbox.item_released", member.public_id, actor=actor, item=item.token)

@@ -456,6 +456,32 @@ def test_a_member_removed_from_a_private_space_reads_none_of_its_admissions(alic
                                              event__data__message__body="classified after").exists()
 
 
+@pytest.mark.parametrize("rule", ["allow", "hold"])
+def test_an_item_judged_after_its_member_left_a_private_space_reaches_no_read_path(alice, bob, as_bob, rule):
+    # given: an item of a private space waiting for bob's firewall (allow), or held by it (hold)
+    firewall.set_rules(bob, [{"action": rule}], actor=bob)
+    vault = services.create_space(slug="vault", name="Vault", visibility="private", send_policy="open", actor=alice)
+    services.add_member(vault, bob, actor=alice)
+    direct, _ = services.get_or_create_direct(vault, bob, actor=alice)
+    send_message(direct, body="vault secret", actor=alice)
+    if rule == "hold":
+        firewall.classify_pending(bob.pk)
+    # when: bob is removed, then the firewall judges it or he releases it
+    services.remove_member(vault, bob, actor=alice)
+    firewall.classify_pending(bob.pk)
+    token = InboxItem.objects.get(member=bob).token
+    release = as_bob.post("/v0/me/inbox/held/release", {"deliveryToken": token})
+    # then: no path gives him the body; it is held, out of sight, as if it were not there
+    assert release.status_code == 404 and error_code(release) == "UNKNOWN_DELIVERY"
+    assert inbox_contents(as_bob) == [] and as_bob.get("/v0/me/inbox/held").json()["items"] == []
+    assert as_bob.get(f"/v0/inbox-events/evt_{token[4:]}").status_code == 404
+    assert InboxItem.objects.get(member=bob).admission == "held"
+    # and should he be added back, it is his to release again
+    services.add_member(vault, bob, actor=alice)
+    assert [e["item"]["content"] for e in as_bob.get("/v0/me/inbox/held").json()["items"]] == ["vault secret"]
+    assert as_bob.post("/v0/me/inbox/held/release", {"deliveryToken": token}).status_code == 200
+
+
 @pytest.mark.skipif(not settings.REDIS_URL, reason="needs Redis: the shared deployment's cache")
 def test_a_firewalled_member_has_one_classification_queued_at_a_time(space, alice, bob, monkeypatch,
                                                                       django_capture_on_commit_callbacks):
