@@ -20,6 +20,21 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+class CursorField(serializers.Field):
+    """A cursor or page token as sent. Whether it is one, whatever its length
+    or characters, is `controlplane.cursors.unpack_cursor`'s to say: 400
+    INVALID_CURSOR, which tells a client to start afresh."""
+    default_error_messages = {"invalid": "Not a valid string."}
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return data
+
+    def to_representation(self, value):
+        return value
+
+
 class StrictBooleanField(serializers.BooleanField):
     def to_internal_value(self, data):
         if not isinstance(data, bool):

@@ -1,7 +1,7 @@
 """Keyset pagination with opaque cursors for plain lists."""
 from __future__ import annotations
 
-from controlplane.api.fields import QueryIntegerField, validated
+from controlplane.api.fields import CursorField, QueryIntegerField, validated
 from controlplane.cursors import caller_id, pack_cursor, unpack_cursor
 from rest_framework import serializers
 
@@ -10,7 +10,7 @@ DEFAULT_LIMIT = 50
 
 
 class PageParams(serializers.Serializer):
-    cursor = serializers.CharField(required=False, max_length=200)
+    cursor = CursorField(required=False)
     limit = QueryIntegerField(required=False, min_value=1, max_value=MAX_LIMIT, default=DEFAULT_LIMIT)
 
 

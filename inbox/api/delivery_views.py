@@ -6,8 +6,8 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.api.fields import (StrictCharField, StrictChoiceField, StrictIntegerField, StrictSerializer,
-                                     validated)
+from controlplane.api.fields import (CursorField, StrictCharField, StrictChoiceField, StrictIntegerField,
+                                     StrictSerializer, validated)
 from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, errors, extend_schema
 from controlplane.idempotency import idempotent
 from controlplane.services import parse_handle
@@ -20,7 +20,7 @@ class AcknowledgeDeliveryIn(StrictSerializer):
 
 
 class InboxParams(serializers.Serializer):
-    cursor = serializers.CharField(required=False, max_length=200)
+    cursor = CursorField(required=False)
 
 
 class InboxEntryOut(serializers.Serializer):

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from controlplane.api.fields import (QueryIntegerField, StrictBooleanField, StrictCharField, StrictChoiceField,
-                                     StrictIntegerField, StrictSerializer)
+from controlplane.api.fields import (CursorField, QueryIntegerField, StrictBooleanField, StrictCharField,
+                                     StrictChoiceField, StrictIntegerField, StrictSerializer)
 from controlplane.api.pagination import DEFAULT_LIMIT, MAX_LIMIT
 from inbox.collectives import MAX_DEADLINE_MS, MIN_DEADLINE_MS
 from inbox.models import Collective
@@ -54,18 +54,18 @@ class ResolveIn(StrictSerializer):
 
 
 class FeedParams(serializers.Serializer):
-    cursor = serializers.CharField(required=False, max_length=200)
+    cursor = CursorField(required=False)
     limit = QueryIntegerField(required=False, min_value=1, max_value=MAX_LIMIT, default=DEFAULT_LIMIT)
     wait_ms = QueryIntegerField(required=False, min_value=0, max_value=30_000, default=0)
 
 
 class BodyParams(serializers.Serializer):
-    cursor = serializers.CharField(required=False, max_length=200)
+    cursor = CursorField(required=False)
     max_bytes = QueryIntegerField(required=False, min_value=4, max_value=MAX_BODY_BYTES, default=MAX_BODY_BYTES)
 
 
 class SnapshotParams(serializers.Serializer):
-    page = serializers.CharField(required=False, max_length=200)
+    page = CursorField(required=False)
 
 
 # --- response shapes -------------------------------------------------------------

@@ -132,6 +132,18 @@ def test_tampered_and_foreign_cursors_are_rejected(space, general, alice, as_ali
         assert error_code(response) == "INVALID_CURSOR"
 
 
+@pytest.mark.parametrize("path, name", [("/v0/spaces/lab/events", "cursor"), ("/v0/me/inbox/events", "cursor"),
+                                        ("/v0/me/inbox", "cursor"), ("/v0/me/inbox/held", "cursor"),
+                                        ("/v0/spaces/lab/members", "cursor"), ("/v0/me/spaces", "cursor"),
+                                        ("/v0/me/snapshot", "page")])
+@pytest.mark.parametrize("token", ["A" * 201, "A" * 42 + "\x00", "é" * 10])
+def test_a_cursor_of_any_length_or_characters_is_invalid_cursor_on_every_paged_read(space, as_alice, path, name,
+                                                                                   token):
+    # a client told INVALID_CURSOR starts afresh; INVALID_REQUEST would say its request was wrong
+    response = as_alice.get(path, **{name: token})
+    assert response.status_code == 400 and error_code(response) == "INVALID_CURSOR", response.json()
+
+
 @pytest.mark.parametrize("params", [{"limit": 0}, {"limit": 101}, {"limit": "x"}, {"wait_ms": -1},
                                     {"wait_ms": 30_001}])
 def test_bad_feed_parameters(space, as_alice, params):
