@@ -9,9 +9,10 @@ from dataclasses import dataclass
 
 from django.db import IntegrityError, connection, transaction
 
-from controlplane.access import readers_of
+from controlplane.access import get_conversation_to_write, readers_of
 from controlplane.clock import now
-from controlplane.errors import AuthorityRevoked, Conflict, Forbidden, GrantRequired, IdempotencyConflict, InvalidRequest
+from controlplane.errors import (AuthorityRevoked, Conflict, Forbidden, GrantRequired, IdempotencyConflict,
+                                 InvalidRequest, NotFound)
 from controlplane.log import append_events
 from controlplane.db import model_columns, model_from_row, plain_rows
 from controlplane.models import Conversation, Member, Membership, Participant, Space
@@ -102,6 +103,46 @@ def _members(sql: str, params: list) -> list[Member]:
     return [model_from_row(Member, row) for row in plain_rows(sql, params)]
 
 
+def send_to(slug: str, ref: str, *, actor: Member, idempotency_key: str | None = None, **fields) -> SendResult:
+    """`send_message` to the conversation `ref` (`cnv_…` or `#name`) of the
+    space `slug`, which `actor` must be able to read (the API's and the MCP
+    tool's send). A retry of a send whose sender can no longer read the
+    conversation (removed from a private space since) still gets its
+    original back, as every retry does; anyone else gets the same 404."""
+    try:
+        conversation = get_conversation_to_write(slug, ref, actor)
+    except NotFound:
+        if idempotency_key and (replay := _replay_unread(actor, idempotency_key, slug, ref, fields)):
+            return replay
+        raise
+    return send_message(conversation, idempotency_key=idempotency_key, actor=actor, **fields)
+
+
+def _replay_unread(actor: Member, key: str, slug: str, ref: str, fields: dict) -> SendResult | None:
+    """The original under (actor, key), if it went to the conversation that
+    `slug` and `ref` name; IDEMPOTENCY_CONFLICT if the request differs."""
+    original = Message.objects.select_related("space", "conversation", "author", "reply_to").filter(
+        author=actor, idempotency_key=key).first()
+    conversation = original.conversation if original is not None else None
+    if conversation is None or original.space.slug != slug or ref not in (
+            conversation.public_id, f"#{conversation.name}" if conversation.kind == Conversation.Kind.CHANNEL else None):
+        return None
+    *_, fingerprint = _request(conversation, fields["body"], fields.get("related_paths"), fields.get("reply_to"),
+                               fields.get("collective"))
+    return _replay(actor, key, fingerprint)
+
+
+def _request(conversation: Conversation, body: str, related_paths: list[str] | None, reply_to: str | None,
+             collective: dict | None) -> tuple[bytes, list[str], dict | None, str]:
+    """A send's checked parts: the body's bytes, its related paths, its
+    collective request, and the fingerprint a retry is matched by."""
+    raw = encode_text(body, field="body", max_bytes=MAX_BODY_BYTES)
+    related_paths = _validate_related_paths(related_paths or [])
+    if collective is not None:
+        collective = collectives.validate(conversation, collective)
+    return raw, related_paths, collective, send_fingerprint(conversation, body, related_paths, reply_to, collective)
+
+
 def send_message(conversation: Conversation, *, body: str, reply_to: str | None = None,
                  related_paths: list[str] | None = None, idempotency_key: str | None = None,
                  request_approval: bool = False, collective: dict | None = None, actor: Member,
@@ -123,11 +164,7 @@ def send_message(conversation: Conversation, *, body: str, reply_to: str | None 
     order, after the grants and before the log head.
     """
     space = conversation.space
-    raw = encode_text(body, field="body", max_bytes=MAX_BODY_BYTES)
-    related_paths = _validate_related_paths(related_paths or [])
-    if collective is not None:
-        collective = collectives.validate(conversation, collective)
-    fingerprint = send_fingerprint(conversation, body, related_paths, reply_to, collective)
+    raw, related_paths, collective, fingerprint = _request(conversation, body, related_paths, reply_to, collective)
     # A retry answers with the original before any check runs again: what
     # authorized the first send (a one-message grant, say) may be used up.
     if idempotency_key and (replay := _replay(actor, idempotency_key, fingerprint)):

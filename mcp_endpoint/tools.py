@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from controlplane.access import get_conversation_to_write
 from controlplane.api.parsers import check_text
 from controlplane.errors import InvalidIdempotencyKey, InvalidRequest
 from controlplane.idempotency import is_valid_key
@@ -53,11 +52,10 @@ def _send(member: Member, arguments: dict) -> dict:
     key = arguments.get("idempotency_key")
     if key is not None and not is_valid_key(key):
         raise InvalidIdempotencyKey()
-    target = get_conversation_to_write(arguments["space"], arguments["conversation"], member)
-    result = services.send_message(target, body=arguments["body"], reply_to=arguments.get("reply_to"),
-                                   related_paths=arguments.get("related_paths"), idempotency_key=key,
-                                   request_approval=arguments.get("request_approval", False),
-                                   collective=arguments.get("collective"), actor=member)
+    result = services.send_to(arguments["space"], arguments["conversation"], body=arguments["body"],
+                              reply_to=arguments.get("reply_to"), related_paths=arguments.get("related_paths"),
+                              idempotency_key=key, request_approval=arguments.get("request_approval", False),
+                              collective=arguments.get("collective"), actor=member)
     return {"message": render_message(result.message), "created": result.created}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.access import get_conversation_to_write, get_readable_space
+from controlplane.access import get_readable_space
 from controlplane.api.fields import validated
 from controlplane.api.permissions import ReadableAnonymously
 from controlplane.api.schema import (
@@ -42,11 +42,10 @@ class SendMessageView(APIView):
     def post(self, request, slug, conversation):
         key = idempotency_key(request)  # first, as on every write route
         data = validated(SendMessageIn, request.data)
-        target = get_conversation_to_write(slug, conversation, request.user)
-        result = services.send_message(target, body=data["body"], reply_to=data.get("reply_to"),
-                                       related_paths=data.get("related_paths"), idempotency_key=key,
-                                       request_approval=data["request_approval"],
-                                       collective=data.get("collective"), actor=request.user)
+        result = services.send_to(slug, conversation, body=data["body"], reply_to=data.get("reply_to"),
+                                  related_paths=data.get("related_paths"), idempotency_key=key,
+                                  request_approval=data["request_approval"], collective=data.get("collective"),
+                                  actor=request.user)
         faults.point("send.committed")
         return Response({"message": render_message(result.message)}, status=201 if result.created else 200)
 

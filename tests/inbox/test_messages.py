@@ -301,6 +301,28 @@ def test_retry_returns_the_original_even_after_the_right_to_send_is_gone(general
     assert fresh.status_code == 403
 
 
+@pytest.mark.parametrize("ref", ["#general", "id"])
+def test_retry_returns_the_original_after_its_sender_left_a_private_space(alice, bob, api_for, ref):
+    # given: bob sent with a key into a private space, and was removed from it since
+    vault = services.create_space(slug="vault", name="Vault", visibility="private", send_policy="open", actor=alice)
+    services.add_member(vault, bob, actor=alice)
+    channel = services.create_channel(vault, "general", actor=alice)
+    as_bob, key = api_for(bob), {"Idempotency-Key": "sent-before-removal"}
+    path = f"/v0/spaces/vault/conversations/{'%23general' if ref == '#general' else channel.public_id}/messages"
+    first = as_bob.post(path, {"body": "hi"}, headers=key)
+    services.remove_member(vault, bob, actor=alice)
+    # when: the same request again, and others under the same key
+    retry = as_bob.post(path, {"body": "hi"}, headers=key)
+    changed = as_bob.post(path, {"body": "changed"}, headers=key)
+    elsewhere = as_bob.post("/v0/spaces/vault/conversations/%23other/messages", {"body": "hi"}, headers=key)
+    # then: the original for the same request; for anything else the 404 of a space he cannot read
+    assert first.status_code == 201 and retry.status_code == 200 and retry.json() == first.json()
+    assert changed.status_code == 409 and error_code(changed) == "IDEMPOTENCY_CONFLICT"
+    assert elsewhere.status_code == 404
+    assert as_bob.post(path, {"body": "hi"}, headers={"Idempotency-Key": "another-key"}).status_code == 404
+    assert Message.objects.filter(space=vault).count() == 1
+
+
 @pytest.mark.parametrize("raw", [b"{not json", b"[1]", b'{"unknown": 1}'])
 def test_acknowledge_refuses_a_malformed_body(general, as_alice, as_bob, raw):
     message_id = send(as_alice, "hi @bob").json()["message"]["id"]
