@@ -45,6 +45,19 @@ def signed_wake(key_id: str, key: Ed25519PrivateKey, now: float, delivery_id: st
             "Webhook-Signature": f"v1={signature.decode()}"}, body
 
 
+def test_a_wake_verifies_by_whichever_ed25519_entry_is_the_keys():
+    # given: a genuine wake whose signature header carries another v1= entry first
+    clock, genuine, other = Clock(), Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    receiver = WakeReceiver(keys=PublishedKeys(wsk_genuine=genuine), issuer=ISSUER, clock=clock)
+    headers, body = signed_wake("wsk_genuine", genuine, clock.now, "whd_1")
+    foreign = base64.urlsafe_b64encode(other.sign(b"anything")).rstrip(b"=").decode()
+    headers["Webhook-Signature"] = f"v1={foreign} {headers['Webhook-Signature']}"
+    # then: taken; with the foreign entry alone, refused
+    assert receiver.handle(headers, body).status == 202
+    headers["Webhook-Signature"] = f"v1={foreign}"
+    assert (receiver.handle(headers, body).status, receiver.handle(headers, body).reason) == (401, "bad signature")
+
+
 def test_forged_key_ids_cost_one_fetch_of_the_keys_per_window():
     # given: a receiver that has not fetched the keys yet
     clock, genuine, forger = Clock(), Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
