@@ -262,7 +262,11 @@ def cmd_webhooks(args) -> None:
                 created = client.create_space_subscription(args.space, args.endpoint, debounce_ms=args.debounce_ms)
             else:
                 created = client.create_inbox_subscription(args.endpoint, debounce_ms=args.debounce_ms)
-            activation = client.activate_subscription(created.id, space=args.space)
+            try:
+                activation = client.activate_subscription(created.id, space=args.space)
+            except SwitchboardError:  # an endpoint not verified, say: leave no inactive subscription behind
+                client.delete_subscription(created.id, space=args.space)
+                raise
             if args.json:
                 return print(json.dumps(activation.raw, indent=2))
             table([_subscription_row(activation.subscription)], SUBSCRIPTION_COLUMNS)

@@ -117,6 +117,21 @@ def test_the_exit_codes_follow_the_error_groups():
     assert "6 rate limited" in cli.__doc__
 
 
+def test_a_subscribe_whose_activation_is_refused_leaves_no_subscription_behind(server, tmp_path):
+    from controlplane.models import Member
+    from webhooks.models import Endpoint, Subscription
+
+    # given: an endpoint its receiver never verified
+    assert shell(tmp_path, "login", "--host", server, "--token", member_token("alice")).returncode == 0
+    endpoint = Endpoint.objects.create(owner=Member.objects.get(handle="alice"), url="https://hooks.example/in")
+    # when: subscribed twice, each refused at activation
+    failed = [shell(tmp_path, "webhooks", "subscribe", "--inbox", "--endpoint", endpoint.public_id)
+              for _ in range(2)]
+    # then: a conflict each time, and no inactive subscription left to count against the limits
+    assert [f.returncode for f in failed] == [5, 5], failed[0].stderr
+    assert not Subscription.objects.exclude(status=Subscription.Status.DELETED).exists()
+
+
 def test_grants_approvals_and_webhooks_from_the_shell(server, tmp_path):
     # given: alice, an admin, owns an explicit_only space that bob joined
     alice, bob = tmp_path / "alice", tmp_path / "bob"
