@@ -2,13 +2,19 @@
 ApprovalRequestOut declare them (grants/api/serializers.py)."""
 from __future__ import annotations
 
+from controlplane.access import is_active_admin
 from controlplane.clock import rfc3339
 from controlplane.log import NewEvent
 from controlplane.models import Member
 from grants.models import ApprovalRequest, Grant
 
 
-def render_grant(grant: Grant) -> dict:
+def render_grant(grant: Grant, viewer: Member | None = None) -> dict:
+    """The grant as `viewer` sees it. The message a one-message grant was
+    used by is named to its sender and recipient and to admins only: an
+    owner who made the grant is no participant, and learns nothing of the
+    message (SPEC §5). An event, shared by the parties and the grant's
+    creator, names it as the creator may see it."""
     def handle(member):
         return f"@{member.handle}" if member is not None else None
 
@@ -22,12 +28,16 @@ def render_grant(grant: Grant) -> dict:
         "expires_at": rfc3339(grant.expires_at),
         "status": grant.status,
         "generation": grant.generation,
-        "message": grant.message.public_id if grant.message_id else None,
+        "message": grant.message.public_id if grant.message_id and _party(grant, viewer) else None,
         "created_by": handle(grant.created_by),
         "created_at": rfc3339(grant.created_at),
         "barrier_started_at": rfc3339(grant.barrier_started_at),
         "ended_at": rfc3339(grant.ended_at),
     }
+
+
+def _party(grant: Grant, viewer: Member | None) -> bool:
+    return viewer is not None and (viewer.pk in (grant.sender_id, grant.recipient_id) or is_active_admin(viewer))
 
 
 def render_approval_request(request: ApprovalRequest) -> dict:
@@ -58,5 +68,5 @@ def grant_event(kind: str, grant: Grant, *, actor_id: int | None) -> NewEvent:
     parties and its creator (their inbox feeds), in no space feed (a
     restricted event of no conversation), since grants are theirs to see."""
     parties = {pk for pk in (grant.sender_id, grant.recipient_id, grant.created_by_id) if pk is not None}
-    return NewEvent(kind, {"grant": render_grant(grant)}, space_id=grant.space_id, actor_id=actor_id,
-                    restricted=True, addressees=tuple(sorted(parties)))
+    return NewEvent(kind, {"grant": render_grant(grant, grant.created_by)}, space_id=grant.space_id,
+                    actor_id=actor_id, restricted=True, addressees=tuple(sorted(parties)))

@@ -23,8 +23,8 @@ DECISION_ERRORS = ("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "FORBIDDEN", "N
                    "IDEMPOTENCY_CONFLICT")
 
 
-def _grant(grant: Grant, status: int = 200) -> Response:
-    return Response({"grant": render_grant(grant)}, status=status)
+def _grant(request, grant: Grant, status: int = 200) -> Response:
+    return Response({"grant": render_grant(grant, request.user)}, status=status)
 
 
 def _approval(request: ApprovalRequest) -> Response:
@@ -55,7 +55,8 @@ class SpaceGrantsView(APIView):
             space, grant_id=data["id"], kind=data["kind"], sender=data.get("sender"),
             recipient=data.get("recipient"), idempotency_key=data.get("idempotency_key"),
             expires_at=data.get("expires_at"), actor=request.user)
-        return _grant(services.visible_grant(grant.public_id, request.user, space=space), 201 if created else 200)
+        return _grant(request, services.visible_grant(grant.public_id, request.user, space=space),
+                      201 if created else 200)
 
 
 def _find_grant(request, grant_id: str, slug: str | None) -> Grant:
@@ -71,7 +72,7 @@ class GrantView(APIView):
     @extend_schema(operation_id="get_grant", responses={200: envelope("grant", GrantOut),
                                                         **errors("NOT_FOUND", "CONFLICT")})
     def get(self, request, grant_id, slug=None):
-        return _grant(_find_grant(request, grant_id, slug))
+        return _grant(request, _find_grant(request, grant_id, slug))
 
 
 class RevokeGrantView(APIView):
@@ -80,7 +81,7 @@ class RevokeGrantView(APIView):
     @idempotent(atomic=False)  # the barrier settles its items in batches, each its own transaction
     def post(self, request, grant_id, slug=None):
         validated(EmptyIn, request.data)
-        return _grant(services.revoke_grant(_find_grant(request, grant_id, slug), actor=request.user))
+        return _grant(request, services.revoke_grant(_find_grant(request, grant_id, slug), actor=request.user))
 
 
 @extend_schema_view(get=extend_schema(operation_id="get_space_grant"))

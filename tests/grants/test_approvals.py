@@ -256,6 +256,22 @@ def test_a_denial_retried_with_another_reason_under_its_key_conflicts(requested,
     assert ApprovalRequest.objects.get().reason == "not now"
 
 
+def test_an_owner_who_made_a_one_message_grant_learns_nothing_of_its_message(locked, grant, as_alice, as_bob,
+                                                                             as_carol, bob, carol):
+    # given: alice, an owner but no participant, grants bob one message to carol, which he sends
+    direct, _ = services.get_or_create_direct(locked, carol, actor=bob)
+    grant("grt_once", "one_message", sender="@bob", recipient="@carol", idempotency_key="once-0001")
+    sent = as_bob.post(f"/v0/spaces/{locked.slug}/conversations/{direct.public_id}/messages", {"body": "private"},
+                       headers={"Idempotency-Key": "once-0001"}).json()["message"]["id"]
+    as_alice.post("/v0/grants/grt_once/revoke")
+    # then: the grant and its events name the message to its parties only
+    assert as_alice.get(f"/v0/messages/{sent}").status_code == 404
+    assert as_alice.get("/v0/grants/grt_once").json()["grant"]["message"] is None
+    assert sent not in str(as_alice.get("/v0/me/inbox/events").json())
+    for party in (as_bob, as_carol):
+        assert party.get("/v0/grants/grt_once").json()["grant"]["message"] == sent
+
+
 def test_an_approvals_grant_is_an_event_for_its_parties_as_any_grant_is(requested, as_root, as_bob, as_carol):
     # when
     outcome = as_root.post(f"/v0/approval-requests/{requested['id']}/approve").json()["approval_request"]
