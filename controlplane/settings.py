@@ -80,7 +80,7 @@ _public = urlsplit(SWITCHBOARD_PUBLIC_URL)
 PROBE_PATHS = ("/healthz", "/readyz")
 # Requests must name the public host (HostCheck: the probes are exempt); in
 # development any host will do.
-ALLOWED_HOSTS = ([h for h in os.environ.get("ALLOWED_HOSTS", "").split(",") if h]
+ALLOWED_HOSTS = ([h.strip() for h in os.environ.get("ALLOWED_HOSTS", "").split(",") if h.strip()]
                  or (["*"] if DEBUG else [_public.hostname or "localhost"]))
 CSRF_TRUSTED_ORIGINS = [SWITCHBOARD_PUBLIC_URL]
 # Only behind a proxy that sets them (and strips clients' own): the scheme
@@ -89,6 +89,12 @@ TRUST_PROXY_HEADERS = env_bool("TRUST_PROXY_HEADERS", False)
 if TRUST_PROXY_HEADERS:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 if _public.scheme == "https" and not DEBUG:
+    if not TRUST_PROXY_HEADERS:
+        # serve speaks plain HTTP: TLS ends at a proxy, and without its header
+        # every request would be redirected to the URL it came in on.
+        raise ImproperlyConfigured("An https:// SWITCHBOARD_PUBLIC_URL means a TLS-terminating proxy in front: set "
+                                   "TRUST_PROXY_HEADERS=1, with the proxy setting X-Forwarded-Proto and "
+                                   "X-Forwarded-For (replacing the client's own).")
     SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
     SECURE_SSL_REDIRECT = True
     SECURE_REDIRECT_EXEMPT = [f"^{path.lstrip('/')}$" for path in PROBE_PATHS]

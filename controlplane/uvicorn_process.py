@@ -34,7 +34,10 @@ APP = "controlplane.asgi:application"
 # is buffered, where uvicorn would take 16 MiB.
 WS_MAX_BYTES = 4096
 OPTIONS = {"loop": "uvloop", "http": "httptools", "ws": "websockets-sansio", "ws_max_size": WS_MAX_BYTES,
-           "lifespan": "on", "timeout_graceful_shutdown": 5, "access_log": False, "log_level": "warning"}
+           "lifespan": "on", "timeout_graceful_shutdown": 5, "access_log": False, "log_level": "warning",
+           # Django reads proxy headers, and only with TRUST_PROXY_HEADERS: uvicorn's own default took
+           # X-Forwarded-For and -Proto from any connection of loopback, a local proxy passing clients' through.
+           "proxy_headers": False}
 BEAT_SECONDS = 1.0
 
 

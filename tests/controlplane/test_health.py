@@ -121,7 +121,7 @@ def test_in_production_the_probes_answer_by_address_over_plain_http():
              f"c.get('/readyz', HTTP_HOST='{ADDRESS}').status_code, "
              f"c.get('/v0/spaces', HTTP_HOST='{ADDRESS}').status_code, "
              "c.get('/v0/spaces', HTTP_HOST='switchboard.example').status_code)")
-    env = server_env(DEBUG="0", SWITCHBOARD_PUBLIC_URL="https://switchboard.example")
+    env = server_env(DEBUG="0", SWITCHBOARD_PUBLIC_URL="https://switchboard.example", TRUST_PROXY_HEADERS="1")
     result = subprocess.run([sys.executable, "manage.py", "shell", "-c", probe], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

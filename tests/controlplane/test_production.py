@@ -4,11 +4,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import httpx
 import pytest
 from django.test import Client, RequestFactory
 
 from controlplane.ratelimit import client_address
-from tests.servers import ROOT, server_env
+from tests.servers import ROOT, server_env, serving
 
 PRODUCTION = {"DEBUG": "0", "SWITCHBOARD_PUBLIC_URL": "https://switchboard.example", "TRUST_PROXY_HEADERS": "1"}
 
@@ -30,6 +31,31 @@ def test_https_means_secure_cookies_hsts_and_the_public_host_only():
                     **PRODUCTION)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[-2] == "True True 31536000 True ['switchboard.example']"
+
+
+def test_an_https_public_url_without_its_proxys_headers_refuses_to_start():
+    # serve speaks plain HTTP: unaware of the proxy's TLS, it redirected every request to itself
+    result = manage("check", **{**PRODUCTION, "TRUST_PROXY_HEADERS": "0"})
+    assert result.returncode != 0 and "set TRUST_PROXY_HEADERS=1" in result.stderr
+    behind = manage("shell", "-c", "from django.test import Client; print(Client().get('/v0/spaces', "
+                    "HTTP_HOST='switchboard.example', HTTP_X_FORWARDED_PROTO='https').status_code)", **PRODUCTION)
+    assert behind.returncode == 0 and behind.stdout.split("\n")[-2] == "401"
+
+
+def test_the_host_list_may_have_spaces_after_its_commas():
+    result = manage("shell", "-c", "from django.conf import settings; print(settings.ALLOWED_HOSTS)",
+                    **PRODUCTION, ALLOWED_HOSTS="a.example, b.example ,")
+    assert result.returncode == 0 and result.stdout.split("\n")[-2] == "['a.example', 'b.example']"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_server_takes_no_forwarded_address_unless_told_to_trust_it():
+    # every request from loopback, as a local proxy's would be: its X-Forwarded-For is the client's own word
+    bad = {"Authorization": "Bearer sbt_" + "A" * 43}
+    with serving("--no-worker", RATE_LIMIT_PER_MINUTE="3") as (base, _):
+        spoofed = [httpx.get(f"{base}/v0/spaces", headers={**bad, "X-Forwarded-For": f"198.51.100.{n}"}).status_code
+                   for n in range(6)]
+    assert spoofed[:3] == [401] * 3 and 429 in spoofed[3:]
 
 
 def test_private_network_webhooks_refuse_to_start_in_production():
