@@ -22,7 +22,7 @@ import re2
 from django.db import transaction
 
 from controlplane import audit
-from controlplane.access import can_read_space
+from controlplane.access import can_read_space, space_readable_by_row_member
 from controlplane.clock import now
 from controlplane.errors import AuthorityRevoked, InvalidRequest, UnknownDelivery
 from controlplane.live import kick_once_on_commit
@@ -165,8 +165,9 @@ def classify_next(member_id: int) -> bool:
             return True  # settled by another worker, or the rules changed: decide again
         if result and _request_held(item):  # looked at under the lock: the request may be released meanwhile
             decision = Decision(FirewallRule.Action.HOLD, None)
-        if not _readable(item):  # removed from its space meanwhile (SPEC §3): held, out of sight until they return
-            decision = Decision(FirewallRule.Action.HOLD, None)
+        if not _still_a_reader(item):
+            _reject_unread(item)
+            return True
         item.settled_at, item.guidance = now(), decision.guidance
         if decision.action == FirewallRule.Action.HOLD:
             item.admission = InboxItem.Admission.HELD
@@ -179,11 +180,25 @@ def classify_next(member_id: int) -> bool:
         return True
 
 
-def _readable(item: InboxItem) -> bool:
-    """Whether `item`'s member may still read its space: an item they could
-    not is never admitted (classified or released), as removal stops all
-    delivery from a space at once."""
-    return item.conversation_id is None or can_read_space(item.conversation.space, item.member)
+def _still_a_reader(item: InboxItem) -> bool:
+    """Whether `item`'s member may still read its space, by their membership
+    (a suspended member's items are judged as anyone's)."""
+    return InboxItem.objects.filter(pk=item.pk).filter(space_readable_by_row_member("conversation__space")).exists()
+
+
+REMOVED = "Its recipient left the space before the firewall judged it."
+
+
+def _reject_unread(item: InboxItem) -> None:
+    """Settle an item judged after its member left a space they can no
+    longer read: removal stops all delivery from a space at once (SPEC §3),
+    so it is rejected, neither admitted nor held, and its bytes leave the
+    mailbox and its sender's share. What was admitted or held before the
+    removal stays the member's."""
+    item.state, item.reason, item.settled_at = InboxItem.State.REJECTED, REMOVED, now()
+    item.admission = InboxItem.Admission.HELD  # judged, never admitted: no longer waiting
+    item.save(update_fields=["state", "reason", "settled_at", "admission"])
+    mailbox.debit(item.member_id, item.content_bytes, sender_id=item.sender_id)  # counted while it waited
 
 
 def _announce_admitted(item: InboxItem) -> None:
@@ -207,9 +222,15 @@ def _announce_admitted(item: InboxItem) -> None:
 
 
 def classify_pending(member_id: int, *, limit: int = 10_000) -> int:
-    """Settle `member_id`'s unclassified items in order; returns how many."""
+    """Settle `member_id`'s unclassified items in order; returns how many.
+    Once none is left, a member whose rules were cleared meanwhile has
+    their new items admitted at once again (refresh_firewall_flag)."""
     settled = 0
-    while settled < limit and classify_next(member_id):
+    while settled < limit:
+        if not classify_next(member_id):
+            if not FirewallRule.objects.filter(member_id=member_id).exists():
+                refresh_firewall_flag(member_id)
+            break
         settled += 1
     return settled
 
@@ -234,8 +255,6 @@ def release_item(member: Member, token: str, *, actor: Member) -> InboxItem:
             raise UnknownDelivery("No such held item.")
         if item.state == InboxItem.State.REJECTED:  # the barrier settled it
             raise AuthorityRevoked("The grant this item was sent under is no longer active.")
-        if not _readable(item):  # as the held list leaves it out
-            raise UnknownDelivery("No such held item.")
         item.admission, item.settled_at = InboxItem.Admission.ADMITTED, now()
         item.save(update_fields=["admission", "settled_at"])
         audit.record("inbox.item_released", member.public_id, actor=actor, item=item.token)
@@ -261,7 +280,7 @@ def set_rules(member: Member, rules: list[dict], *, actor: Member) -> list[Firew
         FirewallRule.objects.filter(member=member).delete()
         created = FirewallRule.objects.bulk_create(
             FirewallRule(member=member, ordinal=i, **rule) for i, rule in enumerate(rules))
-        refresh_firewall_flag(member)
+        refresh_firewall_flag(member.pk)
         audit.record("inbox.firewall_rules_set", member.public_id, actor=actor, rules=len(created))
         if InboxItem.objects.filter(member=member, admission=InboxItem.Admission.UNCLASSIFIED).exists():
             # judged by the new rules now, not at the next sweep: later items wait behind them (delivery.held_back)
@@ -269,8 +288,13 @@ def set_rules(member: Member, rules: list[dict], *, actor: Member) -> list[Firew
         return created
 
 
-def refresh_firewall_flag(member: Member) -> None:
-    """Whether new items for `member` wait for classification: exactly when
-    they have rules (called whenever rules change, from the API or the admin)."""
-    has_rules = FirewallRule.objects.filter(member=member).exists()
-    Mailbox.objects.update_or_create(member=member, defaults={"firewall": has_rules})
+def refresh_firewall_flag(member_id: int) -> None:
+    """Whether new items for `member_id` wait for classification: while they
+    have rules, and after the rules are cleared until the items waiting then
+    are judged, so that none is admitted ahead of an earlier one (a send
+    reads the flag under the mailbox row's lock, taken here too)."""
+    with transaction.atomic():
+        mailbox.lock([member_id], create=True)
+        waiting = (FirewallRule.objects.filter(member_id=member_id).exists()
+                   or InboxItem.objects.filter(member_id=member_id, admission=InboxItem.Admission.UNCLASSIFIED).exists())
+        Mailbox.objects.filter(member_id=member_id).update(firewall=waiting)

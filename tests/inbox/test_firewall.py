@@ -111,8 +111,8 @@ def test_no_rules_means_admitted_at_once(space, alice, bob, as_bob):
         member=bob).settled_at is None
 
 
-def test_an_item_sent_after_the_rules_are_cleared_waits_behind_one_still_unjudged(space, alice, bob, as_bob,
-                                                                                   monkeypatch):
+def test_items_sent_after_the_rules_are_cleared_are_judged_after_those_waiting(space, alice, bob, as_bob,
+                                                                                 monkeypatch):
     # given: an item waiting for the firewall, its kick lost; then the rules cleared, their kick lost too
     for where in ("inbox.writes", "inbox.firewall"):
         monkeypatch.setattr(f"{where}.kick_once_on_commit", lambda *a: None)
@@ -120,14 +120,31 @@ def test_an_item_sent_after_the_rules_are_cleared_waits_behind_one_still_unjudge
     direct, _ = services.get_or_create_direct(space, alice, actor=bob)
     send_message(direct, body="m1", actor=alice)
     as_bob.put("/v0/me/inbox/firewall", {"rules": []})
-    # when: a later item of the same conversation is admitted at once
+    # when: a later item of the same conversation comes
     send_message(direct, body="m2", actor=alice)
-    assert InboxItem.objects.get(member=bob, message__body="m2").admission == "admitted"
-    # then: it does not overtake the first, on any path that hands items out
-    assert inbox_contents(as_bob) == []
-    assert not delivery.deliverable(bob.pk).exists()  # what pushes and wakes offer
+    # then: it waits its turn behind the first, on every path that hands items out
+    assert InboxItem.objects.get(member=bob, message__body="m2").admission == "unclassified"
+    assert inbox_contents(as_bob) == [] and not delivery.deliverable(bob.pk).exists()
     firewall.classify_pending(bob.pk)
     assert inbox_contents(as_bob) == [("m1", None), ("m2", None)]
+    # and once none waits, new items are admitted at once again
+    send_message(direct, body="m3", actor=alice)
+    assert InboxItem.objects.get(member=bob, message__body="m3").admission == "admitted"
+
+
+def test_an_admitted_item_never_overtakes_an_earlier_one_still_unjudged(space, alice, bob, as_bob, monkeypatch):
+    # given: the state a send racing the flag's clearing leaves: an unjudged item, and the flag off
+    monkeypatch.setattr("inbox.writes.kick_once_on_commit", lambda *a: None)
+    firewall.set_rules(bob, [{"action": "allow"}], actor=bob)
+    direct, _ = services.get_or_create_direct(space, alice, actor=bob)
+    send_message(direct, body="m1", actor=alice)
+    Mailbox.objects.filter(member=bob).update(firewall=False)
+    send_message(direct, body="m2", actor=alice)
+    # then: the later one, admitted at once, waits behind it
+    assert InboxItem.objects.get(member=bob, message__body="m2").admission == "admitted"
+    assert inbox_contents(as_bob) == [] and not delivery.deliverable(bob.pk).exists()
+    firewall.classify_pending(bob.pk)
+    assert [content for content, _ in inbox_contents(as_bob)] == ["m1", "m2"]
 
 
 def test_clearing_the_rules_judges_the_items_waiting_at_once(space, alice, bob, as_bob, monkeypatch,
@@ -456,30 +473,38 @@ def test_a_member_removed_from_a_private_space_reads_none_of_its_admissions(alic
                                              event__data__message__body="classified after").exists()
 
 
-@pytest.mark.parametrize("rule", ["allow", "hold"])
-def test_an_item_judged_after_its_member_left_a_private_space_reaches_no_read_path(alice, bob, as_bob, rule):
-    # given: an item of a private space waiting for bob's firewall (allow), or held by it (hold)
-    firewall.set_rules(bob, [{"action": rule}], actor=bob)
+def test_an_item_judged_after_its_member_left_a_private_space_is_rejected(alice, bob, as_bob, settings):
+    # given: two items of a private space for bob: one his firewall held, one still waiting for it
+    firewall.set_rules(bob, [{"action": "hold", "content_pattern": "held"}], actor=bob)
     vault = services.create_space(slug="vault", name="Vault", visibility="private", send_policy="open", actor=alice)
     services.add_member(vault, bob, actor=alice)
     direct, _ = services.get_or_create_direct(vault, bob, actor=alice)
+    send_message(direct, body="held before", actor=alice)
+    firewall.classify_pending(bob.pk)
     send_message(direct, body="vault secret", actor=alice)
-    if rule == "hold":
-        firewall.classify_pending(bob.pk)
-    # when: bob is removed, then the firewall judges it or he releases it
+    # when: bob is removed, then the firewall judges the second
     services.remove_member(vault, bob, actor=alice)
     firewall.classify_pending(bob.pk)
-    token = InboxItem.objects.get(member=bob).token
-    release = as_bob.post("/v0/me/inbox/held/release", {"deliveryToken": token})
-    # then: no path gives him the body; it is held, out of sight, as if it were not there
-    assert release.status_code == 404 and error_code(release) == "UNKNOWN_DELIVERY"
-    assert inbox_contents(as_bob) == [] and as_bob.get("/v0/me/inbox/held").json()["items"] == []
-    assert as_bob.get(f"/v0/inbox-events/evt_{token[4:]}").status_code == 404
-    assert InboxItem.objects.get(member=bob).admission == "held"
-    # and should he be added back, it is his to release again
-    services.add_member(vault, bob, actor=alice)
-    assert [e["item"]["content"] for e in as_bob.get("/v0/me/inbox/held").json()["items"]] == ["vault secret"]
-    assert as_bob.post("/v0/me/inbox/held/release", {"deliveryToken": token}).status_code == 200
+    # then: nothing reaches him after his removal; the one rejected leaves his mailbox and alice's share
+    late = InboxItem.objects.get(member=bob, message__body="vault secret")
+    assert late.state == "rejected" and inbox_contents(as_bob) == []
+    assert "vault secret" not in str(as_bob.get(f"/v0/inbox-events/evt_{late.token[4:]}").json())
+    assert Mailbox.objects.get(member=bob).pending_bytes == 0
+    held = InboxItem.objects.get(member=bob, message__body="held before")
+    assert MailboxShare.objects.get(member=bob, sender=alice).pending_bytes == held.content_bytes
+    # and what was held before the removal stays his, as admitted items do
+    assert [e["item"]["content"] for e in as_bob.get("/v0/me/inbox/held").json()["items"]] == ["held before"]
+
+
+def test_an_item_judged_while_its_member_is_suspended_is_judged_as_anyones(space, alice, bob, as_bob, monkeypatch):
+    monkeypatch.setattr("inbox.writes.kick_once_on_commit", lambda *a: None)
+    firewall.set_rules(bob, [{"action": "allow"}], actor=bob)
+    direct, _ = services.get_or_create_direct(space, alice, actor=bob)
+    send_message(direct, body="allowed", actor=alice)
+    services.update_member(bob, status="suspended", actor=None)
+    firewall.classify_pending(bob.pk)
+    services.update_member(bob, status="active", actor=None)
+    assert InboxItem.objects.get(member=bob).admission == "admitted"
 
 
 @pytest.mark.skipif(not settings.REDIS_URL, reason="needs Redis: the shared deployment's cache")
