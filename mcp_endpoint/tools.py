@@ -29,7 +29,7 @@ TOKEN = {"type": "string", "pattern": r"^dlv_[A-Za-z0-9_-]{43}$",
          "description": "A delivery token from read_inbox (dlv_ + 43 base64url characters)."}
 EVENT_ID = {"type": "string", "pattern": r"^evt_[A-Za-z0-9_-]{43}$",
             "description": "The delivery token with evt_ in place of dlv_."}
-CURSOR = {"type": "string", "maxLength": 400, "description": "Where the previous page ended."}
+CURSOR = {"type": "string", "description": "Where the previous page ended."}  # any other string: INVALID_CURSOR
 OBJECT = {"type": "object"}
 
 

@@ -103,6 +103,8 @@ def outcome(call: Call, response: httpx.Response) -> tuple[bool, Any]:
         data = None
     if response.is_success:
         try:
+            if response.content and data is None:  # every answer with a body is JSON
+                raise ValueError("not JSON")
             return True, call.parse(data)
         except SwitchboardError as error:  # the answer says the call cannot give what it promises
             return False, error

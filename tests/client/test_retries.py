@@ -117,3 +117,15 @@ def test_an_answer_that_is_not_switchboards_is_an_error_of_its_own_not_retried(s
     assert raised.value.code == code and raised.value.status == status and server.requests == 1
     if status == 301:
         assert "https://switchboard.example/v0/me" in str(raised.value)
+
+
+def test_a_call_that_expects_no_answer_still_refuses_a_foreign_one():
+    # a proxy's sign-in page is not a revoked credential
+    from tests.client.test_signing_keys import Answering
+
+    server = Answering(200, {"Content-Type": "text/html"}, b"<html>sign in</html>")
+    client = Client(server.base_url, "sbt_" + "x" * 43, retry=RetryPolicy(attempts=1))
+    with pytest.raises(errors.ServerError) as raised:
+        client.delete_credential("crd_aaaaaaaaaaaaaaaa")
+    server.close()
+    assert raised.value.code == "BAD_RESPONSE"

@@ -124,8 +124,8 @@ def test_a_receiver_whose_server_does_not_answer_replies_503():
 
 
 class Answering:
-    """A plain HTTP server on 127.0.0.1 answering every request with `answer` (status, headers, a JSON body
-    or raw bytes), counting them."""
+    """A plain HTTP server on 127.0.0.1 answering every request (GET, POST, DELETE) with `answer` (status,
+    headers, a JSON body or raw bytes), counting them."""
 
     def __init__(self, status: int, headers: dict, body: dict | bytes):
         import http.server
@@ -144,6 +144,8 @@ class Answering:
                     self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(raw)
+
+            do_POST = do_DELETE = do_GET
 
             def log_message(self, *args):
                 pass

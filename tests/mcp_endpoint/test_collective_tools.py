@@ -1,5 +1,6 @@
 """Collective requests over MCP: `send_message` with `collective`, and the
-`answer` tool, calling the services the REST routes call."""
+`answer` tool, calling the services the REST routes call; and the tools'
+arguments, refused as the API refuses them."""
 import pytest
 
 from controlplane import services
@@ -76,3 +77,10 @@ def test_a_reply_to_of_null_is_no_reply_as_in_the_api(space, alice, bob):
     sent = call("send_message", alice, {"space": "lab", "conversation": group.public_id, "body": "q",
                                         "reply_to": None})
     assert sent["created"] is True
+
+
+@pytest.mark.parametrize("name, argument", [("read_inbox", "cursor"), ("get_coordination_context", "page")])
+def test_a_cursor_of_any_length_is_invalid_cursor_as_on_the_api(space, alice, name, argument):
+    with pytest.raises(ApiError) as refused:
+        call(name, alice, {argument: "A" * 401})
+    assert refused.value.code == "INVALID_CURSOR"

@@ -168,6 +168,21 @@ def test_the_composer_sends_the_exact_body_once_per_key(ann, room, browser_of):
     assert f'id="m-{first.json()["message"]["position"]}"' in first.json()["message"]["html"]
 
 
+def test_the_composer_answers_a_retry_with_the_original_after_its_sender_left(ann, ben, room, browser_of):
+    # given: ben sent with a key, and was removed from the private space since
+    space, channel = room
+    client, form = browser_of(ben), {"body": "before I left", "idempotency_key": "web-left-0001"}
+    first = post_json(client, f"{page_url(space, channel)}send", form)
+    services.remove_member(space, ben, actor=ann)
+    # when: the page retries the same send
+    again = post_json(client, f"{page_url(space, channel)}send", form)
+    # then: the original, as the API answers it; a new send is refused
+    assert first.status_code == 201 and again.status_code == 200
+    assert again.json()["message"]["id"] == first.json()["message"]["id"]
+    assert post_json(client, f"{page_url(space, channel)}send", {"body": "new", "idempotency_key": "web-left-0002"}
+                     ).status_code == 404
+
+
 def test_the_form_without_scripts_sends_line_breaks_as_typed(ann, room, browser_of):
     space, channel = room
     response = browser_of(ann).post(f"{page_url(space, channel)}send",

@@ -11,7 +11,6 @@ from django.views.decorators.http import require_POST
 from controlplane import services as spaces
 from controlplane.access import (
     active_membership,
-    get_conversation_to_write,
     get_readable_conversation,
     get_space_for,
     readable_conversations_in,
@@ -150,9 +149,8 @@ def send(request, member, slug, conversation_id):
     body = ""
     try:
         body, key, approval = _send_input(request)
-        target = get_conversation_to_write(slug, conversation_id, member)
-        result = services.send_message(target, body=body, idempotency_key=key, request_approval=approval,
-                                       actor=member)
+        result = services.send_to(slug, conversation_id, body=body, idempotency_key=key, request_approval=approval,
+                                  actor=member)
     except ApiError as error:
         if wants_json(request):
             raise
@@ -165,6 +163,6 @@ def send(request, member, slug, conversation_id):
                        "idempotency_key": new_key() if retained else request.POST.get("idempotency_key") or new_key()},
                       status=error.status)
     if wants_json(request):
-        row = messages.render_rows(target.space.send_policy, [result.message])[0]
+        row = messages.render_rows(result.message.space.send_policy, [result.message])[0]
         return JsonResponse({"message": row}, status=201 if result.created else 200)
     return redirect("web-conversation", slug=slug, conversation_id=conversation_id)
