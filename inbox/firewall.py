@@ -20,9 +20,10 @@ from dataclasses import dataclass
 import re2
 
 from django.db import transaction
+from django.db.models import Exists, OuterRef
 
 from controlplane import audit
-from controlplane.access import can_read_space, space_readable_by_row_member
+from controlplane.access import space_readable_by_row_member
 from controlplane.clock import now
 from controlplane.errors import AuthorityRevoked, InvalidRequest, UnknownDelivery
 from controlplane.live import kick_once_on_commit
@@ -203,10 +204,11 @@ def _reject_unread(item: InboxItem) -> None:
 
 def _announce_admitted(item: InboxItem) -> None:
     """The admitted item reaches the inbox feed and inbox wakes (an event
-    addressed to its member) and live inbox clients: if its member can still
-    read its space. One removed meanwhile is told nothing (SPEC §3: removal
-    stops delivery at once); every read path leaves the item out too."""
-    if not can_read_space(item.conversation.space, item.member):
+    addressed to its member) and live inbox clients: if its member is still
+    a reader of its space (suspended or not: their feed is theirs again when
+    they are back). One removed meanwhile, releasing what was held before,
+    is told nothing: the inbox feed leaves out spaces its reader left."""
+    if not _still_a_reader(item):
         return
     if item.message_id is not None:
         append_events([events.message_admitted(item.message, item.member)])
@@ -235,6 +237,17 @@ def classify_pending(member_id: int, *, limit: int = 10_000) -> int:
     return settled
 
 
+def members_flagged_without_reason() -> list[int]:
+    """Members whose new items wait for classification though they have
+    no rules and nothing waits (the run that would have cleared the flag
+    was lost, or a barrier settled their last waiting item)."""
+    return list(Mailbox.objects.filter(firewall=True)
+                .exclude(Exists(FirewallRule.objects.filter(member_id=OuterRef("member_id"))))
+                .exclude(Exists(InboxItem.objects.filter(member_id=OuterRef("member_id"),
+                                                         admission=InboxItem.Admission.UNCLASSIFIED)))
+                .values_list("member_id", flat=True))
+
+
 def members_with_unclassified_items() -> list[int]:
     return list(InboxItem.objects.filter(admission=InboxItem.Admission.UNCLASSIFIED)
                 .values_list("member_id", flat=True).distinct())
@@ -253,7 +266,9 @@ def release_item(member: Member, token: str, *, actor: Member) -> InboxItem:
         item = held.select_for_update(no_key=True).first()
         if item is None:
             raise UnknownDelivery("No such held item.")
-        if item.state == InboxItem.State.REJECTED:  # the barrier settled it
+        if item.state == InboxItem.State.REJECTED:  # the barrier settled it, or a removal did
+            if item.reason == REMOVED:
+                raise UnknownDelivery("No such held item.")
             raise AuthorityRevoked("The grant this item was sent under is no longer active.")
         item.admission, item.settled_at = InboxItem.Admission.ADMITTED, now()
         item.save(update_fields=["admission", "settled_at"])

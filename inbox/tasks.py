@@ -13,8 +13,12 @@ def classify_pending(member_id: int) -> int:
 
 
 def classify_all() -> int:
-    """The sweep: settles whatever a lost kick left unclassified."""
-    return sum(firewall.classify_pending(member_id) for member_id in firewall.members_with_unclassified_items())
+    """The sweep: settles whatever a lost kick left unclassified, and turns
+    off a firewall flag nothing keeps on any more."""
+    settled = sum(firewall.classify_pending(member_id) for member_id in firewall.members_with_unclassified_items())
+    for member_id in firewall.members_flagged_without_reason():
+        firewall.refresh_firewall_flag(member_id)
+    return settled
 
 
 def finish_collectives() -> int:

@@ -40,7 +40,8 @@ class SpaceGrantsView(APIView):
         require_owner(space, request.user)
         grants = Grant.objects.filter(space=space).select_related("space", "sender", "recipient", "message",
                                                                   "created_by")
-        page = paginate(request, grants, stream=f"grants:{space.pk}", render=render_grant)
+        page = paginate(request, grants, stream=f"grants:{space.pk}",
+                        render=lambda grant: render_grant(grant, request.user))
         return Response({"grants": page.pop("items"), **page})
 
     @extend_schema(operation_id="create_grant", request=GrantCreateIn, parameters=[IDEMPOTENCY_KEY],

@@ -257,7 +257,7 @@ def test_a_denial_retried_with_another_reason_under_its_key_conflicts(requested,
 
 
 def test_an_owner_who_made_a_one_message_grant_learns_nothing_of_its_message(locked, grant, as_alice, as_bob,
-                                                                             as_carol, bob, carol):
+                                                                             as_carol, as_root, bob, carol):
     # given: alice, an owner but no participant, grants bob one message to carol, which he sends
     direct, _ = services.get_or_create_direct(locked, carol, actor=bob)
     grant("grt_once", "one_message", sender="@bob", recipient="@carol", idempotency_key="once-0001")
@@ -270,6 +270,11 @@ def test_an_owner_who_made_a_one_message_grant_learns_nothing_of_its_message(loc
     assert sent not in str(as_alice.get("/v0/me/inbox/events").json())
     for party in (as_bob, as_carol):
         assert party.get("/v0/grants/grt_once").json()["grant"]["message"] == sent
+    # the space's list too: alice sees no message, an admin does
+    listed = {g["id"]: g["message"] for g in as_alice.get(f"/v0/spaces/{locked.slug}/grants").json()["grants"]}
+    assert listed["grt_once"] is None
+    listed = {g["id"]: g["message"] for g in as_root.get(f"/v0/spaces/{locked.slug}/grants").json()["grants"]}
+    assert listed["grt_once"] == sent
 
 
 def test_an_approvals_grant_is_an_event_for_its_parties_as_any_grant_is(requested, as_root, as_bob, as_carol):

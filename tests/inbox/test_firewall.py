@@ -494,6 +494,8 @@ def test_an_item_judged_after_its_member_left_a_private_space_is_rejected(alice,
     assert MailboxShare.objects.get(member=bob, sender=alice).pending_bytes == held.content_bytes
     # and what was held before the removal stays his, as admitted items do
     assert [e["item"]["content"] for e in as_bob.get("/v0/me/inbox/held").json()["items"]] == ["held before"]
+    refused = as_bob.post("/v0/me/inbox/held/release", {"deliveryToken": late.token})
+    assert refused.status_code == 404 and error_code(refused) == "UNKNOWN_DELIVERY"
 
 
 def test_an_item_judged_while_its_member_is_suspended_is_judged_as_anyones(space, alice, bob, as_bob, monkeypatch):
@@ -505,6 +507,26 @@ def test_an_item_judged_while_its_member_is_suspended_is_judged_as_anyones(space
     firewall.classify_pending(bob.pk)
     services.update_member(bob, status="active", actor=None)
     assert InboxItem.objects.get(member=bob).admission == "admitted"
+    # and its admission reaches his inbox feed once he is back, as any other does
+    events = as_bob.get("/v0/me/inbox/events").json()["events"]
+    assert [e["data"]["message"]["body"] for e in events if e["kind"] == "message.admitted"] == ["allowed"]
+
+
+def test_the_sweep_turns_off_the_flag_of_a_member_with_no_rules_and_nothing_waiting(space, alice, bob,
+                                                                                   monkeypatch):
+    # given: rules cleared while an item waited, every kick lost, and the item settled by other means
+    for where in ("inbox.writes", "inbox.firewall"):
+        monkeypatch.setattr(f"{where}.kick_once_on_commit", lambda *a: None)
+    firewall.set_rules(bob, [{"action": "allow"}], actor=bob)
+    direct, _ = services.get_or_create_direct(space, alice, actor=bob)
+    send_message(direct, body="m1", actor=alice)
+    firewall.set_rules(bob, [], actor=bob)
+    InboxItem.objects.filter(member=bob).update(state="rejected", admission="withheld")  # as a barrier leaves it
+    # when
+    from inbox.tasks import classify_all
+    classify_all()
+    # then: bob's next items are admitted at once again
+    assert Mailbox.objects.get(member=bob).firewall is False
 
 
 @pytest.mark.skipif(not settings.REDIS_URL, reason="needs Redis: the shared deployment's cache")
