@@ -32,7 +32,7 @@ from dataclasses import replace
 
 from django.db import transaction
 
-from controlplane.access import can_read_space
+from controlplane.access import active_membership, can_read_space
 from controlplane.clock import now, rfc3339
 from controlplane.live import kick_once_on_commit
 from controlplane.log import NewEvent
@@ -104,7 +104,7 @@ def answer(message: Message, body: str, *, actor: Member) -> tuple[CollectiveAns
         if existing is not None:
             if existing.body != body:
                 raise Conflict("You answered already, with a different answer.",
-                               details={"state": collective.state})
+                               details={"state": collective.state, "reason": collective.reason})
             return existing, False
         require_sender(collective.message.space, actor)  # a new answer is written as a send is: not by observers
         _settle(collective)  # one that cannot complete any more fails now, and that commits
@@ -233,7 +233,8 @@ def _owed(collective: Collective) -> list[int]:
 
 def _finish(collective: Collective, state: str, reason: str | None, outcome: dict) -> None:
     """Mark the operation finished and tell who is owed the outcome (the
-    requester, and for all_gather every member who can still read the space)."""
+    requester, and for all_gather every other member still in the space: not
+    one who left it, even an open space they may still read)."""
     collective.state, collective.reason, collective.finished_at = state, reason, now()
     collective.save(update_fields=["state", "reason", "finished_at"])
     message = collective.message
@@ -248,7 +249,7 @@ def _finish(collective: Collective, state: str, reason: str | None, outcome: dic
                   *InboxItem.objects.filter(message=message, admission=InboxItem.Admission.UNCLASSIFIED)
                   .values_list("member_id", flat=True)}
     for member in Member.objects.filter(pk__in=owed, status=Member.Status.ACTIVE):
-        if member.pk != collective.requester_id and not can_read_space(message.space, member):
+        if member.pk != collective.requester_id and active_membership(message.space, member) is None:
             continue
         if member.pk == collective.requester_id and reason == "requester_gone":
             continue

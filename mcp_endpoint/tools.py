@@ -27,9 +27,12 @@ from mcp_endpoint.schemas import Checked
 
 TOKEN = {"type": "string", "pattern": r"^dlv_[A-Za-z0-9_-]{43}$",
          "description": "A delivery token from read_inbox (dlv_ + 43 base64url characters)."}
-EVENT_ID = {"type": "string", "pattern": r"^evt_[A-Za-z0-9_-]{43}$",
-            "description": "The delivery token with evt_ in place of dlv_."}
-CURSOR = {"type": "string", "description": "Where the previous page ended."}  # any other string: INVALID_CURSOR
+# An event id, a cursor and an idempotency key are the services' to judge, with
+# the API's codes (INVALID_EVENT_ID, INVALID_CURSOR, INVALID_IDEMPOTENCY_KEY):
+# a schema of their shape would answer INVALID_REQUEST first.
+EVENT_ID = {"type": "string", "description": "The delivery token with evt_ in place of dlv_ (evt_ + 43 "
+                                             "base64url characters)."}
+CURSOR = {"type": ["string", "null"], "description": "Where the previous page ended (none or null: the first page)."}
 OBJECT = {"type": "object"}
 
 
@@ -116,7 +119,7 @@ TOOLS = {tool.name: tool for tool in [
                   "body": {"type": "string", "description": "UTF-8 text, at most 8 KiB encoded."},
                   "reply_to": {"type": ["string", "null"], "maxLength": 40},
                   "related_paths": {"type": "array", "items": {"type": "string"}},
-                  "idempotency_key": {"type": "string", "minLength": 8, "maxLength": 128},
+                  "idempotency_key": {"type": "string", "description": "8–128 visible ASCII characters."},
                   "request_approval": {"type": "boolean", "description": "Without authority, retain the "
                                        "message for an admin to approve (needs idempotency_key)."},
                   "collective": _object({"op": {"enum": Collective.Op.values},

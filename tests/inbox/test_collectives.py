@@ -109,9 +109,14 @@ def test_a_member_removed_mid_operation_fails_it_with_a_reason(space, group, ali
     (failed,) = items(alice, "operationFailed")
     assert failed["reason"] == "member_removed" and failed["collective"]["message"] == message
     assert items(bob, "operationFailed") == [failed]  # all_gather: the members were owed a result too
+    assert items(carol, "operationFailed") == []  # not the member who left, though the open space is hers to read
     assert items(alice, "collective.result") == []
     assert Collective.objects.get().state == "failed"
     assert late.status_code == 200  # the same answer again is still the same answer
+    # and a different answer now is told why it is too late
+    changed = as_bob.post(f"/v0/messages/{message}/answer", {"body": "no"})
+    assert changed.status_code == 409
+    assert changed.json()["error"]["details"] == {"state": "failed", "reason": "member_removed"}
 
 
 @pytest.mark.parametrize("headers", [{}, {"Idempotency-Key": "answer-0001"}], ids=["unkeyed", "keyed"])

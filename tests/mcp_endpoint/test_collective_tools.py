@@ -47,7 +47,7 @@ def test_bad_collective_arguments_are_invalid_params(space, alice, collective):
     ("acknowledge_delivery", {"deliveryToken": "dlv_short"},
      "acknowledge_delivery: arguments.deliveryToken must match pattern ^dlv_[A-Za-z0-9_-]{43}$"),
     ("read_inbox", {"cursor": "c", "limit": 5}, "read_inbox: arguments must not contain {'limit'} properties"),
-    ("read_inbox", {"cursor": 5}, "read_inbox: arguments.cursor must be string"),
+    ("read_inbox", {"cursor": 5}, "read_inbox: arguments.cursor must be string or null"),
     ("send_message", {"space": "lab", "conversation": "#general", "body": "q",
                       "collective": {"op": "gather", "deadline_ms": 10}},
      "send_message: arguments.collective.deadline_ms must be bigger than or equal to 1000"),
@@ -84,3 +84,18 @@ def test_a_cursor_of_any_length_is_invalid_cursor_as_on_the_api(space, alice, na
     with pytest.raises(ApiError) as refused:
         call(name, alice, {argument: "A" * 401})
     assert refused.value.code == "INVALID_CURSOR"
+
+
+def test_a_tool_answers_with_the_apis_own_code_for_a_malformed_key_or_event_id(space, alice):
+    # the schema names no shape of its own for them: the API's rule answers
+    with pytest.raises(ApiError) as short_key:
+        call("send_message", alice, {"space": "lab", "conversation": "#general", "body": "q", "idempotency_key": "short"})
+    with pytest.raises(ApiError) as bad_id:
+        call("read_event", alice, {"eventId": "evt_short"})
+    assert (short_key.value.code, bad_id.value.code) == ("INVALID_IDEMPOTENCY_KEY", "INVALID_EVENT_ID")
+
+
+def test_a_null_cursor_is_the_first_page_as_the_tools_own_answers_give_it(space, alice):
+    first = call("read_inbox", alice, {"cursor": None})
+    assert first == call("read_inbox", alice, {}) and first["nextCursor"] is None
+    assert call("get_coordination_context", alice, {"page": None})["cursor"]
