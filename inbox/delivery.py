@@ -59,8 +59,8 @@ def held_back() -> Q:
     a revocation barrier withholds, or that the firewall has yet to judge:
     until that one is settled, no read path hands out the later ones (SPEC
     §5, §7: order within a conversation; almost always: none). An admitted
-    item follows an unjudged one only when its member's rules were removed
-    meanwhile (firewall.set_rules)."""
+    item follows an unjudged one only if its send raced the clearing of its
+    member's firewall flag (firewall.refresh_firewall_flag)."""
     def earlier(admission: str) -> Exists:
         return Exists(InboxItem.objects.filter(member_id=OuterRef("member_id"), admission=admission,
                                                state=InboxItem.State.PENDING, conversation=OuterRef("conversation"),

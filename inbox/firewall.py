@@ -298,7 +298,7 @@ def set_rules(member: Member, rules: list[dict], *, actor: Member) -> list[Firew
         refresh_firewall_flag(member.pk)
         audit.record("inbox.firewall_rules_set", member.public_id, actor=actor, rules=len(created))
         if InboxItem.objects.filter(member=member, admission=InboxItem.Admission.UNCLASSIFIED).exists():
-            # judged by the new rules now, not at the next sweep: later items wait behind them (delivery.held_back)
+            # judged by the new rules now, not at the next sweep: new items wait their turn until then
             kick_once_on_commit("inbox.tasks.classify_pending", member.pk)
         return created
 
@@ -310,6 +310,6 @@ def refresh_firewall_flag(member_id: int) -> None:
     reads the flag under the mailbox row's lock, taken here too)."""
     with transaction.atomic():
         mailbox.lock([member_id], create=True)
-        waiting = (FirewallRule.objects.filter(member_id=member_id).exists()
-                   or InboxItem.objects.filter(member_id=member_id, admission=InboxItem.Admission.UNCLASSIFIED).exists())
+        waiting = (FirewallRule.objects.filter(member_id=member_id).exists() or InboxItem.objects.filter(
+            member_id=member_id, admission=InboxItem.Admission.UNCLASSIFIED).exists())
         Mailbox.objects.filter(member_id=member_id).update(firewall=waiting)

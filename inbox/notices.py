@@ -65,9 +65,10 @@ def reject_items_under(authority_id: int, *, authority_ref: str, reason: str, li
     """Settle up to `limit` pending items sent under `authority_id`, oldest
     first; False once none is left. A copy already handed off stays
     delivered (one the firewall holds is settled as acknowledged: its
-    release would be refused); any other becomes `rejected` (a tombstone with the reason),
-    its handling row says so, and a `rejected` notice takes its place in the
-    inbox, so the conversation's later messages follow in order.
+    release would be refused); any other becomes `rejected` (a tombstone
+    with the reason), its handling row says so, and a `rejected` notice
+    takes its place in the inbox, so the conversation's later messages
+    follow in order.
 
     The mailboxes first, then the items (the lock order, mailbox.lock): an
     acknowledgement holds its owner's mailbox and then takes the item, and

@@ -123,9 +123,13 @@ def _replay_unread(actor: Member, key: str, slug: str, ref: str, fields: dict) -
     `slug` and `ref` name; IDEMPOTENCY_CONFLICT if the request differs."""
     original = Message.objects.select_related("space", "conversation", "author", "reply_to").filter(
         author=actor, idempotency_key=key).first()
-    conversation = original.conversation if original is not None else None
-    if conversation is None or original.space.slug != slug or ref not in (
-            conversation.public_id, f"#{conversation.name}" if conversation.kind == Conversation.Kind.CHANNEL else None):
+    if original is None or original.space.slug != slug:
+        return None
+    conversation = original.conversation
+    names = {conversation.public_id}
+    if conversation.kind == Conversation.Kind.CHANNEL:
+        names.add(f"#{conversation.name}")
+    if ref not in names:
         return None
     *_, fingerprint = _request(conversation, fields["body"], fields.get("related_paths"), fields.get("reply_to"),
                                fields.get("collective"))

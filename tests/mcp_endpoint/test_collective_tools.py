@@ -89,7 +89,8 @@ def test_a_cursor_of_any_length_is_invalid_cursor_as_on_the_api(space, alice, na
 def test_a_tool_answers_with_the_apis_own_code_for_a_malformed_key_or_event_id(space, alice):
     # the schema names no shape of its own for them: the API's rule answers
     with pytest.raises(ApiError) as short_key:
-        call("send_message", alice, {"space": "lab", "conversation": "#general", "body": "q", "idempotency_key": "short"})
+        call("send_message", alice, {"space": "lab", "conversation": "#general", "body": "q",
+                                     "idempotency_key": "short"})
     with pytest.raises(ApiError) as bad_id:
         call("read_event", alice, {"eventId": "evt_short"})
     assert (short_key.value.code, bad_id.value.code) == ("INVALID_IDEMPOTENCY_KEY", "INVALID_EVENT_ID")
