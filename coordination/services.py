@@ -16,6 +16,7 @@ from django.db import transaction
 from controlplane.access import can_read_space, may_administer
 from controlplane.clock import now
 from controlplane.errors import Conflict, Forbidden, InvalidRequest, LimitExceeded, NotFound
+from controlplane.events import conversation_created
 from controlplane.log import append_events
 from controlplane.models import Conversation, Member, Space
 from controlplane.services import member_for_handle, require_sender
@@ -78,7 +79,9 @@ def create_task(space: Space, *, title: str, description: str = "", assignee: st
         task.conversation = Conversation.objects.create(space=space, kind=Conversation.Kind.CHANNEL, name=name,
                                                         address=f"#{name}", created_by=actor)
         task.save()
-        append_events([task_event("task.created", task, actor=actor)])
+        # announced as every channel is (SPEC §6), then the task that discusses in it
+        append_events([conversation_created(task.conversation, [], actor=actor),
+                       task_event("task.created", task, actor=actor)])
     return task
 
 

@@ -38,6 +38,10 @@ def test_a_created_task_is_open_with_its_own_discussion_channel(space, as_alice,
     assert posted.status_code == 201
     assert as_bob.get(task_url(task["id"])).json() == {"task": task}
     assert kinds_in_feed() == ["task.created"]
+    # announced in the space feed as every channel is, before the task that discusses in it
+    feed = [(e["kind"], e["conversation"]) for e in as_bob.get("/v0/spaces/lab/events").json()["events"]
+            if e["conversation"] == task["conversation"]]
+    assert feed[:2] == [("conversation.created", task["conversation"]), ("task.created", task["conversation"])]
 
 
 def test_the_whole_lifecycle_claim_submit_reopen_complete(space, as_alice, as_bob, as_carol, task):
