@@ -23,7 +23,7 @@ from controlplane.access import readable_conversation
 from controlplane.live import member_group
 from controlplane.topics import Memberships, heeding_cancellation
 from controlplane.models import Member
-from controlplane.ratelimit import member_request_wait
+from controlplane.ratelimit import address_wait, member_request_wait, scope_address
 from inbox.delivery import pending_count
 from inbox.mailbox import inbox_group
 from controlplane.db import db_call
@@ -93,10 +93,14 @@ class SessionSocket:
 
     async def refused(self, member) -> bool:
         """Count the handshake against `member`'s budget and take one of
-        their places (if signed in); past either, refuse it (the page backs
-        off before it retries)."""
+        their places (if signed in), or against the client address's, as an
+        anonymous request is (signed out); past either, refuse it (the page
+        backs off before it retries)."""
         if member is None:
-            return False
+            if not await db_call(address_wait)(scope_address(self.scope)):
+                return False
+            await self.close()
+            return True
         if not await db_call(member_request_wait)(member) and holding.hold(member.pk):
             self.holder = member.pk
             return False

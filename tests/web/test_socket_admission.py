@@ -36,6 +36,19 @@ async def test_opening_sockets_counts_against_the_members_rate_limit(room, ben, 
     assert opened == [True, True, True, False]
 
 
+async def test_signed_out_handshakes_count_against_the_client_address(room, settings):
+    # given: a budget of three requests a minute
+    from tests.conftest import clear_of_window_edge
+
+    settings.RATE_LIMIT_PER_MINUTE = 3
+    _, channel = room
+    clear_of_window_edge()
+    # when: four handshakes with no session, as anonymous HTTP requests are counted
+    opened = [(await open_socket(path))[1] for path in (f"/ws/conversations/{channel.public_id}/", "/ws/inbox/") * 2]
+    # then: each is accepted to be told it is signed out, until the address's budget is spent
+    assert opened == [True, True, True, False]
+
+
 async def test_a_member_holds_at_most_their_cap_of_sockets_open_in_a_process(room, ben, settings):
     # given: a cap of two open sockets (and long-polls) a member
     from controlplane import holding
