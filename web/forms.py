@@ -1,13 +1,14 @@
 from django.contrib.auth.forms import AuthenticationForm
-from django.core.exceptions import ValidationError
 
 from web.pages import member_of
 
 
 class MemberLoginForm(AuthenticationForm):
-    """Django's sign-in, for users that are active members."""
+    """Django's sign-in, for users that are active members. Anyone else is
+    told what a wrong password is told: a message of its own would say that
+    a suspended member's password was right."""
 
     def confirm_login_allowed(self, user):
         super().confirm_login_allowed(user)
         if member_of(user) is None:
-            raise ValidationError("This account is not an active member of Switchboard.", code="not_member")
+            raise self.get_invalid_login_error()

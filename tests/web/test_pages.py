@@ -1,5 +1,6 @@
 """The web app's pages: sign-in, access exactly as the API, the composer."""
 import json
+import re
 
 import pytest
 from django.test import Client
@@ -38,12 +39,14 @@ def test_a_human_member_signs_in_with_handle_and_password(ann):
 
 @pytest.mark.parametrize("password", ["wrong", PASSWORD])
 def test_a_suspended_member_or_a_wrong_password_cannot_sign_in(ann, password):
-    if password == PASSWORD:
-        Member.objects.filter(pk=ann.pk).update(status=Member.Status.SUSPENDED)
+    Member.objects.filter(pk=ann.pk).update(status=Member.Status.SUSPENDED)
     client = Client()
     response = client.post("/app/login/", {"username": "ann", "password": password})
     assert response.status_code == 200 and 'role="alert"' in response.content.decode()
     assert client.get("/app/").status_code == 302
+    # the answer is the same either way: it tells no one that a suspended member's password is right
+    alert = re.search(r'class="error" role="alert">(.*?)</div>', response.content.decode(), re.S).group(1)
+    assert "Please enter a correct username and password" in alert and "member" not in alert
 
 
 def test_a_session_of_a_member_suspended_later_no_longer_opens_pages(ann, browser_of):
