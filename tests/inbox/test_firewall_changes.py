@@ -59,6 +59,13 @@ def test_clearing_the_rules_judges_the_items_waiting_at_once(space, alice, bob, 
     assert inbox_contents(as_bob) == [("m1", None), ("m2", None)]
 
 
+def private_direct(alice, bob):
+    """A private space of alice's with bob in it, and their direct conversation there."""
+    vault = services.create_space(slug="vault", name="Vault", visibility="private", send_policy="open", actor=alice)
+    services.add_member(vault, bob, actor=alice)
+    return vault, services.get_or_create_direct(vault, bob, actor=alice)[0]
+
+
 def test_a_member_removed_from_a_private_space_reads_none_of_its_admissions(alice, bob, as_bob, monkeypatch):
     # given: bob's inbox subscription, his firewall, and a private space he is in
     from controlplane.models import LogHead
@@ -68,9 +75,7 @@ def test_a_member_removed_from_a_private_space_reads_none_of_its_admissions(alic
                                 kind=Subscription.Kind.INBOX, status=Subscription.Status.ACTIVE, debounce_ms=0,
                                 activation_position=LogHead.objects.get().position)
     firewall.set_rules(bob, [{"action": "allow", "guidance": "fine"}], actor=bob)
-    vault = services.create_space(slug="vault", name="Vault", visibility="private", send_policy="open", actor=alice)
-    services.add_member(vault, bob, actor=alice)
-    direct, _ = services.get_or_create_direct(vault, bob, actor=alice)
+    vault, direct = private_direct(alice, bob)
     send_message(direct, body="admitted before", actor=alice)
     firewall.classify_pending(bob.pk)
     def bodies():
@@ -93,9 +98,7 @@ def test_a_member_removed_from_a_private_space_reads_none_of_its_admissions(alic
 def test_an_item_judged_after_its_member_left_a_private_space_is_rejected(alice, bob, as_bob):
     # given: two items of a private space for bob: one his firewall held, one still waiting for it
     firewall.set_rules(bob, [{"action": "hold", "content_pattern": "held"}], actor=bob)
-    vault = services.create_space(slug="vault", name="Vault", visibility="private", send_policy="open", actor=alice)
-    services.add_member(vault, bob, actor=alice)
-    direct, _ = services.get_or_create_direct(vault, bob, actor=alice)
+    vault, direct = private_direct(alice, bob)
     send_message(direct, body="held before", actor=alice)
     firewall.classify_pending(bob.pk)
     send_message(direct, body="vault secret", actor=alice)
