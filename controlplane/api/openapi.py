@@ -17,18 +17,20 @@ def apply_annotations(endpoints):
     return endpoints
 
 
-# What every route that takes a body can answer before (or as) its view
-# reads it: a body past DATA_UPLOAD_MAX_MEMORY_SIZE, one not sent as JSON,
-# and JSON holding text no column takes (a NUL, a lone surrogate).
+# What every write route can answer before (or as) its view reads the body,
+# declared or not (an action's `EmptyIn` is parsed too): a body past
+# DATA_UPLOAD_MAX_MEMORY_SIZE, one not sent as JSON, and JSON holding text no
+# column takes (a NUL, a lone surrogate).
+WRITES = ("post", "put", "patch")
 BODY_ERRORS = (("413", "BODY_TOO_LARGE"), ("415", "INVALID_REQUEST"), ("422", "INVALID_BODY"))
 
 
 def add_body_limit(result, generator, request, public):
-    """Postprocessing hook: every route that takes a body lists BODY_ERRORS."""
+    """Postprocessing hook: every write route lists BODY_ERRORS."""
     for operations in result["paths"].values():
-        for operation in operations.values():
+        for method, operation in operations.items():
             responses = operation.get("responses", {})
-            if "requestBody" not in operation or "401" not in responses:
+            if method not in WRITES or "401" not in responses:
                 continue
             for status, code in BODY_ERRORS:
                 if status not in responses:

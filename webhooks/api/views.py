@@ -225,6 +225,6 @@ class SigningKeysView(APIView):
     permission_classes = [ReadableAnonymously]
 
     @extend_schema(operation_id="list_webhook_signing_keys",
-                   responses={200: envelope("keys", SigningKeyOut, many=True)})
+                   responses={200: envelope("keys", SigningKeyOut, many=True), **errors()})
     def get(self, request):
         return Response({"keys": [render_key(k) for k in services.published_keys()]})
