@@ -62,6 +62,17 @@ def test_a_receiver_url_that_cannot_be_used_is_a_clear_error(ann, browser_of, ur
     assert not Endpoint.objects.exists()
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("next_page, to", [("/app/", "/app/"), ("web-space", "/app/subscriptions/"),
+                                           ("https://example.com/", "/app/subscriptions/"), ("", "/app/subscriptions/")])
+def test_a_form_goes_back_to_a_page_of_this_site_or_to_the_subscriptions_page(ann, browser_of, next_page, to):
+    # when a receiver is saved from a form whose `next` is a path, a word or another site
+    response = browser_of(ann).post("/app/subscriptions/receivers", {"url": "https://example.com/hook",
+                                                                     "next": next_page})
+    # then it goes back there if it is a page of this site, else to the subscriptions page (a word was a 500)
+    assert response.status_code == 302 and response["Location"] == to
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_member_saves_verifies_subscribes_and_sees_the_attempt(ann, ben, room, receiver, browser_of, monkeypatch):
     monkeypatch.setattr("webhooks.due.kick_on_commit", lambda: None)  # the test runs the engine

@@ -8,6 +8,7 @@ from __future__ import annotations
 from django.contrib import messages as flash
 from django.db.models import F, Prefetch, Window
 from django.db.models.functions import RowNumber
+from django.http import HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.debug import sensitive_post_parameters
@@ -87,9 +88,9 @@ def subscriptions_page(request, member):
 def _back(request):
     """Back to the page the form was on (this site's pages only)."""
     target = request.POST.get("next", "")
-    if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
-        target = "web-subscriptions"
-    return redirect(target)
+    if target.startswith("/") and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
+        return HttpResponseRedirect(target)
+    return redirect("web-subscriptions")  # (`redirect` would take any other word for a page's name)
 
 
 @sensitive_post_parameters("secret")
