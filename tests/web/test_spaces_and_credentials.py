@@ -2,6 +2,9 @@
 conversations, the inbox's pages, held items and firewall rules, and
 credentials. Each action goes through the same services as the API, so
 these tests check what the page does and that a refusal changes nothing."""
+import html
+import re
+
 import pytest
 
 from controlplane import services
@@ -15,6 +18,19 @@ pytestmark = pytest.mark.django_db
 
 def text(response) -> str:
     return response.content.decode()
+
+
+def submitted(form: str) -> dict:
+    """What a browser sends from this form's markup unchanged (a textarea's
+    first line break belongs to the markup)."""
+    fields = {name: value for name, value in re.findall(r'<input [^>]*name="([^"]+)" value="([^"]*)"', form)}
+    fields |= {name: value.removeprefix("\n")
+               for name, value in re.findall(r'<textarea [^>]*name="([^"]+)"[^>]*>(.*?)</textarea>', form, re.S)}
+    for name, options in re.findall(r'<select [^>]*name="([^"]+)"[^>]*>(.*?)</select>', form, re.S):
+        chosen = re.search(r'<option value="([^"]*)" selected>', options)
+        fields[name] = chosen.group(1) if chosen else ""
+    fields.pop("csrfmiddlewaretoken", None)
+    return {name: html.unescape(value) for name, value in fields.items()}
 
 
 def test_a_member_creates_a_space_and_becomes_its_owner(ann, browser_of):
@@ -170,6 +186,24 @@ def test_held_items_show_their_guidance_and_are_released(ann, ben, room, browser
     assert FirewallRule.objects.filter(member=ben).count() == 1
     cleared = client.post("/app/inbox/firewall", {"rules": "1", "rule-0-action": ""})
     assert cleared.status_code == 302 and not FirewallRule.objects.filter(member=ben).exists()
+
+
+def test_saving_the_firewall_form_unchanged_keeps_rules_set_through_the_api(ben, browser_of):
+    # given rules whose pattern and guidance the API keeps exactly, spaces and line breaks included
+    from inbox import firewall
+    from inbox.api.delivery_views import parse_rules
+
+    firewall.set_rules(ben, parse_rules({"rules": [
+        {"action": "hold", "content_pattern": " "},
+        {"action": "allow", "content_pattern": "urgent ", "guidance": "first line\nsecond line"}]}), actor=ben)
+    before = list(FirewallRule.objects.filter(member=ben).values_list("action", "content_pattern", "guidance"))
+    client = browser_of(ben)
+    # when the form goes back as a browser sends it, unchanged
+    page = text(client.get("/app/inbox/"))
+    fields = submitted(re.search(r'action="/app/inbox/firewall">(.*?)</form>', page, re.S).group(1))
+    assert client.post("/app/inbox/firewall", fields).status_code == 302
+    # then the rules are as they were: a blank pattern did not become "hold everything"
+    assert list(FirewallRule.objects.filter(member=ben).values_list("action", "content_pattern", "guidance")) == before
 
 
 def test_credentials_are_created_named_shown_once_and_revoked(ann, ben, browser_of):

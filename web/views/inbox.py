@@ -17,6 +17,9 @@ from inbox.models import FirewallRule, InboxItem
 from inbox.render import RULE_FIELDS
 from web.pages import digits, member_page
 
+# A rule's pattern and guidance are kept as typed, as the API keeps them.
+VERBATIM = {"content_pattern", "guidance"}
+
 BLANK_RULES = 1  # empty rows the form offers for new rules
 
 
@@ -69,7 +72,8 @@ def set_rules(request, member):
     rows, count = [], request.POST.get("rules", "")
     count = min(digits(count) or 0, firewall.MAX_RULES + BLANK_RULES)
     for n in range(count):
-        row = {f: request.POST.get(f"rule-{n}-{f}", "").strip() for f in RULE_FIELDS}
+        row = {f: value if f in VERBATIM else value.strip()
+               for f in RULE_FIELDS for value in [request.POST.get(f"rule-{n}-{f}", "")]}
         if not row["action"]:
             continue
         rule = {f: v for f, v in row.items() if v}
