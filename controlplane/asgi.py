@@ -30,13 +30,13 @@ from web.routing import websocket_urlpatterns  # noqa: E402
 from web.sockets import SameOriginOnly  # noqa: E402
 
 router = ProtocolTypeRouter({
-    "http": BodyLimit(ASGIStaticFilesHandler(django_application)),
+    # The request id first, so that every answer names it: a refused body's and a static file's too.
+    "http": with_request_id(BodyLimit(ASGIStaticFilesHandler(django_application))),
     "websocket": SameOriginOnly(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
 })
 
 
-# Django's requests get their request id from its middleware (RequestId); /mcp here.
-mcp = BodyLimit(with_request_id(mcp_endpoint))
+mcp = with_request_id(BodyLimit(mcp_endpoint))
 MCP_PATHS = ("/mcp", "/mcp/")
 
 

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
 from controlplane.errors import ApiError, Forbidden, InvalidRequest
-from controlplane.tracing import HEADER, begin_request, end_request
+from controlplane.tracing import HEADER, begin_request, current_request_id, end_request
 
 
 def _allowed(host: str | None) -> bool:
@@ -55,7 +55,9 @@ class RequestId:
     """Every request runs under a request id (controlplane.tracing): the
     client's `X-Request-Id` if it is a safe one, else a new one; the
     response names it. Its logs, and the events and wakes it causes, carry
-    it. First in the chain, so every answer has it (a refused host too)."""
+    it. First in the chain, so every answer has it (a refused host too).
+    Under the ASGI application, `tracing.with_request_id` has set and names
+    it already, before the body limit and the static files: this leaves it."""
 
     async_capable = True
     sync_capable = True
@@ -69,6 +71,8 @@ class RequestId:
     def __call__(self, request):
         if self.is_async:
             return self._acall(request)
+        if current_request_id() is not None:
+            return self.get_response(request)
         request_id, token = begin_request(request.headers.get(HEADER))
         try:
             response = self.get_response(request)
@@ -78,6 +82,8 @@ class RequestId:
         return response
 
     async def _acall(self, request):
+        if current_request_id() is not None:
+            return await self.get_response(request)
         request_id, token = begin_request(request.headers.get(HEADER))
         try:
             response = await self.get_response(request)

@@ -2,8 +2,8 @@
 
 Every HTTP request gets an id (the client's `X-Request-Id` when it is a
 safe one, else a fresh `req_…`), held in a context variable for the work
-the request does: the middleware (controlplane.middleware.RequestId) and the
-MCP endpoint (`with_request_id`) set it; every log record made under it
+the request does: the ASGI application (`with_request_id`), or Django's
+middleware under WSGI (controlplane.middleware.RequestId), sets it; every log record made under it
 carries it (`stamp_log_records`); an event records the id of the request that appended it
 (controlplane.log.NewEvent), and so does the wake the event causes
 (webhooks.outbox), so a send can be followed to its webhook attempts.
@@ -54,7 +54,8 @@ def end_request(token: contextvars.Token) -> None:
 
 def with_request_id(application):
     """An ASGI application whose HTTP requests each get a request id, named
-    in their response (for ASGI apps outside Django's middleware: /mcp)."""
+    in their response: outermost on every HTTP request the ASGI application
+    serves (Django's middleware, `RequestId`, names it for WSGI and tests)."""
     wire_name = HEADER.lower().encode()
 
     async def call(scope, receive, send):

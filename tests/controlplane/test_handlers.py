@@ -12,9 +12,10 @@ import pytest
 from controlplane.asgi import application
 
 
-def asgi_get(path: str, host: bytes = b"testserver", headers: tuple = ()) -> tuple[int, dict, dict]:
-    """GET `path` through the ASGI application: (status, headers, JSON body or bytes)."""
-    sent, requests = [], [{"type": "http.request", "body": b"", "more_body": False}]
+def asgi_call(method: str, path: str, headers: tuple = (), body: bytes = b"",
+              host: bytes = b"testserver") -> tuple[dict, bytes]:
+    """One request through the ASGI application: its response start and body."""
+    sent, requests = [], [{"type": "http.request", "body": body, "more_body": False}]
 
     async def receive():
         if requests:
@@ -24,12 +25,17 @@ def asgi_get(path: str, host: bytes = b"testserver", headers: tuple = ()) -> tup
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
              "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
              "headers": [(b"host", host), *headers], "client": ("127.0.0.1", 5000), "server": ("testserver", 80)}
     asyncio.run(application(scope, receive, send))
     start = next(m for m in sent if m["type"] == "http.response.start")
-    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start, b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+
+def asgi_get(path: str, host: bytes = b"testserver", headers: tuple = ()) -> tuple[int, dict, dict]:
+    """GET `path` through the ASGI application: (status, headers, JSON body or bytes)."""
+    start, body = asgi_call("GET", path, headers, host=host)
     answered = {k.decode().lower(): v.decode() for k, v in start["headers"]}
     return start["status"], answered, json.loads(body) if "json" in answered.get("content-type", "") else body
 

@@ -4,7 +4,6 @@ request threads, async views on the loop, /mcp) runs under it; the JSON log
 format prints it with the record's structured fields."""
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import logging
@@ -15,9 +14,8 @@ import sys
 import pytest
 from django.test import Client, RequestFactory
 
-from controlplane.asgi import application
 from controlplane.tracing import JsonFormatter, begin_request, end_request
-from tests.controlplane.test_handlers import asgi_get
+from tests.controlplane.test_handlers import asgi_call, asgi_get
 from tests.servers import ROOT, server_env
 
 GENERATED = re.compile(r"req_[a-z2-7]{16}")
@@ -72,24 +70,27 @@ def test_the_request_id_ends_with_its_request(thread_urls):
 
 @pytest.mark.django_db
 def test_the_mcp_endpoint_names_a_request_id_too():
-    # given: /mcp is outside Django's middleware
-    sent, requests = [], [{"type": "http.request", "body": b"{}", "more_body": False}]
-
-    async def receive():
-        return requests.pop() if requests else await asyncio.Event().wait()
-
-    async def send(message):
-        sent.append(message)
-
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": "/mcp", "raw_path": b"/mcp", "query_string": b"", "root_path": "",
-             "headers": [(b"host", b"testserver"), (b"x-request-id", b"mcp-call-7")],
-             "client": ("127.0.0.1", 5000), "server": ("testserver", 80)}
-    # when: a call without a credential
-    asyncio.run(application(scope, receive, send))
+    # when: a call without a credential to /mcp, which is outside Django's middleware
+    start, _ = asgi_call("POST", "/mcp", ((b"x-request-id", b"mcp-call-7"),), b"{}")
     # then
-    start = next(m for m in sent if m["type"] == "http.response.start")
     assert start["status"] == 401 and (b"x-request-id", b"mcp-call-7") in start["headers"]
+
+
+@pytest.mark.parametrize("path", ["/v0/spaces", "/mcp", "/app/credentials/new"])
+def test_a_body_refused_before_any_view_still_names_its_request_id(path):
+    # when a body past the limit is refused before Django or the MCP SDK sees it
+    start, _ = asgi_call("POST", path, ((b"x-request-id", b"too-big-1"), (b"content-length", b"1000000000")))
+    # then the answer names the request's id, once
+    assert start["status"] == 413
+    assert [value for name, value in start["headers"] if name.lower() == b"x-request-id"] == [b"too-big-1"]
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/static/admin/css/base.css"])
+def test_django_and_the_static_files_name_the_request_id_once(path):
+    # (the static files handler answers without Django's middleware)
+    start, _ = asgi_call("GET", path, ((b"x-request-id", b"named-once"),))
+    assert start["status"] == 200
+    assert [value for name, value in start["headers"] if name.lower() == b"x-request-id"] == [b"named-once"]
 
 
 @pytest.fixture
