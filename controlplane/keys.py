@@ -30,6 +30,16 @@ def development_checkout(var_dir: Path) -> bool:
     return not os.environ.get("SERVER_ADMIN_KEY") and (var_dir / DEVELOPMENT_KEY_FILE).is_file()
 
 
+def private_dir(path: Path) -> None:
+    """Make `path` (var/: the embedded database with its sessions and
+    message bodies, the development key) if it is missing, readable by its
+    owner only; one of ours that others may read is closed to them."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    status = path.stat()
+    if status.st_mode & 0o077 and status.st_uid == os.getuid():
+        path.chmod(0o700)
+
+
 def load_root_key(*, debug: bool, var_dir: Path) -> str:
     """The root key from the environment, or (development only) from var/."""
     key = os.environ.get("SERVER_ADMIN_KEY", "")
@@ -43,7 +53,7 @@ def load_root_key(*, debug: bool, var_dir: Path) -> str:
             " (docs/configuration.md); for development run `make run` once, or set DEBUG=1")
     path = var_dir / DEVELOPMENT_KEY_FILE
     if not path.exists():
-        var_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(var_dir)
         # Written aside, then linked into place, which fails if another
         # process got there first: processes starting at once agree on one
         # key, and none reads a file its creator has not written yet.

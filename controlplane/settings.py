@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from controlplane.keys import derive_key, development_checkout, load_root_key, redis_namespace
+from controlplane.keys import derive_key, development_checkout, load_root_key, private_dir, redis_namespace
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("SWITCHBOARD_VAR_DIR", BASE_DIR / "var"))
@@ -162,7 +162,7 @@ TEMPLATES = [
 ]
 
 # --- database -------------------------------------------------------------
-VAR_DIR.mkdir(parents=True, exist_ok=True)
+private_dir(VAR_DIR)
 DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'switchboard.sqlite3'}"
 _db = dj_database_url.parse(DATABASE_URL)
 if _db["ENGINE"] == "django.db.backends.sqlite3":

@@ -45,10 +45,15 @@ def test_purposes_get_independent_keys():
 def run_manage(*args: str, var_dir, **env) -> subprocess.CompletedProcess:
     """`manage.py` as a user runs it in a new shell: none of the suite's
     settings, a SQLite database in `var_dir`."""
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**run_env(var_dir), **env})
+
+
+def run_env(var_dir) -> dict:
+    """A new shell's environment: none of the suite's settings, the embedded database in `var_dir`."""
     clean = {k: v for k, v in os.environ.items()
              if k not in {"DEBUG", "SERVER_ADMIN_KEY", "DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE"}}
-    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={**clean, "SWITCHBOARD_VAR_DIR": str(var_dir), **env})
+    return {**clean, "SWITCHBOARD_VAR_DIR": str(var_dir)}
 
 
 def test_a_checkout_set_up_for_development_needs_nothing_exported(tmp_path):
@@ -60,6 +65,22 @@ def test_a_checkout_set_up_for_development_needs_nothing_exported(tmp_path):
     # then
     assert created.returncode == 0 and created.stdout.startswith("mem_"), created.stderr
     assert token.returncode == 0 and token.stdout.startswith("sbt_"), token.stderr
+
+
+def test_var_is_its_owners_alone_new_or_made_before(tmp_path):
+    # given a var/ that does not exist yet, and one an earlier version made readable by anyone
+    made_before = tmp_path / "before"
+    made_before.mkdir(mode=0o755)
+    os.chmod(made_before, 0o755)
+    for var_dir in (tmp_path / "new", made_before):
+        # when a process sets up the embedded database there (umask as a login shell's)
+        migrated = subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, capture_output=True,
+                                  timeout=120, preexec_fn=lambda: os.umask(0o022),
+                                  env={**run_env(var_dir), "DEBUG": "1"})
+        # then the folder that holds its sessions, message bodies and key is closed to other users
+        assert migrated.returncode == 0, migrated.stderr
+        assert (var_dir / "switchboard.sqlite3").exists()
+        assert stat.S_IMODE(var_dir.stat().st_mode) == 0o700
 
 
 def test_a_missing_key_in_production_is_one_clear_line(tmp_path):
