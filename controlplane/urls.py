@@ -20,15 +20,16 @@ def readyz(request):
     return JsonResponse(report, status=200 if ready else 503, headers={"Cache-Control": "no-store"})
 
 
-def schema_view(name: str, **initkwargs):
-    """drf-spectacular's view `name`, imported at its first request: its
-    module loads the schema generator (controlplane.api.openapi)."""
+def schema_view(module: str, name: str, **initkwargs):
+    """The schema's view `name` of `module`, imported at its first request:
+    drf-spectacular's views load the schema generator
+    (controlplane.api.openapi)."""
     view = None
 
     def dispatch(request, *args, **kwargs):
         nonlocal view
         if view is None:
-            view = getattr(import_module("drf_spectacular.views"), name).as_view(**initkwargs)
+            view = getattr(import_module(module), name).as_view(**initkwargs)
         return view(request, *args, **kwargs)
 
     dispatch.csrf_exempt = True  # as every API view is
@@ -42,8 +43,8 @@ urlpatterns = [
     path("", RedirectView.as_view(url="/app/", permanent=False)),
     path("app/", include("web.urls")),
     path("staff/", include("grants.urls")),
-    path("v0/schema/", schema_view("SpectacularAPIView"), name="schema"),
-    path("v0/docs/", schema_view("SpectacularSwaggerView", url_name="schema"), name="docs"),
+    path("v0/schema/", schema_view("controlplane.api.schema_view", "SchemaView"), name="schema"),
+    path("v0/docs/", schema_view("drf_spectacular.views", "SpectacularSwaggerView", url_name="schema"), name="docs"),
     path("v0/", include("controlplane.api.urls")),
     path("v0/", include("inbox.api.urls")),
     path("v0/", include("grants.api.urls")),

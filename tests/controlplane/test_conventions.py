@@ -282,6 +282,23 @@ def test_schema_lists_every_route_with_its_errors(anon):
     assert "v0/" in routes
 
 
+def test_the_schema_is_built_once_per_process_whatever_asks_for_it(anon, monkeypatch):
+    # given a process that has not built it yet, counting builds
+    from drf_spectacular.generators import SchemaGenerator
+
+    from controlplane.api.schema_view import BuiltOnce
+
+    build, builds = SchemaGenerator.get_schema, []
+    monkeypatch.setattr(SchemaGenerator, "get_schema", lambda self, **kw: builds.append(1) or build(self, **kw))
+    monkeypatch.setattr(BuiltOnce, "built", {})
+    # when anyone asks for it several times, in either format
+    answers = [anon.client.get("/v0/schema/", HTTP_ACCEPT=accept) for accept in
+               ("application/json", "application/vnd.oai.openapi", "application/json")]
+    # then each is the whole schema, built once (a build costs a fifth of a second of CPU)
+    assert [a.status_code for a in answers] == [200, 200, 200] and answers[0].content == answers[2].content
+    assert b"/v0/spaces" in answers[1].content and len(builds) == 1
+
+
 def test_docs_ui_is_served_without_external_assets(anon):
     response = anon.client.get("/v0/docs/")
     assert response.status_code == 200
