@@ -43,7 +43,7 @@ def address_wait(address: str) -> float | None:
     an anonymous caller's, and one refused for its credential (none,
     unknown, revoked, suspended), so guessing credentials is throttled as
     anonymous reading is."""
-    return hit(f"ip:{address}", limit=settings.RATE_LIMIT_PER_MINUTE, window=MEMBER_WINDOW)
+    return hit(f"ip:{source(address)}", limit=settings.RATE_LIMIT_PER_MINUTE, window=MEMBER_WINDOW)
 
 
 def hit(key: str, *, limit: int, window: int) -> float | None:
@@ -119,9 +119,10 @@ SIGNIN_WINDOW = 15 * 60
 SIGNIN_ACCOUNT_EVERYWHERE = 10
 
 
-def _source(address: str) -> str:
-    """Whom sign-in attempts are counted against: the address, or for IPv6
-    its /64 (one host is commonly given a whole /64 to pick from)."""
+def source(address: str) -> str:
+    """Whom a client address's budgets count against (anonymous requests,
+    refused credentials, sign-in, long-poll places): the address, or for
+    IPv6 its /64 (one host is commonly given a whole /64 to pick from)."""
     try:
         parsed = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
@@ -139,7 +140,7 @@ def signin_wait(request) -> float | None:
     is spent, else None."""
     # The name as the sign-in form resolves it (NFKC, as Django's UsernameField), folded: "ａnn" is "ann"'s count.
     account = unicodedata.normalize("NFKC", str(request.POST.get("username", ""))).strip().casefold()[:64]
-    address = _source(client_address(request))
+    address = source(client_address(request))
     waits = [hit(f"signin:ip:{address}", limit=settings.SIGNIN_PER_ADDRESS, window=SIGNIN_WINDOW),
              hit(f"signin:user:{account}:{address}", limit=settings.SIGNIN_PER_ACCOUNT, window=SIGNIN_WINDOW),
              hit(f"signin:user:{account}", limit=settings.SIGNIN_PER_ACCOUNT * SIGNIN_ACCOUNT_EVERYWHERE,

@@ -24,7 +24,7 @@ from controlplane import holding
 from controlplane.db import in_pool
 from controlplane.errors import RateLimited
 from controlplane.live import log_watcher
-from controlplane.ratelimit import client_address
+from controlplane.ratelimit import client_address, source
 
 MAX_WAIT_MS = 30_000
 
@@ -53,7 +53,7 @@ def _holder(request) -> int | str:
     """Whose places a waiting long-poll takes: its member's, or an anonymous
     caller's client address's (counted as the rate limit counts them)."""
     user = request.user  # the DRF view set it (None: anonymous)
-    return user.pk if user is not None else f"address:{client_address(request)}"
+    return user.pk if user is not None else f"address:{source(client_address(request))}"
 
 
 def long_polling(sync_view):

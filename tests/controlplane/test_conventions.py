@@ -128,6 +128,20 @@ def test_refused_credentials_count_against_their_address_as_anonymous_reads_do(s
     assert api_for(alice).get("/v0/me").status_code == 200
 
 
+def test_an_ipv6_host_is_one_budget_whichever_address_of_its_64_it_takes(settings, anon, space):
+    # given a budget of 3, and a host taking a new address of its /64 for every request
+    settings.RATE_LIMIT_PER_MINUTE = 3
+    clear_of_window_edge()
+    addresses = iter(f"2001:db8:1:2::{n:x}" for n in range(1, 100))
+    # when it reads anonymously, then guesses credentials
+    reads = [anon.client.get("/v0/spaces/lab", REMOTE_ADDR=next(addresses)).status_code for _ in range(4)]
+    guesses = [anon.client.get("/v0/me", REMOTE_ADDR=next(addresses), HTTP_AUTHORIZATION="Bearer sbt_" + "x" * 43)
+               .status_code for _ in range(2)]
+    # then it is counted once, as sign-in counts it; another /64 has a budget of its own
+    assert reads == [200, 200, 200, 429] and guesses == [429, 429]
+    assert anon.client.get("/v0/spaces/lab", REMOTE_ADDR="2001:db8:1:3::1").status_code == 200
+
+
 def test_rate_limit_is_per_member(settings, api_for, alice, bob):
     # given
     settings.RATE_LIMIT_PER_MINUTE = 3
