@@ -30,6 +30,10 @@ MAX_BODY_BYTES = 8 * 1024
 MAX_RESULT_BYTES = 2 * 1024
 MAX_RELATED_PATHS = 64
 MAX_RELATED_PATH_CHARS = 1024
+# All of a message's related paths together, in UTF-8, as much as its body:
+# they travel in every copy of it (inbox items, feed events) and count
+# against no mailbox.
+MAX_RELATED_PATHS_BYTES = MAX_BODY_BYTES
 
 
 def _validate_related_paths(paths: list[str]) -> list[str]:
@@ -39,6 +43,9 @@ def _validate_related_paths(paths: list[str]) -> list[str]:
         if not path or len(path) > MAX_RELATED_PATH_CHARS or "\x00" in path:
             raise InvalidRequest(f"A related path is 1–{MAX_RELATED_PATH_CHARS} characters without NUL.",
                                  details={"related_paths": path[:100]})
+    if sum(len(path.encode("utf-8", "surrogatepass")) for path in paths) > MAX_RELATED_PATHS_BYTES:
+        raise InvalidRequest(f"The related paths are at most {MAX_RELATED_PATHS_BYTES} bytes (UTF-8) together.",
+                             details={"max_bytes": MAX_RELATED_PATHS_BYTES})
     return paths
 
 

@@ -6,7 +6,8 @@ from functools import lru_cache
 from drf_spectacular.utils import inline_serializer
 from rest_framework import serializers
 
-from controlplane.api.fields import StrictBooleanField, StrictCharField, StrictChoiceField, StrictSerializer
+from controlplane.api.fields import (BoundedListField, StrictBooleanField, StrictCharField, StrictChoiceField,
+                                     StrictSerializer)
 from controlplane.models import Member, Membership, Space
 from controlplane.services import MAX_GROUP_MEMBERS
 
@@ -50,7 +51,7 @@ class ChannelCreateIn(StrictSerializer):
 
 
 class GroupCreateIn(StrictSerializer):
-    members = serializers.ListField(child=StrictCharField(max_length=33), min_length=2, max_length=MAX_GROUP_MEMBERS)
+    members = BoundedListField(child=StrictCharField(max_length=33), min_length=2, max_length=MAX_GROUP_MEMBERS)
 
 
 class EmptyIn(StrictSerializer):

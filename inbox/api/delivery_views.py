@@ -6,8 +6,8 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.api.fields import (CursorField, StrictCharField, StrictChoiceField, StrictIntegerField,
-                                     StrictSerializer, validated)
+from controlplane.api.fields import (BoundedListField, CursorField, StrictCharField, StrictChoiceField,
+                                     StrictIntegerField, StrictSerializer, validated)
 from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, errors, extend_schema
 from controlplane.idempotency import idempotent
 from controlplane.services import parse_handle
@@ -52,7 +52,7 @@ class RuleIn(StrictSerializer):
 
 
 class RulesIn(StrictSerializer):
-    rules = serializers.ListField(child=RuleIn(), max_length=firewall.MAX_RULES)
+    rules = BoundedListField(child=RuleIn(), max_length=firewall.MAX_RULES)
 
 
 RulesOut = inline_serializer("FirewallRules", {"rules": RuleIn(many=True)})

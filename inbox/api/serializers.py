@@ -2,12 +2,12 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from controlplane.api.fields import (CursorField, QueryIntegerField, StrictBooleanField, StrictCharField,
-                                     StrictChoiceField, StrictIntegerField, StrictSerializer)
+from controlplane.api.fields import (BoundedListField, CursorField, QueryIntegerField, StrictBooleanField,
+                                     StrictCharField, StrictChoiceField, StrictIntegerField, StrictSerializer)
 from controlplane.api.pagination import DEFAULT_LIMIT, MAX_LIMIT
 from inbox.collectives import MAX_DEADLINE_MS, MIN_DEADLINE_MS
 from inbox.models import Collective
-from inbox.services import MAX_BODY_BYTES
+from inbox.services import MAX_BODY_BYTES, MAX_RELATED_PATHS
 
 
 class CollectiveIn(StrictSerializer):
@@ -41,7 +41,7 @@ class AnswersOut(serializers.Serializer):
 class SendMessageIn(StrictSerializer):
     body = StrictCharField(allow_blank=True, help_text="UTF-8 text, at most 8 KiB encoded; stored exactly.")
     reply_to = StrictCharField(required=False, allow_null=True, max_length=40)
-    related_paths = serializers.ListField(child=StrictCharField(), required=False)
+    related_paths = BoundedListField(child=StrictCharField(), required=False, max_length=MAX_RELATED_PATHS)
     request_approval = StrictBooleanField(required=False, default=False,
                                           help_text="Without authority, retain the message for an admin to approve "
                                                     "(needs an Idempotency-Key).")

@@ -111,6 +111,31 @@ def test_invalid_fields_are_400_and_change_nothing(as_alice, body):
     assert not Space.objects.exists()
 
 
+@pytest.mark.parametrize("method, path, field, rest", [
+    ("post", "/v0/spaces/lab/conversations/%23general/messages", "related_paths", {"body": "hi"}),
+    ("post", "/v0/spaces/lab/groups", "members", {}),
+    ("put", "/v0/me/inbox/firewall", "rules", {}),
+    ("post", "/v0/spaces/lab/webhook-subscriptions", "subjects", {"endpoint_id": "whe_nothere"}),
+])
+def test_a_list_past_its_length_is_refused_before_its_items_are_read(as_alice, general, method, path, field, rest):
+    # when a list of 80,000 items, each of them wrong, fills most of a body
+    response = getattr(as_alice, method)(path, {**rest, field: [1] * 80_000})
+    # then the answer is its length, in a few bytes: not one error per item (megabytes, seconds of CPU)
+    assert response.status_code == 400 and error_code(response) == "INVALID_REQUEST"
+    assert len(response.content) < 1024 and "no more than" in response.content.decode()
+
+
+def test_a_messages_related_paths_are_at_most_as_many_bytes_as_its_body(as_alice, general):
+    path = "/v0/spaces/lab/conversations/%23general/messages"
+    # given paths within their count and length, of four-byte characters: 12 KiB in every copy (64 of them: 256 KiB)
+    heavy = as_alice.post(path, {"body": "hi", "related_paths": ["😀" * 1024] * 3})
+    # then refused, while as many bytes as a body may hold are taken
+    fits = as_alice.post(path, {"body": "hi", "related_paths": ["😀" * 1024] * 2})
+    assert heavy.status_code == 400 and error_code(heavy) == "INVALID_REQUEST"
+    assert heavy.json()["error"]["details"] == {"max_bytes": 8192}
+    assert fits.status_code == 201
+
+
 def test_refused_credentials_count_against_their_address_as_anonymous_reads_do(settings, anon, api_for, space,
                                                                                alice):
     # given

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from controlplane.api.fields import StrictBooleanField, StrictCharField, StrictChoiceField, StrictIntegerField, \
-    StrictSerializer
+from controlplane.api.fields import (BoundedListField, StrictBooleanField, StrictCharField, StrictChoiceField,
+                                     StrictIntegerField, StrictSerializer)
 
 
 class EndpointIn(StrictSerializer):
@@ -19,7 +19,7 @@ class SubjectIn(StrictSerializer):
 
 class SpaceSubscriptionIn(StrictSerializer):
     endpoint_id = StrictCharField(max_length=40)
-    subjects = serializers.ListField(child=SubjectIn(), required=False, max_length=20)
+    subjects = BoundedListField(child=SubjectIn(), required=False, max_length=20)
     exclude_self = StrictBooleanField(required=False, default=False)
     debounce_ms = StrictIntegerField(required=False, default=1000, min_value=0, max_value=60_000)
 
