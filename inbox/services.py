@@ -12,11 +12,11 @@ from django.db import IntegrityError, connection, transaction
 from controlplane.access import get_conversation_to_write, readers_of
 from controlplane.clock import now
 from controlplane.errors import (AuthorityRevoked, Conflict, Forbidden, GrantRequired, IdempotencyConflict,
-                                 InvalidRequest, NotFound)
+                                 InvalidRequest, LimitExceeded, NotFound)
 from controlplane.log import append_events
 from controlplane.db import model_columns, model_from_row, plain_rows
 from controlplane.models import Conversation, Member, Membership, Participant, Space
-from controlplane.services import LOOK_UP_ROLE, require_sender
+from controlplane.services import LOOK_UP_ROLE, MAX_GROUP_MEMBERS, require_sender
 from inbox import authority, collectives, events, mailbox
 from inbox.mentions import parse_mentions
 from inbox.models import Message, Recipient
@@ -27,6 +27,11 @@ from inbox.writes import insert_message
 send_log = logging.getLogger("switchboard.send")
 
 MAX_BODY_BYTES = 8 * 1024
+# Whom one message may address: as many as the largest group holds. A
+# channel message addresses whom it mentions, and every member of the host
+# reads an open space: a body of `@a @b …` reached some 1,900 mailboxes, a
+# row, an item and a wake each, in the send's one transaction.
+MAX_RECIPIENTS = MAX_GROUP_MEMBERS
 MAX_RESULT_BYTES = 2 * 1024
 MAX_RELATED_PATHS = 64
 MAX_RELATED_PATH_CHARS = 1024
@@ -188,6 +193,9 @@ def send_message(conversation: Conversation, *, body: str, reply_to: str | None 
             raise InvalidRequest("reply_to must name a message of this conversation.", details={"reply_to": reply_to})
     mentioned = parse_mentions(body)
     recipients = _recipients(conversation, space, mentioned, actor)
+    if len(recipients) > MAX_RECIPIENTS:
+        raise LimitExceeded(f"A message addresses at most {MAX_RECIPIENTS} members; this one mentions "
+                            f"{len(recipients)} who can read it.", details={"max_recipients": MAX_RECIPIENTS})
     # In channels the recipients are the mentioned readers; in direct and
     # group conversations everyone is a recipient, and `mentions` records who
     # was also named explicitly.

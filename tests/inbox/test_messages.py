@@ -84,6 +84,21 @@ def test_bad_fields_are_400(general, as_alice, extra):
     assert not Message.objects.exists()
 
 
+def test_a_message_addresses_at_most_as_many_members_as_the_largest_group(general, as_alice, make_member):
+    # given 65 members of the host, none of them in the open space, so each can read it
+    from inbox.services import MAX_RECIPIENTS
+
+    handles = [make_member(f"reader{n:02d}").handle for n in range(MAX_RECIPIENTS + 1)]
+    # when a channel message mentions all of them, then as many as a group holds
+    everyone = send(as_alice, " ".join(f"@{h}" for h in handles))
+    as_many = send(as_alice, " ".join(f"@{h}" for h in handles[:MAX_RECIPIENTS]))
+    # then the first is refused and changes nothing; the second reaches each of them
+    assert everyone.status_code == 409 and error_code(everyone) == "LIMIT_EXCEEDED"
+    assert everyone.json()["error"]["details"] == {"max_recipients": 64}
+    assert as_many.status_code == 201 and len(as_many.json()["message"]["mentions"]) == MAX_RECIPIENTS
+    assert Message.objects.count() == 1 and Recipient.objects.count() == MAX_RECIPIENTS
+
+
 def test_idempotent_send(general, space, as_alice, as_bob, alice):
     # given
     key = {"Idempotency-Key": "send-0001"}
