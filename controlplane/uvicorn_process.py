@@ -21,19 +21,84 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import socket
 import sys
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 APP = "controlplane.asgi:application"
-# What `uvicorn APP --loop uvloop --http httptools --ws websockets-sansio ...` sets.
+# A request's head (its request line and headers): httptools sets no limit
+# on its size and uvicorn no deadline for it, so one connection could send
+# hundreds of MiB of one header, held in memory before any limit of ours
+# ran, or drip one out for ever.
+HEAD_MAX_BYTES = 64 * 1024
+HEAD_SECONDS = 10.0
+# After a 431, what the client is still sending is read and dropped this
+# long before the connection closes: closed with unread data, the client
+# would get a reset, and perhaps never read the answer.
+LINGER_SECONDS = 1.0
+
+
+class BoundedHead(HttpToolsProtocol):
+    """uvicorn's httptools protocol, whose requests' heads must fit in
+    HEAD_MAX_BYTES (else 431, and the connection closes) and arrive within
+    HEAD_SECONDS of their first byte, or of the connection for its first
+    request (else the connection closes; uvicorn closes idle keep-alive
+    connections itself). A head is counted by the reads it arrives in, so
+    the read it starts in counts whole."""
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self.head_bytes, self.head_open, self.refused = 0, False, False
+        self.head_timer = self.loop.call_later(HEAD_SECONDS, self.transport.close)
+
+    def connection_lost(self, exc) -> None:
+        self._head_done()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.refused:
+            return
+        super().data_received(data)
+        if not self.head_open or self.transport.is_closing():
+            return
+        self.head_bytes += len(data)
+        if self.head_bytes > HEAD_MAX_BYTES:
+            from controlplane.errors import error_body  # (the application has loaded Django by now)
+
+            self._head_done()
+            self.refused = True
+            body = json.dumps(error_body("INVALID_REQUEST", "The request's headers are too large.",
+                                         {"max_bytes": HEAD_MAX_BYTES})).encode()
+            self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+                                 b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+            self.loop.call_later(LINGER_SECONDS, self.transport.close)
+        elif self.head_timer is None:
+            self.head_timer = self.loop.call_later(HEAD_SECONDS, self.transport.close)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.head_bytes, self.head_open = 0, True
+
+    def on_headers_complete(self) -> None:
+        self._head_done()
+        super().on_headers_complete()
+
+    def _head_done(self) -> None:
+        self.head_open = False
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
+
+# What `uvicorn APP --loop uvloop --http httptools --ws websockets-sansio ...` sets, with heads bounded (BoundedHead).
 # The live pages' sockets are one-way (the composer posts over HTTP): a frame
 # from a browser larger than WS_MAX_BYTES closes its socket (1009) before it
 # is buffered, where uvicorn would take 16 MiB.
 WS_MAX_BYTES = 4096
-OPTIONS = {"loop": "uvloop", "http": "httptools", "ws": "websockets-sansio", "ws_max_size": WS_MAX_BYTES,
+OPTIONS = {"loop": "uvloop", "http": BoundedHead, "ws": "websockets-sansio", "ws_max_size": WS_MAX_BYTES,
            "lifespan": "on", "timeout_graceful_shutdown": 5, "access_log": False, "log_level": "warning",
            # Django reads proxy headers, and only with TRUST_PROXY_HEADERS: uvicorn's own default took
            # X-Forwarded-For and -Proto from any connection of loopback, a local proxy passing clients' through.
