@@ -113,10 +113,11 @@ def issue_credential(member: Member, *, actor: Member | None, name: str = "") ->
     if actor is not None and (wait := hit(f"credentials:{member.public_id}", limit=settings.CREDENTIALS_PER_HOUR,
                                           window=3600)):
         raise RateLimited.after(wait, "Too many new credentials this hour.")
-    if Credential.objects.filter(member=member).count() >= MAX_CREDENTIALS:
-        raise LimitExceeded(f"A member holds at most {MAX_CREDENTIALS} credentials; delete one first.")
     token = new_bearer_token()
     with transaction.atomic():
+        Member.take_turns(member.pk)  # so that two at once cannot both count one place left
+        if Credential.objects.filter(member=member).count() >= MAX_CREDENTIALS:
+            raise LimitExceeded(f"A member holds at most {MAX_CREDENTIALS} credentials; delete one first.")
         credential = Credential.objects.create(member=member, token_hash=hash_token(token), name=name)
         audit.record("credential.issued", member.public_id, actor=actor, credential=credential.public_id)
     return credential, token

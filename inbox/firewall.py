@@ -291,7 +291,8 @@ def set_rules(member: Member, rules: list[dict], *, actor: Member) -> list[Firew
         if kind is not None and kind not in Conversation.Kind.values:
             raise InvalidRequest("conversation_kind must be channel, direct or group.")
     with transaction.atomic():
-        Mailbox.objects.get_or_create(member=member)
+        # Replacements take turns: two at once each deleted the rules it saw, then collided on the order.
+        mailbox.lock([member.pk], create=True)
         FirewallRule.objects.filter(member=member).delete()
         created = FirewallRule.objects.bulk_create(
             FirewallRule(member=member, ordinal=i, **rule) for i, rule in enumerate(rules))

@@ -1,11 +1,17 @@
 """SPEC §7, inbox firewall, while things change around waiting items:
 rules cleared with items still waiting (order within a conversation), a
 member removed or suspended before their items are judged, and the flag
-that says whether new items wait."""
+that says whether new items wait, and rules replaced twice at once."""
+import threading
+
+import pytest
+from django.db import connections
+from rest_framework.test import APIClient
+
 from controlplane import services
 from controlplane.models import EventAddressee
 from inbox import delivery, firewall
-from inbox.models import InboxItem, Mailbox, MailboxShare
+from inbox.models import FirewallRule, InboxItem, Mailbox, MailboxShare
 from inbox.services import send_message
 from tests.conftest import error_code
 from tests.inbox.test_firewall import inbox_contents
@@ -147,3 +153,42 @@ def test_the_sweep_turns_off_the_flag_of_a_member_with_no_rules_and_nothing_wait
     classify_all()
     # then: bob's next items are admitted at once again
     assert Mailbox.objects.get(member=bob).firewall is False
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_two_replacements_of_the_rules_at_once_take_turns(monkeypatch):
+    # given a member with a mailbox, and two replacements that meet once each has deleted the rules it saw
+    # (unless one waits for the other, which breaks the meeting)
+    bob = services.create_member("bob", actor=None)
+    _, token = services.issue_credential(bob, actor=None)
+    Mailbox.objects.create(member=bob)
+    both_deleted, bulk_create = threading.Barrier(2), FirewallRule.objects.bulk_create
+
+    def meeting_then_create(rules, *args, **kwargs):
+        rules = list(rules)
+        try:
+            both_deleted.wait(3)
+        except threading.BrokenBarrierError:
+            pass
+        return bulk_create(rules, *args, **kwargs)
+
+    monkeypatch.setattr(FirewallRule.objects, "bulk_create", meeting_then_create)
+    statuses = []
+
+    def put(pattern):
+        try:
+            statuses.append(APIClient().put("/v0/me/inbox/firewall", {"rules": [{"action": "hold",
+                                                                               "content_pattern": pattern}]},
+                                            format="json", HTTP_AUTHORIZATION=f"Bearer {token}").status_code)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=put, args=(pattern,)) for pattern in ("alpha", "beta")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    # then both are answered (one collided on the rules' order: a 500) and one set of rules stands
+    assert statuses == [200, 200]
+    assert FirewallRule.objects.filter(member=bob).count() == 1
