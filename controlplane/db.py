@@ -7,6 +7,7 @@ import asyncio
 import contextvars
 import dataclasses
 import functools
+import hashlib
 import re
 from concurrent.futures import ThreadPoolExecutor
 
@@ -70,6 +71,17 @@ def plain_rows(sql: str, params: list) -> list[tuple]:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
+
+
+def advisory_lock(name: str) -> None:
+    """Until the caller's transaction ends, hold PostgreSQL's advisory lock
+    for `name` (hashed to its 64-bit key): another transaction asking for
+    the same name waits. SQLite needs none: its writers take turns at
+    BEGIN (IMMEDIATE)."""
+    if connection.vendor == "postgresql":
+        key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
 
 
 def run_steps(steps):

@@ -21,6 +21,7 @@ from django.db import IntegrityError, transaction
 from rest_framework.response import Response
 
 from controlplane.clock import now
+from controlplane.db import advisory_lock
 from controlplane.errors import IdempotencyConflict, InvalidIdempotencyKey
 from controlplane.keys import purpose_key
 from controlplane.models import IdempotencyRecord
@@ -86,6 +87,12 @@ def idempotent(view_method=None, *, secret_fields: tuple[str, ...] = (), atomic:
             return _replay(record, fingerprint)
         try:
             with transaction.atomic() if atomic else nullcontext():
+                if atomic:
+                    # A request with the same key at once waits for this one, then replays it: without a
+                    # turn, it ran into what the first had made (a taken slug: 409) and answered that.
+                    advisory_lock(f"idempotency {request.user.pk} {scope} {key}")
+                    if (record := IdempotencyRecord.objects.filter(**lookup).first()) is not None:
+                        return _replay(record, fingerprint)
                 response = view_method(self, request, *args, **kwargs)
                 if 200 <= response.status_code < 300:
                     stored = {**response.data, **{name: None for name in secret_fields if name in response.data}}

@@ -8,11 +8,11 @@ worker at start) creates or updates one django-q2 schedule per entry.
 from __future__ import annotations
 
 from django.apps import apps
-from django.db import connection, transaction
+from django.db import transaction
 from django_q.models import Schedule
 
-# pg_advisory_xact_lock key: workers starting together take turns.
-LOCK = 0x5357_5343  # "SWSC"
+from controlplane.db import advisory_lock
+
 
 
 def declared_schedules() -> list[tuple[str, str, int]]:
@@ -27,9 +27,7 @@ def ensure_schedules() -> None:
     two workers starting together each insert one, and every later start
     then failed on the pair (found by the fault matrix)."""
     with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [LOCK])
+        advisory_lock("schedules")  # workers starting together take turns
         for name, func, minutes in declared_schedules():
             found = list(Schedule.objects.filter(name=name).order_by("pk"))
             Schedule.objects.filter(pk__in=[s.pk for s in found[1:]]).delete()

@@ -1,8 +1,13 @@
 """SPEC §2: Idempotency-Key on every write: its format, replays, conflicts,
 and what a stored record keeps."""
-import pytest
+import threading
 
-from controlplane.models import Space
+import pytest
+from django.db import connections
+from rest_framework.test import APIClient
+
+from controlplane import services
+from controlplane.models import Member, Space
 from tests.conftest import error_code
 
 
@@ -114,3 +119,40 @@ def test_every_write_operation_of_the_schema_declares_the_idempotency_key(anon):
     assert undeclared == []
     assert all("INVALID_IDEMPOTENCY_KEY" in operations[m]["responses"]["400"]["description"]
                for operations in schema["paths"].values() for m in operations if m in ("post", "patch"))
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_two_requests_with_one_key_at_once_do_the_work_once_and_answer_alike(monkeypatch):
+    # given two requests with one key that meet once both are past the record lookup
+    # (unless one waits for the other, which breaks the meeting)
+    alice = services.create_member("alice", actor=None)
+    _, token = services.issue_credential(alice, actor=None)
+    both_in, take_turns = threading.Barrier(2), Member.take_turns
+
+    def meeting_then_take_turns(member_id):
+        try:
+            both_in.wait(3)
+        except threading.BrokenBarrierError:
+            pass
+        return take_turns(member_id)
+
+    monkeypatch.setattr(Member, "take_turns", staticmethod(meeting_then_take_turns))
+    answers = []
+
+    def create():
+        try:
+            response = APIClient().post("/v0/spaces", {"slug": "lab", "name": "Lab"}, format="json",
+                                        HTTP_AUTHORIZATION=f"Bearer {token}", HTTP_IDEMPOTENCY_KEY="create-lab-1")
+            answers.append((response.status_code, response.json()))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=create) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    # then one space, and the second answer is the first's (it was 409: that slug is taken)
+    assert Space.objects.count() == 1
+    assert [status for status, _ in answers] == [201, 201] and answers[0][1] == answers[1][1]
