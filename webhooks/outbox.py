@@ -25,7 +25,7 @@ from controlplane.clock import now
 from controlplane.db import ids_in, plain_rows
 from controlplane.log import NewEvent
 from webhooks import due, mcp
-from webhooks.models import REQUEST_IDS_MAX, Delivery, Subscription
+from webhooks.models import REQUEST_IDS_MAX, Delivery, Subscription, new_delivery_id
 
 _SUBSCRIPTIONS = connection.ops.quote_name(Subscription._meta.db_table)
 
@@ -146,21 +146,43 @@ def _extend_sql(with_request_ids: bool) -> str:
             f"WHERE subscription_id = %(subscription)s AND state = 'open'")
 
 
+@functools.cache
+def _open_sql() -> str:
+    """A new open delivery, unless one is open already (`one_open_delivery`)."""
+    columns = ("public_id", "subscription_id", "after_position", "through_position", "state", "due_at", "attempts",
+               "created_at", "request_ids")
+    return (f"INSERT INTO {connection.ops.quote_name(Delivery._meta.db_table)} ({', '.join(columns)}) "
+            f"VALUES ({', '.join(['%s'] * len(columns))}) ON CONFLICT DO NOTHING")
+
+
 def extend_or_open(subscription_id: int, position: int, *, debounce_ms: int,
                    request_ids: Iterable[str | None] = ()) -> None:
     """Move the open delivery's `through` to `position`, or open a new one
     chained to the last `through`. A delivery a worker has frozen meanwhile
     is no longer open, so the event goes to a new wake. The wake also
-    records `request_ids` (the sends that caused it), in the same statement."""
+    records `request_ids` (the sends that caused it), in the same statement.
+
+    An open delivery can also be made meanwhile without the log head (an
+    acknowledgement's `inbox.pending` wake, `acknowledged`): the insert
+    then waits for it to commit, makes nothing, and the event goes to it
+    (before, the insert failed on the constraint: a 500 for a grant made
+    while its recipient's pushed item was acknowledged)."""
     ids = _fitting(request_ids)
+    adapt = connection.ops.adapt_datetimefield_value
     with connection.cursor() as cursor:
-        cursor.execute(_extend_sql(bool(ids)), {"position": position, "subscription": subscription_id, "ids": ids,
-                                                "tail": " " + ids, "room": REQUEST_IDS_MAX - len(ids) - 1})
-        if cursor.rowcount:
-            return
-    after = last_through(subscription_id)
-    if position <= after:
-        return
-    Delivery.objects.create(subscription_id=subscription_id, after_position=after, through_position=position,
-                            due_at=now() + dt.timedelta(milliseconds=debounce_ms), request_ids=ids or None)
-    due.kick_on_commit()
+        while True:
+            cursor.execute(_extend_sql(bool(ids)), {"position": position, "subscription": subscription_id,
+                                                    "ids": ids, "tail": " " + ids,
+                                                    "room": REQUEST_IDS_MAX - len(ids) - 1})
+            if cursor.rowcount:
+                return
+            after = last_through(subscription_id)
+            if position <= after:
+                return
+            at = now()
+            cursor.execute(_open_sql(), [new_delivery_id(), subscription_id, after, position, Delivery.State.OPEN,
+                                         adapt(at + dt.timedelta(milliseconds=debounce_ms)), 0, adapt(at),
+                                         ids or None])
+            if cursor.rowcount:
+                due.kick_on_commit()
+                return
