@@ -71,11 +71,12 @@ def _first_unfinished(deliveries: str) -> str:
             f"AND o.id < d.id AND o.state IN ('pending', 'sending') LIMIT 1) IS NULL")
 
 
-def due_sql(ready: str, lock: bool = True, *, not_owners: Iterable[int] = (), not_ids: Iterable[int] = ()) -> str:
+def due_sql(ready: str, lock: bool = True, *, not_owners: Iterable[int] = (), not_endpoints: Iterable[int] = (),
+            not_ids: Iterable[int] = ()) -> str:
     """Due deliveries (`ready`) whose subscription may send (`sendable`),
     that are their subscription's oldest unfinished one, whose endpoint has
     fewer than PER_ENDPOINT in flight and whose owner fewer than PER_OWNER
-    (webhooks.engine), leaving out those of `not_owners` and `not_ids`:
+    (webhooks.engine), leaving out those of `not_owners`, `not_endpoints` and `not_ids`:
     oldest due first, skipping rows other
     workers hold and locking the rows it returns (without `lock`: a look
     that takes nothing). Plain SQL: this runs for every batch a worker
@@ -93,12 +94,12 @@ def due_sql(ready: str, lock: bool = True, *, not_owners: Iterable[int] = (), no
     skip_locked = lock and connection.features.has_select_for_update_skip_locked
     lock_clause = " FOR NO KEY UPDATE OF d SKIP LOCKED" if skip_locked else ""
     def busy(column: str, cap: str) -> str:
-        return (f"SELECT bs.{column} FROM {deliveries} b JOIN {subscriptions} bs ON bs.id = b.subscription_id "
-                f"WHERE b.state = 'sending' AND b.claimed_until >= %(at)s AND b.claimed_until <= %(horizon)s "
+        return (f"SELECT bs.{column} FROM {_in_flight(deliveries, subscriptions)} "
                 f"GROUP BY bs.{column} HAVING COUNT(*) >= %({cap})s")
 
     left_out = "".join(f" AND {column} NOT IN ({', '.join(map(str, map(int, values)))})"
-                       for column, values in (("s.owner_id", list(not_owners)), ("d.id", list(not_ids))) if values)
+                       for column, values in (("s.owner_id", list(not_owners)), ("s.endpoint_id", list(not_endpoints)),
+                                              ("d.id", list(not_ids))) if values)
     return (f"SELECT d.id FROM {deliveries} d WHERE {ready} "
             f"AND (SELECT {SENDABLE} AND s.endpoint_id NOT IN ({busy('endpoint_id', 'per_endpoint')}) "
             f"AND s.owner_id NOT IN ({busy('owner_id', 'per_owner')}){left_out} "
@@ -107,27 +108,54 @@ def due_sql(ready: str, lock: bool = True, *, not_owners: Iterable[int] = (), no
             f"ORDER BY d.due_at, d.id LIMIT %(limit)s{lock_clause}")
 
 
-def claimable(limit: int, reads, params: Callable[[int], dict], per_owner: int) -> list[Delivery]:
+def _in_flight(deliveries: str, subscriptions: str) -> str:
+    """The deliveries in flight (`b`, with their subscriptions `bs`): sending under a lease of today's clocks."""
+    return (f"{deliveries} b JOIN {subscriptions} bs ON bs.id = b.subscription_id WHERE b.state = 'sending' "
+            f"AND b.claimed_until >= %(at)s AND b.claimed_until <= %(horizon)s")
+
+
+def _in_flight_to(cursor, endpoints: set[int], params: dict) -> dict[int, int]:
+    """How many deliveries are in flight to each of these endpoints (those with none are left out)."""
+    quote = connection.ops.quote_name
+    in_flight = _in_flight(quote(Delivery._meta.db_table), quote(Subscription._meta.db_table))
+    cursor.execute(f"SELECT bs.endpoint_id, COUNT(*) FROM {in_flight} "
+                   f"AND bs.endpoint_id IN ({', '.join(map(str, map(int, sorted(endpoints))))}) "
+                   f"GROUP BY bs.endpoint_id", params)
+    return dict(cursor.fetchall())
+
+
+def claimable(limit: int, reads, params: Callable[[int], dict], per_owner: int, per_endpoint: int) -> list[Delivery]:
     """Up to `limit` due deliveries (`reads` of READY in turn, `params(asked)`
     their parameters), locked, with their relations (`claimed`), at most
-    `per_owner` of each member's: a read that reaches a member's last place
-    reads again without them (and without what it took), so the rest of the
-    room goes to the wakes of others due after theirs."""
+    `per_owner` of each member's, and at most `per_endpoint` in flight to
+    each endpoint, those already in flight counted: a read that reaches a
+    member's or an endpoint's last place reads again without them (and
+    without what it took), so the rest of the room goes to the wakes of
+    others due after theirs."""
     due: list[Delivery] = []
-    taken: dict[int, int] = {}
+    caps = {"owner": per_owner, "endpoint": per_endpoint}
+    taken: dict[tuple[str, int], int] = {}  # ("owner" | "endpoint", id) → places taken
     with connection.cursor() as cursor:
         for ready in reads:
             while len(due) < limit:
                 asked = limit - len(due)
-                full = {owner for owner, count in taken.items() if count >= per_owner}
-                cursor.execute(due_sql(ready, not_owners=full, not_ids=[d.pk for d in due] if full else ()),
-                               params(asked))
+                full = {key for key, count in taken.items() if count >= caps[key[0]]}
+                cursor.execute(due_sql(ready, not_owners=[pk for kind, pk in full if kind == "owner"],
+                                       not_endpoints=[pk for kind, pk in full if kind == "endpoint"],
+                                       not_ids=[d.pk for d in due] if full else ()), params(asked))
                 ids = [row[0] for row in cursor.fetchall()]
+                candidates = claimed(ids)
+                seen = {pk for kind, pk in taken if kind == "endpoint"}
+                if new := {d.subscription.endpoint_id for d in candidates} - seen:
+                    # an endpoint's places start from what is in flight to it
+                    counts = _in_flight_to(cursor, new, params(asked))
+                    taken |= {("endpoint", pk): counts.get(pk, 0) for pk in new}
                 skipped = 0
-                for delivery in claimed(ids):
-                    owner = delivery.subscription.owner_id
-                    if taken.get(owner, 0) < per_owner:
-                        taken[owner] = taken.get(owner, 0) + 1
+                for delivery in candidates:
+                    keys = (("owner", delivery.subscription.owner_id), ("endpoint", delivery.subscription.endpoint_id))
+                    if all(taken.get(key, 0) < caps[key[0]] for key in keys):
+                        for key in keys:
+                            taken[key] = taken.get(key, 0) + 1
                         due.append(delivery)
                     else:
                         skipped += 1

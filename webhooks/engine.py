@@ -6,8 +6,9 @@ every attempt.
   moved to `sending` with a lease and the next attempt number. A delivery's
   body is frozen at its first claim; every retry sends the same id and body.
   Per subscription only the oldest unfinished wake is sent, so wakes arrive
-  in range order; per endpoint at most `PER_ENDPOINT` are in flight across
-  all workers, so a slow receiver cannot hold up anyone else's, and one
+  in range order; per endpoint at most `PER_ENDPOINT` are in flight, those
+  of every worker counted (webhooks.due.claimable), so a slow receiver
+  cannot hold up anyone else's, and one
   member's wakes (their endpoints may share a URL) take at most `PER_OWNER`
   of a claim, and none while `PER_OWNER` are in flight.
 - **Send** outside any transaction (webhooks.transport), many at once.
@@ -159,7 +160,8 @@ def claim_due(limit: int, recover: bool = True) -> list[Job]:
     at = now()
     jobs = []
     with transaction.atomic():
-        due = claimable(limit, READY if recover else READY[:1], lambda asked: ready_params(at, asked), PER_OWNER)
+        due = claimable(limit, READY if recover else READY[:1], lambda asked: ready_params(at, asked), PER_OWNER,
+                        PER_ENDPOINT)
         # The rows are locked (PostgreSQL) or the database is (SQLite's
         # BEGIN IMMEDIATE), so what was read is what gets claimed.
         cancelled, superseded = [], set()

@@ -1,6 +1,8 @@
 """A claim's room is shared between members (webhooks.engine.PER_OWNER):
 the per-endpoint bound alone let one member, whose 20 endpoints may all
-share one URL, take a worker's whole room with slow receivers."""
+share one URL, take a worker's whole room with slow receivers; and an
+endpoint gets at most PER_ENDPOINT places, those in flight counted."""
+import collections
 import datetime as dt
 
 import pytest
@@ -48,3 +50,22 @@ def test_one_member_takes_at_most_their_share_of_a_claim_and_none_while_it_is_in
     third = engine.claim_due(engine.MAX_IN_FLIGHT)
     assert len(third) == min(engine.PER_OWNER, 80 - engine.PER_OWNER)
     assert not {j.delivery_id for j in first} & {j.delivery_id for j in third}
+
+
+def test_an_endpoint_gets_at_most_its_places_whatever_is_in_flight_to_it(make_member):
+    # given 12 due wakes of one member to one endpoint, and 12 to another, one of whose wakes is in flight
+    olive = make_member("olive")
+    one, other = (Endpoint.objects.create(owner=olive, url=f"https://{name}.example/hook") for name in ("one", "other"))
+    due_wakes(olive, [one, other], 24, ago=5)
+    Delivery.objects.filter(pk=Delivery.objects.filter(subscription__endpoint=other).order_by("pk")[0].pk).update(
+        state="sending", claimed_until=now() + dt.timedelta(minutes=1))
+    # when a worker claims its whole room
+    jobs = engine.claim_due(engine.MAX_IN_FLIGHT)
+    # then each endpoint has PER_ENDPOINT in flight, not one claim's whole share of its member
+    per_endpoint = collections.Counter(Delivery.objects.filter(state="sending").values_list(
+        "subscription__endpoint_id", flat=True))
+    assert per_endpoint == {one.pk: engine.PER_ENDPOINT, other.pk: engine.PER_ENDPOINT}
+    assert len(jobs) == 2 * engine.PER_ENDPOINT - 1
+    # and once they are answered, the next ones are claimed
+    Delivery.objects.filter(state="sending").update(state="delivered", claimed_until=None)
+    assert len(engine.claim_due(engine.MAX_IN_FLIGHT)) == 2 * engine.PER_ENDPOINT
