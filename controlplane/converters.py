@@ -30,7 +30,7 @@ class PublicIdConverter(_Converter):
 class ConversationRefConverter(_Converter):
     """A conversation id, or `#name` for a channel (`%23name` in the URL)."""
 
-    regex = rf"{PUBLIC_ID}|#[a-z0-9][a-z0-9_-]{{0,79}}"
+    regex = rf"(?:{PUBLIC_ID}|#[a-z0-9][a-z0-9_-]{{0,79}})"  # one group: the schema anchors it whole
 
 
 class GrantIdConverter(_Converter):
