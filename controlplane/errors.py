@@ -163,8 +163,6 @@ def from_drf(exc: drf.APIException) -> ApiError:
         return NotFound()
     if isinstance(exc, drf.MethodNotAllowed):
         return ApiError(str(exc.detail), status=405, code="METHOD_NOT_ALLOWED")
-    if isinstance(exc, drf.NotAcceptable):
-        return ApiError(str(exc.detail), status=406, code="NOT_ACCEPTABLE")
     if isinstance(exc, drf.UnsupportedMediaType):
         return ApiError("Send JSON with Content-Type: application/json.", status=415, code="INVALID_REQUEST")
     if isinstance(exc, drf.Throttled):

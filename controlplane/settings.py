@@ -256,6 +256,7 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_CLASSES": ["controlplane.api.throttling.MemberRateThrottle"],
     "DEFAULT_PARSER_CLASSES": ["controlplane.api.parsers.StrictJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "controlplane.api.negotiation.JsonWhateverAccepted",
     "EXCEPTION_HANDLER": "controlplane.errors.api_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "controlplane.api.openapi.SwitchboardAutoSchema",
     "UNAUTHENTICATED_USER": None,
