@@ -21,7 +21,7 @@ def apply_annotations(endpoints):
 # declared or not (an action's `EmptyIn` is parsed too): a body past
 # DATA_UPLOAD_MAX_MEMORY_SIZE, one not sent as JSON, and JSON holding text no
 # column takes (a NUL, a lone surrogate).
-WRITES = ("post", "put", "patch")
+WRITES = ("post", "put", "patch", "delete")
 BODY_ERRORS = (("413", "BODY_TOO_LARGE"), ("415", "INVALID_REQUEST"), ("422", "INVALID_BODY"))
 
 

@@ -61,8 +61,9 @@ class CredentialsView(APIView):
 
 
 class CredentialView(APIView):
-    @extend_schema(operation_id="delete_credential", responses={204: None, **errors("NOT_FOUND")})
+    @extend_schema(operation_id="delete_credential", responses={204: None, **errors("INVALID_REQUEST", "NOT_FOUND")})
     def delete(self, request, credential_id):
+        validated(EmptyIn, request.data)  # a delete takes no body: one it would ignore is refused, as elsewhere
         credential = Credential.objects.filter(member=request.user, public_id=credential_id).first()
         if credential is None:
             raise NotFound()
@@ -147,9 +148,10 @@ class SpaceMembersView(APIView):
 
 
 class SpaceMemberView(APIView):
-    @extend_schema(operation_id="remove_space_member", responses={204: None,
-                                                                  **errors("FORBIDDEN", "NOT_FOUND", "CONFLICT")})
+    @extend_schema(operation_id="remove_space_member",
+                   responses={204: None, **errors("INVALID_REQUEST", "FORBIDDEN", "NOT_FOUND", "CONFLICT")})
     def delete(self, request, slug, handle):
+        validated(EmptyIn, request.data)
         space = get_space_for(slug, request.user)
         services.remove_member(space, services.member_for_handle(handle), actor=request.user)
         return Response(status=204)

@@ -55,8 +55,10 @@ class EndpointView(APIView):
     def get(self, request, endpoint_id):
         return _endpoint(services.owned_endpoint(endpoint_id, request.user))
 
-    @extend_schema(operation_id="delete_webhook_endpoint", responses={204: None, **errors("NOT_FOUND", "CONFLICT")})
+    @extend_schema(operation_id="delete_webhook_endpoint",
+                   responses={204: None, **errors("INVALID_REQUEST", "NOT_FOUND", "CONFLICT")})
     def delete(self, request, endpoint_id):
+        validated(EmptyIn, request.data)
         services.delete_endpoint(services.owned_endpoint(endpoint_id, request.user))
         return Response(status=204)
 
@@ -141,6 +143,7 @@ class _SubscriptionView(_OneSubscription):
                                                           debounce_ms=data.get("debounce_ms")))
 
     def delete(self, request, subscription_id, slug=None):
+        validated(EmptyIn, request.data)
         services.delete_subscription(self.subscription(request, subscription_id, slug))
         return Response(status=204)
 
@@ -165,7 +168,7 @@ def _one_subscription_schema(scope: str):
                                        **errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "IDEMPOTENCY_CONFLICT",
                                                 "NOT_FOUND", "CONFLICT")}),
         delete=extend_schema(operation_id=f"delete_{scope}_subscription",
-                             responses={204: None, **errors("NOT_FOUND", "CONFLICT")}),
+                             responses={204: None, **errors("INVALID_REQUEST", "NOT_FOUND", "CONFLICT")}),
     )
 
 
