@@ -118,12 +118,17 @@ def _changed(task: Task, kind: str, actor: Member, fields: list[str]) -> Task:
     return task
 
 
+# What a PATCH may change, with the column that holds it.
+EDITABLE = {"title": "title", "description": "description", "assignee": "assignee_id", "reviewer": "reviewer_id"}
+
+
 def update_task(space: Space, task_id: str, changes: dict, *, actor: Member) -> Task:
     require_sender(space, actor)
     with transaction.atomic():
         task = visible_task(space, task_id, actor, lock=True)
         if not (task.created_by_id == actor.pk or task.assignee_id == actor.pk or may_administer(space, actor)):
             raise Forbidden("Only the task's creator, its assignee or an admin of the space may change it.")
+        before = {field: getattr(task, column) for field, column in EDITABLE.items()}
         if "title" in changes:
             task.title = _text(changes["title"], "title", TITLE_MAX, strip=True)
         if "description" in changes:
@@ -131,8 +136,9 @@ def update_task(space: Space, task_id: str, changes: dict, *, actor: Member) -> 
         for field in ("assignee", "reviewer"):
             if field in changes:
                 setattr(task, field, _member_of(space, changes[field], field))
-        return _changed(task, "task.updated", actor, [f for f in ("title", "description", "assignee", "reviewer")
-                                                      if f in changes])
+        changed = [field for field, column in EDITABLE.items() if getattr(task, column) != before[field]]
+        # What changes nothing writes nothing: no event, and the claim's silence is not restarted (SPEC §10).
+        return _changed(task, "task.updated", actor, changed) if changed else task
 
 
 def _conflict(task: Task, message: str) -> Conflict:

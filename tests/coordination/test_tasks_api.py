@@ -109,6 +109,15 @@ def test_update_changes_fields_and_says_so(space, as_alice, as_bob, task):
     assert kinds_in_feed() == ["task.created", "task.updated"]
 
 
+@pytest.mark.parametrize("body", [{}, {"title": "Write the report"}, {"assignee": None, "description": "Two pages."}])
+def test_an_update_that_changes_nothing_writes_nothing(space, as_alice, task, body):
+    # when its creator sends what it already is, or nothing
+    response = as_alice.patch(task_url(task["id"]), body)
+    # then the task is answered as it was: no event wakes anyone, and a claim's silence is not restarted (SPEC §10)
+    assert response.status_code == 200 and response.json()["task"] == task
+    assert kinds_in_feed() == ["task.created"]
+
+
 def test_a_member_has_so_many_unfinished_tasks_in_a_space(monkeypatch, space, as_alice, as_bob):
     # given: alice has two unfinished tasks, the limit
     monkeypatch.setattr(coordination_services, "MAX_UNFINISHED_TASKS_PER_MEMBER", 2)
