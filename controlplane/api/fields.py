@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 from rest_framework import serializers
 from rest_framework.fields import empty
@@ -18,6 +19,21 @@ class StrictCharField(serializers.CharField):
         if not isinstance(data, str):
             self.fail("invalid")
         return super().to_internal_value(data)
+
+
+# RFC 3339's date-time: a full date, a full time, an offset (Z or ±hh:mm).
+RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})")
+
+
+class RFC3339Field(serializers.DateTimeField):
+    """A date-time in RFC 3339 only (SPEC §2): DRF's ISO 8601 parser also
+    takes a bare date, an ISO week or a time without an offset (read as
+    UTC), none of which a client meaning an instant would send."""
+
+    def to_internal_value(self, value):
+        if not isinstance(value, str) or not RFC3339.fullmatch(value):
+            self.fail("invalid", format="RFC 3339 (2027-01-01T00:00:00Z)")
+        return super().to_internal_value(value)
 
 
 class BoundedListField(serializers.ListField):
@@ -76,14 +92,15 @@ class QueryIntegerField(serializers.IntegerField):
         return super().to_internal_value(data)
 
 
+# Rejects unknown fields and non-object input.
+#
+# Its fields are copied and bound once per class, where DRF deep-copies them
+# for every instance (every request): these serializers validate input only,
+# so they take no instance, context or partial mode (refused here), and their
+# fields keep nothing of a call and have no mutable default to share (refused
+# when they are bound). (A comment, not a docstring: the schema would publish
+# a docstring as the description of every request body without its own.)
 class StrictSerializer(serializers.Serializer):
-    """Rejects unknown fields and non-object input.
-
-    Its fields are copied and bound once per class, where DRF deep-copies
-    them for every instance (every request): these serializers validate
-    input only, so they take no instance, context or partial mode (refused
-    here), and their fields keep nothing of a call and have no mutable
-    default to share (refused when they are bound)."""
 
     def __init__(self, instance=None, data=empty, **kwargs):
         if instance is not None or kwargs.get("partial") or kwargs.get("context"):

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from controlplane.api.fields import StrictCharField, StrictChoiceField, StrictSerializer
+from controlplane.api.fields import RFC3339Field, StrictCharField, StrictChoiceField, StrictSerializer
 from grants.models import ApprovalRequest, Grant
 from inbox.models import Collective
 
@@ -14,12 +14,7 @@ class GrantCreateIn(StrictSerializer):
     recipient = StrictCharField(max_length=33, required=False, allow_null=True, help_text="pair and one_message")
     idempotency_key = StrictCharField(max_length=128, required=False, allow_null=True,
                                       help_text="one_message: the sender's Idempotency-Key for that message")
-    expires_at = serializers.DateTimeField(required=False, allow_null=True, help_text="RFC 3339")
-
-    def to_internal_value(self, data):
-        if isinstance(data, dict) and data.get("expires_at") is not None and not isinstance(data["expires_at"], str):
-            raise serializers.ValidationError({"expires_at": ["An RFC 3339 date-time string."]})
-        return super().to_internal_value(data)
+    expires_at = RFC3339Field(required=False, allow_null=True, help_text="RFC 3339")
 
 
 class DenyIn(StrictSerializer):

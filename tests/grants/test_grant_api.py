@@ -138,6 +138,10 @@ def test_a_project_grant_covers_every_member_but_its_creator(locked, alice, bob,
     {"id": "grt_p", "kind": "project", "expires_at": "2001-01-01T00:00:00Z"},
     {"id": "grt_p", "kind": "project", "expires_at": "tomorrow"},
     {"id": "grt_p", "kind": "project", "expires_at": 1700000000},
+    # not RFC 3339 (SPEC §2), though ISO 8601 takes them: a week, a bare date, a time without an offset
+    {"id": "grt_p", "kind": "project", "expires_at": "2099-W01"},
+    {"id": "grt_p", "kind": "project", "expires_at": "2099-01-01"},
+    {"id": "grt_p", "kind": "project", "expires_at": "2099-01-01T00:00:00"},
     {"id": "grt_p", "kind": "project", "scope": "all"},
     {"kind": "project"},
 ])
