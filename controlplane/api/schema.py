@@ -57,14 +57,17 @@ def errors(*codes: str) -> dict[int, OpenApiResponse]:
 
 
 IDEMPOTENCY_KEY = OpenApiParameter(
-    "Idempotency-Key", str, OpenApiParameter.HEADER, required=False,
+    "Idempotency-Key", {"type": "string", "pattern": "^[!-~]{8,128}$"}, OpenApiParameter.HEADER, required=False,
     description="8–128 visible ASCII characters; a retry with the same key and request replays the original response.",
 )
 CURSOR = OpenApiParameter("cursor", str, description="Opaque cursor from a previous page (exclusive).")
-LIMIT = OpenApiParameter("limit", int, description="Page size, 1–100 (default 50).")
-MAX_BYTES = OpenApiParameter("max_bytes", int, description="Page size in bytes, 4–8192 (default 8192).")
+LIMIT = OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": 100},
+                         description="Page size, 1–100 (default 50).")
+MAX_BYTES = OpenApiParameter("max_bytes", {"type": "integer", "minimum": 4, "maximum": 8192},
+                             description="Page size in bytes, 4–8192 (default 8192).")
 SNAPSHOT_PAGE = OpenApiParameter("page", str, description="`next_page` of the previous page of this snapshot.")
-WAIT_MS = OpenApiParameter("wait_ms", int, description="Long-poll up to this many milliseconds (0–30000).")
+WAIT_MS = OpenApiParameter("wait_ms", {"type": "integer", "minimum": 0, "maximum": 30000},
+                           description="Long-poll up to this many milliseconds (0–30000).")
 
 
 class _Deferred:

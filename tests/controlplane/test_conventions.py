@@ -1,7 +1,11 @@
 """SPEC §2: error shape, authentication, idempotency keys, rate limits, schema."""
+import re
+
 import pytest
 from django.conf import settings
+from rest_framework.test import APIClient
 
+from controlplane import services
 from controlplane.models import Credential, Member, Space
 from controlplane.tokens import hash_token
 from tests.conftest import Api, clear_of_window_edge, error_code
@@ -134,6 +138,49 @@ def test_a_messages_related_paths_are_at_most_as_many_bytes_as_its_body(as_alice
     assert heavy.status_code == 400 and error_code(heavy) == "INVALID_REQUEST"
     assert heavy.json()["error"]["details"] == {"max_bytes": 8192}
     assert fits.status_code == 201
+
+
+@pytest.mark.parametrize("method, path", [("post", "/v0/spaces/LAB/join"), ("post", "/v0/spaces/"),
+                                          ("delete", "/v0/webhook-endpoints/whe_abc"), ("patch", "/v0/nope")])
+def test_a_write_to_a_path_no_route_serves_is_404_as_a_read_is(alice, method, path):
+    # given a bearer client with Django's CSRF check on, as the real server has it (the test client turns it off)
+    _, token = services.issue_credential(alice, actor=None)
+    client = APIClient(enforce_csrf_checks=True)
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    # when it writes to a path no route serves
+    response = getattr(client, method)(path, b"{}", content_type="application/json")
+    # then it is told so (it was 403 "CSRF verification failed.")
+    assert response.status_code == 404 and error_code(response) == "NOT_FOUND"
+
+
+@pytest.mark.parametrize("raw, content_type, status", [(b"{not json", "application/json", 400),
+                                                       (b'{"purge": true}', "application/json", 400),
+                                                       (b"hello", "text/plain", 415)])
+def test_a_delete_with_a_body_it_would_ignore_is_refused_and_deletes_nothing(as_alice, raw, content_type, status):
+    # given an endpoint of alice's
+    endpoint = as_alice.post("/v0/webhook-endpoints", {"url": "https://example.com/hook"}).json()["endpoint"]["id"]
+    # when she deletes it with a body no write takes
+    response = as_alice.client.generic("DELETE", f"/v0/webhook-endpoints/{endpoint}", raw, content_type=content_type)
+    # then, as for every other write (it was deleted, the body ignored)
+    assert response.status_code == status and error_code(response) == "INVALID_REQUEST"
+    assert as_alice.get(f"/v0/webhook-endpoints/{endpoint}").status_code == 200
+
+
+@pytest.mark.parametrize("accept", ["text/html", "application/xml", "application/problem+json"])
+def test_an_accept_header_without_json_gets_json_in_the_contracts_codes(anon, accept):
+    # when a client that does not ask for JSON reads
+    response = anon.client.get("/v0/me", HTTP_ACCEPT=accept)
+    # then it gets the contract's answer, in its one format (it was 406, before even the credential was checked)
+    assert response.status_code == 401 and error_code(response) == "UNAUTHENTICATED"
+
+
+def test_the_published_conversation_pattern_is_anchored_as_a_whole(anon):
+    schema = anon.client.get("/v0/schema/", HTTP_ACCEPT="application/json").json()
+    parameters = schema["paths"]["/v0/spaces/{slug}/conversations/{conversation}/messages"]["post"]["parameters"]
+    pattern = next(p["schema"]["pattern"] for p in parameters if p["name"] == "conversation")
+    # (`^A|B$` anchors A at the start only and B at the end only)
+    assert re.search(pattern, "cnv_aaaaaaaaaaaaaaaa") and re.search(pattern, "#general")
+    assert not re.search(pattern, "cnv_aaaaaaaaaaaaaaaa/../x") and not re.search(pattern, "!!#general")
 
 
 def test_refused_credentials_count_against_their_address_as_anonymous_reads_do(settings, anon, api_for, space,
@@ -308,7 +355,7 @@ def test_schema_lists_every_route_with_its_errors(anon):
     # declare none too (their empty body is parsed all the same)
     for path, operations in paths.items():
         for method, operation in operations.items():
-            if method in ("post", "put", "patch"):
+            if method in ("post", "put", "patch", "delete"):
                 listed = operation["responses"]
                 for status, code in (("413", "BODY_TOO_LARGE"), ("415", "INVALID_REQUEST"), ("422", "INVALID_BODY")):
                     assert f"`{code}`" in listed.get(status, {}).get("description", ""), (method, path, status)
