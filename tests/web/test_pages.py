@@ -72,6 +72,35 @@ def test_a_session_of_a_member_suspended_later_no_longer_opens_pages(ann, browse
 
 # --- spaces and conversations ----------------------------------------------------------
 
+def test_a_space_of_many_conversations_lists_some_on_home_and_the_rest_a_page_at_a_time(ann, ben, room, browser_of,
+                                                                                         monkeypatch):
+    """Both pages listed every conversation of every space: an owner who
+    adds someone to a space of 1,000 channels made their home page 2 s and
+    800 KB on every load."""
+    from web.views import spaces
+    from web.views.conversations import HOME_LISTED
+
+    # given ben in ann's space, which has more channels than home lists
+    space, _ = room
+    for n in range(HOME_LISTED + 4):
+        services.create_channel(space, f"c{n:02}", actor=ann)
+    monkeypatch.setattr(spaces, "LISTED", 10)
+    client = browser_of(ben)
+    # when he opens his home page, then the space's pages
+    home = client.get("/app/").content.decode()
+    pages, url = [], "/app/spaces/room/"
+    while url:
+        page = client.get(url).content.decode()
+        pages.append(re.findall(r">#(c\d\d|general)</a>", page))
+        url = (found := re.search(r'<a href="(\?from=\d+)">More conversations', page)) and f"/app/spaces/room/{found[1]}"
+    # then home lists the first of them with a way to the rest, and the space's pages list every one once
+    assert len(re.findall(r">#(?:c\d\d|general)</a>", home)) == HOME_LISTED
+    assert "All conversations of Room" in home
+    assert [len(listed) for listed in pages] == [10, 10, 5]
+    assert sorted(sum(pages, [])) == sorted([f"c{n:02}" for n in range(HOME_LISTED + 4)] + ["general"])
+
+
+
 def test_home_costs_the_same_however_many_spaces_and_lists_only_so_many_open_ones(ann, ben, browser_of):
     """Home listed every open space on the host with its channels, two
     queries a space: any member could make everyone's home page slow."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 import secrets
 
 from django.contrib import messages as flash
+from django.db.models import F, Window
+from django.db.models.functions import RowNumber
 from django.http import JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
@@ -41,25 +43,37 @@ def conversation_label(conversation: Conversation, viewer) -> str:
 
 
 OPEN_LISTED = 50  # open spaces one does not belong to, listed by name on the home page
+# A space's conversations on the home page: its own page lists them all, a
+# page at a time. Others choose how many there are (an owner adds anyone to
+# a space of 1,000 channels), so a page must not grow with them.
+HOME_LISTED = 20
+CONVERSATION_ORDER = ("kind", "name", "created_at", "id")
+
+
+def listed_conversations(conversations):
+    """Conversations as the pages list them: not task discussions (on the
+    tasks page), channels first, by name."""
+    return (conversations.exclude(kind=Conversation.Kind.CHANNEL, name__startswith=TASK_CHANNEL_PREFIX)
+            .prefetch_related("participants__member").order_by(*CONVERSATION_ORDER))
 
 
 @member_page
 def home(request, member):
-    """The member's spaces with their conversations (in a few queries
-    however many), then up to OPEN_LISTED open spaces they may join, by
-    slug: "Find a space" opens any other."""
+    """The member's spaces with up to HOME_LISTED of their conversations
+    each (in a few queries however many), then up to OPEN_LISTED open
+    spaces they may join, by slug: "Find a space" opens any other."""
     roles = dict(Membership.objects.filter(member=member, status=Membership.Status.ACTIVE)
                  .values_list("space_id", "role"))
     mine = list(Space.objects.filter(pk__in=roles).order_by("slug"))
     conversations = {space.pk: [] for space in mine}
-    for conversation in (readable_conversations_in(mine, member).prefetch_related("participants__member")
-                         .exclude(kind=Conversation.Kind.CHANNEL, name__startswith=TASK_CHANNEL_PREFIX)
-                         .order_by("kind", "name", "created_at")):  # task discussions: on the tasks page
+    place = Window(RowNumber(), partition_by=F("space_id"), order_by=[F(field).asc() for field in CONVERSATION_ORDER])
+    for conversation in listed_conversations(readable_conversations_in(mine, member)).annotate(place=place).filter(
+            place__lte=HOME_LISTED + 1):
         conversations[conversation.space_id].append((conversation, conversation_label(conversation, member)))
     others = list(readable_spaces(member).exclude(pk__in=roles).order_by("slug")[: OPEN_LISTED + 1])
     return render(request, "web/home.html", {
-        "spaces": [{"space": space, "role": roles[space.pk], "conversations": conversations[space.pk]}
-                   for space in mine],
+        "spaces": [{"space": space, "role": roles[space.pk], "conversations": conversations[space.pk][:HOME_LISTED],
+                    "more": len(conversations[space.pk]) > HOME_LISTED} for space in mine],
         "others": others[:OPEN_LISTED], "more_others": len(others) > OPEN_LISTED})
 
 

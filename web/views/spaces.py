@@ -20,12 +20,12 @@ from controlplane.api.fields import validated
 from controlplane.api.serializers import SpaceCreateIn
 from controlplane.converters import SlugConverter
 from controlplane.errors import NotFound
-from controlplane.models import Conversation, Membership, Space
-from coordination.models import TASK_CHANNEL_PREFIX
-from web.pages import member_page
-from web.views.conversations import conversation_label
+from controlplane.models import Membership, Space
+from web.pages import digits, member_page
+from web.views.conversations import conversation_label, listed_conversations
 
 DIRECTORY_PAGE = 100
+LISTED = 100  # conversations a page of the space's page lists
 
 
 @member_page
@@ -65,15 +65,15 @@ def space_page(request, member, slug):
         asked = Membership.objects.filter(space=space, member=member, status=Membership.Status.PENDING).exists()
         return render(request, "web/space_request.html", {"space": space, "asked": asked})
     membership = active_membership(space, member)
-    conversations = (readable_conversations(space, member).prefetch_related("participants__member")
-                     .exclude(kind=Conversation.Kind.CHANNEL, name__startswith=TASK_CHANNEL_PREFIX)
-                     .order_by("kind", "name", "created_at"))
+    start = digits(request.GET.get("from", ""), 9) or 0
+    conversations = list(listed_conversations(readable_conversations(space, member))[start:start + LISTED + 1])
     directory, next_after = _directory(space, member, request.GET.get("after", "")[:32])
     return render(request, "web/space.html", {
         "space": space, "membership": membership,
         "is_owner": may_administer(space, member),
         "can_write": membership is not None and membership.role != Membership.Role.OBSERVER and not space.archived,
-        "conversations": [(c, conversation_label(c, member)) for c in conversations],
+        "conversations": [(c, conversation_label(c, member)) for c in conversations[:LISTED]],
+        "next_from": start + LISTED if len(conversations) > LISTED else None,
         "directory": directory, "next_after": next_after, "roles": Membership.Role.values,
     })
 
