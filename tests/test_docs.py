@@ -78,6 +78,13 @@ def fresh_database() -> tuple[str | None, callable]:
     return f"{server}/{name}", lambda: run(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def in_a_terminal() -> None:
+    """A command started at a terminal's prompt: Ctrl-C at its default, even
+    where the suite runs with it ignored (started in the background by a
+    script), which its processes would inherit and never stop for."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupt(process: subprocess.Popen) -> None:
     """Ctrl-C, as a terminal sends it: to the whole foreground group."""
     if process.poll() is None:
@@ -101,7 +108,8 @@ def test_every_walk_through_runs_as_written(order, tmp_path):
                SWITCHBOARD_PUBLIC_URL=base, **({"DATABASE_URL": database_url} if database_url else {}))
     receiver_args = f"--port {receiver_port} --dir {work / 'var' / 'receiver'} --switchboard {base}"
     receiver = subprocess.Popen(["make", "-s", "-C", str(ROOT), "receiver", f"RECEIVER_ARGS={receiver_args}"],
-                                env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+                                env=env, stdout=subprocess.PIPE, text=True, start_new_session=True,
+                                preexec_fn=in_a_terminal)
     server = None
     try:
         printed = "".join(read_until(receiver, "Ctrl-C stops"))
@@ -109,7 +117,8 @@ def test_every_walk_through_runs_as_written(order, tmp_path):
         env.update(item.split("=", 1) for item in restart_with)
         assert env["WEBHOOK_ALLOW_PRIVATE_NETWORKS"] == "1" and Path(env["WEBHOOK_CA_BUNDLE"]).is_file()
         server = subprocess.Popen(["make", "-s", "-C", str(ROOT), "run"], env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                                  stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                  preexec_fn=in_a_terminal)
         server_output = read_until(server, "Switchboard is serving at")
         assert "password:" in "".join(server_output)  # the first admin's, printed once
         documents = WALK_THROUGHS if order == "readme" else WALK_THROUGHS[::-1]
