@@ -74,10 +74,8 @@ def plain_rows(sql: str, params: list) -> list[tuple]:
 
 
 def advisory_lock(name: str) -> None:
-    """Until the caller's transaction ends, hold PostgreSQL's advisory lock
-    for `name` (hashed to its 64-bit key): another transaction asking for
-    the same name waits. SQLite needs none: its writers take turns at
-    BEGIN (IMMEDIATE)."""
+    """Hold PostgreSQL's advisory lock for `name` until the transaction ends
+    (SQLite's writers take turns anyway, at BEGIN IMMEDIATE)."""
     if connection.vendor == "postgresql":
         key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
         with connection.cursor() as cursor:

@@ -151,6 +151,47 @@ def clear_of_window_edge(window: int = 60, margin: float = 2.0) -> None:
         time.sleep(left + 0.05)
 
 
+def meeting_point(parties: int = 2, seconds: float = 3):
+    """A call that returns once `parties` threads have made it, or after
+    `seconds` (one may wait for a lock another holds: the meeting breaks,
+    and each goes on), to hold concurrent requests at one step."""
+    import threading
+
+    barrier = threading.Barrier(parties)
+
+    def meet() -> None:
+        try:
+            barrier.wait(seconds)
+        except threading.BrokenBarrierError:
+            pass
+
+    return meet
+
+
+def at_once(*calls, timeout: float = 30) -> list:
+    """Run each call in a thread of its own, all started together, each on a
+    database connection of its own (closed after); their results in order,
+    once all have returned."""
+    import threading
+
+    from django.db import connections
+
+    results = [None] * len(calls)
+
+    def run(n: int) -> None:
+        try:
+            results[n] = calls[n]()
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+    return results
+
+
 @pytest.fixture
 def lost_redis(settings):
     """The cache (rate limits, remembered bearer lookups) on a Redis that

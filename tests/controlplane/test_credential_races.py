@@ -1,12 +1,10 @@
 """Credentials issued at once (PostgreSQL: real concurrent transactions)."""
-import threading
-
 import pytest
-from django.db import connections
 from rest_framework.test import APIClient
 
 from controlplane import services
 from controlplane.models import Credential
+from tests.conftest import at_once, meeting_point
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -19,30 +17,19 @@ def test_two_requests_for_the_last_place_get_one_credential_between_them(monkeyp
     for _ in range(services.MAX_CREDENTIALS - 2):
         services.issue_credential(alice, actor=None)
     # and two requests that meet once each has counted (unless one waits for the other, which breaks the meeting)
-    both_counted, create = threading.Barrier(2), Credential.objects.create
+    both_counted, create = meeting_point(), Credential.objects.create
 
     def meeting_then_create(**fields):
-        try:
-            both_counted.wait(3)
-        except threading.BrokenBarrierError:
-            pass
+        both_counted()
         return create(**fields)
 
     monkeypatch.setattr(Credential.objects, "create", meeting_then_create)
-    statuses = []
 
     def issue():
-        try:
-            statuses.append(APIClient().post("/v0/me/credentials", {}, format="json",
-                                             HTTP_AUTHORIZATION=f"Bearer {token}").status_code)
-        finally:
-            connections.close_all()
+        return APIClient().post("/v0/me/credentials", {}, format="json",
+                                HTTP_AUTHORIZATION=f"Bearer {token}").status_code
 
-    threads = [threading.Thread(target=issue) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    statuses = at_once(issue, issue)
     # then one gets the last place and the other is told the cap
     assert sorted(statuses) == [201, 409]
     assert Credential.objects.filter(member=alice).count() == services.MAX_CREDENTIALS

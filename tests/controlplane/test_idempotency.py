@@ -1,14 +1,11 @@
 """SPEC §2: Idempotency-Key on every write: its format, replays, conflicts,
 and what a stored record keeps."""
-import threading
-
 import pytest
-from django.db import connections
 from rest_framework.test import APIClient
 
 from controlplane import services
 from controlplane.models import Member, Space
-from tests.conftest import error_code
+from tests.conftest import at_once, error_code, meeting_point
 
 
 @pytest.mark.parametrize("key", ["short", "x" * 129, "has space", "tab\tkey1", "caf\u00e9-key-1"])
@@ -128,31 +125,20 @@ def test_two_requests_with_one_key_at_once_do_the_work_once_and_answer_alike(mon
     # (unless one waits for the other, which breaks the meeting)
     alice = services.create_member("alice", actor=None)
     _, token = services.issue_credential(alice, actor=None)
-    both_in, take_turns = threading.Barrier(2), Member.take_turns
+    both_in, take_turns = meeting_point(), Member.take_turns
 
     def meeting_then_take_turns(member_id):
-        try:
-            both_in.wait(3)
-        except threading.BrokenBarrierError:
-            pass
+        both_in()
         return take_turns(member_id)
 
     monkeypatch.setattr(Member, "take_turns", staticmethod(meeting_then_take_turns))
-    answers = []
 
     def create():
-        try:
-            response = APIClient().post("/v0/spaces", {"slug": "lab", "name": "Lab"}, format="json",
-                                        HTTP_AUTHORIZATION=f"Bearer {token}", HTTP_IDEMPOTENCY_KEY="create-lab-1")
-            answers.append((response.status_code, response.json()))
-        finally:
-            connections.close_all()
+        response = APIClient().post("/v0/spaces", {"slug": "lab", "name": "Lab"}, format="json",
+                                    HTTP_AUTHORIZATION=f"Bearer {token}", HTTP_IDEMPOTENCY_KEY="create-lab-1")
+        return response.status_code, response.json()
 
-    threads = [threading.Thread(target=create) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    answers = at_once(create, create)
     # then one space, and the second answer is the first's (it was 409: that slug is taken)
     assert Space.objects.count() == 1
     assert [status for status, _ in answers] == [201, 201] and answers[0][1] == answers[1][1]

@@ -2,10 +2,7 @@
 rules cleared with items still waiting (order within a conversation), a
 member removed or suspended before their items are judged, and the flag
 that says whether new items wait, and rules replaced twice at once."""
-import threading
-
 import pytest
-from django.db import connections
 from rest_framework.test import APIClient
 
 from controlplane import services
@@ -13,7 +10,7 @@ from controlplane.models import EventAddressee
 from inbox import delivery, firewall
 from inbox.models import FirewallRule, InboxItem, Mailbox, MailboxShare
 from inbox.services import send_message
-from tests.conftest import error_code
+from tests.conftest import at_once, error_code, meeting_point
 from tests.inbox.test_firewall import inbox_contents
 
 
@@ -163,32 +160,21 @@ def test_two_replacements_of_the_rules_at_once_take_turns(monkeypatch):
     bob = services.create_member("bob", actor=None)
     _, token = services.issue_credential(bob, actor=None)
     Mailbox.objects.create(member=bob)
-    both_deleted, bulk_create = threading.Barrier(2), FirewallRule.objects.bulk_create
+    both_deleted, bulk_create = meeting_point(), FirewallRule.objects.bulk_create
 
     def meeting_then_create(rules, *args, **kwargs):
         rules = list(rules)
-        try:
-            both_deleted.wait(3)
-        except threading.BrokenBarrierError:
-            pass
+        both_deleted()
         return bulk_create(rules, *args, **kwargs)
 
     monkeypatch.setattr(FirewallRule.objects, "bulk_create", meeting_then_create)
-    statuses = []
 
     def put(pattern):
-        try:
-            statuses.append(APIClient().put("/v0/me/inbox/firewall", {"rules": [{"action": "hold",
-                                                                               "content_pattern": pattern}]},
-                                            format="json", HTTP_AUTHORIZATION=f"Bearer {token}").status_code)
-        finally:
-            connections.close_all()
+        rules = {"rules": [{"action": "hold", "content_pattern": pattern}]}
+        return lambda: APIClient().put("/v0/me/inbox/firewall", rules, format="json",
+                                       HTTP_AUTHORIZATION=f"Bearer {token}").status_code
 
-    threads = [threading.Thread(target=put, args=(pattern,)) for pattern in ("alpha", "beta")]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    statuses = at_once(put("alpha"), put("beta"))
     # then both are answered (one collided on the rules' order: a 500) and one set of rules stands
     assert statuses == [200, 200]
     assert FirewallRule.objects.filter(member=bob).count() == 1

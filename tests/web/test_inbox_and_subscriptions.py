@@ -64,7 +64,8 @@ def test_a_receiver_url_that_cannot_be_used_is_a_clear_error(ann, browser_of, ur
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("next_page, to", [("/app/", "/app/"), ("web-space", "/app/subscriptions/"),
-                                           ("https://example.com/", "/app/subscriptions/"), ("", "/app/subscriptions/")])
+                                           ("https://example.com/", "/app/subscriptions/"),
+                                           ("", "/app/subscriptions/")])
 def test_a_form_goes_back_to_a_page_of_this_site_or_to_the_subscriptions_page(ann, browser_of, next_page, to):
     # when a receiver is saved from a form whose `next` is a path, a word or another site
     response = browser_of(ann).post("/app/subscriptions/receivers", {"url": "https://example.com/hook",
