@@ -45,15 +45,21 @@ LINGER_SECONDS = 1.0
 class BoundedHead(HttpToolsProtocol):
     """uvicorn's httptools protocol, whose requests' heads must fit in
     HEAD_MAX_BYTES (else 431, and the connection closes) and arrive within
-    HEAD_SECONDS of their first byte, or of the connection for its first
-    request (else the connection closes; uvicorn closes idle keep-alive
-    connections itself). A head is counted by the reads it arrives in, so
-    the read it starts in counts whole."""
+    HEAD_SECONDS (else the connection closes; uvicorn closes idle keep-alive
+    connections itself).
+
+    A head is counted by the reads that continue it: the read it starts in
+    may end the body of the request before it, so it counts for nothing,
+    and a head may take one read more than HEAD_MAX_BYTES before it is
+    refused. Its time runs from that read, or from the connection for its
+    first request. A pipelined request's head waits while the request
+    before it is answered (uvicorn stops reading then): its time runs, and
+    its 431 is sent, once that answer has gone."""
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
-        self.head_bytes, self.head_open, self.refused = 0, False, False
-        self.head_timer = self.loop.call_later(HEAD_SECONDS, self.transport.close)
+        self.head_bytes, self.head_open, self.refused, self.head_timer = 0, False, False, None
+        self._time_the_head()
 
     def connection_lost(self, exc) -> None:
         self._head_done()
@@ -61,23 +67,22 @@ class BoundedHead(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         if self.refused:
-            return
+            return  # read and dropped until the connection closes (LINGER_SECONDS)
+        continued = self.head_open
         super().data_received(data)
         if not self.head_open or self.transport.is_closing():
             return
-        self.head_bytes += len(data)
+        if continued:
+            self.head_bytes += len(data)
         if self.head_bytes > HEAD_MAX_BYTES:
-            from controlplane.errors import error_body  # (the application has loaded Django by now)
-
             self._head_done()
             self.refused = True
-            body = json.dumps(error_body("INVALID_REQUEST", "The request's headers are too large.",
-                                         {"max_bytes": HEAD_MAX_BYTES})).encode()
-            self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
-                                 b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
-            self.loop.call_later(LINGER_SECONDS, self.transport.close)
-        elif self.head_timer is None:
-            self.head_timer = self.loop.call_later(HEAD_SECONDS, self.transport.close)
+            if self._answering():
+                self.flow.pause_reading()  # (resumed when the answer has gone, then read and dropped)
+            else:
+                self._refuse()
+        else:
+            self._time_the_head()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -87,11 +92,35 @@ class BoundedHead(HttpToolsProtocol):
         self._head_done()
         super().on_headers_complete()
 
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.refused and not self._answering():
+            self._refuse()
+        elif self.head_open:
+            self._time_the_head()
+
+    def _answering(self) -> bool:
+        return self.cycle is not None and not self.cycle.response_complete
+
+    def _time_the_head(self) -> None:
+        if self.head_timer is None and not self._answering():
+            self.head_timer = self.loop.call_later(HEAD_SECONDS, self.transport.close)
+
     def _head_done(self) -> None:
         self.head_open = False
         if self.head_timer is not None:
             self.head_timer.cancel()
             self.head_timer = None
+
+    def _refuse(self) -> None:
+        from controlplane.errors import error_body  # (the application has loaded Django by now)
+
+        body = json.dumps(error_body("INVALID_REQUEST", "The request's headers are too large.",
+                                     {"max_bytes": HEAD_MAX_BYTES})).encode()
+        self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+        self.loop.call_later(LINGER_SECONDS, self.transport.close)
+
 
 # What `uvicorn APP --loop uvloop --http httptools --ws websockets-sansio ...` sets, with heads bounded (BoundedHead).
 # The live pages' sockets are one-way (the composer posts over HTTP): a frame

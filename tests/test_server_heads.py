@@ -1,5 +1,6 @@
 """A request's head (its request line and headers) through a real server:
 bounded in size and in time (controlplane.uvicorn_process.BoundedHead)."""
+import asyncio
 import json
 import socket
 import threading
@@ -49,7 +50,12 @@ def test_a_head_past_its_limit_is_431_in_the_contracts_shape_and_one_within_it_i
 
 
 async def answer(scope, receive, send):
+    """ok, once the whole body is in; a second later for /slow."""
     if scope["type"] == "http":
+        while (await receive()).get("more_body"):
+            pass
+        if scope["path"] == "/slow":
+            await asyncio.sleep(1)
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
         await send({"type": "http.response.body", "body": b"ok"})
 
@@ -84,3 +90,46 @@ def test_a_head_that_does_not_arrive_in_time_closes_its_connection(monkeypatch, 
         assert answered == b"" and time.monotonic() - started < 5
         # and a whole request on a new connection is served
         assert exchange(base, get("x")).startswith(b"HTTP/1.1 200 ")
+
+
+def answers(base: str, *reads: bytes, pause: float = 0.2) -> bytes:
+    """Send `reads` on one connection, `pause` apart (each arrives as a read of its own); what comes back."""
+    address = urlsplit(base)
+    with socket.create_connection((address.hostname, address.port), timeout=20) as connection:
+        for data in reads:
+            connection.sendall(data)
+            time.sleep(pause)
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+        return answer
+
+
+def test_a_pipelined_head_is_counted_apart_from_the_body_before_it():
+    # given a 400 KiB body whose last read also starts the next request's head
+    body = b"x" * (400 * 1024)
+    with bounded_server() as base:
+        answered = answers(base, b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body),
+                           body + b"GET /healthz HT", b"TP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    # then both are answered (the read's whole length was counted as the second head: a 431 mid-answer)
+    assert answered.count(b"HTTP/1.1 200 ") == 2 and b"431" not in answered
+
+
+def test_a_pipelined_head_waits_while_the_request_before_it_is_answered(monkeypatch):
+    # given heads that must arrive within half a second, and a request answered a second later
+    monkeypatch.setattr(uvicorn_process, "HEAD_SECONDS", 0.5)
+    with bounded_server() as base:
+        # when the next request's head starts in the same read and ends after that second
+        answered = answers(base, b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\nGET /a HT",
+                           b"TP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", pause=1.2)
+    # then both are answered: its time ran from the first answer, not while uvicorn stopped reading
+    assert answered.count(b"HTTP/1.1 200 ") == 2
+
+
+def test_a_pipelined_head_past_its_limit_is_refused_after_the_answer_before_it():
+    # given a slow request, then a pipelined head that grows past its limit while it is answered
+    with bounded_server() as base:
+        answered = answers(base, b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\nGET /a HTTP/1.1\r\nX-Filler: ",
+                           b"y" * (HEAD_MAX_BYTES + 1), b"y" * 1024)
+    # then the first answer comes whole, and the 431 after it
+    assert answered.startswith(b"HTTP/1.1 200 ") and answered.index(b"HTTP/1.1 431 ") > answered.index(b"ok")
