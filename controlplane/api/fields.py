@@ -22,7 +22,7 @@ class StrictCharField(serializers.CharField):
 
 
 # RFC 3339's date-time: a full date, a full time, an offset (Z or ±hh:mm).
-RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})")
+RFC3339 = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})")
 
 
 class RFC3339Field(serializers.DateTimeField):

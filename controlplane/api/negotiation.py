@@ -11,7 +11,11 @@ class JsonWhateverAccepted(DefaultContentNegotiation):
     """DRF's negotiation, falling back to the view's first renderer where
     it would answer 406 (a status the contract does not have, and which
     came before authentication: an anonymous `Accept: text/html` got 406,
-    not 401)."""
+    not 401), or 404 for a `?format=` it has no renderer for."""
+
+    def filter_renderers(self, renderers, format):
+        # (a `?format=` no renderer has was a 404 on a route that exists)
+        return [renderer for renderer in renderers if renderer.format == format] or renderers
 
     def select_renderer(self, request, renderers, format_suffix=None):
         try:

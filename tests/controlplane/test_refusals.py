@@ -77,3 +77,9 @@ def test_the_published_conversation_pattern_is_anchored_as_a_whole(anon):
     # (`^A|B$` anchors A at the start only and B at the end only)
     assert re.search(pattern, "cnv_aaaaaaaaaaaaaaaa") and re.search(pattern, "#general")
     assert not re.search(pattern, "cnv_aaaaaaaaaaaaaaaa/../x") and not re.search(pattern, "!!#general")
+
+
+def test_a_format_the_api_does_not_have_is_answered_in_json(as_alice):
+    # (DRF answered a `?format=` it has no renderer for with 404, on a route that exists)
+    response = as_alice.get("/v0/me?format=xml")
+    assert response.status_code == 200 and response.json()["member"]["handle"] == "@alice"

@@ -142,6 +142,7 @@ def test_a_project_grant_covers_every_member_but_its_creator(locked, alice, bob,
     {"id": "grt_p", "kind": "project", "expires_at": "2099-W01"},
     {"id": "grt_p", "kind": "project", "expires_at": "2099-01-01"},
     {"id": "grt_p", "kind": "project", "expires_at": "2099-01-01T00:00:00"},
+    {"id": "grt_p", "kind": "project", "expires_at": "２０９９-01-01T00:00:00Z"},  # digits, but not ASCII's
     {"id": "grt_p", "kind": "project", "scope": "all"},
     {"kind": "project"},
 ])
