@@ -73,7 +73,11 @@ def certificates(directory: Path) -> tuple[Path, Path, Path]:
         chain = x509.load_pem_x509_certificate(paths[1].read_bytes())
         if chain.not_valid_after_utc - dt.datetime.now(dt.timezone.utc) > dt.timedelta(days=1):
             return paths
-    directory.mkdir(parents=True, exist_ok=True)
+    previous = os.umask(0o077)  # var/ too, when this makes it: the server's folder, its owner's alone
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    finally:
+        os.umask(previous)
     return make_ca_and_certificate(directory)
 
 

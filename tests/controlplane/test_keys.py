@@ -130,3 +130,17 @@ def test_processes_starting_at_once_agree_on_one_whole_key(tmp_path, monkeypatch
     # then: one key, whole, and nothing else left in var/
     assert len(set(keys)) == 1 and len(keys[0]) >= 32
     assert [p.name for p in tmp_path.iterdir()] == ["server_admin_key"]
+
+
+def test_the_example_receiver_makes_var_its_owners_alone_when_it_comes_first(tmp_path):
+    # given no var/ yet, and a login shell's umask
+    from webhooks.example_receiver import certificates
+
+    previous = os.umask(0o022)
+    try:
+        # when `make receiver` runs before `make run`, making var/receiver
+        certificates(tmp_path / "var" / "receiver")
+    finally:
+        os.umask(previous)
+    # then var/ is closed to other users from the start, as the server makes it
+    assert stat.S_IMODE((tmp_path / "var").stat().st_mode) == 0o700
