@@ -194,7 +194,7 @@ def conversation_readers_then(conversation_id: int, members: set[int], then: tup
 def readers_then_query(conversation_id: int, members: set[int], then: tuple[str, list] | None = None,
                        width: int = 0) -> tuple[str, list]:
     """`conversation_readers_then`'s statement and parameters, for a caller
-    that runs it elsewhere (controlplane.db.loop_reads); `readers_then_result`
+    that runs it elsewhere (controlplane.loop_reads); `readers_then_result`
     reads its rows."""
     ids = list(members) or [None]  # IN (NULL) matches nobody: the policy, and no reader
     sql, params = _readers_sql(len(ids)), [*ids, conversation_id]

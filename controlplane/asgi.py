@@ -2,7 +2,7 @@
 and the MCP endpoint at /mcp; this callable owns the lifespan protocol
 (Django's handler refuses it), which stops the MCP transport that the first
 `/mcp` request starts (mcp_endpoint.asgi), the log watcher and the loop's
-own database connection (controlplane.db.loop_reads)."""
+own database connection (controlplane.loop_reads)."""
 import asyncio
 import os
 
@@ -21,7 +21,8 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from controlplane.bodylimit import BodyLimit  # noqa: E402
-from controlplane.db import loop_reads, pooled  # noqa: E402
+from controlplane.db import pooled  # noqa: E402
+from controlplane.loop_reads import loop_reads  # noqa: E402
 from controlplane.live import log_watcher  # noqa: E402
 from controlplane.publishing import publisher  # noqa: E402
 from controlplane.tracing import with_request_id  # noqa: E402

@@ -25,7 +25,8 @@ from django.db import connection
 from controlplane.access import get_readable_space
 from controlplane.clock import now, rfc3339
 from controlplane.cursors import caller_id, pack_cursor, unpack_cursor
-from controlplane.db import Compiled, db_call, loop_reads, model_from_row, padded, run_steps
+from controlplane.db import Compiled, db_call, model_from_row, padded, run_steps
+from controlplane.loop_reads import loop_reads
 from controlplane.errors import InvalidCursor, ResyncRequired
 from controlplane.log import log_head_steps
 from controlplane.models import Member, Space
@@ -127,7 +128,7 @@ def read(member: Member, source: Source, arguments: dict, cursor: str | None, ma
 async def read_on_loop(member: Member, source: Source, arguments: dict, cursor: str | None,
                        max_events: int) -> Batch:
     """`read` from an event loop: the inbox's items on the loop's own
-    connection where there is one (controlplane.db.loop_reads), with no
+    connection where there is one (controlplane.loop_reads), with no
     thread hop; the rest on a request thread."""
     if source.name == ITEM:
         return await loop_reads.run(_read_steps(member, source, arguments, cursor, max_events))

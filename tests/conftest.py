@@ -53,9 +53,10 @@ def request_threads_busy(monkeypatch):
 @contextlib.asynccontextmanager
 async def under_the_server():
     """Reads from this task as under the ASGI server, which sets `pooled`
-    for what it serves (controlplane.db.loop_reads: on PostgreSQL, the
+    for what it serves (controlplane.loop_reads: on PostgreSQL, the
     loop's own connection), closed at the end."""
-    from controlplane.db import loop_reads, pooled
+    from controlplane.db import pooled
+    from controlplane.loop_reads import loop_reads
 
     pooled.set(True)
     try:
@@ -68,9 +69,9 @@ async def under_the_server():
 def no_loop_connection_left():
     """A test that served requests in-process through the ASGI application
     may leave its ended event loop's own database connection open
-    (controlplane.db.loop_reads); closed after it, so that no test
+    (controlplane.loop_reads); closed after it, so that no test
     inherits it and the test database can be dropped."""
-    from controlplane.db import loop_reads
+    from controlplane.loop_reads import loop_reads
 
     yield
     loop_reads.forget()

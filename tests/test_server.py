@@ -389,7 +389,7 @@ def test_a_worker_forked_after_the_parent_used_the_database_gets_connections():
 @pytest.mark.postgres
 def test_a_servers_live_pages_read_on_one_connection_of_its_own_until_it_stops():
     """On PostgreSQL a server process's live passes read on one connection
-    of its event loop (controlplane.db.loop_reads), however many sockets
+    of its event loop (controlplane.loop_reads), however many sockets
     and sends: not one per pass or per socket. It ends with the server."""
     import asyncio
 
@@ -397,7 +397,8 @@ def test_a_servers_live_pages_read_on_one_connection_of_its_own_until_it_stops()
 
     from bench.live import PASSWORD
     from bench.live import _sign_in as sign_in
-    from controlplane.db import LoopReads, plain_rows
+    from controlplane.db import plain_rows
+    from controlplane.loop_reads import LoopReads
 
     def loop_connections(since) -> int:
         return plain_rows("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "

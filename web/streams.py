@@ -5,7 +5,7 @@ costs one pass: one round trip for which of their members may still read it
 and the messages after the lowest position any of them has seen, rendered
 once. Each socket then gets the frames after its own position, or a 4403
 close if its member lost access. A pass runs on the event loop, its query
-on the loop's own connection where there is one (controlplane.db.loop_reads):
+on the loop's own connection where there is one (controlplane.loop_reads):
 it shares the loop with every socket and request of the process, so work
 per socket there would add up.
 """
@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from controlplane.db import db_call, loop_reads, plain_rows
+from controlplane.db import db_call, plain_rows
+from controlplane.loop_reads import loop_reads
 from controlplane.live import log_watcher
 from controlplane.models import Conversation
 from inbox.render import may_withhold

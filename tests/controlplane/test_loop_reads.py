@@ -1,4 +1,4 @@
-"""Reads on the event loop's own connection (controlplane.db.loop_reads,
+"""Reads on the event loop's own connection (controlplane.loop_reads,
 under the server on PostgreSQL) read what Django's own connection reads;
 a lost connection costs a reconnect, not a failed read; one left
 unanswered is dropped; any other error is the caller's, as Django's.
@@ -7,7 +7,8 @@ import psycopg
 import pytest
 from django.db import ProgrammingError
 
-from controlplane.db import LoopReads, db_call, loop_reads, plain_rows
+from controlplane.db import db_call, plain_rows
+from controlplane.loop_reads import LoopReads, loop_reads
 from controlplane.models import Member
 from tests.conftest import under_the_server
 
