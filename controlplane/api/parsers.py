@@ -1,5 +1,6 @@
 """A JSON parser that refuses what the database or the contract cannot take:
-invalid UTF-8, lone surrogates, NUL and non-standard constants."""
+invalid UTF-8, lone surrogates, NUL, non-standard constants and a key given
+twice in one object."""
 from __future__ import annotations
 
 import json
@@ -12,6 +13,20 @@ from controlplane.errors import BodyTooLarge, InvalidBody, InvalidRequest
 
 def _reject_constant(name):
     raise ValueError(f"{name} is not JSON")
+
+
+def _object_without_repeats(pairs: list[tuple[str, object]]) -> dict:
+    """An object whose keys are unique (I-JSON, RFC 7493). Python keeps the
+    last of a repeated key where other parsers keep the first, so a proxy
+    or a signature check in front could read another body than the API."""
+    data = dict(pairs)
+    if len(data) < len(pairs):
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise InvalidRequest(f"Malformed JSON: the key {key[:64]!r} appears twice in one object.")
+            seen.add(key)
+    return data
 
 
 MAX_DEPTH = 32
@@ -60,13 +75,13 @@ def parse_json_object(raw: bytes) -> dict:
     """A request body as a JSON object, by the API's rules, wherever it
     arrives (the API's parser, the web app's scripts): invalid UTF-8, lone
     surrogates and NUL are 422; malformed, non-object or too deeply nested
-    JSON is 400."""
+    JSON, or a key repeated in one object, is 400."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise InvalidBody("The request body is not valid UTF-8.") from None
     try:
-        data = json.loads(text, parse_constant=_reject_constant)
+        data = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_object_without_repeats)
     except (ValueError, RecursionError) as exc:
         raise InvalidRequest(f"Malformed JSON: {exc}") from None
     if not isinstance(data, dict):

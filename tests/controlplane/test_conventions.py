@@ -2,6 +2,8 @@
 import pytest
 from django.conf import settings
 
+from controlplane.api.parsers import parse_json_object
+from controlplane.errors import InvalidRequest
 from controlplane.models import Credential, Member, Space
 from controlplane.tokens import hash_token
 from tests.conftest import Api, clear_of_window_edge, error_code
@@ -83,6 +85,7 @@ def test_deleted_credential_stops_working(api_for, alice):
     (b"{not json", "application/json", "INVALID_REQUEST", 400),
     (b"[1, 2]", "application/json", "INVALID_REQUEST", 400),
     (b'{"slug": NaN}', "application/json", "INVALID_REQUEST", 400),
+    (b'{"slug": "Not A Slug", "name": "x", "slug": "ok"}', "application/json", "INVALID_REQUEST", 400),
     (b'{"slug": "a\xff", "name": "x"}', "application/json", "INVALID_BODY", 422),
     (b'{"slug": "ok", "name": "a\\u0000b"}', "application/json", "INVALID_BODY", 422),
     (b'{"slug": "ok", "name": "\\ud800"}', "application/json", "INVALID_BODY", 422),
@@ -94,6 +97,12 @@ def test_malformed_bodies_get_contract_errors(as_alice, raw, content_type, code,
     assert error_code(response) == code
     assert not Space.objects.exists()
     check_response("post", "/v0/spaces", response)  # the schema lists what it answered
+
+
+def test_a_key_given_twice_is_refused_at_any_depth():
+    with pytest.raises(InvalidRequest, match="'a' appears twice"):
+        parse_json_object(b'{"items": [{"a": 1, "b": 2, "a": 3}]}')
+    assert parse_json_object(b'{"a": {"a": 1}, "b": [{"a": 2}, {"a": 3}]}') == {"a": {"a": 1}, "b": [{"a": 2}, {"a": 3}]}
 
 
 @pytest.mark.parametrize("body", [
