@@ -90,21 +90,26 @@ def _replay(actor: Member, key: str, fingerprint: str) -> SendResult | None:
 def _recipients(conversation: Conversation, space: Space, mentioned: list[str], author: Member) -> list[Member]:
     """Who a message goes to, never its author:
     - direct and group: the other participants who still belong to the space;
-    - channel: the explicitly mentioned members who can read the space."""
+    - channel: the explicitly mentioned members who can read the space, less
+      those removed from it (an open space's readers include them, but
+      removal stops all delivery from the space, SPEC §3)."""
     quote = connection.ops.quote_name
     member, columns = quote(Member._meta.db_table), model_columns(Member, "m")
+    membership = quote(Membership._meta.db_table)
     if conversation.kind == Conversation.Kind.CHANNEL:
         if not mentioned:
             return []
         candidates = _members(f"SELECT {columns} FROM {member} m "
-                              f"WHERE m.handle IN ({', '.join(['%s'] * len(mentioned))}) AND m.id <> %s",
-                              [*mentioned, author.pk])
+                              f"WHERE m.handle IN ({', '.join(['%s'] * len(mentioned))}) AND m.id <> %s "
+                              f"AND NOT EXISTS (SELECT 1 FROM {membership} ms WHERE ms.space_id = %s "
+                              f"AND ms.member_id = m.id AND ms.status = '{Membership.Status.REMOVED.value}')",
+                              [*mentioned, author.pk, space.pk])
         readers = readers_of(conversation, {m.pk for m in candidates})
         order = {h: i for i, h in enumerate(mentioned)}
         return sorted((m for m in candidates if m.pk in readers), key=lambda m: order[m.handle])
     return _members(f"SELECT {columns} FROM {quote(Participant._meta.db_table)} p "
                     f"JOIN {member} m ON m.id = p.member_id WHERE p.conversation_id = %s AND p.member_id <> %s "
-                    f"AND EXISTS (SELECT 1 FROM {quote(Membership._meta.db_table)} ms WHERE ms.space_id = %s "
+                    f"AND EXISTS (SELECT 1 FROM {membership} ms WHERE ms.space_id = %s "
                     f"AND ms.member_id = p.member_id AND ms.status = '{Membership.Status.ACTIVE.value}') "
                     f"ORDER BY p.ordinal", [conversation.pk, author.pk, space.pk])
 

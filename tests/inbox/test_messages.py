@@ -173,6 +173,18 @@ def test_removed_member_stops_receiving(space, as_alice, alice, bob):
     assert not Recipient.objects.filter(message__public_id=message["id"]).exists()
 
 
+def test_a_member_removed_from_an_open_space_is_not_notified_by_its_channels(general, space, as_alice, alice, bob,
+                                                                            make_member):
+    services.remove_member(space, bob, actor=alice)
+    make_member("dan")  # never joined: reads the open space, so a mention notifies him
+    message = send(as_alice, "@bob @dan see this").json()["message"]
+    assert message["mentions"] == ["@dan"]
+    assert list(Recipient.objects.filter(message__public_id=message["id"]).values_list("member__handle", flat=True)) \
+        == ["dan"]
+    services.join_space(space, actor=bob)  # back in: mentions reach him again
+    assert send(as_alice, "@bob welcome back").json()["message"]["mentions"] == ["@bob"]
+
+
 def test_third_member_learns_nothing_by_id(space, as_alice, as_carol, anon, alice, bob):
     # given
     direct, _ = services.get_or_create_direct(space, bob, actor=alice)
