@@ -11,7 +11,7 @@ from controlplane.clock import now, rfc3339
 from controlplane.errors import Conflict, Forbidden, GrantConflict, InvalidRequest, NotFound
 from controlplane.idempotency import is_valid_key
 from controlplane.log import append_events
-from controlplane.access import is_active_admin
+from controlplane.access import can_read_space, is_active_admin, readable_spaces
 from controlplane.models import Member, Membership, Space
 from controlplane.services import member_for_handle, require_owner, require_owner_locked
 from grants import barrier
@@ -107,7 +107,9 @@ def _may_manage(grant: Grant, member: Member) -> bool:
 
 def visible_grant(grant_id: str, viewer: Member, *, space: Space | None = None) -> Grant:
     """The grant, for admins, the space's owners and the grant's own sender
-    and recipient; anyone else gets 404. Without `space`, the id is looked
+    and recipient while they may read its space (as its events in their
+    inbox feed: a party never in a private space, or removed from it, learns
+    nothing of it); anyone else gets 404. Without `space`, the id is looked
     up among the grants the viewer can see; when several spaces they see
     use it, that is CONFLICT naming those spaces (ask under one of them)."""
     grants = Grant.objects.select_related("space", "sender", "recipient", "message", "created_by").filter(
@@ -119,9 +121,11 @@ def visible_grant(grant_id: str, viewer: Member, *, space: Space | None = None) 
         # of the same id (ids are chosen per space) must not crowd them out.
         owned = Membership.objects.filter(member=viewer, status=Membership.Status.ACTIVE,
                                           role=Membership.Role.OWNER).values("space_id")
-        grants = grants.filter(Q(sender=viewer) | Q(recipient=viewer) | Q(space__in=owned))
+        grants = grants.filter(((Q(sender=viewer) | Q(recipient=viewer)) & Q(space__in=readable_spaces(viewer)))
+                               | Q(space__in=owned))
     visible = [grant for grant in grants[:MAX_SPACES_PER_ID]
-               if viewer.pk in (grant.sender_id, grant.recipient_id) or _may_manage(grant, viewer)]
+               if _may_manage(grant, viewer)
+               or (viewer.pk in (grant.sender_id, grant.recipient_id) and can_read_space(grant.space, viewer))]
     if not visible:
         raise NotFound()
     if len(visible) > 1:

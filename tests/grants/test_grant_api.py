@@ -171,6 +171,27 @@ def test_a_grant_is_visible_to_its_parties_owners_and_admins_only(locked, as_ali
     assert [g["id"] for g in as_alice.get(GRANTS).json()["grants"]] == ["grt_bob-carol"]
 
 
+def test_a_party_sees_a_grant_only_while_they_may_read_its_space(as_alice, alice, bob, carol, make_member, api_for):
+    # given: a private space alice owns, bob and carol members, dave never one; a grant names each
+    vault = services.create_space(slug="vault", name="Vault", visibility="private", send_policy="explicit_only",
+                                  actor=alice)
+    services.add_member(vault, bob, actor=alice)
+    services.add_member(vault, carol, actor=alice)
+    as_bob, as_dave = api_for(bob), api_for(make_member("dave"))
+    for grant_id, recipient in (("grt_to-dave", "@dave"), ("grt_to-bob", "@bob")):
+        created = as_alice.post(GRANTS, {"id": grant_id, "kind": "pair", "sender": "@carol", "recipient": recipient})
+        assert created.status_code == 201, created.text
+    assert as_bob.get("/v0/grants/grt_to-bob").status_code == 200
+    # when
+    services.remove_member(vault, bob, actor=alice)
+    # then: neither learns of the space through its grants, by either route
+    for caller, grant_id in ((as_dave, "grt_to-dave"), (as_bob, "grt_to-bob")):
+        for path in (f"/v0/grants/{grant_id}", f"{GRANTS}/{grant_id}"):
+            hidden = caller.get(path)
+            assert hidden.status_code == 404 and error_code(hidden) == "NOT_FOUND", path
+    assert as_alice.get("/v0/grants/grt_to-dave").json()["grant"]["recipient"] == "@dave"
+
+
 def test_only_owners_and_admins_revoke(locked, as_alice, as_bob):
     # given
     as_alice.post(GRANTS, PAIR)
