@@ -52,8 +52,16 @@ class InvalidCursor(ApiError):
     message = "The cursor is invalid for this caller and stream."
 
 
+# RFC 9110 §11.6.1: every 401 names the scheme that would be accepted.
+WWW_AUTHENTICATE = 'Bearer realm="switchboard"'
+
+
 class Unauthenticated(ApiError):
     status, code, message = 401, "UNAUTHENTICATED", "Authentication credentials are missing or invalid."
+
+    def __init__(self, message: str | None = None, **kwargs):
+        super().__init__(message, **kwargs)
+        self.headers.setdefault("WWW-Authenticate", WWW_AUTHENTICATE)
 
 
 class Forbidden(ApiError):

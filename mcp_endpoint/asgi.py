@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 
 from django.conf import settings
 
-from controlplane.api.authentication import WWW_AUTHENTICATE, authenticate_bearer
+from controlplane.api.authentication import authenticate_bearer
 from controlplane.db import db_call
 from controlplane.errors import ApiError, RateLimited, Unauthenticated, as_unavailable
 from controlplane.middleware import host_check
@@ -46,8 +46,6 @@ def _authenticate(header: str):
 async def _refuse(send, error: ApiError) -> None:
     body = json.dumps(error.body()).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if error.status == 401:
-        headers.append((b"www-authenticate", WWW_AUTHENTICATE.encode()))
     headers += [(name.lower().encode(), str(value).encode()) for name, value in error.headers.items()]
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -24,15 +24,12 @@ from rest_framework.exceptions import AuthenticationFailed
 
 from controlplane.cache import raw_redis
 from controlplane.db import model_columns, model_from_row
-from controlplane.errors import Unauthenticated
+from controlplane.errors import WWW_AUTHENTICATE, Unauthenticated
 from controlplane.live import credential_group, group_send_on_commit
 from controlplane.models import Credential, Member
 from controlplane.ratelimit import member_request_wait, member_request_wait_reading
 from controlplane.tokens import TOKEN_RE, hash_token
 
-
-# The challenge of a 401 on every surface that takes bearer credentials.
-WWW_AUTHENTICATE = 'Bearer realm="switchboard"'
 
 
 def _credential_sql() -> str:

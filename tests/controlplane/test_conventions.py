@@ -33,6 +33,7 @@ def test_missing_credential_is_401(anon):
     response = anon.get("/v0/me")
     assert response.status_code == 401
     assert error_code(response) == "UNAUTHENTICATED"
+    assert response.headers["WWW-Authenticate"] == 'Bearer realm="switchboard"'  # RFC 9110: every 401
 
 
 @pytest.mark.parametrize("header", ["Bearer sbt_" + "A" * 43, "Bearer nope", "Basic abc", "Bearer"])
@@ -42,6 +43,7 @@ def test_bad_credential_is_401(db, header):
     response = api.get("/v0/me")
     assert response.status_code == 401
     assert error_code(response) == "UNAUTHENTICATED"
+    assert response.headers["WWW-Authenticate"] == 'Bearer realm="switchboard"'
 
 
 def test_suspended_member_cannot_authenticate(as_alice, alice):
