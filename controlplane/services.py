@@ -247,11 +247,11 @@ def add_member(space: Space, member: Member, *, role: str | None = None, actor: 
     no `role`, an active member keeps theirs; anyone else joins as a member."""
     if role is not None and role not in Membership.Role.values:
         raise InvalidRequest("role must be owner, member or observer.", details={"role": role})
-    if not member.is_active:
-        raise Conflict("The member is suspended.")
     with transaction.atomic():
         current = _lock_memberships(space, member)
         require_owner(space, actor)  # under the owner rows' locks: a just-removed owner cannot act
+        if not member.is_active:  # told to owners only
+            raise Conflict("The member is suspended.")
         if current is None:
             created = _create_membership(space, member, status=Membership.Status.ACTIVE,
                                          role=role or Membership.Role.MEMBER)

@@ -108,6 +108,14 @@ def test_only_owners_add_and_remove(space, as_bob, as_carol, as_alice):
     assert last_owner.status_code == 409
 
 
+def test_only_owners_learn_that_a_member_they_would_add_is_suspended(space, as_bob, as_alice, make_member):
+    Member.objects.filter(pk=make_member("hopper").pk).update(status=Member.Status.SUSPENDED)
+    refused = as_bob.post("/v0/spaces/lab/members", {"member": "@hopper"})
+    assert refused.status_code == 403 and error_code(refused) == "FORBIDDEN"  # as for anyone else
+    told = as_alice.post("/v0/spaces/lab/members", {"member": "@hopper"})
+    assert told.status_code == 409 and error_code(told) == "CONFLICT"
+
+
 def test_anonymous_reads_open_space_metadata_only(space, anon):
     assert anon.get("/v0/spaces/lab").status_code == 200
     assert anon.get("/v0/spaces/lab/members").status_code == 200
