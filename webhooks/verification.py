@@ -44,7 +44,9 @@ def _challenge(endpoint: Endpoint, secret: str | None, challenge: str, mcp_subsc
 
 def verify_endpoint(endpoint: Endpoint, *, resolver=None, mcp_subscription_id: str | None = None) -> dt.datetime:
     """Send the signed challenge, unless this owner verified the same URL and
-    secret in the last 10 minutes. 422 VERIFICATION_FAILED with a reason.
+    secret with the same challenge in the last 10 minutes (an MCP receiver
+    answers the Events extension's, the others Switchboard's own: one
+    proves nothing of the other). 422 VERIFICATION_FAILED with a reason.
 
     Each verification makes this server send a request to an address a
     member chose, so: at most one of a member's verifications is in flight
@@ -55,11 +57,12 @@ def verify_endpoint(endpoint: Endpoint, *, resolver=None, mcp_subscription_id: s
         refuse_managed(endpoint)  # MCP receivers are verified by events/subscribe
     secret = crypto.open_secret(endpoint.secret)
     digest = crypto.target_digest(endpoint.url, secret)
-    cached = (Endpoint.objects.owned_by(endpoint.owner_id).filter(verified_digest=digest,
+    cached = (Endpoint.objects.owned_by(endpoint.owner_id).filter(verified_digest=digest, managed=endpoint.managed,
                                                                  verified_at__gte=now() - VERIFICATION_TTL)
               .order_by("-verified_at").values_list("verified_at", flat=True).first())
+    failure_key = f"verify:failed:{endpoint.owner_id}:{int(endpoint.managed)}:{digest}"
     if cached is None:
-        failed = cache.get(f"verify:failed:{endpoint.owner_id}:{digest}")
+        failed = cache.get(failure_key)
         if failed is not None and timestamp() - failed["at"] < FAILURE_MEMORY_SECONDS:
             raise VerificationFailed(details={**failed["details"], "cached": True})
         in_flight = f"verify:inflight:{endpoint.owner_id}"
@@ -76,8 +79,7 @@ def verify_endpoint(endpoint: Endpoint, *, resolver=None, mcp_subscription_id: s
             try:
                 _check_answer(outcome, challenge)
             except VerificationFailed as failure:
-                cache.set(f"verify:failed:{endpoint.owner_id}:{digest}",
-                          {"details": failure.details, "at": timestamp()}, FAILURE_MEMORY_SECONDS)
+                cache.set(failure_key, {"details": failure.details, "at": timestamp()}, FAILURE_MEMORY_SECONDS)
                 raise
         finally:
             cache.delete(in_flight)

@@ -18,7 +18,9 @@ from inbox.services import send_message
 from webhooks import engine, mcp
 from webhooks import pump as timer_loop
 from webhooks.models import Delivery, Subscription
+from webhooks.services import create_endpoint
 from webhooks.transport import Outcome
+from webhooks.verification import verify_endpoint
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_kicks")]
 SECRET = "whsec_" + base64.b64encode(b"a" * 32).decode()
@@ -54,6 +56,21 @@ def test_the_id_is_stable_per_identity_and_the_lease_is_bounded(world, receiver)
     assert dt.timedelta(days=6, hours=23) < lease - now() <= dt.timedelta(days=7)
     # one verification challenge per URL and secret (cached for ten minutes)
     assert [r.path for r in receiver.requests if r.json().get("type") == "verification"] == ["/items", "/other"]
+
+
+def test_an_ordinary_endpoints_verification_does_not_stand_for_the_mcp_challenge(world, receiver):
+    # given: ada verified her own endpoint at the same URL with the same secret a moment ago
+    receiver.respond = lambda received: (200, {"Content-Type": "application/json"},
+                                         json.dumps({"challenge": received.json()["challenge"]}).encode())
+    endpoint = create_endpoint(world["ada"], world["url"], SECRET, actor=world["ada"])
+    verify_endpoint(endpoint)
+    # when
+    subscribe(world)
+    # then: the receiver was still asked the Events extension's challenge, and the other way round
+    assert [r.json()["type"] for r in receiver.requests] == ["spaces.webhook.challenge", "verification"]
+    verify_endpoint(create_endpoint(world["ada"], receiver.url("/other"), ROTATED, actor=world["ada"]))
+    subscribe(world, url=receiver.url("/other"), secret=ROTATED)
+    assert len(receiver.requests) == 4
 
 
 def test_items_are_offered_oldest_first_one_at_a_time_and_a_2xx_acknowledges(world, receiver):
