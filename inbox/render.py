@@ -49,6 +49,14 @@ def render_message(message: Message, *, withheld: bool = False) -> dict:
     return _withhold(rendered) if withheld else rendered
 
 
+def render_sent(message: Message, created: bool) -> dict:
+    """A send's answer: the message it made, or for a retry the original as
+    the feeds show it now: a retry must not give back a body its authority
+    no longer covers (SPEC §5: revoked authority never restores body access)."""
+    withheld = not created and message.public_id in withheld_bodies([(message.public_id, message.space.send_policy)])
+    return render_message(message, withheld=withheld)
+
+
 def render_message_status(message: Message) -> dict:
     """Metadata and handling status; the body is read through its own route."""
     data = render_message(message)

@@ -22,7 +22,7 @@ from controlplane.idempotency import is_valid_key
 from controlplane.models import Member
 from inbox import collectives, reads, services
 from inbox.models import Collective
-from inbox.render import render_message
+from inbox.render import render_sent
 from mcp_endpoint.schemas import Checked
 
 TOKEN = {"type": "string", "pattern": r"^dlv_[A-Za-z0-9_-]{43}$",
@@ -59,7 +59,7 @@ def _send(member: Member, arguments: dict) -> dict:
                               reply_to=arguments.get("reply_to"), related_paths=arguments.get("related_paths"),
                               idempotency_key=key, request_approval=arguments.get("request_approval", False),
                               collective=arguments.get("collective"), actor=member)
-    return {"message": render_message(result.message), "created": result.created}
+    return {"message": render_sent(result.message, result.created), "created": result.created}
 
 
 def _answer(member: Member, arguments: dict) -> dict:

@@ -21,7 +21,7 @@ from inbox.api.longpoll import wants_wakes
 from inbox.api.serializers import (AnswerIn, AnswerOut, AnswersOut, BodyPageOut, BodyParams, FeedPageOut, FeedParams,
                                    MessageOut, MessageStatusOut, ResolveIn, SendMessageIn, SnapshotOut, SnapshotParams)
 from inbox.models import Message
-from inbox.render import render_events, render_message, render_message_status
+from inbox.render import render_events, render_message_status, render_sent
 
 
 
@@ -47,7 +47,8 @@ class SendMessageView(APIView):
                                   request_approval=data["request_approval"], collective=data.get("collective"),
                                   actor=request.user)
         faults.point("send.committed")
-        return Response({"message": render_message(result.message)}, status=201 if result.created else 200)
+        return Response({"message": render_sent(result.message, result.created)},
+                        status=201 if result.created else 200)
 
 
 class MessageView(APIView):

@@ -76,6 +76,20 @@ def test_finishing_keeps_what_was_handed_off_and_rejects_the_rest(bob_to_carol, 
     assert refused.status_code == 403 and error_code(refused) == "GRANT_REQUIRED"
 
 
+def test_a_keyed_retry_after_the_revocation_gives_the_original_without_its_body(bob_to_carol, grant, as_alice,
+                                                                                 as_bob):
+    # given
+    grant("grt_pair", "pair", sender="@bob", recipient="@carol")
+    message_id = send(as_bob, bob_to_carol, "secret plans", key="plans-0001")
+    as_alice.post("/v0/grants/grt_pair/revoke")
+    # when: bob retries the send, as a client that never saw its answer would
+    retry = as_bob.post(send_path(bob_to_carol), {"body": "secret plans"}, headers={"Idempotency-Key": "plans-0001"})
+    # then: the original, as the feeds show it now
+    assert retry.status_code == 200
+    original = retry.json()["message"]
+    assert (original["id"], original["body"], original["body_withheld"]) == (message_id, None, "AUTHORITY_REVOKED")
+
+
 def test_a_message_acknowledged_but_not_its_inbox_item_is_kept_and_the_barrier_ends(bob_to_carol, grant, as_alice,
                                                                                       as_bob, as_carol):
     """A message-level acknowledgement hands the message off without
