@@ -165,24 +165,28 @@ def fail_for_removed(space_id: int, member_id: int) -> None:
                        .filter(state=Collective.State.PENDING, message__space_id=space_id).order_by("pk")):
         if collective.requester_id == member_id:
             failing.append((collective, "requester_gone"))
-        elif member_id in collective.members:
+        elif member_id in collective.members and member_id not in _answered(collective):
             failing.append((collective, "member_removed"))
     mailbox.lock((pk for collective, _ in failing for pk in _owed(collective)), create=True)
     for collective, reason in failing:
         _fail(collective, reason)
 
 
+def _answered(collective: Collective) -> set[int]:
+    return set(CollectiveAnswer.objects.filter(collective=collective).values_list("member_id", flat=True))
+
+
 def _problem(collective: Collective) -> str | None:
-    """Why the operation can no longer complete, if it cannot."""
+    """Why the operation can no longer complete, if it cannot. A member who
+    answered and left since does not stop it: their answer is in."""
     space = collective.message.space
     if space.archived:  # no answer is taken any more
         return "space_archived"
     if not collective.requester.is_active or not can_read_space(space, collective.requester):
         return "requester_gone"
-    active = set(Member.objects.filter(pk__in=collective.members, status=Member.Status.ACTIVE)
-                 .values_list("pk", flat=True))
-    if len(active) < len(collective.members) or not all(
-            can_read_space(space, m) for m in Member.objects.filter(pk__in=collective.members)):
+    owing = [pk for pk in collective.members if pk not in _answered(collective)]
+    active = set(Member.objects.filter(pk__in=owing, status=Member.Status.ACTIVE).values_list("pk", flat=True))
+    if len(active) < len(owing) or not all(can_read_space(space, m) for m in Member.objects.filter(pk__in=owing)):
         return "member_removed"
     if Recipient.objects.filter(message=collective.message).filter(authority.inactive()).exists():
         return "authority_revoked"

@@ -119,6 +119,23 @@ def test_a_member_removed_mid_operation_fails_it_with_a_reason(space, group, ali
     assert changed.json()["error"]["details"] == {"state": "failed", "reason": "member_removed"}
 
 
+@pytest.mark.parametrize("op", ["gather", "all_gather"])
+def test_a_member_who_answered_and_left_does_not_stop_the_operation(space, group, alice, bob, carol, as_alice,
+                                                                   as_bob, as_carol, op):
+    # given: bob answered, then left the space
+    message = ask(as_alice, group, op=op).json()["message"]["id"]
+    as_bob.post(f"/v0/messages/{message}/answer", {"body": "2 days"})
+    services.remove_member(space, bob, actor=alice)
+    # when
+    answered = as_carol.post(f"/v0/messages/{message}/answer", {"body": "3 days"})
+    # then: it completes with every answer; bob, gone, is told nothing more
+    assert answered.status_code == 201 and Collective.objects.get().state == "completed"
+    (result,) = items(alice, "collective.result")
+    assert [(a["member"], a["answer"]) for a in result["answers"]] == [("@bob", "2 days"), ("@carol", "3 days")]
+    assert items(bob, "collective.result") == items(bob, "operationFailed") == []
+    assert len(items(carol, "collective.result")) == (op == "all_gather")
+
+
 @pytest.mark.parametrize("headers", [{}, {"Idempotency-Key": "answer-0001"}], ids=["unkeyed", "keyed"])
 def test_an_answer_that_finds_the_operation_failed_leaves_it_failed(group, alice, carol, as_alice, as_bob, headers):
     # given: carol suspended meanwhile (no hook fails the operation: the next touch does)
