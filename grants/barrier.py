@@ -9,7 +9,8 @@ pending item sent under it is withheld from every read path.
 Finishing it settles those items in batches, each batch its own
 transaction, and sets the terminal status when none is left: an item
 already handed off stays delivered, any other is rejected with a notice in
-its place (inbox.notices, which owns those rows, does both).
+its place (inbox.notices, which owns those rows, does both). Then the
+collective requests sent under it fail (inbox.collectives.fail_under).
 
 Every step is durable; `recover()` finishes barriers a crash interrupted,
 and runs at worker start and once a minute.
@@ -33,7 +34,7 @@ from controlplane.log import append_events
 from controlplane.models import Member
 from grants.models import Grant
 from grants.render import grant_event
-from inbox import notices
+from inbox import collectives, notices
 
 log = logging.getLogger(__name__)
 
@@ -70,14 +71,16 @@ def finish_barrier(grant_pk: int, *, until: float | None = None) -> Grant:
         with transaction.atomic():
             grant = Grant.objects.select_for_update(no_key=True).get(pk=grant_pk)
             if grant.status != Grant.Status.REVOKING:
-                return grant
+                break  # finished, by this call or an earlier one (which may have stopped short of what follows)
             verb = "expired" if grant.ending == Grant.Status.EXPIRED else "was revoked"
             reason = f"The grant {grant.public_id} this message was sent under {verb} before it was delivered."
             if not notices.reject_items_under(grant.pk, authority_ref=grant.public_id, reason=reason, limit=BATCH):
                 grant.status, grant.generation, grant.ended_at = grant.ending, grant.generation + 1, now()
                 grant.save(update_fields=["status", "generation", "ended_at"])
                 append_events([grant_event(f"grant.{grant.status}", grant, actor_id=grant.barrier_started_by_id)])
-                return grant
+                break
+    collectives.fail_under(grant_pk)  # after its last batch: the requests' rejections come first in the log
+    return grant
 
 
 def revoke(grant: Grant, *, actor: Member) -> Grant:

@@ -126,6 +126,19 @@ def touch(message: Message) -> None:
                 _settle(collective)
 
 
+def fail_under(grant_pk: int) -> None:
+    """A grant's barrier has fenced it: the pending operations requested
+    under it can no longer complete (`authority_revoked`), and each fails
+    now, in a transaction of its own, not at its deadline or next answer
+    (its members' requests were just rejected: nobody answers any more)."""
+    for message_id in (Collective.objects.filter(state=Collective.State.PENDING, message__recipients__grant_id=grant_pk)
+                       .values_list("message_id", flat=True).distinct()):
+        with transaction.atomic():
+            collective = _locked(Message(pk=message_id))
+            if collective is not None:
+                _settle(collective)
+
+
 def finish_due(*, seconds: float = DUE_SECONDS) -> int:
     """The minute schedule: finish operations whose deadline has passed,
     DUE_PER_RUN at a time, until none is left or `seconds` have passed (a

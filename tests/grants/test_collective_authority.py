@@ -5,7 +5,8 @@ import datetime as dt
 from controlplane import services
 from controlplane.clock import freeze, now
 from grants import services as grants
-from inbox.models import Collective, InboxItem
+from inbox import collectives
+from inbox.models import Collective, InboxItem, Message
 from tests.conftest import error_code
 
 
@@ -25,6 +26,25 @@ def test_revoked_authority_fails_the_operation(locked, alice, bob, carol, root, 
     assert Collective.objects.get().reason == "authority_revoked"
     (failed,) = InboxItem.objects.filter(member=alice, kind="operationFailed")
     assert failed.payload["reason"] == "authority_revoked"
+
+
+def test_the_revocation_itself_fails_the_operation_and_tells_the_requester(locked, alice, bob, carol, root,
+                                                                          as_alice):
+    # given: an all_gather under a project grant, one answer in
+    project, _ = grants.create_grant(locked, grant_id="grt_project", kind="project", actor=root)
+    group, _ = services.get_or_create_group(locked, [alice, bob, carol], actor=alice)
+    sent = as_alice.post(f"/v0/spaces/vault/conversations/{group.public_id}/messages",
+                         {"body": "Vote?", "collective": {"op": "all_gather", "deadline_ms": 3_600_000}})
+    collectives.answer(Message.objects.get(public_id=sent.json()["message"]["id"]), "yes", actor=bob)
+    # when: the grant is revoked, and nobody answers or reads the message
+    grants.revoke_grant(project, actor=alice)
+    # then: it failed at once, and everyone owed the outcome has the notice, after the rejections
+    assert Collective.objects.get().reason == "authority_revoked"
+    for member in (alice, bob, carol):
+        (failed,) = InboxItem.objects.filter(member=member, kind="operationFailed")
+        assert failed.payload["reason"] == "authority_revoked"
+    (rejected,) = InboxItem.objects.filter(member=carol, kind="rejected")
+    assert rejected.position < InboxItem.objects.get(member=carol, kind="operationFailed").position
 
 
 def test_an_approved_collective_request_is_sent_as_a_collective(locked, alice, bob, carol, as_alice, as_root):
