@@ -135,11 +135,18 @@ def acknowledge_delivery(member: Member, token: str, *, actor: Member) -> None:
     tombstone keeping the token's binding. Unknown or foreign tokens are
     404 UNKNOWN_DELIVERY. Only the inbox's owner acknowledges, so the item's
     member and `acknowledged_at` record who and when (no audit row on the
-    hottest write)."""
+    hottest write).
+
+    A token whose item a revocation barrier withdrew (or is withdrawing) was
+    given out before it: it is known, so the answer is `{}` as for any
+    token already settled, and nothing changes (the item is not handed off;
+    its `rejected` notice says why). Held and unclassified items' tokens
+    were never given out, and stay unknown."""
     if actor.pk != member.pk:
         raise UnknownDelivery()
     acknowledge = _acknowledge_in_one_statement if connection.vendor == "postgresql" else _acknowledge_with_orm
-    if not acknowledge(member, token):
+    if not acknowledge(member, token) and not InboxItem.objects.filter(
+            member=member, token=token, admission=InboxItem.Admission.WITHHELD).exists():
         raise UnknownDelivery()
 
 

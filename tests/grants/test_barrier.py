@@ -69,6 +69,10 @@ def test_finishing_keeps_what_was_handed_off_and_rejects_the_rest(bob_to_carol, 
         assert body.status_code == 403 and error_code(body) == "AUTHORITY_REVOKED"
     ack = as_carol.post(f"/v0/messages/{handed_off}/acknowledge")
     assert ack.status_code == 403 and error_code(ack) == "AUTHORITY_REVOKED"
+    # the withdrawn item's token is still carol's: acknowledging it is a no-op, not an unknown token
+    withdrawn = as_carol.post("/v0/me/inbox/acknowledge", {"deliveryToken": second["deliveryToken"]})
+    assert (withdrawn.status_code, withdrawn.json()) == (200, {})
+    assert as_carol.get(f"/v0/inbox-events/evt_{second['deliveryToken'][4:]}").json()["state"] == "rejected"
     # the pending content left the mailbox count; the notice is all that is pending
     assert Mailbox.objects.get(member=carol).pending_bytes == InboxItem.objects.get(kind="rejected").content_bytes
     # and no new send is admitted under it
