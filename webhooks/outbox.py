@@ -110,11 +110,15 @@ def acknowledged(members: set[int]) -> None:
 
 def last_through(subscription_id: int) -> int:
     """Where the subscription's next wake starts: the previous wake's
-    `through`, or the activation position for the first."""
+    `through`, or the activation position for the first. A wake that failed
+    (its subscription suspended) or was cancelled (paused, or its owner lost
+    access) does not count: its range never reached the receiver, so the
+    next wake (a resume's catch-up) covers it again (SPEC §8)."""
     # Wakes are chained in id order (replays repeat an old range), so the
     # newest one ends where the next begins: one index probe, however long
     # the history.
-    last = (Delivery.objects.filter(subscription_id=subscription_id, replay_of__isnull=True).order_by("-id")
+    last = (Delivery.objects.filter(subscription_id=subscription_id, replay_of__isnull=True)
+            .exclude(state__in=(Delivery.State.FAILED, Delivery.State.CANCELLED)).order_by("-id")
             .values_list("through_position", flat=True).first())
     if last is not None:
         return last

@@ -228,8 +228,17 @@ def test_suspension_after_100_attempts_spanning_an_hour(world, receiver):
     subscription = Subscription.objects.get()
     assert subscription.status == "suspended" and not subscription.terminal
     assert subscription.suspended_error == "http_500"
-    # an owner can resume a non-terminal suspension
+    # an owner can resume a non-terminal suspension, and its catch-up covers what the failed wake did not deliver
+    send_message(world["general"], body="while suspended", actor=world["bob"])
+    receiver.respond = None
     assert world["as_alice"].patch(world["path"], {"status": "active"}).status_code == 200
+    pump()
+    catch_up = receiver.wakes()[-1].json()
+    failed = Delivery.objects.get(state=Delivery.State.FAILED)
+    assert catch_up["event_range"]["after"] == engine.feed_cursor(subscription, failed.after_position)
+    events = world["as_alice"].get("/v0/spaces/lab/events", cursor=catch_up["event_range"]["after"]).json()["events"]
+    assert [e["data"]["message"]["body"] for e in events if e["kind"] == "message.created"] == ["down",
+                                                                                               "while suspended"]
 
 
 def test_many_attempts_within_the_hour_do_not_suspend(world, receiver):
