@@ -113,13 +113,23 @@ class BoundedHead(HttpToolsProtocol):
             self.head_timer = None
 
     def _refuse(self) -> None:
+        self._answer_error(b"431 Request Header Fields Too Large", "The request's headers are too large.",
+                           {"max_bytes": HEAD_MAX_BYTES})
+        self.loop.call_later(LINGER_SECONDS, self.transport.close)
+
+    def send_400_response(self, msg: str) -> None:
+        """What httptools cannot parse (a control character in a header, a
+        Content-Length that is not a number, one beside Transfer-Encoding):
+        uvicorn answers it in plain text; the contract's shape instead."""
+        self._answer_error(b"400 Bad Request", "The request is not valid HTTP/1.1.", {})
+        self.transport.close()
+
+    def _answer_error(self, status: bytes, message: str, details: dict) -> None:
         from controlplane.errors import error_body  # (the application has loaded Django by now)
 
-        body = json.dumps(error_body("INVALID_REQUEST", "The request's headers are too large.",
-                                     {"max_bytes": HEAD_MAX_BYTES})).encode()
-        self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
-                             b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
-        self.loop.call_later(LINGER_SECONDS, self.transport.close)
+        body = json.dumps(error_body("INVALID_REQUEST", message, details)).encode()
+        self.transport.write(b"HTTP/1.1 %s\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (status, len(body), body))
 
 
 # What `uvicorn APP --loop uvloop --http httptools --ws websockets-sansio ...` sets, with heads bounded (BoundedHead).

@@ -49,6 +49,17 @@ def test_a_head_past_its_limit_is_431_in_the_contracts_shape_and_one_within_it_i
         assert exchange(base, get(host)).startswith(b"HTTP/1.1 200 ")
 
 
+@pytest.mark.parametrize("bad", [b"Idempotency-Key: abcdefg\x7f", b"Content-Length: abc",
+                                 b"Content-Length: 2\r\nTransfer-Encoding: chunked"])
+def test_what_is_not_http_is_400_in_the_contracts_shape(bad):
+    with bounded_server() as base:
+        refused = exchange(base, b"POST / HTTP/1.1\r\nHost: x\r\n" + bad + b"\r\n\r\n{}")
+        status, _, body = refused.partition(b"\r\n\r\n")
+        assert status.startswith(b"HTTP/1.1 400 ") and b"content-type: application/json" in status
+        assert json.loads(body)["error"] == {"code": "INVALID_REQUEST", "message": "The request is not valid HTTP/1.1.",
+                                             "details": {}}
+
+
 async def answer(scope, receive, send):
     """ok, once the whole body is in; a second later for /slow."""
     if scope["type"] == "http":
