@@ -56,7 +56,7 @@ def request_fingerprint(request) -> str:
 def _replay(record: IdempotencyRecord, fingerprint: str) -> Response:
     if record.fingerprint != fingerprint:
         raise IdempotencyConflict()
-    return Response(record.body, status=record.status_code)
+    return Response(json.loads(record.body), status=record.status_code)
 
 
 def idempotent(view_method=None, *, secret_fields: tuple[str, ...] = (), atomic: bool = True):
@@ -97,7 +97,8 @@ def idempotent(view_method=None, *, secret_fields: tuple[str, ...] = (), atomic:
                 if 200 <= response.status_code < 300:
                     stored = {**response.data, **{name: None for name in secret_fields if name in response.data}}
                     IdempotencyRecord.objects.create(**lookup, fingerprint=fingerprint,
-                                                     status_code=response.status_code, body=stored)
+                                                     status_code=response.status_code,
+                                                     body=json.dumps(stored, ensure_ascii=False))
         except IntegrityError:
             # A concurrent request with the same key committed first.
             record = IdempotencyRecord.objects.filter(**lookup).first()

@@ -230,7 +230,9 @@ class IdempotencyRecord(models.Model):
     key = models.CharField(max_length=128)
     fingerprint = models.CharField(max_length=64)
     status_code = models.PositiveSmallIntegerField()
-    body = models.JSONField()
+    # The answer as JSON text, not jsonb (which sorts an object's keys): a
+    # replay returns the original body, key order and all (SPEC §2).
+    body = models.TextField()
     created_at = models.DateTimeField(default=now)
 
     class Meta:
