@@ -170,13 +170,9 @@ async def stream(ctx, params: StreamParams) -> dict:
         batch = await _read(member, source, arguments, params.cursor, sources.MAX_EVENTS)
         await owner.take_over()  # only now: a refused request ends no other consumer
         await send("active", cursor=batch.start, truncated=batch.truncated)
-        last_beat, last_count, retry_in = time.monotonic(), None, None
+        last_beat, retry_in = time.monotonic(), None
         while True:
             for event in batch.events:
-                if source.name == pushed.PENDING:  # a level trigger: only changes
-                    if event["data"]["pendingCount"] == last_count:
-                        continue
-                    last_count = event["data"]["pendingCount"]
                 await send("event", **event)
             # Beats and endings are heeded while catching up too (a long feed
             # with few items): page after page could run past 30 s.

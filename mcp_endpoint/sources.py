@@ -6,8 +6,9 @@ event loop, where the inbox's items are read on the loop's own connection).
   available to the caller (a message addressed to them, a firewall
   admission, a notice), in the order their inbox feed heard of it. The
   cursor is a position of that feed; an item acknowledged since is skipped.
-- `org.switchboard/inbox.pending`: `{pendingCount}`, a level trigger with
-  no replay (its cursor is always null).
+- `org.switchboard/inbox.pending`: `{pendingCount}` when it changed. Its
+  cursor holds the count last told: a read with it reports the count only
+  if it differs, so a client polling an unchanged inbox gets no events.
 - `spaces.work.available`: `{space, event_range, url}` when the space's
   feed has events the caller may see after the cursor; the range's cursors
   are the caller's own space-feed cursors, ready for `GET url?cursor=after`.
@@ -27,7 +28,7 @@ from controlplane.clock import now, rfc3339
 from controlplane.cursors import caller_id, pack_cursor, unpack_cursor
 from controlplane.db import Compiled, db_call, model_from_row, padded, run_steps
 from controlplane.loop_reads import loop_reads
-from controlplane.errors import InvalidCursor, ResyncRequired
+from controlplane.errors import ResyncRequired
 from controlplane.log import log_head_steps
 from controlplane.models import Member, Space
 from inbox import delivery, feeds
@@ -119,10 +120,22 @@ def _position_steps(member: Member, source: Source, arguments: dict, cursor: str
 
 def read(member: Member, source: Source, arguments: dict, cursor: str | None, max_events: int) -> Batch:
     if source.name == PENDING:
-        if cursor is not None:  # it never gives one out
-            raise InvalidCursor("inbox.pending has no replay: its cursor is null.")
-        return Batch([pending_occurrence(delivery.pending_count(member))])
+        return _pending(member, source, cursor)
     return run_steps(_read_steps(member, source, arguments, cursor, max_events))
+
+
+def _pending(member: Member, source: Source, cursor: str | None) -> Batch:
+    """The pending count, when it differs from the one `cursor` holds; a
+    null cursor starts from now (SEP-3415): no event, a fresh cursor."""
+    count = delivery.pending_count(member)
+    fresh = _cursor(member, source, {}, count)
+    if cursor is None:
+        return Batch(cursor=fresh, start=fresh)
+    (told,) = unpack_cursor(cursor, count=1, caller=caller_id(member), stream=source.stream_key({}))
+    if told == count:
+        return Batch(cursor=cursor, start=cursor)
+    return Batch([{**pending_occurrence(count, run_steps(log_head_steps()).position), "cursor": fresh}], fresh,
+                 start=cursor)
 
 
 async def read_on_loop(member: Member, source: Source, arguments: dict, cursor: str | None,
@@ -155,9 +168,10 @@ def _read_steps(member: Member, source: Source, arguments: dict, cursor: str | N
     return batch
 
 
-def pending_occurrence(count: int) -> dict:
-    at = now()
-    return {"eventId": f"pnd_{int(at.timestamp() * 1e6)}", "name": PENDING, "timestamp": rfc3339(at),
+def pending_occurrence(count: int, position: int) -> dict:
+    """The count as it is at the log's `position`: one id per state (a
+    count rises only with an event in the log), for a client's dedup."""
+    return {"eventId": f"pnd_{position}_{count}", "name": PENDING, "timestamp": rfc3339(now()),
             "data": {"pendingCount": count}}
 
 

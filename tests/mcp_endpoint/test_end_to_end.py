@@ -109,11 +109,13 @@ def test_poll_pages_and_a_stream_delivers_within_a_second_with_heartbeats():
             async with connect(base, ada) as (client, events):
                 listed = await call(client, "events/list")
                 start = await call(client, "events/poll", name=ITEM)
+                counted = await call(client, "events/poll", name="org.switchboard/inbox.pending")
                 for n in range(3):
                     send(base, bo, conversation, f"polled {n}")
                 first = await call(client, "events/poll", name=ITEM, cursor=start["cursor"], maxEvents=2)
                 rest = await call(client, "events/poll", name=ITEM, cursor=first["cursor"], maxEvents=2)
-                pending = await call(client, "events/poll", name="org.switchboard/inbox.pending")
+                pending = [await call(client, "events/poll", name="org.switchboard/inbox.pending",
+                                      cursor=counted["cursor"]) for _ in range(2)]  # a retry tells it again
                 for bad in (0, True, "2"):  # out of range, or no JSON integer at all
                     with pytest.raises(MCPError) as refused:
                         await call(client, "events/poll", name=ITEM, cursor=start["cursor"], maxEvents=bad)
@@ -127,9 +129,9 @@ def test_poll_pages_and_a_stream_delivers_within_a_second_with_heartbeats():
                     pass
                 latency = time.monotonic() - sent_at
                 stream.cancel()
-                return listed, start, first, rest, pending, active, beats, frame, latency, sent
+                return listed, start, counted, first, rest, pending, active, beats, frame, latency, sent
 
-        listed, start, first, rest, pending, active, beats, frame, latency, sent = asyncio.run(story())
+        listed, start, counted, first, rest, pending, active, beats, frame, latency, sent = asyncio.run(story())
     # then
     assert [e["name"] for e in listed["events"]] == [ITEM, "org.switchboard/inbox.pending", "spaces.work.available"]
     assert start["events"] == [] and start["truncated"] is False
@@ -137,7 +139,9 @@ def test_poll_pages_and_a_stream_delivers_within_a_second_with_heartbeats():
     assert first["hasMore"] is True and first["nextPollMs"] == 0
     assert [e["data"]["item"]["content"] for e in rest["events"]] == ["polled 2"] and rest["hasMore"] is False
     assert all("cursor" not in e for e in first["events"])
-    assert pending["events"][0]["data"] == {"pendingCount": 3}
+    assert counted["events"] == [] and counted["cursor"]  # from now: nothing, and a cursor
+    assert [[e["data"] for e in p["events"]] for p in pending] == [[{"pendingCount": 3}]] * 2
+    assert pending[0]["events"][0]["eventId"] == pending[1]["events"][0]["eventId"]
     assert active[0] == "active" and active[1]["truncated"] is False
     assert [kind for kind, _ in beats] == ["heartbeat", "heartbeat"]
     kind, params = frame

@@ -128,16 +128,26 @@ def test_work_narrowed_to_a_task_sees_only_that_task(pair):
         sources.read(ada, work, {"space": "lab", "task_id": "tsk_aaaaaaaaaaaaaaaa"}, None, 50)
 
 
-def test_the_pending_count_takes_no_cursor_as_it_gives_none(pair):
+def test_the_pending_count_is_told_when_it_changes_and_its_cursor_holds_the_last_one_told(pair):
     from controlplane.errors import InvalidCursor
 
     # given: ada has one pending item
     ada, bo, direct = pair
     pending = sources.SOURCES["org.switchboard/inbox.pending"]
     send_message(direct, body="hello", actor=bo)
-    # when / then: without a cursor, the count and a null cursor; any cursor is refused, as inbox.item's would be
-    read = sources.read(ada, pending, {}, None, 50)
-    assert [e["data"] for e in read.events] == [{"pendingCount": 1}] and read.cursor is None
+    # when: a read from now, then from its cursor with nothing changed, then after one more item
+    start = sources.read(ada, pending, {}, None, 50)
+    quiet = sources.read(ada, pending, {}, start.cursor, 50)
+    send_message(direct, body="again", actor=bo)
+    changed = sources.read(ada, pending, {}, quiet.cursor, 50)
+    retried = sources.read(ada, pending, {}, quiet.cursor, 50)  # a client that lost the answer asks again
+    # then: nothing from now or while unchanged (SEP-3415), the new count once it changed
+    assert start.events == [] and start.cursor and quiet.events == [] and quiet.cursor == start.cursor
+    assert [e["data"] for e in changed.events] == [{"pendingCount": 2}] and changed.cursor != quiet.cursor
+    assert changed.events[0]["cursor"] == changed.cursor
+    assert retried.events[0]["eventId"] == changed.events[0]["eventId"]  # the same change, the same id
+    assert sources.read(ada, pending, {}, changed.cursor, 50).events == []
+    # another stream's cursor, or a forged one, is refused
     for cursor in ("garbage", sources.read(ada, ITEM, {}, None, 50).cursor):
         with pytest.raises(InvalidCursor):
             sources.read(ada, pending, {}, cursor, 50)

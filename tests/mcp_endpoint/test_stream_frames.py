@@ -200,3 +200,35 @@ def test_a_stream_catching_up_a_long_feed_still_beats_and_still_ends(make_member
     # then: heartbeats while it read, and the end
     assert seen[0] == "notifications/events/active" and seen.count("notifications/events/heartbeat") >= 2
     assert seen[-2] == "notifications/events/terminated" and len(reads) > 10
+
+
+def test_a_pending_count_stream_tells_changes_only_from_its_cursor(make_member, settings):
+    # given: ada's pending count streamed from now, with one item already pending
+    settings.MCP_HEARTBEAT_SECONDS = 5
+    settings.FEED_RECHECK_SECONDS = 0.1
+    from inbox.services import send_message
+
+    ada, bo = make_member("ada"), make_member("bo")
+    space = services.create_space(slug="lab", name="Lab", visibility="open", send_policy="open", actor=bo)
+    services.join_space(space, actor=ada)
+    direct, _ = services.get_or_create_direct(space, ada, actor=bo)
+    send_message(direct, body="already here", actor=bo)
+    _, token = services.issue_credential(ada, actor=None)
+
+    async def story(http):
+        from asgiref.sync import sync_to_async
+
+        response = asyncio.create_task(http.post(**stream_request(token, 1, None, "org.switchboard/inbox.pending")))
+        await asyncio.sleep(1.0)  # several reads with nothing changed
+        # when
+        await sync_to_async(send_message)(direct, body="one more", actor=bo)
+        await asyncio.sleep(1.0)
+        await sync_to_async(services.update_member)(ada, status="suspended", actor=None)  # ends the stream
+        return await asyncio.wait_for(response, 5)
+
+    sent = frames(asyncio.run(with_endpoint(story)).text)
+    # then: active with a cursor, one event for the change, nothing for the count it started at
+    active = next(f["params"] for f in sent if f.get("method") == "notifications/events/active")
+    events = [f["params"] for f in sent if f.get("method") == "notifications/events/event"]
+    assert active["cursor"] and active["truncated"] is False
+    assert [e["data"] for e in events] == [{"pendingCount": 2}] and events[0]["cursor"] != active["cursor"]
