@@ -61,12 +61,12 @@ class SelectParams(_Params):
 class PollParams(SelectParams):
     cursor: str | None = None
     max_events: int = Field(default=sources.MAX_EVENTS, alias="maxEvents", ge=1, le=100, strict=True)
-    max_age_ms: int | None = Field(default=None, alias="maxAgeMs", strict=True)
+    max_age_ms: int | None = Field(default=None, alias="maxAgeMs", ge=0, strict=True)
 
 
 class StreamParams(SelectParams):
     cursor: str | None = None
-    max_age_ms: int | None = Field(default=None, alias="maxAgeMs", strict=True)
+    max_age_ms: int | None = Field(default=None, alias="maxAgeMs", ge=0, strict=True)
 
 
 class SubscribeParams(SelectParams):
@@ -132,7 +132,7 @@ async def list_events(ctx, params: ListParams) -> dict:
 async def poll(ctx, params: PollParams) -> dict:
     member = caller(ctx)
     source, arguments = _select(params)
-    batch = await _read(member, source, arguments, params.cursor, params.max_events)
+    batch = await _read(member, source, arguments, params.cursor, params.max_events, params.max_age_ms)
     return {"events": [{k: v for k, v in e.items() if k != "cursor"} for e in batch.events],
             "cursor": batch.cursor, "truncated": batch.truncated, "hasMore": batch.has_more,
             "nextPollMs": 0 if batch.has_more else POLL_INTERVAL_MS}
@@ -167,7 +167,7 @@ async def stream(ctx, params: StreamParams) -> dict:
             ended = ENDINGS[ending]  # after the request was authenticated, before the stream joined their groups
             raise MCPError(ended["code"], ended["message"], data=ended["data"])
         owner.watch(**await _db(sources.interest, member, source, arguments))
-        batch = await _read(member, source, arguments, params.cursor, sources.MAX_EVENTS)
+        batch = await _read(member, source, arguments, params.cursor, sources.MAX_EVENTS, params.max_age_ms)
         await owner.take_over()  # only now: a refused request ends no other consumer
         await send("active", cursor=batch.start, truncated=batch.truncated)
         last_beat, retry_in = time.monotonic(), None

@@ -15,10 +15,12 @@ event loop, where the inbox's items are read on the loop's own connection).
 
 A null cursor starts from now (SEP-3415): no events, a fresh cursor. A
 cursor older than the retention floor starts at the floor instead and says
-`truncated`.
+`truncated`; so does one older than `maxAgeMs` asks for (the first event
+of that window).
 """
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass, field
 
 from django.db import connection
@@ -30,7 +32,7 @@ from controlplane.db import Compiled, db_call, model_from_row, padded, run_steps
 from controlplane.loop_reads import loop_reads
 from controlplane.errors import ResyncRequired
 from controlplane.log import log_head_steps
-from controlplane.models import Member, Space
+from controlplane.models import Event, Member, Space
 from inbox import delivery, feeds
 from inbox.models import InboxItem, Message
 from inbox.render import item_occurrence
@@ -107,21 +109,40 @@ def _cursor(member: Member, source: Source, arguments: dict, position: int) -> s
     return pack_cursor((position,), caller=caller_id(member), stream=source.stream_key(arguments))
 
 
-def _position_steps(member: Member, source: Source, arguments: dict, cursor: str | None):
-    """Where to read after, and whether that skips events (truncated): steps."""
+def _position_steps(member: Member, source: Source, arguments: dict, cursor: str | None, max_age_ms: int | None):
+    """Where to read after, and whether that skips events (truncated): steps.
+    `max_age_ms` (SEP-3415's `maxAgeMs`) moves a cursor up to the first event
+    of that window; it means nothing without a cursor."""
     head = yield from log_head_steps()
     if cursor is None:
         return head.position, False
     (position,) = unpack_cursor(cursor, count=1, caller=caller_id(member), stream=source.stream_key(arguments))
-    if position < head.floor:
-        return head.floor, True
+    floor = head.floor
+    if max_age_ms is not None:
+        since = now() - dt.timedelta(milliseconds=min(max_age_ms, MAX_AGE_MS))
+        rows = yield _first_since_sql(), [connection.ops.adapt_datetimefield_value(since), position]
+        floor = max(floor, rows[0][0] - 1 if rows else head.position)
+    if position < floor:
+        return floor, True
     return position, False
 
 
-def read(member: Member, source: Source, arguments: dict, cursor: str | None, max_events: int) -> Batch:
+# The longest `maxAgeMs` weighed: any longer reaches past the log's retention.
+MAX_AGE_MS = 366 * 24 * 3600 * 1000
+
+
+def _first_since_sql() -> str:
+    """The first event after a position created at or after a time (found
+    through the log's created_at index: the events of that window)."""
+    return f"SELECT position FROM {connection.ops.quote_name(Event._meta.db_table)} " \
+           "WHERE created_at >= %s AND position > %s ORDER BY created_at LIMIT 1"
+
+
+def read(member: Member, source: Source, arguments: dict, cursor: str | None, max_events: int,
+         max_age_ms: int | None = None) -> Batch:
     if source.name == PENDING:
         return _pending(member, source, cursor)
-    return run_steps(_read_steps(member, source, arguments, cursor, max_events))
+    return run_steps(_read_steps(member, source, arguments, cursor, max_events, max_age_ms))
 
 
 def _pending(member: Member, source: Source, cursor: str | None) -> Batch:
@@ -139,20 +160,21 @@ def _pending(member: Member, source: Source, cursor: str | None) -> Batch:
 
 
 async def read_on_loop(member: Member, source: Source, arguments: dict, cursor: str | None,
-                       max_events: int) -> Batch:
+                       max_events: int, max_age_ms: int | None = None) -> Batch:
     """`read` from an event loop: the inbox's items on the loop's own
     connection where there is one (controlplane.loop_reads), with no
     thread hop; the rest on a request thread."""
     if source.name == ITEM:
-        return await loop_reads.run(_read_steps(member, source, arguments, cursor, max_events))
-    return await db_call(read)(member, source, arguments, cursor, max_events)
+        return await loop_reads.run(_read_steps(member, source, arguments, cursor, max_events, max_age_ms))
+    return await db_call(read)(member, source, arguments, cursor, max_events, max_age_ms)
 
 
-def _read_steps(member: Member, source: Source, arguments: dict, cursor: str | None, max_events: int):
+def _read_steps(member: Member, source: Source, arguments: dict, cursor: str | None, max_events: int,
+                max_age_ms: int | None = None):
     """`read` of the inbox's items or a space's work, as steps. A space's
     work is read with the ORM, inside them: only a request thread runs
     those (`read_on_loop`)."""
-    after, truncated = yield from _position_steps(member, source, arguments, cursor)
+    after, truncated = yield from _position_steps(member, source, arguments, cursor, max_age_ms)
     try:
         if source.name == ITEM:
             batch = yield from _items_steps(member, source, after, max_events)

@@ -120,6 +120,12 @@ def test_poll_pages_and_a_stream_delivers_within_a_second_with_heartbeats():
                     with pytest.raises(MCPError) as refused:
                         await call(client, "events/poll", name=ITEM, cursor=start["cursor"], maxEvents=bad)
                     assert refused.value.error.code == -32602
+                # maxAgeMs: nothing older than it is replayed, and the answer says events were skipped
+                bounded = await call(client, "events/poll", name=ITEM, cursor=start["cursor"], maxAgeMs=0)
+                assert bounded["events"] == [] and bounded["truncated"] is True
+                with pytest.raises(MCPError) as refused:
+                    await call(client, "events/poll", name=ITEM, cursor=start["cursor"], maxAgeMs=-1)
+                assert refused.value.error.code == -32602
                 stream = asyncio.ensure_future(call(client, "events/stream", name=ITEM))
                 active = await events.next()
                 beats = [await events.next(), await events.next()]

@@ -2,10 +2,13 @@
 items, held ones only once admitted, acknowledged ones skipped; under the
 server on PostgreSQL, the same items read on the event loop."""
 import asyncio
+import datetime as dt
 
 import pytest
 
 from controlplane import services
+from controlplane.clock import now
+from controlplane.models import Event
 from inbox import firewall
 from inbox.delivery import acknowledge_delivery
 from inbox.models import InboxItem
@@ -75,6 +78,47 @@ def test_under_the_server_a_stream_reads_the_same_items_on_its_event_loop(pair, 
     # then: it read them on the loop, and read what a request thread reads
     assert contents(on_loop) == ["hello", "the secret"]
     assert on_loop == on_thread
+
+
+def old_and_new(pair):
+    """bo sent ada one message an hour ago, and one now. The cursor before both."""
+    ada, bo, direct = pair
+    start = sources.read(ada, ITEM, {}, None, 50)
+    old = send_message(direct, body="an hour ago", actor=bo).message
+    Event.objects.filter(position=old.position).update(created_at=now() - dt.timedelta(hours=1))
+    send_message(direct, body="just now", actor=bo)
+    return start
+
+
+def test_max_age_bounds_what_a_cursor_replays_and_says_so(pair):
+    ada = pair[0]
+    start = old_and_new(pair)
+    # when: from the same cursor, without a bound, with one of a minute, of a day, and from now
+    unbounded = sources.read(ada, ITEM, {}, start.cursor, 50)
+    minute = sources.read(ada, ITEM, {}, start.cursor, 50, max_age_ms=60_000)
+    day = sources.read(ada, ITEM, {}, start.cursor, 50, max_age_ms=86_400_000)
+    longest = sources.read(ada, ITEM, {}, start.cursor, 50, max_age_ms=10**18)
+    fresh = sources.read(ada, ITEM, {}, None, 50, max_age_ms=60_000)
+    # then: a bound that skips an event says truncated (SEP-3415), one that skips none does not
+    assert (contents(unbounded), unbounded.truncated) == (["an hour ago", "just now"], False)
+    assert (contents(minute), minute.truncated) == (["just now"], True)
+    assert (contents(day), day.truncated) == (["an hour ago", "just now"], False)
+    assert contents(longest) == ["an hour ago", "just now"]
+    assert fresh.events == [] and not fresh.truncated  # no cursor: from now, whatever the bound
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_under_the_server_max_age_is_read_on_the_event_loop_too(pair, request_threads_busy):
+    ada = pair[0]
+    start = old_and_new(pair)
+
+    async def read_as_a_stream():
+        async with under_the_server():
+            return await asyncio.wait_for(sources.read_on_loop(ada, ITEM, {}, start.cursor, 50, 60_000), 5)
+
+    on_loop = asyncio.run(read_as_a_stream())
+    assert (contents(on_loop), on_loop.truncated) == (["just now"], True)
 
 
 def test_acknowledged_items_are_skipped_and_pages_continue(pair):
