@@ -15,7 +15,7 @@ from typing import Any
 import mcp_types as types
 from django.conf import settings
 from mcp.shared.exceptions import MCPError
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from controlplane.api.parsers import check_text
 from controlplane.db import db_call
@@ -294,7 +294,24 @@ def _unavailable_as_mcp(handler):
     return wrapped
 
 
-METHODS = {method: (params, _unavailable_as_mcp(handler)) for method, (params, handler) in {
+def _checked(params_type: type[_Params], handler):
+    """The SDK checks a method's params against the model it is registered
+    with and answers a misfit with a bare "Invalid request parameters". So
+    each is registered with any params (`_Params`) and checked here, by the
+    same rule (aliases only), with an answer that says which field and why."""
+    @functools.wraps(handler)
+    async def wrapped(ctx, params):
+        try:
+            typed = params_type.model_validate(params.model_dump(by_alias=True, exclude_unset=True), by_name=False)
+        except ValidationError as error:
+            first = error.errors()[0]
+            field = ".".join(str(part) for part in first["loc"]) or "params"
+            raise MCPError(types.INVALID_PARAMS, f"{field}: {first['msg']}", data={"field": field}) from None
+        return await handler(ctx, typed)
+    return wrapped
+
+
+METHODS = {method: (_Params, _checked(params, _unavailable_as_mcp(handler))) for method, (params, handler) in {
     "events/list": (ListParams, list_events),
     "events/poll": (PollParams, poll),
     "events/stream": (StreamParams, stream),

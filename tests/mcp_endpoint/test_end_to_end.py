@@ -120,6 +120,8 @@ def test_poll_pages_and_a_stream_delivers_within_a_second_with_heartbeats():
                     with pytest.raises(MCPError) as refused:
                         await call(client, "events/poll", name=ITEM, cursor=start["cursor"], maxEvents=bad)
                     assert refused.value.error.code == -32602
+                    assert refused.value.error.data == {"field": "maxEvents"}  # which field, and why
+                    assert refused.value.error.message.startswith("maxEvents: ")
                 # maxAgeMs: nothing older than it is replayed, and the answer says events were skipped
                 bounded = await call(client, "events/poll", name=ITEM, cursor=start["cursor"], maxAgeMs=0)
                 assert bounded["events"] == [] and bounded["truncated"] is True
