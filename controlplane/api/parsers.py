@@ -12,7 +12,7 @@ from controlplane.errors import BodyTooLarge, InvalidBody, InvalidRequest
 
 
 def _reject_constant(name):
-    raise ValueError(f"{name} is not JSON")
+    raise InvalidRequest(f"Malformed JSON: {name} is not JSON.")
 
 
 def _object_without_repeats(pairs: list[tuple[str, object]]) -> dict:
@@ -82,8 +82,12 @@ def parse_json_object(raw: bytes) -> dict:
         raise InvalidBody("The request body is not valid UTF-8.") from None
     try:
         data = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_object_without_repeats)
-    except (ValueError, RecursionError) as exc:
+    except RecursionError:
+        raise InvalidRequest(f"JSON nested deeper than {MAX_DEPTH} levels.") from None
+    except json.JSONDecodeError as exc:  # where and what, in the parser's words
         raise InvalidRequest(f"Malformed JSON: {exc}") from None
+    except ValueError:  # a number past Python's digit limit (the parser's message names interpreter settings)
+        raise InvalidRequest("Malformed JSON: a number has too many digits.") from None
     if not isinstance(data, dict):
         raise InvalidRequest("The request body must be a JSON object.")
     check_text(data)

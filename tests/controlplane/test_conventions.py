@@ -372,6 +372,17 @@ def test_deeply_nested_json_is_400(as_alice):
     raw = b'{"a": ' + b"[" * 5000 + b"]" * 5000 + b"}"
     response = as_alice.client.generic("POST", "/v0/spaces", raw, content_type="application/json")
     assert response.status_code == 400 and error_code(response) == "INVALID_REQUEST"
+    assert response.json()["error"]["message"] == "JSON nested deeper than 32 levels."
+
+
+@pytest.mark.parametrize("raw,message", [
+    (b'{"slug": ' + b"9" * 5000 + b"}", "Malformed JSON: a number has too many digits."),
+    (b'{"slug": NaN}', "Malformed JSON: NaN is not JSON."),
+    (b'{"slug" 1}', "Malformed JSON: Expecting ':' delimiter: line 1 column 9 (char 8)"),
+])
+def test_malformed_json_is_told_in_the_apis_words_not_the_interpreters(as_alice, raw, message):
+    response = as_alice.client.generic("POST", "/v0/spaces", raw, content_type="application/json")
+    assert response.status_code == 400 and response.json()["error"]["message"] == message
 
 
 def test_oversized_request_is_refused_before_parsing(as_alice):

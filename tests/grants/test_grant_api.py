@@ -152,6 +152,13 @@ def test_malformed_grants_are_400_and_change_nothing(locked, as_alice, body):
     assert not Grant.objects.exists()
 
 
+@pytest.mark.parametrize("expires_at", ["2099-01-01T00:00:00Z", "2099-01-01t00:00:00z", "2099-01-01 00:00:00+02:00",
+                                        "2099-01-01T00:00:00.25-01:30"])
+def test_every_form_of_rfc_3339_is_taken(locked, as_alice, expires_at):
+    response = as_alice.post(GRANTS, {"id": "grt_p", "kind": "project", "expires_at": expires_at})
+    assert response.status_code == 201, response.json()
+
+
 def test_an_unknown_member_is_404(locked, as_alice):
     response = as_alice.post(GRANTS, {**PAIR, "recipient": "@nobody"})
     assert response.status_code == 404 and not Grant.objects.exists()
