@@ -124,6 +124,9 @@ async def _read(*args) -> sources.Batch:
 
 
 async def list_events(ctx, params: ListParams) -> dict:
+    if params.cursor is not None:  # one page, whose nextCursor is null: no cursor is one of ours
+        raise MCPError(types.INVALID_PARAMS, "cursor: events/list has one page; there is no cursor to give.",
+                       data={"field": "cursor"})
     return {"events": [{"name": s.name, "description": s.description, "delivery": list(s.delivery),
                         "inputSchema": s.input_schema, "payloadSchema": s.payload_schema}
                        for s in sources.SOURCES.values()], "nextCursor": None}
@@ -189,6 +192,8 @@ async def stream(ctx, params: StreamParams) -> dict:
                 await send("terminated", error=ENDINGS[ended])
                 return {"_meta": meta}
             batch, retry_in = await _read_again(send, member, source, arguments, batch, retry_in)
+            if batch.truncated:  # behind the log's retention meanwhile: a gap, told as SEP-3415 says
+                await send("active", cursor=batch.start, truncated=True)
     except Lost as lost:  # access lost meanwhile: the stream ends
         await send("terminated", error={"code": lost.error.code, "message": lost.error.message,
                                         "data": lost.error.data})

@@ -108,6 +108,9 @@ def test_poll_pages_and_a_stream_delivers_within_a_second_with_heartbeats():
         async def story():
             async with connect(base, ada) as (client, events):
                 listed = await call(client, "events/list")
+                with pytest.raises(MCPError) as refused:  # one page: any cursor is not one of ours
+                    await call(client, "events/list", cursor="forged")
+                assert refused.value.error.code == -32602
                 start = await call(client, "events/poll", name=ITEM)
                 counted = await call(client, "events/poll", name="org.switchboard/inbox.pending")
                 for n in range(3):

@@ -232,3 +232,35 @@ def test_a_pending_count_stream_tells_changes_only_from_its_cursor(make_member, 
     events = [f["params"] for f in sent if f.get("method") == "notifications/events/event"]
     assert active["cursor"] and active["truncated"] is False
     assert [e["data"] for e in events] == [{"pendingCount": 2}] and events[0]["cursor"] != active["cursor"]
+
+
+def test_a_gap_mid_stream_is_a_fresh_active_frame_and_the_stream_goes_on(make_member, settings, monkeypatch):
+    # given: a stream whose second read finds its cursor behind the log's retention
+    settings.MCP_HEARTBEAT_SECONDS = 5
+    settings.FEED_RECHECK_SECONDS = 0.1
+    _, token = services.issue_credential(make_member("ada"), actor=None)
+    real, reads = sources.read_on_loop, []
+
+    async def pruned_meanwhile(*args):
+        reads.append(args[3])
+        batch = await real(*args)
+        if len(reads) == 2:
+            batch.truncated, batch.start = True, "the-floor"
+        return batch
+
+    monkeypatch.setattr(sources, "read_on_loop", pruned_meanwhile)
+
+    async def story(http):
+        response = asyncio.create_task(http.post(**stream_request(token, 1, None)))
+        await asyncio.sleep(1.0)
+        from asgiref.sync import sync_to_async
+        from controlplane.models import Member
+        await sync_to_async(services.update_member)(await Member.objects.aget(handle="ada"), status="suspended",
+                                                    actor=None)
+        return await asyncio.wait_for(response, 5)
+
+    sent = frames(asyncio.run(with_endpoint(story)).text)
+    # then: a second active says truncated, with the fresh cursor; the stream read on after it
+    actives = [f["params"] for f in sent if f.get("method") == "notifications/events/active"]
+    assert [(a["truncated"], a["cursor"] == "the-floor") for a in actives] == [(False, False), (True, True)]
+    assert len(reads) > 2
