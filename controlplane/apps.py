@@ -37,7 +37,7 @@ class ControlPlaneConfig(AppConfig):
     gauges = "controlplane.health.task_queue"
 
     def ready(self):
-        from controlplane import converters, tracing
+        from controlplane import checks, converters, tracing  # noqa: F401 (checks: registered on import)
         from controlplane.api import authentication
 
         authentication.watch_changes()

@@ -25,6 +25,11 @@ def test_the_deployment_check_finds_nothing_to_report():
     assert "no issues" in result.stdout + result.stderr
 
 
+def test_the_deployment_check_warns_of_a_host_check_turned_off():
+    result = manage("check", "--deploy", **PRODUCTION, ALLOWED_HOSTS="switchboard.example, *")
+    assert "(switchboard.W001) ALLOWED_HOSTS accepts any host." in result.stdout + result.stderr
+
+
 def test_https_means_secure_cookies_hsts_and_the_public_host_only():
     result = manage("shell", "-c", "from django.conf import settings as s; print(s.SESSION_COOKIE_SECURE, "
                     "s.CSRF_COOKIE_SECURE, s.SECURE_HSTS_SECONDS, s.SECURE_SSL_REDIRECT, s.ALLOWED_HOSTS)",
