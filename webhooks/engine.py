@@ -42,7 +42,7 @@ from controlplane.models import Member, Space
 from inbox import mailbox, notices
 from inbox.delivery import acknowledge_items, deliverable, oldest_pending
 from inbox.models import InboxItem
-from webhooks import mcp
+from webhooks import mcp, outbox
 from webhooks.due import (READY, anything_due, claimable, insert_attempts, mark_delivered, mark_sending,
                           send_next_items, set_by_wrong_clock, soonest_claim_end, soonest_due_at)
 from webhooks.models import Delivery, Subscription
@@ -404,6 +404,8 @@ def _failed(delivery: Delivery, outcome: Outcome) -> None:
         suspend(delivery.subscription, f"{delivery.attempts} attempts over more than an hour failed.", error,
                 terminal=False)
         _finish(delivery, Delivery.State.FAILED)
+        if delivery.subscription.kind != Subscription.Kind.ITEM:  # (a pushed item stays pending in the inbox)
+            outbox.hand_back(delivery)
     else:
         Delivery.objects.filter(pk=delivery.pk).update(
             state=Delivery.State.PENDING, claimed_until=None,

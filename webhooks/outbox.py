@@ -110,19 +110,32 @@ def acknowledged(members: set[int]) -> None:
 
 def last_through(subscription_id: int) -> int:
     """Where the subscription's next wake starts: the previous wake's
-    `through`, or the activation position for the first. A wake that failed
-    (its subscription suspended) or was cancelled (paused, or its owner lost
-    access) does not count: its range never reached the receiver, so the
-    next wake (a resume's catch-up) covers it again (SPEC §8)."""
+    `through`, or the activation position for the first."""
     # Wakes are chained in id order (replays repeat an old range), so the
     # newest one ends where the next begins: one index probe, however long
     # the history.
-    last = (Delivery.objects.filter(subscription_id=subscription_id, replay_of__isnull=True)
-            .exclude(state__in=(Delivery.State.FAILED, Delivery.State.CANCELLED)).order_by("-id")
+    last = (Delivery.objects.filter(subscription_id=subscription_id, replay_of__isnull=True).order_by("-id")
             .values_list("through_position", flat=True).first())
     if last is not None:
         return last
     return Subscription.objects.filter(pk=subscription_id).values_list("activation_position", flat=True).get()
+
+
+def hand_back(failed: Delivery) -> None:
+    """A wake that failed as its subscription was suspended (not for good):
+    its range never reached the receiver, so it goes back to the outbox for
+    the resume's catch-up (SPEC §8). The wake opened after it (events that
+    came during its retries) starts where it started; with none, a wake of
+    its range is opened. Either waits, as every wake of a suspended
+    subscription does, and the resume extends it to the head."""
+    moved = Delivery.objects.filter(subscription_id=failed.subscription_id, state=Delivery.State.OPEN,
+                                    after_position=failed.through_position).update(after_position=failed.after_position)
+    if not moved:
+        adapt = connection.ops.adapt_datetimefield_value
+        with connection.cursor() as cursor:
+            cursor.execute(_open_sql(), [new_delivery_id(), failed.subscription_id, failed.after_position,
+                                         failed.through_position, Delivery.State.OPEN, adapt(now()), 0, adapt(now()),
+                                         None])
 
 
 def _fitting(request_ids: Iterable[str | None]) -> str:

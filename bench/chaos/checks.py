@@ -128,9 +128,9 @@ def check(book: Book, people: dict, conversations: dict, receiver_log: Path,
     tokens = {t: s for t, s in InboxItem.objects.filter(member__in=[p[0] for p in people.values()])
               .values_list("token", "state")}
     for who, acked in book.acked.items():
-        lost["acknowledgements"] += sum(tokens.get(t) != "acknowledged" for t in acked)
-    for who, withdrawn in book.withdrawn.items():  # a 404 only for what a barrier rejected
-        lost["acknowledgements"] += sum(tokens.get(t) != "rejected" for t in withdrawn)
+        # An item a barrier withdrew after its read answers {} too, and stays rejected: only rg's grant is revoked.
+        settled = ("acknowledged", "rejected") if who == "rg" else ("acknowledged",)
+        lost["acknowledgements"] += sum(tokens.get(t) not in settled for t in acked)
     read = {people[w][0].pk for w in (*READERS, *PUSHED)}
     for who in UNREAD:
         member = people[who][0]
@@ -155,12 +155,14 @@ def check(book: Book, people: dict, conversations: dict, receiver_log: Path,
         stuck["pushed items"] += len(got - acked)
 
     # Wakes: per subscription, ranges chained from its activation with no gap
-    # or overlap, each delivered one received, the head covered.
+    # or overlap, each delivered one received, the head covered. (A wake that
+    # failed as its subscription was suspended handed its range back to the
+    # next: webhooks.outbox.hand_back.)
     for subscription in Subscription.objects.exclude(kind="item").select_related("endpoint"):
         path = "/" + subscription.endpoint.url.split("/", 3)[3]
         position = subscription.activation_position
-        for delivery in Delivery.objects.filter(subscription=subscription, replay_of=None).order_by("after_position",
-                                                                                                      "pk"):
+        for delivery in Delivery.objects.filter(subscription=subscription, replay_of=None).exclude(
+                state="failed", subscription__terminal=False).order_by("after_position", "pk"):
             if delivery.after_position > position:
                 lost["wake ranges"] += 1
             elif delivery.after_position < position:

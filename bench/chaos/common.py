@@ -46,7 +46,6 @@ class Book:
     refused: Counter = field(default_factory=Counter)  # 4xx that a correct send never gets
     retries: int = 0
     acked: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))  # member -> tokens
-    withdrawn: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))  # 404: a barrier took it
     frames: dict[str, list[tuple[int, str]]] = field(default_factory=lambda: defaultdict(list))  # socket -> frames
     reconnects: int = 0
     socket_errors: Counter = field(default_factory=Counter)  # connections lost with an error message, by kind

@@ -159,11 +159,9 @@ async def reader(api: Api, who: str, token: str, stop: asyncio.Event) -> None:
             for item in page["items"]:
                 status, _ = await api.call(token, "POST", "/v0/me/inbox/acknowledge",
                                            {"deliveryToken": item["deliveryToken"]})
-                if status == 200:
+                if status == 200:  # (also for an item a revocation barrier withdrew since the read)
                     api.book.acked[who].add(item["deliveryToken"])
                     api.book.operations["acknowledgements"] += 1
-                elif status == 404 and who == "rg":  # withdrawn by a revocation barrier since the read
-                    api.book.withdrawn[who].add(item["deliveryToken"])
                 else:
                     api.book.refused[f"ack {status}"] += 1
             seen += len(page["items"])
