@@ -28,11 +28,11 @@ from django.db import connection
 from controlplane.access import get_readable_space
 from controlplane.clock import now, rfc3339
 from controlplane.cursors import caller_id, pack_cursor, unpack_cursor
-from controlplane.db import Compiled, db_call, model_from_row, padded, run_steps
+from controlplane.db import Compiled, db_call, model_from_row, padded, plain_rows, run_steps
 from controlplane.loop_reads import loop_reads
 from controlplane.errors import ResyncRequired
 from controlplane.log import log_head_steps
-from controlplane.models import Event, Member, Space
+from controlplane.models import Event, EventAddressee, Member, Space
 from inbox import delivery, feeds
 from inbox.models import InboxItem, Message
 from inbox.render import item_occurrence
@@ -120,7 +120,7 @@ def _position_steps(member: Member, source: Source, arguments: dict, cursor: str
     floor = head.floor
     if max_age_ms is not None:
         since = now() - dt.timedelta(milliseconds=min(max_age_ms, MAX_AGE_MS))
-        rows = yield _first_since_sql(), [connection.ops.adapt_datetimefield_value(since), position]
+        rows = yield _first_since_sql(), [connection.ops.adapt_datetimefield_value(since)]
         floor = max(floor, rows[0][0] - 1 if rows else head.position)
     if position < floor:
         return floor, True
@@ -132,10 +132,11 @@ MAX_AGE_MS = 366 * 24 * 3600 * 1000
 
 
 def _first_since_sql() -> str:
-    """The first event after a position created at or after a time (found
-    through the log's created_at index: the events of that window)."""
+    """The first event created at or after a time: one probe of the log's
+    created_at index (events are created in about the order of their
+    positions, a transaction's time apart at most)."""
     return f"SELECT position FROM {connection.ops.quote_name(Event._meta.db_table)} " \
-           "WHERE created_at >= %s AND position > %s ORDER BY created_at LIMIT 1"
+           "WHERE created_at >= %s ORDER BY created_at LIMIT 1"
 
 
 def read(member: Member, source: Source, arguments: dict, cursor: str | None, max_events: int,
@@ -155,8 +156,16 @@ def _pending(member: Member, source: Source, cursor: str | None) -> Batch:
     (told,) = unpack_cursor(cursor, count=1, caller=caller_id(member), stream=source.stream_key({}))
     if told == count:
         return Batch(cursor=cursor, start=cursor)
-    return Batch([{**pending_occurrence(count, run_steps(log_head_steps()).position), "cursor": fresh}], fresh,
-                 start=cursor)
+    return Batch([{**pending_occurrence(count, _last_addressed(member)), "cursor": fresh}], fresh, start=cursor)
+
+
+def _last_addressed(member: Member) -> int:
+    """The position of the newest event addressed to `member` (0: none),
+    one probe of the inbox feed's index: a pending count rises only with
+    such an event (an acknowledgement lowers it without one)."""
+    rows = plain_rows(f"SELECT MAX(event_id) FROM {connection.ops.quote_name(EventAddressee._meta.db_table)} "
+                      "WHERE member_id = %s", [member.pk])
+    return rows[0][0] or 0
 
 
 async def read_on_loop(member: Member, source: Source, arguments: dict, cursor: str | None,
@@ -191,8 +200,9 @@ def _read_steps(member: Member, source: Source, arguments: dict, cursor: str | N
 
 
 def pending_occurrence(count: int, position: int) -> dict:
-    """The count as it is at the log's `position`: one id per state (a
-    count rises only with an event in the log), for a client's dedup."""
+    """The count, after the member's events up to `position`: one id per
+    state of their inbox, whatever the rest of the log does, for a client's
+    dedup."""
     return {"eventId": f"pnd_{position}_{count}", "name": PENDING, "timestamp": rfc3339(now()),
             "data": {"pendingCount": count}}
 
