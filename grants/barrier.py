@@ -102,10 +102,12 @@ def expire_due() -> int:
 
 def recover() -> int:
     """Finish every barrier that was started and not finished (a process
-    stopped between the two steps). Returns how many were finished."""
+    stopped between the two steps), and fail the collective requests of
+    those that ended. Returns how many barriers were finished."""
     pending = list(Grant.objects.filter(status=Grant.Status.REVOKING).values_list("pk", flat=True))
     for pk in pending:
         finish_barrier(pk)
+    collectives.fail_under()  # a barrier that ended before its process could fail them
     if pending:
         log.info("finished %d interrupted revocation barrier(s)", len(pending))
     return len(pending)

@@ -31,6 +31,7 @@ import time
 from dataclasses import replace
 
 from django.db import transaction
+from django.db.models import Exists, OuterRef, Q
 
 from controlplane.access import active_membership, can_read_space
 from controlplane.clock import now, rfc3339
@@ -126,12 +127,17 @@ def touch(message: Message) -> None:
                 _settle(collective)
 
 
-def fail_under(grant_pk: int) -> None:
+def fail_under(grant_pk: int | None = None) -> None:
     """A grant's barrier has fenced it: the pending operations requested
     under it can no longer complete (`authority_revoked`), and each fails
     now, in a transaction of its own, not at its deadline or next answer
-    (its members' requests were just rejected: nobody answers any more)."""
-    for message_id in (Collective.objects.filter(state=Collective.State.PENDING, message__recipients__grant_id=grant_pk)
+    (its members' requests were just rejected: nobody answers any more).
+    Without a grant, those of every authority that no longer holds (the
+    barriers' minute recovery: a process may have stopped between a
+    barrier's end and this)."""
+    under = (Q(message__recipients__grant_id=grant_pk) if grant_pk is not None else
+             Exists(Recipient.objects.filter(authority.inactive(), message_id=OuterRef("message_id"))))
+    for message_id in (Collective.objects.filter(under, state=Collective.State.PENDING)
                        .values_list("message_id", flat=True).distinct()):
         with transaction.atomic():
             collective = _locked(Message(pk=message_id))
@@ -197,7 +203,8 @@ def _problem(collective: Collective) -> str | None:
         return "space_archived"
     if not collective.requester.is_active or not can_read_space(space, collective.requester):
         return "requester_gone"
-    owing = [pk for pk in collective.members if pk not in _answered(collective)]
+    answered = _answered(collective)
+    owing = [pk for pk in collective.members if pk not in answered]
     active = set(Member.objects.filter(pk__in=owing, status=Member.Status.ACTIVE).values_list("pk", flat=True))
     if len(active) < len(owing) or not all(can_read_space(space, m) for m in Member.objects.filter(pk__in=owing)):
         return "member_removed"

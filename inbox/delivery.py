@@ -137,11 +137,12 @@ def acknowledge_delivery(member: Member, token: str, *, actor: Member) -> None:
     member and `acknowledged_at` record who and when (no audit row on the
     hottest write).
 
-    A token whose item a revocation barrier withdrew (or is withdrawing) was
-    given out before it: it is known, so the answer is `{}` as for any
-    token already settled, and nothing changes (the item is not handed off;
-    its `rejected` notice says why). Held and unclassified items' tokens
-    were never given out, and stay unknown."""
+    A token whose item a revocation barrier withdrew (or is withdrawing) is
+    known, so the answer is `{}` as for any token already settled, and
+    nothing changes (the item is not handed off; its `rejected` notice says
+    why). Held and unclassified items' tokens were never given out, and
+    stay unknown (one the barrier withdrew before its classification
+    answers `{}` too: a token cannot be guessed)."""
     if actor.pk != member.pk:
         raise UnknownDelivery()
     acknowledge = _acknowledge_in_one_statement if connection.vendor == "postgresql" else _acknowledge_with_orm

@@ -47,6 +47,26 @@ def test_the_revocation_itself_fails_the_operation_and_tells_the_requester(locke
     assert rejected.position < InboxItem.objects.get(member=carol, kind="operationFailed").position
 
 
+def test_a_barrier_that_ended_without_failing_its_operations_has_them_failed_by_the_recovery(
+        locked, alice, bob, carol, root, as_alice, monkeypatch):
+    # given: a gather under a project grant whose barrier ended, its process stopped before failing it
+    from grants import barrier
+
+    project, _ = grants.create_grant(locked, grant_id="grt_project", kind="project", actor=root)
+    group, _ = services.get_or_create_group(locked, [alice, bob, carol], actor=alice)
+    as_alice.post(f"/v0/spaces/vault/conversations/{group.public_id}/messages",
+                  {"body": "Vote?", "collective": {"op": "gather", "deadline_ms": 3_600_000}})
+    with monkeypatch.context() as stopped:
+        stopped.setattr(collectives, "fail_under", lambda *args: None)
+        grants.revoke_grant(project, actor=alice)
+    assert Collective.objects.get().state == "pending"
+    # when: the minute's recovery runs
+    barrier.recover()
+    # then
+    assert Collective.objects.get().reason == "authority_revoked"
+    assert InboxItem.objects.get(member=alice, kind="operationFailed").payload["reason"] == "authority_revoked"
+
+
 def test_an_approved_collective_request_is_sent_as_a_collective(locked, alice, bob, carol, as_alice, as_root):
     # given: alice's collective request refused without grants, retained for approval
     group, _ = services.get_or_create_group(locked, [alice, bob, carol], actor=alice)
