@@ -59,6 +59,7 @@ class BoundedHead(HttpToolsProtocol):
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         self.head_bytes, self.head_open, self.refused, self.head_timer = 0, False, False, None
+        self.refusal: tuple[bytes, str, dict] | None = None
         self._time_the_head()
 
     def connection_lost(self, exc) -> None:
@@ -75,12 +76,8 @@ class BoundedHead(HttpToolsProtocol):
         if continued:
             self.head_bytes += len(data)
         if self.head_bytes > HEAD_MAX_BYTES:
-            self._head_done()
-            self.refused = True
-            if self._answering():
-                self.flow.pause_reading()  # (resumed when the answer has gone, then read and dropped)
-            else:
-                self._refuse()
+            self._refuse_when_answered(b"431 Request Header Fields Too Large", "The request's headers are too large.",
+                                       {"max_bytes": HEAD_MAX_BYTES})
         else:
             self._time_the_head()
 
@@ -112,24 +109,31 @@ class BoundedHead(HttpToolsProtocol):
             self.head_timer.cancel()
             self.head_timer = None
 
-    def _refuse(self) -> None:
-        self._answer_error(b"431 Request Header Fields Too Large", "The request's headers are too large.",
-                           {"max_bytes": HEAD_MAX_BYTES})
-        self.loop.call_later(LINGER_SECONDS, self.transport.close)
-
     def send_400_response(self, msg: str) -> None:
         """What httptools cannot parse (a control character in a header, a
         Content-Length that is not a number, one beside Transfer-Encoding):
-        uvicorn answers it in plain text; the contract's shape instead."""
-        self._answer_error(b"400 Bad Request", "The request is not valid HTTP/1.1.", {})
-        self.transport.close()
+        uvicorn answers it at once in plain text, and closes; here in the
+        contract's shape, as a 431 is."""
+        self._refuse_when_answered(b"400 Bad Request", "The request is not valid HTTP/1.1.", {})
 
-    def _answer_error(self, status: bytes, message: str, details: dict) -> None:
+    def _refuse_when_answered(self, status: bytes, message: str, details: dict) -> None:
+        """Refuse the request being read, once the answer to the one before
+        it (pipelined) has gone; what the client still sends is dropped."""
+        self._head_done()
+        self.refused, self.refusal = True, (status, message, details)
+        if self._answering():
+            self.flow.pause_reading()  # (resumed when the answer has gone, then read and dropped)
+        else:
+            self._refuse()
+
+    def _refuse(self) -> None:
         from controlplane.errors import error_body  # (the application has loaded Django by now)
 
+        status, message, details = self.refusal
         body = json.dumps(error_body("INVALID_REQUEST", message, details)).encode()
         self.transport.write(b"HTTP/1.1 %s\r\ncontent-type: application/json\r\n"
                              b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (status, len(body), body))
+        self.loop.call_later(LINGER_SECONDS, self.transport.close)
 
 
 # What `uvicorn APP --loop uvloop --http httptools --ws websockets-sansio ...` sets, with heads bounded (BoundedHead).
