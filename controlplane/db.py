@@ -120,8 +120,8 @@ def rows_sql(rows: list[tuple], columns: dict[str, str]) -> tuple[str, list]:
     return first + rest * (len(rows) - 1), [value for row in rows for value in row]
 
 
-def unprepared_rows(queryset) -> list[tuple]:
-    """The rows of `queryset`, which PostgreSQL plans with its parameters on
+def unprepared_rows(query) -> list[tuple]:
+    """The rows of `query` (a queryset, or SQL and its parameters), which PostgreSQL plans with its parameters on
     every run, never as a prepared statement (DB_PREPARE_THRESHOLD): for a
     read whose best plan depends on them. After five runs a prepared
     statement may keep one generic plan for every value; for a space feed
@@ -129,7 +129,7 @@ def unprepared_rows(queryset) -> list[tuple]:
     page of a small space in a million-event log read 100,000 rows). On
     PostgreSQL it goes to psycopg's cursor directly, past Django's query
     log (DEBUG)."""
-    sql, params = queryset.query.sql_with_params()
+    sql, params = query if isinstance(query, tuple) else query.query.sql_with_params()
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             with connection.wrap_database_errors:

@@ -9,7 +9,7 @@ import datetime as dt
 from dataclasses import dataclass
 
 from django.db import connection
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import BooleanField, Exists, ExpressionWrapper, OuterRef, Q
 
 from controlplane.access import participant_conversations, readable_spaces, reads_as_member
 from controlplane.db import Compiled, ids_in, model_columns, models_from_row, run_steps, unprepared_rows
@@ -90,19 +90,39 @@ def _page_steps(positions: list[int] | tuple[str, list], after: int, limit: int,
     return FeedPage(events, position, has_more)
 
 
+# How many of a space's events one page looks at, seen or not. Others'
+# direct and group messages are not the viewer's to see: a page that looked
+# past all of them cost more the more there were, and its cursor stayed
+# before them, so every later poll (and a long-poll's every re-read) looked
+# past them all again; two members of an open space could slow every other
+# reader's feed by talking to each other.
+SCAN_MAX = 1000
+
+
 def space_feed(space: Space, viewer: Member | None, after: int | None, limit: int) -> FeedPage:
     """Events of `space` that `viewer` may see: everything except direct and
     group conversation events they do not take part in. The caller has
-    checked that `viewer` can read the space. The positions are planned for
-    their space on every read (`unprepared_rows`): a small space's page
-    comes from its own index, a busy space's from the log's."""
+    checked that `viewer` can read the space. A page looks at SCAN_MAX of
+    the space's events at most; short of a full page, its cursor moves past
+    those it looked at (`has_more` if that was all it could look at). The
+    positions are planned for their space on every read (`unprepared_rows`):
+    a small space's page comes from its own index, a busy space's from the
+    log's."""
     start = start_position(after)
     visible = Q(restricted=False)
     if viewer is not None:
         visible |= Q(conversation__in=participant_conversations(viewer))
-    positions = (Event.objects.filter(visible, space=space, position__gt=start).order_by("position")
-                 .values_list("position")[: limit + 1])
-    page = run_steps(_page_steps([position for position, in unprepared_rows(positions)], start, limit))
+    looked, params = (Event.objects.filter(space=space, position__gt=start).order_by("position")
+                      .annotate(seen=ExpressionWrapper(visible, output_field=BooleanField()))
+                      .values_list("position", "seen")[:SCAN_MAX]).query.sql_with_params()
+    # Read as it goes: a page's worth of visible events ends the scan, as does SCAN_MAX looked at.
+    positions = [position for position, in unprepared_rows(
+        (f'SELECT s."position" FROM ({looked}) s WHERE s.seen LIMIT {limit + 1}', params))]
+    page = run_steps(_page_steps(positions, start, limit))
+    if len(positions) <= limit:  # short of a page: on past what it looked at
+        ((end, count),) = unprepared_rows((f'SELECT MAX(s."position"), COUNT(*) FROM ({looked}) s', params))
+        if end is not None:
+            page = FeedPage(page.events, end, count == SCAN_MAX)
     check_retained(after)
     return page
 

@@ -81,7 +81,10 @@ def long_polling(sync_view):
                     interest.event.clear()  # before reading: a commit during the read wakes the next wait
                 response = await read(request, *args, **kwargs)
                 remaining = deadline - loop.time()
-                if remaining <= 0 or response.status_code != 200 or response.data["events"]:
+                # (A space feed's page may have no events and more to read: the events it
+                # looked at were others' direct messages, inbox.feeds.space_feed.)
+                if remaining <= 0 or response.status_code != 200 or response.data["events"] or \
+                        response.data["has_more"]:
                     return response
                 if holder is None:
                     place = _holder(request)

@@ -62,6 +62,31 @@ def test_space_feed_hides_conversations_you_are_not_in(space, general, alice, bo
         assert any(e["kind"] == "message.created" and e["data"]["message"]["body"] == "public" for e in events)
 
 
+def test_a_page_looks_at_so_many_events_and_its_cursor_moves_past_those_it_may_not_see(space, general, alice, bob,
+                                                                                       as_carol, monkeypatch):
+    # given: carol at the head of the feed; then alice and bob's direct messages, more than a page looks at
+    from inbox import feeds
+
+    monkeypatch.setattr(feeds, "SCAN_MAX", 10)
+    start = feed(as_carol)["cursor"]
+    direct, _ = services.get_or_create_direct(space, bob, actor=alice)
+    for n in range(25):
+        send_message(direct, body=f"just us {n}", actor=alice)
+    send_message(general, body="for everyone", actor=alice)
+    # when: carol reads on from where she was
+    first = feed(as_carol, cursor=start)
+    pages = [first]
+    while pages[-1]["has_more"]:
+        pages.append(feed(as_carol, cursor=pages[-1]["cursor"]))
+    # then: pages of nothing she may see move her cursor on, ten events at a time, to what she may
+    assert first["events"] == [] and first["has_more"] is True and first["cursor"] != start
+    assert len(pages) == 3
+    seen = [e["data"]["message"]["body"] for page in pages for e in page["events"] if e["kind"] == "message.created"]
+    assert seen == ["for everyone"]
+    assert feed(as_carol, cursor=pages[-1]["cursor"]) == {"events": [], "cursor": pages[-1]["cursor"],
+                                                          "has_more": False}
+
+
 def test_participants_see_their_direct_conversation_in_the_space_feed(space, alice, bob, as_bob):
     direct, _ = services.get_or_create_direct(space, bob, actor=alice)
     send_message(direct, body="private", actor=alice)
@@ -276,18 +301,19 @@ def test_a_small_spaces_feed_is_planned_for_its_space_on_every_read(general, ali
                        "'{}'::jsonb, now() FROM generate_series(1, 20000) g", [busy.pk, chatter.pk, alice.pk])
         cursor.execute("ANALYZE controlplane_event")
     reads = []
-    monkeypatch.setattr(feeds, "unprepared_rows", lambda queryset: reads.append(queryset) or unprepared_rows(queryset))
+    monkeypatch.setattr(feeds, "unprepared_rows", lambda query: reads.append(query) or unprepared_rows(query))
     # when: its feed is read more often than a statement takes to be prepared and its plan to go generic
     pages = [feed(as_bob)["events"] for _ in range(12)]
     with connection.cursor() as cursor:
         cursor.execute("SELECT statement FROM pg_prepared_statements WHERE statement LIKE %s",
                        ['%"controlplane_event"."space_id" = $%'])
         prepared = cursor.fetchall()
-    plan = reads[-1].explain()
+        cursor.execute("EXPLAIN " + reads[-2][0], reads[-2][1])  # the page's read (the other: how far it looked)
+        plan = "\n".join(line for line, in cursor.fetchall())
     # then: every read found its page, none as a prepared statement, each planned through the space's index in order
     assert all([e["data"]["message"]["body"] for e in page if e["kind"] == "message.created"] == ["the small space's"]
                for page in pages)
-    assert len(reads) == 12 and prepared == []
+    assert len(reads) == 24 and prepared == []
     assert "event_space_position" in plan and "Sort" not in plan, plan
 
 

@@ -411,3 +411,29 @@ async def test_a_member_past_their_cap_of_waiting_long_polls_is_answered_429_at_
     await sync_to_async(send_message)(general, body="wake up", actor=alice)
     assert (await asyncio.wait_for(first, 15)).status_code == 200
     assert holding.held(alice.pk) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_a_long_poll_behind_more_unseen_events_than_a_page_looks_at_answers_at_once(monkeypatch, settings):
+    # given: bob's cursor behind others' direct messages, more than a page looks at
+    from inbox import feeds
+
+    monkeypatch.setattr(feeds, "SCAN_MAX", 5)
+    settings.FEED_RECHECK_SECONDS = 120
+    alice, token, space, general = await alice_in_the_lab()
+    bob, carol = [await sync_to_async(services.create_member)(handle, actor=None) for handle in ("bob", "carol")]
+    for member in (bob, carol):
+        await sync_to_async(services.join_space)(space, actor=member)
+    _, bobs = await sync_to_async(services.issue_credential)(bob, actor=None)
+    head = await sync_to_async(lambda: LogHead.objects.get().position)()
+    to_carol, _ = await sync_to_async(services.get_or_create_direct)(space, carol, actor=alice)
+    for n in range(8):
+        await sync_to_async(send_message)(to_carol, body=f"not for bob {n}", actor=alice)
+    cursor = pack_cursor((head,), caller=bob.public_id, stream=f"space:{space.public_id}")
+    # when
+    response = await asyncio.wait_for(AsyncClient().get("/v0/spaces/lab/events", {"cursor": cursor, "wait_ms": 20_000},
+                                                        headers={"Authorization": f"Bearer {bobs}"}), 10)
+    # then: nothing he may see, a cursor past what it looked at, and more to read, at once
+    page = response.json()
+    assert page["events"] == [] and page["has_more"] is True and page["cursor"] != cursor
