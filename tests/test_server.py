@@ -306,6 +306,33 @@ def database_sockets(pid: int, port: int) -> set[str]:
     return held
 
 
+def test_a_worker_stops_when_its_whole_process_group_is_told_to():
+    """A service manager (systemd's control-group kill mode, `kill -TERM --
+    -pgid`) signals every process of the worker at once: the cluster's own
+    processes end at once, and the command had hung for ever setting an
+    event one of them held."""
+    import subprocess
+    import sys
+
+    from tests.servers import ROOT, server_env
+
+    process = subprocess.Popen([sys.executable, "manage.py", "worker"], cwd=ROOT, env=server_env(),
+                               start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while len(descendants(process.pid)) < 4:  # the sentinel, its workers, monitor and pusher
+            assert time.monotonic() < deadline, "the cluster never started"
+            time.sleep(0.2)
+        time.sleep(1)
+        # when
+        os.killpg(process.pid, signal.SIGTERM)
+        # then
+        assert process.wait(20) is not None
+        assert left_behind(process) == []
+    finally:
+        kill_all(lambda: in_session(process.pid))
+
+
 @pytest.mark.postgres
 def test_the_worker_forks_with_no_database_connection_open(settings):
     # given: the worker opens the database (its schedules) before its cluster forks

@@ -13,6 +13,7 @@ at once, recording what it had sent.
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 from django.core.management.base import BaseCommand
@@ -47,11 +48,21 @@ class Command(BaseCommand):
         cluster.start()
         while not stop.requested and cluster.sentinel.is_alive():
             time.sleep(0.1)
-        stopping.set()
-        cluster.stop_event.set()
+        for event in (stopping, cluster.stop_event):
+            set_unless_held(event)
         cluster.sentinel.join(STOP_GRACE_SECONDS)
         kill_all(lambda: descendants(os.getpid()))
         cluster.sentinel.join()
+
+
+def set_unless_held(event, seconds: float = STOP_GRACE_SECONDS) -> None:
+    """Set a multiprocessing event the cluster's processes share, giving up
+    after `seconds`: setting it takes a lock they share, which one killed
+    while holding it (a stop signal sent to the whole process group, as
+    service managers do) never releases, and the command hung for ever."""
+    setter = threading.Thread(target=event.set, daemon=True)
+    setter.start()
+    setter.join(seconds)
 
 
 def _check_pooled_connections(connection) -> None:
