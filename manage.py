@@ -9,13 +9,14 @@ def main():
 
     record_early_interrupts()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+    from django.core.exceptions import ImproperlyConfigured
     from django.core.management import execute_from_command_line
 
     from controlplane.keys import MissingAdminKey
 
     try:
         execute_from_command_line(sys.argv)
-    except MissingAdminKey as error:
+    except (MissingAdminKey, ImproperlyConfigured) as error:  # a setting to fix: one line that says which
         sys.exit(f"manage.py: {error}")
 
 

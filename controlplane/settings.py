@@ -21,9 +21,31 @@ def env_bool(name: str, default: bool = False) -> bool:
     return value.strip().lower() in {"1", "true", "yes", "on"}
 
 
-def env_int(name: str, default: int) -> int:
+def env_int(name: str, default: int, *, minimum: int = 0) -> int:
+    """A whole number from the environment: anything else, or one below
+    `minimum`, stops the process with one line saying which and why."""
     value = os.environ.get(name, "").strip()
-    return int(value) if value else default
+    if not value:
+        return default
+    if not value.lstrip("-").isdigit():
+        raise ImproperlyConfigured(f"{name} must be a whole number, not {value!r}.")
+    if int(value) < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum}, not {value}.")
+    return int(value)
+
+
+def env_seconds(name: str, default: float, *, minimum: float) -> float:
+    """A number of seconds from the environment, at least `minimum`."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number of seconds, not {value!r}.") from None
+    if not seconds >= minimum:  # (NaN too)
+        raise ImproperlyConfigured(f"{name} must be at least {minimum} seconds, not {value}.")
+    return seconds
 
 
 DEBUG = env_bool("DEBUG", development_checkout(VAR_DIR))
@@ -48,9 +70,9 @@ WEBHOOK_ALLOW_PRIVATE_NETWORKS = env_bool("WEBHOOK_ALLOW_PRIVATE_NETWORKS", Fals
 WEBHOOK_CA_BUNDLE = os.environ.get("WEBHOOK_CA_BUNDLE") or None
 # How long a worker holds a wake it is sending before another may take it
 # again; keep it above the 15 s request timeout.
-WEBHOOK_LEASE_SECONDS = env_int("WEBHOOK_LEASE_SECONDS", 60)
+WEBHOOK_LEASE_SECONDS = env_int("WEBHOOK_LEASE_SECONDS", 60, minimum=1)
 CLAIM_TTL_HOURS = env_int("CLAIM_TTL_HOURS", 24)
-EVENT_RETENTION_DAYS = env_int("EVENT_RETENTION_DAYS", 30)
+EVENT_RETENTION_DAYS = env_int("EVENT_RETENTION_DAYS", 30)  # 0: keep every event
 RATE_LIMIT_PER_MINUTE = env_int("RATE_LIMIT_PER_MINUTE", 12000)  # per member
 # Live page sockets and waiting long-polls one member may hold open in one
 # server process at once (controlplane.holding); 0: no cap.
@@ -66,11 +88,14 @@ VERIFY_PER_HOUR = env_int("VERIFY_PER_HOUR", 30)  # webhook endpoint verificatio
 SIGNIN_PER_ACCOUNT = env_int("SIGNIN_PER_ACCOUNT", 10)
 SIGNIN_PER_ADDRESS = env_int("SIGNIN_PER_ADDRESS", 50)
 REDIS_URL = os.environ.get("REDIS_URL") or None
+if REDIS_URL and urlsplit(REDIS_URL).scheme not in ("redis", "rediss", "unix"):
+    raise ImproperlyConfigured("REDIS_URL is redis://, rediss:// or unix:// (redis://host:6379/0), "
+                               f"not {REDIS_URL.split('@')[-1]!r}.")
 # A waiting long-poll re-reads at least this often, in case a wake was lost
 # (or, without Redis, came from another process).
-FEED_RECHECK_SECONDS = float(os.environ.get("FEED_RECHECK_SECONDS", "1.0"))
+FEED_RECHECK_SECONDS = env_seconds("FEED_RECHECK_SECONDS", 1.0, minimum=0.05)
 # An MCP events/stream sends a heartbeat frame at least this often (SEP-3415: every 30 s at most).
-MCP_HEARTBEAT_SECONDS = min(30.0, float(os.environ.get("MCP_HEARTBEAT_SECONDS", "15")))
+MCP_HEARTBEAT_SECONDS = min(30.0, env_seconds("MCP_HEARTBEAT_SECONDS", 15.0, minimum=0.1))
 
 # --- production: hosts, TLS, proxies ------------------------------------------
 _public = urlsplit(SWITCHBOARD_PUBLIC_URL)
@@ -164,7 +189,11 @@ TEMPLATES = [
 # --- database -------------------------------------------------------------
 private_dir(VAR_DIR)
 DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'switchboard.sqlite3'}"
-_db = dj_database_url.parse(DATABASE_URL)
+try:
+    _db = dj_database_url.parse(DATABASE_URL)
+except ValueError as error:  # (an unknown scheme too)
+    raise ImproperlyConfigured("DATABASE_URL is postgres://user@host:5432/name or sqlite:///path, not that: " + (
+        "its scheme is unknown." if isinstance(error, dj_database_url.UnknownSchemeError) else f"{error}.")) from None
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     _db["OPTIONS"] = {
         # Writers take the lock at BEGIN, so they queue instead of failing
@@ -298,15 +327,18 @@ CSRF_FAILURE_VIEW = "web.errors.csrf_failure"
 LOG_FORMAT = os.environ.get("LOG_FORMAT", "plain").strip().lower()
 if LOG_FORMAT not in {"plain", "json"}:
     raise ImproperlyConfigured(f"LOG_FORMAT is plain or json, not {LOG_FORMAT!r}.")
+LOG_LEVEL = os.environ.get("LOG_LEVEL", "").strip().upper()
+if LOG_LEVEL not in {"", "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+    raise ImproperlyConfigured(f"LOG_LEVEL is DEBUG, INFO, WARNING, ERROR or CRITICAL, not {LOG_LEVEL!r}.")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
                    "json": {"()": "controlplane.tracing.JsonFormatter"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
-    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "WARNING")},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL or "WARNING"},
     "loggers": {
-        "switchboard": {"level": os.environ.get("LOG_LEVEL", "INFO"), "propagate": True},
+        "switchboard": {"level": LOG_LEVEL or "INFO", "propagate": True},
         # 4xx answers are the API working as specified, not server warnings.
         "django": {"handlers": ["console"], "level": "WARNING", "propagate": False},
         "django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False},

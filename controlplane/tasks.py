@@ -11,6 +11,10 @@ from controlplane.log import prune_events
 
 
 def prune_event_log() -> int:
+    """Events older than EVENT_RETENTION_DAYS go; with 0, none does (0 reads
+    as "off", as it does for the other limits, not as "keep nothing")."""
+    if settings.EVENT_RETENTION_DAYS <= 0:
+        return 0
     return prune_events(older_than=now() - dt.timedelta(days=settings.EVENT_RETENTION_DAYS))
 
 

@@ -25,6 +25,21 @@ def test_the_deployment_check_finds_nothing_to_report():
     assert "no issues" in result.stdout + result.stderr
 
 
+@pytest.mark.parametrize("setting,told", [
+    ({"RATE_LIMIT_PER_MINUTE": "abc"}, "RATE_LIMIT_PER_MINUTE must be a whole number, not 'abc'."),
+    ({"EVENT_RETENTION_DAYS": "-1"}, "EVENT_RETENTION_DAYS must be at least 0, not -1."),
+    ({"FEED_RECHECK_SECONDS": "0"}, "FEED_RECHECK_SECONDS must be at least 0.05 seconds, not 0."),
+    ({"DATABASE_URL": "foo://x"}, "DATABASE_URL is postgres://user@host:5432/name or sqlite:///path, not that: "
+                                  "its scheme is unknown."),
+    ({"REDIS_URL": "http://user:hunter2@cache"}, "REDIS_URL is redis://, rediss:// or unix:// (redis://host:6379/0), "
+                                                 "not 'cache'."),
+    ({"LOG_LEVEL": "loud"}, "LOG_LEVEL is DEBUG, INFO, WARNING, ERROR or CRITICAL, not 'LOUD'."),
+])
+def test_a_setting_that_cannot_be_stops_with_one_line_naming_it(setting, told):
+    result = manage("check", **setting)
+    assert result.returncode == 1 and result.stderr == f"manage.py: {told}\n"  # no traceback, no password
+
+
 def test_the_deployment_check_warns_of_a_host_check_turned_off():
     result = manage("check", "--deploy", **PRODUCTION, ALLOWED_HOSTS="switchboard.example, *")
     assert "(switchboard.W001) ALLOWED_HOSTS accepts any host." in result.stdout + result.stderr

@@ -89,6 +89,14 @@ def test_prune_event_log_honours_retention_days(settings, general, alice):
     assert LogHead.objects.get().floor >= old.position
 
 
+def test_a_retention_of_0_days_keeps_every_event(settings, general, alice):
+    settings.EVENT_RETENTION_DAYS = 0
+    with freeze(now() - dt.timedelta(days=400)):
+        old = send_message(general, body="old", actor=alice).message
+    assert tasks.prune_event_log() == 0
+    assert Event.objects.filter(position=old.position).exists() and LogHead.objects.get().floor == 0
+
+
 def test_idempotency_records_live_at_least_a_day(as_alice):
     as_alice.post("/v0/spaces", {"slug": "lab", "name": "Lab"}, headers={"Idempotency-Key": "keep-me-1"})
     with freeze(now() + dt.timedelta(hours=25)):
