@@ -194,6 +194,17 @@ def _lost_service(exc) -> str | None:
     return None
 
 
+def warn_of(log: logging.Logger, message: str, *args) -> None:
+    """Log the exception being handled, at WARNING: a lost database or
+    Redis (an outage, told every second while it lasts, and by /readyz) in
+    one line with its reason; anything else with its traceback."""
+    exc = sys.exc_info()[1]
+    if exc is not None and _lost_service(exc) is not None:
+        log.warning(f"{message}: %s", *args, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    else:
+        log.warning(message, *args, exc_info=True)
+
+
 def as_unavailable(exc) -> Unavailable | None:
     """`Unavailable` (503, retry) if `exc` is a lost database or Redis (a
     restart, a failover), logged as such; else None. Every surface answers

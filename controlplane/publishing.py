@@ -15,6 +15,7 @@ from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.conf import settings
 
 from controlplane import topics
+from controlplane.errors import warn_of
 
 logger = logging.getLogger("switchboard.live")
 
@@ -108,7 +109,7 @@ class Publisher:
             try:
                 listened = await listened_groups(layer, {group for group, _ in batch})
             except Exception:
-                logger.warning("could not read the groups of %d messages; sending each", len(batch), exc_info=True)
+                warn_of(logger, "could not read the groups of %d messages; sending each", len(batch))
                 listened = {group for group, _ in batch}
             for group, message in batch:
                 if group in listened:
@@ -178,7 +179,7 @@ class Publisher:
         try:
             self._hand_over(self._queue_topic, topics.redis_channel(topic), json.dumps(message, separators=(",", ":")))
         except Exception:
-            logger.warning("could not publish to %s", topic, exc_info=True)
+            warn_of(logger, "could not publish to %s", topic)
 
     def _queue_topic(self, channel: str, message: str) -> None:
         """On the publisher's loop: queue a PUBLISH, and start publishing
@@ -204,7 +205,7 @@ class Publisher:
                         pipe.publish(channel, message)
                     await pipe.execute()
             except Exception:
-                logger.warning("could not publish %d topic messages", len(batch), exc_info=True)
+                warn_of(logger, "could not publish %d topic messages", len(batch))
 
     def send(self, group: str, message: dict) -> None:
         layer = get_channel_layer()

@@ -21,6 +21,8 @@ from typing import Any
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from controlplane.errors import warn_of
+
 logger = logging.getLogger("switchboard.live")
 
 # A topic's subscription that heard nothing for this long pings Redis, so a
@@ -74,7 +76,7 @@ async def listen(topic: str, on_message: Callable[[dict], None]) -> None:
                 await memberships.leave()
             if asyncio.current_task().cancelling():
                 raise
-            logger.warning("lost the channel layer while listening to %s; retrying", topic, exc_info=True)
+            warn_of(logger, "lost the channel layer while listening to %s; retrying", topic)
             await asyncio.sleep(1.0)
 
 
@@ -100,7 +102,7 @@ async def _subscribe(topic: str, on_message: Callable[[dict], None]) -> None:
         except Exception:
             if asyncio.current_task().cancelling():
                 raise
-            logger.warning("lost Redis while listening to %s; subscribing again", topic, exc_info=True)
+            warn_of(logger, "lost Redis while listening to %s; subscribing again", topic)
             await asyncio.sleep(1.0)
         finally:
             for closing in (subscription, client):

@@ -43,6 +43,7 @@ from channels.layers import get_channel_layer
 
 from controlplane.cache import raw_redis
 from controlplane.db import db_call
+from controlplane.errors import warn_of
 from controlplane.live import Interest, credential_group, log_watcher, member_group
 from controlplane.models import Credential, Member
 from controlplane.topics import Memberships, stop_task
@@ -256,7 +257,7 @@ class StreamOwner:
                     await self._listen_again()
                 message = await self._layer.receive(self._channel)
             except Exception:
-                logger.warning("a stream lost its channel layer; listening again shortly", exc_info=True)
+                warn_of(logger, "a stream lost its channel layer; listening again shortly")
                 lost_for = min(2 * lost_for, LOST_SECONDS) if lost_for else 1.0
                 continue
             lost_for = 0.0

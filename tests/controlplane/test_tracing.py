@@ -149,3 +149,23 @@ def test_log_format_json_selects_the_json_format_and_anything_unknown_refuses_to
     refused = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=server_env(LOG_FORMAT="xml"),
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and "LOG_FORMAT is plain or json" in refused.stderr
+
+
+def test_a_lost_redis_is_one_line_in_the_log_and_anything_else_has_its_traceback(caplog):
+    import logging
+
+    import redis
+
+    from controlplane.errors import warn_of
+
+    log = logging.getLogger("switchboard.live")
+    for error in (redis.exceptions.ConnectionError("Error 111 connecting to 127.0.0.1:6390. Connection refused."),
+                  ValueError("a bug")):
+        try:
+            raise error
+        except Exception:
+            warn_of(log, "lost Redis while listening to %s; subscribing again", "switchboard.log")
+    outage, bug = caplog.records
+    assert outage.getMessage() == ("lost Redis while listening to switchboard.log; subscribing again: Error 111 "
+                                   "connecting to 127.0.0.1:6390. Connection refused.") and outage.exc_info is None
+    assert bug.getMessage() == "lost Redis while listening to switchboard.log; subscribing again" and bug.exc_info
