@@ -149,7 +149,7 @@ def test_a_pipelined_head_past_its_limit_is_refused_after_the_answer_before_it()
 def test_what_is_not_http_after_a_pipelined_request_is_refused_after_its_answer_and_the_rest_read():
     # given a slow request, then a malformed one with a body still coming
     with bounded_server() as base:
-        answered = answers(base, b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\nPOST /a HTTP/1.1\r\nContent-Length: abc\r\n\r\n",
-                           b"z" * 65536, b"z" * 65536)
+        answered = answers(base, b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"
+                                 b"POST /a HTTP/1.1\r\nContent-Length: abc\r\n\r\n", b"z" * 65536, b"z" * 65536)
     # then the first answer comes whole, the 400 after it, and the client read both (no reset)
     assert answered.startswith(b"HTTP/1.1 200 ") and answered.index(b"HTTP/1.1 400 ") > answered.index(b"ok")
