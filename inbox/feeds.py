@@ -28,12 +28,8 @@ class FeedPage:
     has_more: bool
 
 
-def start_position(after: int | None) -> int:
-    """Where a read without a cursor starts: at the oldest retained event."""
-    return run_steps(start_position_steps(after))
-
-
 def start_position_steps(after: int | None):
+    """Where a read without a cursor starts: at the oldest retained event."""
     return (yield from log_head_steps()).floor if after is None else after
 
 
@@ -108,11 +104,15 @@ def space_feed(space: Space, viewer: Member | None, after: int | None, limit: in
     positions are planned for their space on every read (`unprepared_rows`):
     a small space's page comes from its own index, a busy space's from the
     log's."""
-    start = start_position(after)
+    # Both reads below end at the log head as it is now: every event up to it
+    # has committed (controlplane.log), so the second, which moves the cursor,
+    # can pass no event the first did not see (one committed in between).
+    log = run_steps(log_head_steps())
+    start, head = log.floor if after is None else after, log.position
     visible = Q(restricted=False)
     if viewer is not None:
         visible |= Q(conversation__in=participant_conversations(viewer))
-    looked, params = (Event.objects.filter(space=space, position__gt=start).order_by("position")
+    looked, params = (Event.objects.filter(space=space, position__gt=start, position__lte=head).order_by("position")
                       .annotate(seen=ExpressionWrapper(visible, output_field=BooleanField()))
                       .values_list("position", "seen")[:SCAN_MAX]).query.sql_with_params()
     # Read as it goes: a page's worth of visible events ends the scan, as does SCAN_MAX looked at.

@@ -51,7 +51,7 @@ class _FeedState:
             self._buffer.extend(page.items)
             self._page_cursor = page.cursor
         elif page.cursor:
-            self.cursor = page.cursor  # an empty page returns the position it was given
+            self.cursor = page.cursor  # the position given, or past events a space feed may not show
 
     def pop(self) -> Event | None:
         if not self._buffer:

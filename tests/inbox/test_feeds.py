@@ -87,6 +87,29 @@ def test_a_page_looks_at_so_many_events_and_its_cursor_moves_past_those_it_may_n
                                                           "has_more": False}
 
 
+def test_an_event_committed_while_a_page_is_read_is_in_the_next_page(space, general, alice, as_carol, monkeypatch):
+    # given: carol's page is read, and a message commits between its two reads
+    from inbox import feeds
+
+    send_message(general, body="first", actor=alice)
+    start = feed(as_carol)["cursor"]
+    send_message(general, body="second", actor=alice)
+    sent = []
+
+    def meanwhile(query):
+        if "MAX(" in query[0] and not sent:
+            sent.append(send_message(general, body="committed meanwhile", actor=alice))
+        return unprepared_rows(query)
+
+    monkeypatch.setattr(feeds, "unprepared_rows", meanwhile)
+    first = feed(as_carol, cursor=start, limit=5)
+    monkeypatch.undo()
+    # then: the page moved no further than what it read, and the next one has the rest
+    later, _ = drain(as_carol, cursor=first["cursor"])
+    bodies = [e["data"]["message"]["body"] for e in first["events"] + later if e["kind"] == "message.created"]
+    assert sent and bodies == ["second", "committed meanwhile"]
+
+
 def test_participants_see_their_direct_conversation_in_the_space_feed(space, alice, bob, as_bob):
     direct, _ = services.get_or_create_direct(space, bob, actor=alice)
     send_message(direct, body="private", actor=alice)
