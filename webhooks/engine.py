@@ -404,7 +404,9 @@ def _failed(delivery: Delivery, outcome: Outcome) -> None:
         suspend(delivery.subscription, f"{delivery.attempts} attempts over more than an hour failed.", error,
                 terminal=False)
         _finish(delivery, Delivery.State.FAILED)
-        if delivery.subscription.kind != Subscription.Kind.ITEM:  # (a pushed item stays pending in the inbox)
+        # Its range back to the outbox (not a replay's, an old range sent again;
+        # nor a pushed item's, which stays pending in the inbox).
+        if delivery.subscription.kind != Subscription.Kind.ITEM and delivery.replay_of_id is None:
             outbox.hand_back(delivery)
     else:
         Delivery.objects.filter(pk=delivery.pk).update(

@@ -244,6 +244,31 @@ def test_suspension_after_100_attempts_spanning_an_hour(world, receiver, during_
         "down", *during_retries, "while suspended"]
 
 
+def test_a_replay_whose_failures_suspend_gives_no_range_back(world, receiver):
+    # given: two wakes delivered, then a replay of the first that fails into a suspension
+    from webhooks import services as webhook_services
+
+    for body in ("one", "two"):
+        send_message(world["general"], body=body, actor=world["bob"])
+        pump()
+    first, second = Delivery.objects.order_by("id")
+    receiver.respond = lambda received: (500, {}, b"")
+    replay = webhook_services.replay(first.public_id, world["alice"])
+    pump()
+    Delivery.objects.filter(pk=replay.pk).update(attempts=99, first_attempt_at=now() - dt.timedelta(hours=2),
+                                                 due_at=now())
+    pump()
+    assert Subscription.objects.get().status == "suspended"
+    # when: resumed, with one more event
+    send_message(world["general"], body="three", actor=world["bob"])
+    receiver.respond = None
+    world["as_alice"].patch(world["path"], {"status": "active"})
+    pump()
+    # then: the catch-up starts where the last wake ended, as a chain does
+    catch_up = Delivery.objects.filter(replay_of=None).order_by("id").last()
+    assert catch_up.after_position == second.through_position and catch_up.state == "delivered"
+
+
 def test_many_attempts_within_the_hour_do_not_suspend(world, receiver):
     receiver.respond = lambda received: (500, {}, b"")
     send_message(world["general"], body="down", actor=world["bob"])
