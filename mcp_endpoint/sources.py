@@ -156,13 +156,12 @@ def _pending(member: Member, source: Source, cursor: str | None) -> Batch:
     (told,) = unpack_cursor(cursor, count=1, caller=caller_id(member), stream=source.stream_key({}))
     if told == count:
         return Batch(cursor=cursor, start=cursor)
-    return Batch([{**pending_occurrence(count, _last_addressed(member)), "cursor": fresh}], fresh, start=cursor)
+    return Batch([{**pending_occurrence(told, count, _last_addressed(member)), "cursor": fresh}], fresh, start=cursor)
 
 
 def _last_addressed(member: Member) -> int:
     """The position of the newest event addressed to `member` (0: none),
-    one probe of the inbox feed's index: a pending count rises only with
-    such an event (an acknowledgement lowers it without one)."""
+    one probe of the inbox feed's index."""
     rows = plain_rows(f"SELECT MAX(event_id) FROM {connection.ops.quote_name(EventAddressee._meta.db_table)} "
                       "WHERE member_id = %s", [member.pk])
     return rows[0][0] or 0
@@ -199,11 +198,12 @@ def _read_steps(member: Member, source: Source, arguments: dict, cursor: str | N
     return batch
 
 
-def pending_occurrence(count: int, position: int) -> dict:
-    """The count, after the member's events up to `position`: one id per
-    state of their inbox, whatever the rest of the log does, for a client's
-    dedup."""
-    return {"eventId": f"pnd_{position}_{count}", "name": PENDING, "timestamp": rfc3339(now()),
+def pending_occurrence(told: int, count: int, position: int) -> dict:
+    """The count, changed from `told`, after the member's events up to
+    `position`: a read retried from the same cursor gets the same id,
+    whatever the rest of the log does meanwhile (the id names the change,
+    not the count: a count can come back without an event of the member's)."""
+    return {"eventId": f"pnd_{position}_{told}_{count}", "name": PENDING, "timestamp": rfc3339(now()),
             "data": {"pendingCount": count}}
 
 
