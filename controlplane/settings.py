@@ -27,11 +27,13 @@ def env_int(name: str, default: int, *, minimum: int = 0) -> int:
     value = os.environ.get(name, "").strip()
     if not value:
         return default
-    if not value.lstrip("-").isdigit():
-        raise ImproperlyConfigured(f"{name} must be a whole number, not {value!r}.")
-    if int(value) < minimum:
+    try:
+        number = int(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a whole number, not {value!r}.") from None
+    if number < minimum:
         raise ImproperlyConfigured(f"{name} must be at least {minimum}, not {value}.")
-    return int(value)
+    return number
 
 
 def env_seconds(name: str, default: float, *, minimum: float) -> float:
@@ -211,9 +213,11 @@ elif _db["ENGINE"] == "django.db.backends.postgresql":
     _db["CONN_MAX_AGE"] = 0
     _db.setdefault("OPTIONS", {})["pool"] = {
         "min_size": env_int("DB_POOL_MIN", 2),
-        "max_size": env_int("DB_POOL_MAX", 16),
+        "max_size": env_int("DB_POOL_MAX", 16, minimum=1),
         "timeout": 10,
     }
+    if _db["OPTIONS"]["pool"]["min_size"] > _db["OPTIONS"]["pool"]["max_size"]:
+        raise ImproperlyConfigured("DB_POOL_MIN must be at most DB_POOL_MAX.")
     # A statement run DB_PREPARE_THRESHOLD times on a connection is prepared
     # on it (server-side binding): PostgreSQL plans it once per connection,
     # not on every run, and planning the hot paths' small queries cost more
@@ -224,7 +228,7 @@ elif _db["ENGINE"] == "django.db.backends.postgresql":
 DATABASES = {"default": _db}
 # Threads per server process for sync request work (controlplane.handlers):
 # calls overlap their database waits; Python itself runs one at a time.
-SYNC_THREADS = env_int("SYNC_THREADS", 8)
+SYNC_THREADS = env_int("SYNC_THREADS", 8, minimum=1)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 IS_POSTGRES = _db["ENGINE"] == "django.db.backends.postgresql"
 
@@ -251,7 +255,7 @@ else:
 
 Q_CLUSTER = {
     "name": REDIS_NAMESPACE,
-    "workers": env_int("Q_WORKERS", 2),
+    "workers": env_int("Q_WORKERS", 2, minimum=1),
     # django-q2's `retry` is a redelivery timeout, not a backoff: keep
     # timeout < retry; our own retry policy lives in our rows.
     "timeout": 60,

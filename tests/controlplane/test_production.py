@@ -28,6 +28,8 @@ def test_the_deployment_check_finds_nothing_to_report():
 @pytest.mark.parametrize("setting,told", [
     ({"RATE_LIMIT_PER_MINUTE": "abc"}, "RATE_LIMIT_PER_MINUTE must be a whole number, not 'abc'."),
     ({"EVENT_RETENTION_DAYS": "-1"}, "EVENT_RETENTION_DAYS must be at least 0, not -1."),
+    ({"SYNC_THREADS": "--5"}, "SYNC_THREADS must be a whole number, not '--5'."),
+    ({"SYNC_THREADS": "0"}, "SYNC_THREADS must be at least 1, not 0."),
     ({"FEED_RECHECK_SECONDS": "0"}, "FEED_RECHECK_SECONDS must be at least 0.05 seconds, not 0."),
     ({"DATABASE_URL": "foo://x"}, "DATABASE_URL is postgres://user@host:5432/name or sqlite:///path, not that: "
                                   "its scheme is unknown."),
