@@ -20,6 +20,7 @@ from django.conf import settings
 from django.db import transaction
 
 from controlplane import topics
+from controlplane.errors import warn_of
 from controlplane.publishing import publisher
 
 logger = logging.getLogger("switchboard.live")
@@ -341,7 +342,7 @@ class LogWatcher:
             try:
                 head = await db_call(head_position)()
             except Exception:
-                logger.warning("could not read the log head", exc_info=True)
+                warn_of(logger, "could not read the log head")
                 continue
             if seen is not None and self._announced.missed(seen):
                 self._wake({"type": "log.advanced", "position": seen})  # says nothing of what: wakes everyone

@@ -143,7 +143,7 @@ class Memberships:
                 if self._on_renewal is not None:
                     await self._on_renewal()
             except Exception:
-                logger.warning("could not renew a channel's groups; trying again later", exc_info=True)
+                warn_of(logger, "could not renew a channel's groups; trying again later")
 
     async def leave(self) -> None:
         """Leave every group, best effort (a second call does nothing)."""

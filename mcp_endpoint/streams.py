@@ -246,7 +246,7 @@ class StreamOwner:
             try:
                 await places.renew(self.member_pk, self.token)
             except Exception:
-                logger.warning("could not renew a stream's place; trying again later", exc_info=True)
+                warn_of(logger, "could not renew a stream's place; trying again later")
 
     async def _listen(self) -> None:
         lost_for = 0.0
@@ -283,7 +283,7 @@ class StreamOwner:
                 try:
                     await self._announce()
                 except Exception:
-                    logger.warning("could not announce a stream's claim again", exc_info=True)
+                    warn_of(logger, "could not announce a stream's claim again")
         elif message.get("type") == "session.ended":
             self.suspended.set()
         elif message.get("type") == "credential.revoked":
