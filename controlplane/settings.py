@@ -24,30 +24,25 @@ def env_bool(name: str, default: bool = False) -> bool:
 def env_int(name: str, default: int, *, minimum: int = 0) -> int:
     """A whole number from the environment: anything else, or one below
     `minimum`, stops the process with one line saying which and why."""
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        number = int(value)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name} must be a whole number, not {value!r}.") from None
-    if number < minimum:
-        raise ImproperlyConfigured(f"{name} must be at least {minimum}, not {value}.")
-    return number
+    return _env_number(name, default, int, "a whole number", minimum, "")
 
 
 def env_seconds(name: str, default: float, *, minimum: float) -> float:
     """A number of seconds from the environment, at least `minimum`."""
+    return _env_number(name, default, float, "a number of seconds", minimum, " seconds")
+
+
+def _env_number(name: str, default, parse, kind: str, minimum, unit: str):
     value = os.environ.get(name, "").strip()
     if not value:
         return default
     try:
-        seconds = float(value)
+        number = parse(value)
     except ValueError:
-        raise ImproperlyConfigured(f"{name} must be a number of seconds, not {value!r}.") from None
-    if not seconds >= minimum:  # (NaN too)
-        raise ImproperlyConfigured(f"{name} must be at least {minimum} seconds, not {value}.")
-    return seconds
+        raise ImproperlyConfigured(f"{name} must be {kind}, not {value!r}.") from None
+    if not number >= minimum:  # (NaN too)
+        raise ImproperlyConfigured(f"{name} must be at least {minimum}{unit}, not {value}.")
+    return number
 
 
 DEBUG = env_bool("DEBUG", development_checkout(VAR_DIR))
