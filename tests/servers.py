@@ -121,3 +121,12 @@ def serving(*args, port: int | None = None, **env):
             except subprocess.TimeoutExpired:
                 kill_all(lambda: in_session(process.pid))
                 process.wait()
+
+
+def left_behind(process) -> list[int]:
+    """What is still running of `serve`'s session (the test starts it in a
+    session of its own), however deep or re-parented: within a few seconds."""
+    deadline = time.monotonic() + 10
+    while (alive := in_session(process.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive
