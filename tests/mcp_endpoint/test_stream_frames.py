@@ -66,6 +66,35 @@ def test_a_refused_stream_request_leaves_the_members_stream_to_its_consumer(make
     assert kept
 
 
+def patched_reads(monkeypatch, change) -> list:
+    """`sources.read_on_loop` through `change(n, read)`, n counting reads
+    from 1 and `read()` the real one: the cursors they read from."""
+    real, reads = sources.read_on_loop, []
+
+    async def patched(*args):
+        reads.append(args[3])
+        return await change(len(reads), lambda: real(*args))
+
+    monkeypatch.setattr(sources, "read_on_loop", patched)
+    return reads
+
+
+def streamed_until_suspended(token: str, seconds: float) -> str:
+    """ada's inbox items streamed for `seconds`; the response, whole once her
+    suspension ends it."""
+    async def story(http):
+        from asgiref.sync import sync_to_async
+
+        from controlplane.models import Member
+        response = asyncio.create_task(http.post(**stream_request(token, 1, None)))
+        await asyncio.sleep(seconds)
+        await sync_to_async(services.update_member)(await Member.objects.aget(handle="ada"), status="suspended",
+                                                    actor=None)
+        return await asyncio.wait_for(response, 5)
+
+    return asyncio.run(with_endpoint(story)).text
+
+
 def test_a_lost_database_is_a_recoverable_error_frame_and_the_stream_goes_on(make_member, settings, monkeypatch):
     # given: a stream whose reads lose the database twice after the first
     from django.db import OperationalError
@@ -73,32 +102,20 @@ def test_a_lost_database_is_a_recoverable_error_frame_and_the_stream_goes_on(mak
     settings.MCP_HEARTBEAT_SECONDS = 5
     settings.FEED_RECHECK_SECONDS = 0.1
     _, token = services.issue_credential(make_member("ada"), actor=None)
-    real, reads = sources.read_on_loop, []
 
-    async def flaky(*args):
-        reads.append(args[3])
-        if len(reads) in (2, 3):
+    async def flaky(n, read):
+        if n in (2, 3):
             raise OperationalError("server closed the connection unexpectedly")
-        return await real(*args)
+        return await read()
 
-    monkeypatch.setattr(sources, "read_on_loop", flaky)
-
-    async def story(http):
-        response = asyncio.create_task(http.post(**stream_request(token, 1, None)))
-        await asyncio.sleep(4.5)  # two failures: the next read 1 s later, the one after 2 s
-        # the response is read once it ends: end it by suspending ada
-        from asgiref.sync import sync_to_async
-        from controlplane.models import Member
-        ada = await Member.objects.aget(handle="ada")
-        await sync_to_async(services.update_member)(ada, status="suspended", actor=None)
-        return await asyncio.wait_for(response, 5)
-
-    response = asyncio.run(with_endpoint(story))
-    seen = methods(response.text)
+    reads = patched_reads(monkeypatch, flaky)
+    # two failures: the next read 1 s later, the one after 2 s
+    text = streamed_until_suspended(token, 4.5)
+    seen = methods(text)
     # then: active, two recoverable errors with the API's unavailable body, and the stream read on
     assert seen[0] == "notifications/events/active"
     assert seen.count("notifications/events/error") == 2
-    error = next(f for f in frames(response.text) if f.get("method") == "notifications/events/error")
+    error = next(f for f in frames(text) if f.get("method") == "notifications/events/error")
     assert error["params"]["error"]["data"]["code"] == "UNAVAILABLE"
     assert error["params"]["_meta"] == {"io.modelcontextprotocol/subscriptionId": 1}
     assert len(reads) > 3 and len(set(reads[1:4])) == 1  # again from the same cursor
@@ -239,27 +256,15 @@ def test_a_gap_mid_stream_is_a_fresh_active_frame_and_the_stream_goes_on(make_me
     settings.MCP_HEARTBEAT_SECONDS = 5
     settings.FEED_RECHECK_SECONDS = 0.1
     _, token = services.issue_credential(make_member("ada"), actor=None)
-    real, reads = sources.read_on_loop, []
 
-    async def pruned_meanwhile(*args):
-        reads.append(args[3])
-        batch = await real(*args)
-        if len(reads) == 2:
+    async def pruned_meanwhile(n, read):
+        batch = await read()
+        if n == 2:
             batch.truncated, batch.start = True, "the-floor"
         return batch
 
-    monkeypatch.setattr(sources, "read_on_loop", pruned_meanwhile)
-
-    async def story(http):
-        response = asyncio.create_task(http.post(**stream_request(token, 1, None)))
-        await asyncio.sleep(1.0)
-        from asgiref.sync import sync_to_async
-        from controlplane.models import Member
-        await sync_to_async(services.update_member)(await Member.objects.aget(handle="ada"), status="suspended",
-                                                    actor=None)
-        return await asyncio.wait_for(response, 5)
-
-    sent = frames(asyncio.run(with_endpoint(story)).text)
+    reads = patched_reads(monkeypatch, pruned_meanwhile)
+    sent = frames(streamed_until_suspended(token, 1.0))
     # then: a second active says truncated, with the fresh cursor; the stream read on after it
     actives = [f["params"] for f in sent if f.get("method") == "notifications/events/active"]
     assert [(a["truncated"], a["cursor"] == "the-floor") for a in actives] == [(False, False), (True, True)]
