@@ -20,7 +20,7 @@ from django.db import connection
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from controlplane.db import plain_rows
-from controlplane.errors import NotFound
+from controlplane.errors import Forbidden, NotFound
 from controlplane.models import Conversation, Member, Membership, Participant, Space
 
 
@@ -90,6 +90,37 @@ def can_read_space(space: Space, member: Member | None) -> bool:
     if member is not None and not reads_as_member(member):
         return False
     return space.visibility == Space.Visibility.OPEN or active_membership(space, member) is not None
+
+
+def removed_sql(space: str, member: str) -> str:
+    """SQL true when the member (`member`, an expression) was removed from
+    the space (`space`, an expression) and has not joined again."""
+    table = connection.ops.quote_name(Membership._meta.db_table)
+    return (f"EXISTS (SELECT 1 FROM {table} removed WHERE removed.space_id = {space} "
+            f"AND removed.member_id = {member} AND removed.status = '{Membership.Status.REMOVED.value}')")
+
+
+def receives_from(space: Space, member: Member) -> bool:
+    """Whether deliveries from `space` (mentions, space subscriptions'
+    wakes) reach `member`: they read it, and were not removed from it.
+    Removal stops all delivery from a space at once (SPEC §3), from an
+    open one too, which anyone, the removed included, still reads (by
+    polling its feed); joining again restores it. The mention path applies
+    the same rule in SQL (`removed_sql`, inbox.services._recipients)."""
+    if not can_read_space(space, member):
+        return False
+    return (space.visibility != Space.Visibility.OPEN
+            or not Membership.objects.filter(space=space, member=member, status=Membership.Status.REMOVED).exists())
+
+
+def require_receiving(space: Space, member: Member) -> None:
+    """Subscribing to a space's wakes asks what sending them asks
+    (`receives_from`): 404 for a space `member` cannot read, 403 for one
+    they were removed from (they still see it)."""
+    if not can_read_space(space, member):
+        raise NotFound()
+    if not receives_from(space, member):
+        raise Forbidden("You were removed from this space: join it again to be woken by it.")
 
 
 def get_space_for(slug: str, member: Member | None) -> Space:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from django.db import IntegrityError, connection, transaction
 
-from controlplane.access import get_conversation_to_write, readers_of
+from controlplane.access import get_conversation_to_write, readers_of, removed_sql
 from controlplane.clock import now
 from controlplane.errors import (AuthorityRevoked, Conflict, Forbidden, GrantRequired, IdempotencyConflict,
                                  InvalidRequest, LimitExceeded, NotFound)
@@ -91,8 +91,7 @@ def _recipients(conversation: Conversation, space: Space, mentioned: list[str], 
     """Who a message goes to, never its author:
     - direct and group: the other participants who still belong to the space;
     - channel: the explicitly mentioned members who can read the space, less
-      those removed from it (an open space's readers include them, but
-      removal stops all delivery from the space, SPEC §3)."""
+      those removed from it (controlplane.access.receives_from)."""
     quote = connection.ops.quote_name
     member, columns = quote(Member._meta.db_table), model_columns(Member, "m")
     membership = quote(Membership._meta.db_table)
@@ -101,8 +100,7 @@ def _recipients(conversation: Conversation, space: Space, mentioned: list[str], 
             return []
         candidates = _members(f"SELECT {columns} FROM {member} m "
                               f"WHERE m.handle IN ({', '.join(['%s'] * len(mentioned))}) AND m.id <> %s "
-                              f"AND NOT EXISTS (SELECT 1 FROM {membership} ms WHERE ms.space_id = %s "
-                              f"AND ms.member_id = m.id AND ms.status = '{Membership.Status.REMOVED.value}')",
+                              f"AND NOT {removed_sql('%s', 'm.id')}",
                               [*mentioned, author.pk, space.pk])
         readers = readers_of(conversation, {m.pk for m in candidates})
         order = {h: i for i, h in enumerate(mentioned)}

@@ -35,7 +35,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, connections, transaction
 
 from controlplane import faults
-from controlplane.access import can_read_space
+from controlplane.access import receives_from
 from controlplane.clock import now, rfc3339
 from controlplane.cursors import caller_id, pack_cursor
 from controlplane.models import Member, Space
@@ -129,13 +129,13 @@ def _issuer() -> str:
 
 def may_receive(subscription: Subscription) -> bool:
     """Whether the owner may still be woken: an active member, and for space
-    subscriptions still able to read the space, which is not archived."""
+    subscriptions one the space, not archived, still delivers to."""
     owner: Member = subscription.owner
     if not owner.is_active:
         return False
     if subscription.kind == Subscription.Kind.SPACE:
         space: Space = subscription.space
-        return not space.archived and can_read_space(space, owner)
+        return not space.archived and receives_from(space, owner)
     return True
 
 

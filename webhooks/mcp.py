@@ -38,7 +38,7 @@ from django.db import connection, transaction
 from django.db.models import BooleanField, Exists, OuterRef
 from django.db.models.expressions import RawSQL
 
-from controlplane.access import get_readable_space
+from controlplane.access import get_readable_space, require_receiving
 from controlplane.clock import now, rfc3339
 from controlplane.cursors import caller_id, pack_cursor
 from controlplane.errors import Conflict, InvalidUrl, LimitExceeded, NotFound
@@ -101,6 +101,8 @@ def subscribe(member: Member, name: str, arguments: dict, url: str, secret: str,
     url = validate_url(url)
     crypto.parse_secret(secret)
     space = get_readable_space(arguments["space"], member) if name == WORK else None
+    if space is not None:
+        require_receiving(space, member)
     task = work_task(space, arguments) if name == WORK else None
     public_id = subscription_id(member, url, name, arguments)
     _refuse_or_count(Subscription.objects.filter(public_id=public_id, owner=member).first(), member, space,

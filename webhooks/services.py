@@ -8,7 +8,7 @@ from django.db import transaction
 from django.db.models import Q
 
 from controlplane import audit
-from controlplane.access import can_read_space
+from controlplane.access import require_receiving
 from controlplane.clock import now
 from controlplane.errors import Conflict, InvalidRequest, LimitExceeded, NotFound
 from controlplane.models import Conversation, LogHead, Member, Space
@@ -123,8 +123,7 @@ def create_subscription(owner: Member, endpoint_id: str, *, space: Space | None 
         _require_verified(endpoint)
     conversation_ids = None
     if space is not None:
-        if not can_read_space(space, owner):
-            raise NotFound()
+        require_receiving(space, owner)
         conversation_ids = _conversation_subjects(space, subjects or [], owner)
     with transaction.atomic():
         Member.take_turns(owner.pk)
@@ -172,8 +171,8 @@ def activate(subscription: Subscription) -> int:
     activation position (the activation cursor's)."""
     refuse_managed(subscription)
     _require_verified(subscription.endpoint)
-    if subscription.kind == Subscription.Kind.SPACE and not can_read_space(subscription.space, subscription.owner):
-        raise NotFound()
+    if subscription.kind == Subscription.Kind.SPACE:
+        require_receiving(subscription.space, subscription.owner)
     with transaction.atomic():
         activate_locked(subscription)
     subscription.refresh_from_db()

@@ -118,6 +118,28 @@ def test_every_read_path_agrees_with_the_rule(matrix):
     assert set(policies.values()) == {Space.SendPolicy.OPEN, Space.SendPolicy.EXPLICIT_ONLY}
 
 
+def test_delivery_from_a_space_follows_reading_less_removal(matrix):
+    """`receives_from` (wakes) and `removed_sql` (mentions) give the
+    delivery rule: a space delivers to who reads it, less who was removed
+    from it, in an open space too."""
+    from django.db import connection
+
+    readers, conversations, memberships, _ = matrix
+    spaces = {c.space_id: c.space for c in conversations}
+    answers = {}
+    for member, space in itertools.product([m for m in readers if m is not None], spaces.values()):
+        status = memberships.get((space.pk, member.pk))
+        reads = member.status == Member.Status.ACTIVE and (space.visibility == Space.Visibility.OPEN
+                                                           or status == Membership.Status.ACTIVE)
+        expected = reads and status != Membership.Status.REMOVED
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {access.removed_sql('%s', '%s')}", [space.pk, member.pk])
+            removed = bool(cursor.fetchone()[0])
+        assert access.receives_from(space, member) == expected == (reads and not removed), (member.handle, space.slug)
+        answers[(member.handle, space.visibility)] = expected
+    assert answers[("gone", "open")] is False and answers[("out", "open")] is True
+
+
 def test_conversation_readers_of_nobody_or_of_a_missing_conversation(matrix):
     readers, conversations, *_ = matrix
     conversation = conversations[0]

@@ -106,3 +106,27 @@ def test_an_acknowledgement_pushes_the_new_pending_count(world, receiver, by):
     counts = [r.json()["data"]["pendingCount"] for r in pushes(receiver) if r.path == "/pending"]
     assert counts[0] == 2 and counts[-1] == 0, counts
     assert len([r for r in pushes(receiver) if r.path == "/items"]) == (2 if by != "its owner" else 0)
+
+
+def test_removal_from_an_open_space_stops_pushing_its_work(world, receiver):
+    """An open space's work is pushed as a space subscription's wakes are:
+    not to a member removed from it (SPEC §3), who still reads its feed."""
+    from controlplane.errors import Forbidden
+
+    # given: ada's pushed work of the open lab
+    ada, bo, lab = world["ada"], world["bo"], world["direct"].space
+    mcp.subscribe(ada, mcp.WORK, {"space": "lab"}, receiver.url("/work"), SECRET, ttl_ms=None)
+    # when: bo removes her, and writes in the lab
+    services.remove_member(lab, ada, actor=bo)
+    send_message(services.create_channel(lab, "news", actor=bo), body="news", actor=bo)
+    while pump():
+        pass
+    # then: nothing is pushed, and she cannot subscribe anew until she joins again
+    assert pushes(receiver) == []
+    with pytest.raises(Forbidden):
+        mcp.subscribe(ada, mcp.WORK, {"space": "lab"}, receiver.url("/work2"), SECRET, ttl_ms=None)
+    services.join_space(lab, actor=ada)
+    send_message(world["direct"], body="welcome back", actor=bo)
+    while pump():
+        pass
+    assert [r.path for r in pushes(receiver)] == ["/work"]

@@ -14,7 +14,7 @@ from switchboard_client import WakeVerifier, fetch_signing_keys
 from controlplane import services
 from controlplane.clock import freeze, now
 from inbox.services import send_message
-from tests.conftest import Api
+from tests.conftest import Api, error_code
 from tests.webhooks.scene import SECRET, pump
 from webhooks import engine
 from webhooks.crypto import rotate_signing_key
@@ -262,6 +262,38 @@ def test_removal_from_a_private_space_stops_sends_at_once(receiver, api_for, mak
     pump()
     assert receiver.wakes() == []
     assert Delivery.objects.get().state == "cancelled"
+
+
+def test_removal_from_an_open_space_stops_its_wakes_until_the_member_joins_again(world, receiver, api_for):
+    """Anyone reads an open space, the removed too, but removal stops all
+    delivery from it (SPEC §3): bob's subscription stays, and wakes him
+    again once he joins again."""
+    alice, bob, general = world["alice"], world["bob"], world["general"]
+    space, as_bob = general.space, api_for(bob)
+    endpoint = as_bob.post("/v0/webhook-endpoints", {"url": receiver.url()}).json()["endpoint"]["id"]
+    as_bob.post(f"/v0/webhook-endpoints/{endpoint}/verify")
+    path = "/v0/spaces/lab/webhook-subscriptions"
+    mine = as_bob.post(path, {"endpoint_id": endpoint, "debounce_ms": 0}).json()["subscription"]
+    as_bob.post(f"{path}/{mine['id']}/activate")
+
+    def bobs_wakes():
+        return [w.json()["id"] for w in receiver.wakes() if w.json()["subscription"]["id"] == mine["id"]]
+
+    # when: alice removes him while a wake of his is due
+    send_message(general, body="for members", actor=alice)
+    services.remove_member(space, bob, actor=alice)
+    pump()
+    # then: only alice is woken; his wake is cancelled, and he cannot subscribe anew
+    assert bobs_wakes() == [] and len(receiver.wakes()) == 1
+    assert Delivery.objects.get(subscription__public_id=mine["id"]).state == "cancelled"
+    again = as_bob.post(path, {"endpoint_id": endpoint})
+    assert again.status_code == 403 and error_code(again) == "FORBIDDEN"
+    # when: he joins again
+    services.join_space(space, actor=bob)
+    send_message(general, body="welcome back", actor=alice)
+    pump()
+    # then: the same subscription wakes him
+    assert len(bobs_wakes()) == 1
 
 
 def test_a_rotated_key_stays_published_and_signs_no_more(world, receiver, anon):

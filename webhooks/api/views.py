@@ -87,7 +87,7 @@ class SpaceSubscriptionsView(APIView):
 
     @extend_schema(operation_id="create_space_subscription", request=SpaceSubscriptionIn,
                    parameters=[IDEMPOTENCY_KEY],
-                   responses={201: envelope("subscription", SubscriptionOut), **errors(*CREATE_ERRORS)})
+                   responses={201: envelope("subscription", SubscriptionOut), **errors(*CREATE_ERRORS, "FORBIDDEN")})
     @idempotent
     def post(self, request, slug):
         data = validated(SpaceSubscriptionIn, request.data)
@@ -179,7 +179,8 @@ ACTIVATED = inline_serializer("Activated", {"activation_cursor": serializers.Cha
 def _activate_schema(scope: str):
     return extend_schema_view(post=extend_schema(
         operation_id=f"activate_{scope}_subscription", request=EmptyIn, parameters=[IDEMPOTENCY_KEY],
-        responses={200: ACTIVATED, **errors(*KEYED, "NOT_FOUND", "CONFLICT")}))
+        responses={200: ACTIVATED, **errors(*KEYED, "NOT_FOUND", "CONFLICT",
+                                            *(["FORBIDDEN"] if scope == "space" else []))}))
 
 
 @_one_subscription_schema("space")
