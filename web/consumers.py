@@ -60,6 +60,11 @@ class SessionSocket:
         # by cancelling the receive and waiting for it: see heeding_cancellation.
         self._channel_receive = functools.partial(heeding_cancellation, receive)
 
+    async def receive(self, text_data=None, bytes_data=None, **kwargs):
+        """Ignored: both sockets are one-way (the composer and the inbox's
+        actions post over HTTP), and a frame the JSON consumer would parse
+        could only fail there, a traceback in the log for each one."""
+
     async def __call__(self, scope, receive, send):
         """The socket's whole life. One that ends without a disconnect (its
         channel-layer receive failed: Redis lost) still leaves its groups
@@ -196,9 +201,6 @@ class ConversationConsumer(SessionSocket, AsyncWebsocketConsumer):
 
     async def fail(self) -> None:
         await self.close(code=SERVER_ERROR)
-
-    async def receive(self, text_data=None, bytes_data=None, **kwargs):
-        """Ignored: the stream is one-way; the composer posts over HTTP."""
 
     async def disconnect(self, code):
         if self.stream is not None:

@@ -111,6 +111,24 @@ async def test_the_inbox_socket_counts_pending_items_live(room, ann, ben):
     assert await refusal((await open_socket("/ws/inbox/"))[0]) == [4401]
 
 
+@pytest.mark.parametrize("path", ["/ws/inbox/", "conversation"])
+async def test_frames_from_the_page_are_ignored_and_log_nothing(room, ann, ben, path, caplog):
+    """Both sockets are one-way: what a page sends, JSON or not, text or
+    bytes, is dropped without an error (each one logged a traceback)."""
+    space, channel = room
+    path = f"/ws/conversations/{channel.public_id}/" if path == "conversation" else path
+    socket, connected = await open_socket(path, ben)
+    assert connected
+    await socket.receive_output(timeout=5)  # its first frame: the count, or the catch-up's `live`
+    for frame in ({"text_data": "not json"}, {"bytes_data": b"\x00"}, {"text_data": '{"type": "inbox"}'}):
+        await socket.send_to(**frame)
+    # then: it stays open and still says what it said before
+    await send(channel, body="@ben still here", actor=ann)
+    assert (await socket.receive_json_from(timeout=5))["type"] in ("inbox", "message")
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+    await socket.disconnect()
+
+
 async def test_a_socket_open_past_the_group_expiry_still_counts_live_and_ends_with_its_member(
         room, ann, ben, monkeypatch):
     """The layer forgets a membership `group_expiry` after it was made (a
