@@ -2,15 +2,30 @@ import django_q.admin
 from django.contrib import admin
 from django.contrib.auth import admin as auth_admin
 from django.contrib.auth.models import Group, User
-from django_q.models import OrmQ, Schedule
+from django.db.models.constants import LOOKUP_SEP
+from django_q.models import Failure, OrmQ, Schedule, Success
 
 from controlplane import audit, services
 from controlplane.access import admin_member
 from controlplane.models import (AuditEntry, Conversation, Credential, Event, EventAddressee, IdempotencyRecord,
-                                 LogHead, Member, Membership, Participant, Space)
+                                 LogHead, Member, Membership, Participant, Space, UserSession)
+
+# Fields that hold a secret, its hash or its ciphertext: never shown, and
+# never a list's filter, on any model or through any relation (a filter in
+# the URL, `?token_hash__startswith=0`, would probe one a character at a
+# time; Django's own UserAdmin refuses it for `password`).
+SECRET_FIELDS = frozenset({"token_hash", "secret", "previous_secret", "private_key", "session_key", "session_data",
+                           "password"})
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+class Guarded(admin.ModelAdmin):
+    def lookup_allowed(self, lookup, value, request=None):
+        if SECRET_FIELDS.intersection(lookup.split(LOOKUP_SEP)):
+            return False
+        return super().lookup_allowed(lookup, value, request)
+
+
+class ReadOnlyAdmin(Guarded):
     """History must not change: these records are shown, never edited."""
 
     def has_add_permission(self, request):
@@ -23,7 +38,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
-class ThroughTheServices(admin.ModelAdmin):
+class ThroughTheServices(Guarded):
     """Rows the services make and remove (with their events, hooks, checks
     and audit entries): the admin may change only what its own code routes
     through them, and adds and deletes none."""
@@ -51,6 +66,8 @@ class MemberAdmin(ThroughTheServices):
         others = [name for name in form.changed_data if name not in wanted]
         if others:
             obj.save(update_fields=others)
+            audit.record("member.updated", obj.public_id, actor=admin_member(request.user),
+                         **{name: form.cleaned_data[name] for name in others})
         if wanted:
             services.update_member(obj, **wanted, actor=admin_member(request.user))
 
@@ -96,6 +113,23 @@ class SpaceAdmin(ThroughTheServices):
     search_fields = ["slug", "name"]
     readonly_fields = ["public_id", "slug", "created_by", "created_at"]
     inlines = [MembershipInline]
+
+    def save_model(self, request, obj, form, change):
+        """Recorded, as no event records it: who changed which setting (a
+        space made open shows its channels to everyone)."""
+        super().save_model(request, obj, form, change)
+        if form.changed_data:
+            audit.record("space.updated", obj.public_id, actor=admin_member(request.user),
+                         **{name: form.cleaned_data[name] for name in form.changed_data})
+
+
+@admin.register(UserSession)
+class UserSessionAdmin(ReadOnlyAdmin):
+    """Who is signed in to the web app, until when. A session's key signs
+    its holder in, so it is in no link, checkbox or column."""
+    list_display = ["user_id", "expire_date"]
+    list_display_links = None
+    actions = None
 
 
 @admin.register(Membership)
@@ -171,13 +205,24 @@ class QueueAdmin(ReadOnlyAdmin, django_q.admin.QueueAdmin):
     pass
 
 
-for model, shown in ((Schedule, ScheduleAdmin), (OrmQ, QueueAdmin)):
+# Finished tasks are history: resubmitting one ran a sweep or a delivery
+# again with its stored arguments.
+class SuccessAdmin(ReadOnlyAdmin, django_q.admin.TaskAdmin):
+    actions = None
+
+
+class FailureAdmin(ReadOnlyAdmin, django_q.admin.FailAdmin):
+    actions = None
+
+
+for model, shown in ((Schedule, ScheduleAdmin), (OrmQ, QueueAdmin), (Success, SuccessAdmin),
+                     (Failure, FailureAdmin)):
     if admin.site.is_registered(model):
         admin.site.unregister(model)
         admin.site.register(model, shown)
 
 
-class UserAdmin(auth_admin.UserAdmin):
+class UserAdmin(Guarded, auth_admin.UserAdmin):
     """The web sign-in accounts of human members: made, named and flagged by
     the services (`create_member`, `update_member`), so here an admin only
     sets a password (a member's account recovery), which is recorded."""

@@ -32,6 +32,7 @@ class ControlPlaneConfig(AppConfig):
         # (name, task path, minutes between runs): see controlplane.schedules
         ("prune-event-log", "controlplane.tasks.prune_event_log", 60),
         ("purge-idempotency-records", "controlplane.tasks.purge_idempotency_records", 60),
+        ("clear-expired-sessions", "controlplane.tasks.clear_expired_sessions", 60),
     ]
     # Each app's backlog figures for manage.py health: see controlplane.health.
     gauges = "controlplane.health.task_queue"

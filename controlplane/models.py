@@ -3,6 +3,7 @@ the host-wide event log and idempotency records."""
 from __future__ import annotations
 
 from django.conf import settings
+from django.contrib.sessions.base_session import AbstractBaseSession
 from django.core.exceptions import ValidationError
 from django.db import models
 
@@ -256,3 +257,17 @@ class AuditEntry(models.Model):
         indexes = [models.Index(fields=["target", "at"], name="audit_target"),
                    models.Index(fields=["actor", "at"], name="audit_actor")]
         verbose_name_plural = "audit entries"
+
+
+class UserSession(AbstractBaseSession):
+    """A web session, with the user it signs in (controlplane.sessions):
+    suspending a member deletes their sessions, which Django only refuses
+    while the user is inactive and would honour again on reinstatement."""
+
+    user_id = models.IntegerField(null=True, db_index=True)
+
+    @classmethod
+    def get_session_store_class(cls):
+        from controlplane.sessions import SessionStore
+
+        return SessionStore

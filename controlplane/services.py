@@ -22,6 +22,7 @@ from controlplane.live import group_send_on_commit, member_group
 from controlplane.log import append_events
 from controlplane.models import Conversation, Credential, Member, Membership, Participant, Space
 from controlplane.ratelimit import hit
+from controlplane.sessions import end_sessions
 from controlplane.tokens import hash_token, new_bearer_token
 
 HANDLE_RE = re.compile(r"[a-z0-9][a-z0-9_-]{1,31}")
@@ -76,8 +77,8 @@ def update_member(member: Member, *, status: str | None = None, is_admin: bool |
     """Suspend or reinstate `member`, or give or withdraw admin powers.
 
     Takes effect at once and everywhere: the Django user's flags follow (a
-    suspended member's web and admin sessions stop working; a demoted one's
-    admin sessions do), their credentials are refused from the next request,
+    suspended member's web and admin sessions end, for good; a demoted
+    one's admin powers do), their credentials are refused from the next request,
     and a suspended member's live sockets close after the commit. Atomic;
     changing nothing is a no-op."""
     if status is not None and status not in Member.Status.values:
@@ -98,6 +99,8 @@ def update_member(member: Member, *, status: str | None = None, is_admin: bool |
                 is_active=active, is_staff=active and locked.is_admin, is_superuser=active and locked.is_admin)
         audit.record("member.updated", locked.public_id, actor=actor, **changed)
         if not active:
+            if locked.user_id is not None:
+                end_sessions(locked.user_id)  # Django would honour them again on reinstatement
             group_send_on_commit(member_group(locked), {"type": "session.ended"})
     return locked
 

@@ -160,8 +160,12 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "web.pages.content_security_policy",
     "web.errors.ServiceUnavailable",
 ]
+
+# Database sessions that name their user: suspension ends them (controlplane.sessions).
+SESSION_ENGINE = "controlplane.sessions"
 
 ROOT_URLCONF = "controlplane.urls"
 ASGI_APPLICATION = "controlplane.asgi.application"

@@ -20,3 +20,10 @@ def prune_event_log() -> int:
 
 def purge_idempotency_records() -> int:
     return _purge()
+
+
+def clear_expired_sessions() -> None:
+    """Expired sessions are refused but stay stored until this removes them."""
+    from controlplane.sessions import SessionStore
+
+    SessionStore.clear_expired()

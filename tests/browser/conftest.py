@@ -34,3 +34,14 @@ def browser(monkeypatch):
             yield browser
         finally:
             browser.close()
+
+
+@pytest.fixture(autouse=True)
+def nothing_refused():
+    """Every page a test signs in to runs under the web app's
+    Content-Security-Policy: nothing it needs may be refused."""
+    from tests.browser.web import REFUSED
+
+    REFUSED.clear()
+    yield
+    assert REFUSED == []

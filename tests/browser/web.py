@@ -16,10 +16,16 @@ def human(handle: str, **kwargs) -> Member:
                                   actor=None, **kwargs)
 
 
+# What the pages' Content-Security-Policy refused, by any page of any
+# context `sign_in` made (tests/browser/conftest.py wants none).
+REFUSED: list[str] = []
+
+
 def sign_in(browser, base: str, handle: str, viewport=WIDTHS["desktop"]):
     """A new browser context (its own cookies and storage) signed in as `handle`, by keyboard."""
     context = browser.new_context(viewport={"width": viewport[0], "height": viewport[1]})
     context.set_default_timeout(10_000)
+    context.on("console", lambda m: REFUSED.append(m.text) if "Content Security Policy" in m.text else None)
     page = context.new_page()
     page.goto(f"{base}/app/login/")
     # The handle field takes the focus by itself (autofocus), which a busy

@@ -8,6 +8,7 @@ from django.contrib import admin
 from django.test import Client
 
 from controlplane import services
+from controlplane.clock import now
 from controlplane.api import authentication
 from inbox.services import send_message
 
@@ -144,6 +145,10 @@ def test_the_admin_deletes_and_renames_nothing_the_services_keep(staff_client, s
     assert deletes == [403] * 5 and edited.status_code == 403
     assert Member.objects.get(pk=bob.pk).handle == "bob" and Space.objects.get(pk=space.pk).slug == "lab"
     assert Member.objects.get(pk=bob.pk).display_name == "Bob" and Space.objects.get(pk=space.pk).name == "Lab Two"
+    # and: what changed is on record, as no event records it
+    changes = {(e.action, e.target): e.detail for e in AuditEntry.objects.filter(actor__handle="root")}
+    assert changes[("member.updated", bob.public_id)] == {"display_name": "Bob"}
+    assert changes[("space.updated", space.public_id)] == {"name": "Lab Two"}
     membership.refresh_from_db()
     assert (membership.role, membership.status) == ("member", "active")
     assert Credential.objects.filter(pk=credential.pk).exists() and Schedule.objects.filter(pk=expiry.pk).exists()
@@ -178,3 +183,59 @@ def test_a_members_account_gets_only_a_password_in_the_admin_and_that_is_recorde
     assert user.check_password("a new long password")
     assert AuditEntry.objects.filter(action="member.password_set", target=noor.public_id,
                                      actor__handle="root").exists()
+
+
+def test_no_list_filters_on_a_secret_through_any_relation(staff_client, alice, general):
+    """A filter in a list's URL answers whether a row matches: on a token's
+    hash or a secret's ciphertext, a probe a character at a time."""
+    from webhooks.models import Endpoint, SigningKey
+    from webhooks.crypto import active_signing_key
+
+    services.issue_credential(alice, actor=None)
+    active_signing_key()
+    Endpoint.objects.create(owner=alice, url="https://example.test/hook", secret="sealed")
+    assert SigningKey.objects.exists()
+    probes = ["controlplane/credential/?token_hash__startswith=0", "controlplane/member/?credentials__token_hash=0",
+              "webhooks/endpoint/?secret__startswith=s", "webhooks/endpoint/?previous_secret__isnull=1",
+              "webhooks/subscription/?endpoint__secret__startswith=s", "webhooks/signingkey/?private_key__gt=0",
+              "controlplane/usersession/?session_key__startswith=a", "auth/user/?password__startswith=p"]
+    for probe in probes:
+        assert staff_client.get(f"/admin/{probe}").status_code == 400, probe
+    # the lists' own filters still work
+    assert staff_client.get("/admin/controlplane/member/?status__exact=active").status_code == 200
+
+
+def test_sessions_and_finished_tasks_are_shown_without_keys_or_actions(staff_client):
+    from django_q.models import Success
+
+    from controlplane.models import UserSession
+
+    (session,) = UserSession.objects.all()  # the staff client's own
+    Success.objects.create(id="a" * 32, name="sweep", func="coordination.tasks.sweep_claims", started=now(),
+                           stopped=now(), success=True)
+    sessions = staff_client.get("/admin/controlplane/usersession/").content.decode()
+    successes = staff_client.get("/admin/django_q/success/")
+    assert session.session_key not in sessions and str(session.user_id) in sessions
+    assert successes.status_code == 200 and "resubmit" not in successes.content.decode().lower()
+    assert staff_client.post("/admin/django_q/success/", {"action": "resubmit_task",
+                                                           "_selected_action": ["a" * 32]}).status_code == 200
+    assert staff_client.get(f"/admin/django_q/success/{'a' * 32}/delete/").status_code == 403
+
+
+def test_suspension_ends_the_members_web_sessions_for_good(make_member):
+    """Django refuses an inactive user's sessions, and took them back when
+    the member was reinstated: a stolen cookie outlived the suspension."""
+    from controlplane.models import Member
+
+    # given: bob and ann signed in
+    bob = make_member("bob", kind="human", password="pw-for-tests-2")
+    ann = make_member("ann", kind="human", password="pw-for-tests-3")
+    bobs, anns = Client(), Client()
+    assert bobs.login(username="bob", password="pw-for-tests-2") and anns.login(username="ann", password="pw-for-tests-3")
+    assert bobs.get("/app/").status_code == anns.get("/app/").status_code == 200
+    # when: bob is suspended, then reinstated
+    services.update_member(bob, status=Member.Status.SUSPENDED, actor=None)
+    services.update_member(bob, status=Member.Status.ACTIVE, actor=None)
+    # then: his session is gone, hers stands, and he signs in afresh
+    assert bobs.get("/app/").status_code == 302 and anns.get("/app/").status_code == 200
+    assert bobs.login(username="bob", password="pw-for-tests-2") and bobs.get("/app/").status_code == 200

@@ -24,7 +24,7 @@ def test_schedules_are_created_once(db):
                                                                    "classify-inbox-items", "expire-grants",
                                                                    "deliver-webhooks", "sweep-claims",
                                                                    "reap-deleted-webhooks",
-                                                                   "finish-collectives"}
+                                                                   "finish-collectives", "clear-expired-sessions"}
 
 
 def test_the_reapers_earlier_schedule_is_renamed_rather_than_left_behind(db):

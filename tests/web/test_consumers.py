@@ -151,7 +151,7 @@ async def test_a_socket_open_past_the_group_expiry_still_counts_live_and_ends_wi
 
 async def test_a_socket_whose_session_ended_with_no_sign_out_closes_at_its_next_renewal(room, ben, monkeypatch):
     # given: ben's page, its session then gone behind every signal's back (expired, or cleared from the store)
-    from django.contrib.sessions.models import Session
+    from controlplane.models import UserSession as Session
 
     monkeypatch.setattr(topics, "GROUP_READD_SECONDS", 0.3)
     _, channel = room

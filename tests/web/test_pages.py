@@ -146,6 +146,21 @@ def test_message_bodies_are_escaped(ann, ben, room, browser_of):
     assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
 
 
+
+def test_the_web_apps_pages_allow_no_inline_script_and_no_framing(ann, human, room, browser_of):
+    from web.pages import CONTENT_SECURITY_POLICY
+
+    space, channel = room
+    staff = browser_of(human("root", is_admin=True))
+    answers = [browser_of(ann).get(path) for path in ("/app/", page_url(space, channel), "/app/inbox/")]
+    answers += [Client().get("/app/login/"), Client().get("/app/"), staff.get("/staff/approvals/")]
+    assert [a.headers.get("Content-Security-Policy") for a in answers] == [CONTENT_SECURITY_POLICY] * 6
+    assert "script-src" not in CONTENT_SECURITY_POLICY and "'unsafe-inline'" not in CONTENT_SECURITY_POLICY
+    # the admin (inline scripts of its own) and the API go without
+    assert "Content-Security-Policy" not in staff.get("/admin/").headers
+    assert "Content-Security-Policy" not in Client().get("/v0/spaces/lab").headers
+
+
 # --- the composer ----------------------------------------------------------------------------
 
 def test_the_composer_sends_the_exact_body_once_per_key(ann, room, browser_of):

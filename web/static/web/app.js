@@ -60,6 +60,18 @@
     });
   }
 
+  // --- the subscriptions page: statuses and attempts, every 2 s --------------
+  // A `refresh` htmx hears, while the page is seen and none of its forms is
+  // being filled in (an hx-trigger filter would need eval, which the pages'
+  // Content-Security-Policy refuses).
+  if (document.getElementById("subscriptions")) {
+    setInterval(() => {
+      const section = document.getElementById("subscriptions");  // swapped whole each time
+      const editing = document.activeElement && document.activeElement.closest("#subscriptions form");
+      if (section && document.visibilityState === "visible" && !editing) window.htmx.trigger(section, "refresh");
+    }, 2000);
+  }
+
   // --- a conversation -----------------------------------------------------------
   const page = document.getElementById("conversation");
   if (!page) return;
