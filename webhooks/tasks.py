@@ -2,10 +2,15 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import hashlib
 import logging
 import secrets
+from pathlib import Path
 
+from django.conf import settings
 from django.core.cache import cache
+from django.db import connection
 
 from controlplane import live
 from webhooks import engine, mcp, pump, reaper
@@ -21,9 +26,9 @@ log = logging.getLogger(__name__)
 # bound is django-q2's task timeout (Q_CLUSTER "timeout", 60 s), which must
 # outlast the run plus the 15 s a send in flight at its end may take.
 RUN_SECONDS = 40
-# Without Redis each worker process has a cache of its own, so a run may be
-# the timer in every one of them at once: short runs give the other tasks
-# (firewall classification, sweeps) a worker back soon.
+# Without Redis each worker process has a cache of its own, so the timer is
+# chosen by a lock file (`_host_timer`): one per host and database. Runs are
+# short all the same, as a host's processes may be more than one cluster's.
 LOCAL_RUN_SECONDS = 10
 # The timer renews its key every second while it runs: a killed timer's key
 # is gone within TIMER_KEY_SECONDS, and new wakes queue tasks again.
@@ -53,7 +58,8 @@ def deliver() -> int:
     runs, and swept once a minute."""
     mcp.offer_waiting()
     shared = live.shared_layer()
-    timer = cache.add(TIMER_KEY, 1, timeout=TIMER_KEY_SECONDS)
+    host_lock = None if shared else _host_timer()
+    timer = (shared or host_lock is not None) and cache.add(TIMER_KEY, 1, timeout=TIMER_KEY_SECONDS)
     renew = (lambda: cache.touch(TIMER_KEY, TIMER_KEY_SECONDS)) if timer else None
     try:
         sent = asyncio.run(pump.run(seconds=RUN_SECONDS if shared else LOCAL_RUN_SECONDS, wait=timer, renew=renew,
@@ -61,6 +67,8 @@ def deliver() -> int:
     finally:
         if timer:
             cache.delete(TIMER_KEY)
+        if host_lock is not None:
+            host_lock.close()  # and with it the lock
     # After the key is gone: a wake committed while it was held queued no
     # task (webhooks.due.kick_on_commit), and is found here. The cluster's
     # one timer also hands over after a run that sent anything: more is
@@ -70,6 +78,23 @@ def deliver() -> int:
 
         async_task("webhooks.tasks.deliver")  # the next run takes over the timer
     return sent
+
+
+def _host_timer():
+    """Without Redis: the open lock file that makes this run the timer of
+    its host and database, or None when another process's run is. Each
+    worker process was the timer before, so both of `make run`'s workers
+    sat in 10 s runs while firewall classification waited behind them.
+    (The lock goes with the file's closing, or the process's death.)"""
+    database = connection.settings_dict
+    name = hashlib.sha256(f"{database['ENGINE']}|{database.get('HOST')}|{database['NAME']}".encode()).hexdigest()
+    lock = open(Path(settings.VAR_DIR) / f"delivery-timer.{name[:16]}.lock", "a")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        return None
+    return lock
 
 
 def reap_deleted() -> int:

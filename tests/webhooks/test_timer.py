@@ -141,6 +141,37 @@ def test_a_timer_run_hands_over_while_it_sent_anything_or_anything_falls_due(mon
     assert cache.get(due.TIMER_KEY) is None
 
 
+def test_without_redis_one_run_at_a_time_is_the_timer_of_its_host_and_database(monkeypatch):
+    """Each worker process's cache is its own: a lock file chooses the
+    timer, and the other runs send what is due and give their worker back."""
+    from webhooks import engine, tasks
+
+    monkeypatch.setattr("controlplane.live.shared_layer", lambda: False)
+    monkeypatch.setattr(tasks.cache, "add", lambda *args, **kwargs: True)  # as in a process of its own
+    monkeypatch.setattr(tasks.mcp, "offer_waiting", lambda: None)
+    monkeypatch.setattr(engine, "next_due_in", lambda horizon: None)
+    waits, inside, release = [], threading.Event(), threading.Event()
+
+    async def run(seconds, wait, renew, ask_for_help):
+        waits.append(wait)
+        if len(waits) == 1:  # the first run stays
+            inside.set()
+            await asyncio.to_thread(release.wait, 10)
+        return 0
+
+    monkeypatch.setattr(tasks.pump, "run", run)
+    # when: a run while the first one stays, and one after it ended
+    first = threading.Thread(target=tasks.deliver)
+    first.start()
+    assert inside.wait(10)
+    tasks.deliver()
+    release.set()
+    first.join(10)
+    tasks.deliver()
+    # then
+    assert waits == [True, False, True]
+
+
 def test_a_timer_whose_claim_fills_its_room_asks_for_a_helper_at_most_once_a_second(receiver, make_member,
                                                                                     monkeypatch):
     # given: room for four sends, and ten due wakes on ten endpoints
