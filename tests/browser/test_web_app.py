@@ -107,6 +107,32 @@ def test_two_members_talk_live_without_losing_drafts_or_their_place(room, browse
         assert ben_page.evaluate(drafts) == []
 
 
+def test_two_tabs_of_a_conversation_keep_their_own_drafts(room, browser):
+    """A send in one tab deleted the other's draft, and the last tab typed
+    in wrote the one draft both reloaded."""
+    ann, ben, space, general = room
+    with serving("--no-worker") as (base, _):
+        first = sign_in(browser, base, "ben")
+        second = first.context.new_page()
+        for tab in (first, second):
+            open_conversation(tab, base, space, general)
+        # when: each tab has a draft, and the first sends its own
+        second.locator("#body").fill("the second tab's draft")
+        first.locator("#body").fill("the first tab's message")
+        first.locator("#body").press("Enter")
+        second.locator("#messages").get_by_text("the first tab's message").wait_for()
+        first.locator("#body").fill("the first tab's next draft")
+        # then: each tab's reload finds its own
+        for tab, draft in ((second, "the second tab's draft"), (first, "the first tab's next draft")):
+            tab.reload()
+            tab.locator("#live-status.live").wait_for()
+            assert tab.locator("#body").input_value() == draft
+        # and a tab opened later takes up the newest one left
+        third = first.context.new_page()
+        open_conversation(third, base, space, general)
+        assert third.locator("#body").input_value() == "the first tab's next draft"
+
+
 @pytest.mark.postgres
 def test_members_on_two_server_processes_talk_live(room, browser):
     """PostgreSQL + Redis: each member's page is served by a different

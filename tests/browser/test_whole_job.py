@@ -58,9 +58,15 @@ def test_the_inbox_pages_every_item_and_releases_what_the_firewall_held(browser)
         page = sign_in(browser, base, "ben")
         page.goto(f"{base}/app/inbox/")
         assert page.get_by_text("item 00").is_visible() and page.get_by_text("item 54").count() == 0
+        # acknowledging by keyboard keeps the place: focus moves to the next item's button
+        first = page.locator("#inbox-items li.item").first
+        first.get_by_role("button", name="Acknowledge").focus()
+        page.keyboard.press("Enter")
+        page.get_by_text("item 00").wait_for(state="detached")
+        assert "item 01" in page.locator("#inbox-items li.item:has(button:focus)").inner_text()
         page.get_by_role("link", name="Next page of your inbox").click()
         page.get_by_text("item 54").wait_for()
-        assert page.get_by_text("item 00").count() == 0
+        assert page.get_by_text("item 01").count() == 0
         # a hold rule, written in the page's form
         page.goto(f"{base}/app/inbox/")
         page.get_by_label("Action").select_option("hold")

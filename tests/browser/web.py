@@ -30,7 +30,8 @@ def sign_in(browser, base: str, handle: str, viewport=WIDTHS["desktop"]):
     page.goto(f"{base}/app/login/")
     # The handle field takes the focus by itself (autofocus), which a busy
     # browser may apply after the load event: keys typed before it are lost.
-    page.wait_for_function("document.activeElement && document.activeElement.id === 'id_username'")
+    # (A selector, not wait_for_function, whose polling is an eval the pages' policy refuses.)
+    page.locator("#id_username:focus").wait_for()
     page.keyboard.type(handle)
     page.keyboard.press("Tab")
     page.keyboard.type(PASSWORD)

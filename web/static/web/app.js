@@ -72,6 +72,25 @@
     }, 2000);
   }
 
+  // --- the inbox: the keyboard's place survives items going ------------------
+  // An acknowledged item is deleted with its button, and a live refresh
+  // replaces them all: focus moves to the next item's button (else the
+  // heading), or back to the same item's, instead of falling to the page.
+  const items = document.getElementById("inbox-items");
+  if (items) {
+    items.addEventListener("htmx:beforeSwap", (event) => {
+      const focused = document.activeElement && document.activeElement.closest("#inbox-items li.item");
+      const going = event.target.closest("li.item");  // the item an acknowledgement deletes
+      if (!focused && !going) return;
+      const next = going ? going.nextElementSibling || going.previousElementSibling : focused;
+      const id = next && next.classList.contains("item") ? next.id : null;
+      setTimeout(() => {
+        const item = id && document.getElementById(id);
+        (item ? item.querySelector("button") : document.getElementById("inbox-title"))?.focus();
+      }, 0);
+    });
+  }
+
   // --- a conversation -----------------------------------------------------------
   const page = document.getElementById("conversation");
   if (!page) return;
@@ -161,7 +180,16 @@
   const body = form.elements.body;
   const key = form.elements.idempotency_key;
   const errorBox = document.getElementById("composer-error");
-  const draftName = `${DRAFTS}${document.querySelector('meta[name="member"]').content}:${id}`;
+  // One draft per tab (sessionStorage keeps the tab's name across reloads):
+  // two tabs of a conversation wrote one draft, and a send in one deleted
+  // the other's. A new tab takes up the newest draft a tab left, which a
+  // send of the same text ends too.
+  const TAB = "switchboard:tab";
+  if (!sessionStorage.getItem(TAB)) sessionStorage.setItem(TAB, crypto.randomUUID());
+  const conversationDrafts = `${DRAFTS}${document.querySelector('meta[name="member"]').content}:${id}:`;
+  const draftName = conversationDrafts + sessionStorage.getItem(TAB);
+  const draftsLeft = () => Object.keys(localStorage).filter((name) => name.startsWith(conversationDrafts))
+    .map((name) => ({ name, ...JSON.parse(localStorage.getItem(name) || "{}") }));
   const newKey = () => {
     const bytes = crypto.getRandomValues(new Uint8Array(18));
     return "web-" + btoa(String.fromCharCode(...bytes)).replace(/\+/g, "-").replace(/\//g, "_");
@@ -170,10 +198,17 @@
   // text is the same send; edited text is a new one.
   let attempted = null;
   const saveDraft = () => {
-    if (body.value) localStorage.setItem(draftName, JSON.stringify({ body: body.value, key: key.value, attempted }));
-    else localStorage.removeItem(draftName);
+    if (body.value) {
+      localStorage.setItem(draftName, JSON.stringify({ body: body.value, key: key.value, attempted, at: Date.now() }));
+    } else {
+      localStorage.removeItem(draftName);
+    }
   };
-  const saved = JSON.parse(localStorage.getItem(draftName) || "null");
+  const forgetSent = (value) => {
+    for (const draft of draftsLeft()) if (draft.name === draftName || draft.body === value) localStorage.removeItem(draft.name);
+  };
+  const saved = JSON.parse(localStorage.getItem(draftName) || "null")
+    || draftsLeft().sort((a, b) => (b.at || 0) - (a.at || 0))[0];
   if (saved && !body.value) {
     body.value = saved.body;
     key.value = saved.key;
@@ -182,6 +217,7 @@
   body.addEventListener("input", () => {
     if (attempted !== null && body.value !== attempted) { key.value = newKey(); attempted = null; }
     saveDraft();
+    show("");  // what the last send was told is about text that changed
   });
 
   const show = (html) => { errorBox.innerHTML = html; };
@@ -189,6 +225,7 @@
 
   async function send(requestApproval) {
     const value = body.value;
+    show("");
     if (!value.trim()) return;
     attempted = value;
     saveDraft();
@@ -207,6 +244,7 @@
     const error = data && data.error;
     const sentOrRetained = response.ok || (error && error.code === "GRANT_REQUIRED" && error.details.approval_request);
     if (sentOrRetained) {
+      forgetSent(value);
       if (body.value === value) body.value = "";
       key.value = newKey();
       attempted = null;
