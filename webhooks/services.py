@@ -181,7 +181,8 @@ def activate(subscription: Subscription) -> int:
 
 def _require_verified(endpoint: Endpoint) -> None:
     if not is_verified(endpoint):
-        raise Conflict("Verify the endpoint first (POST /v0/webhook-endpoints/{id}/verify).")
+        raise Conflict("Verify the endpoint first: it must answer a signed challenge.",
+                       details={"endpoint_id": endpoint.public_id})
 
 
 def refuse_managed(record) -> None:

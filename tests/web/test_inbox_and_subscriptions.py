@@ -198,6 +198,28 @@ def test_activation_needs_a_verified_receiver(ann, ben, room, receiver, browser_
 
 
 @pytest.mark.django_db
+def test_a_refused_action_answers_with_the_page_its_reason_and_what_was_typed(ben, room, receiver, browser_of):
+    """The refusal was a page of its own, at the form's POST URL, naming no
+    reason and leading only home: the typed URL and the conversation chosen
+    were lost."""
+    client = browser_of(ben)
+    _, channel = room
+    here = f"/app/subscriptions/?conversation={channel.public_id}"
+    # when: a receiver that is no URL at all, and one that answers its challenge 500
+    bad = client.post("/app/subscriptions/receivers", {"url": "ftp://example.test/hook", "next": here})
+    client.post("/app/subscriptions/receivers", {"url": receiver.url(), "next": here})
+    endpoint = Endpoint.objects.get(owner=ben)
+    receiver.respond = lambda received: (500, {}, b"")
+    failed = client.post(f"/app/subscriptions/receivers/{endpoint.public_id}/verify", {"next": here})
+    # then: the page again, with the refusal's status and reason, the URL typed, the conversation still chosen
+    assert (bad.status_code, failed.status_code) == (422, 422)
+    bad, failed = bad.content.decode(), failed.content.decode()
+    assert 'value="ftp://example.test/hook"' in bad and "INVALID_URL" in bad
+    assert "Reason: http_500." in failed and f'value="conversation:{channel.public_id}" selected' in failed
+    assert f'name="next" value="{here}"' in failed.replace("&amp;", "&")
+
+
+@pytest.mark.django_db
 def test_others_subscriptions_and_unreadable_targets_are_404(ann, ben, human, room, receiver, browser_of):
     cid = human("cid")
     client = browser_of(cid)

@@ -5,11 +5,15 @@ with the page again and a message saying what happened. Secrets are taken
 once and never shown: the page says only whether an endpoint has one."""
 from __future__ import annotations
 
+import functools
+from urllib.parse import parse_qs, urlsplit
+
 from django.contrib import messages as flash
 from django.db.models import F, Prefetch, Window
 from django.db.models.functions import RowNumber
 from django.http import HttpResponseRedirect
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_POST
@@ -17,8 +21,8 @@ from django.views.decorators.http import require_POST
 from controlplane.access import (get_readable_space, own_space_ids, readable_conversation,
                                  readable_conversations_in, readable_spaces)
 from controlplane.models import Space
-from controlplane.errors import InvalidRequest, NotFound
-from web.pages import member_page
+from controlplane.errors import ApiError, InvalidRequest, NotFound
+from web.pages import member_page, wants_json
 from web.views.conversations import conversation_label
 from webhooks import services, verification
 from webhooks.models import Attempt, Endpoint, Subscription
@@ -66,14 +70,22 @@ def _target_label(subscription: Subscription, labels: dict[int, str]) -> str:
 
 @member_page
 def subscriptions_page(request, member):
+    return _page(request, member, request.get_full_path())
+
+
+def _page(request, member, here: str, error: ApiError | None = None):
+    """The page at `here` (its own URL, which its forms come back to); after
+    a refused action, with the refusal and its reason above the forms and
+    what was typed in them (the secret aside), under the refusal's status."""
     # An MCP subscription's endpoint is shown while the subscription is (it
     # stays a day after an unsubscribe, webhooks.mcp.reap_deleted).
     endpoints = list(Endpoint.objects.owned_by(member).exclude(managed=True, subscriptions__status="deleted")
                      .order_by("created_at"))
     conversation = None
-    if "conversation" in request.GET:
-        conversation = readable_conversation(member, request.GET["conversation"])
-    return render(request, "web/subscriptions.html", {
+    if ref := parse_qs(urlsplit(here).query).get("conversation"):
+        conversation = readable_conversation(member, ref[0])
+    return render(request, "web/subscriptions.html", status=error.status if error else 200, context={
+        "here": here, "error": error, "typed": {k: v for k, v in request.POST.items() if k != "secret"} if error else {},
         "endpoints": [(e, services.is_verified(e)) for e in endpoints],
         "receivers": [(e, services.is_verified(e)) for e in endpoints if not e.managed],  # may take a subscription
         "subscriptions": _subscription_rows(member),
@@ -85,17 +97,40 @@ def subscriptions_page(request, member):
     })
 
 
-def _back(request):
-    """Back to the page the form was on (this site's pages only)."""
+def _next(request) -> str | None:
+    """The page the form was on (this site's pages only)."""
     target = request.POST.get("next", "")
     if target.startswith("/") and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
-        return HttpResponseRedirect(target)
-    return redirect("web-subscriptions")  # (`redirect` would take any other word for a page's name)
+        return target
+    return None
+
+
+def _back(request):
+    target = _next(request)
+    return HttpResponseRedirect(target) if target else redirect("web-subscriptions")
+
+
+def on_the_page(view):
+    """A refused action answers with the subscriptions page again: its own
+    error page named no reason (a verification's `http_500`, `dns_error`)
+    and led only home, losing what was typed. Scripts and htmx get
+    member_page's answer."""
+    @functools.wraps(view)
+    def wrapper(request, member, *args, **kwargs):
+        try:
+            return view(request, member, *args, **kwargs)
+        except ApiError as error:
+            if wants_json(request) or request.headers.get("HX-Request"):
+                raise
+            page, target = reverse("web-subscriptions"), _next(request) or ""
+            return _page(request, member, target if target.startswith(page) else page, error)
+    return wrapper
 
 
 @sensitive_post_parameters("secret")
 @member_page
 @require_POST
+@on_the_page
 def create_endpoint(request, member):
     secret = request.POST.get("secret", "").strip() or None
     endpoint = services.create_endpoint(member, request.POST.get("url", "").strip(), secret, actor=member)
@@ -105,6 +140,7 @@ def create_endpoint(request, member):
 
 @member_page
 @require_POST
+@on_the_page
 def endpoint_action(request, member, endpoint_id, action):
     endpoint = services.owned_endpoint(endpoint_id, member)
     if action == "verify":
@@ -133,6 +169,7 @@ def _target(member, value: str, slug: str = "") -> dict:
 
 @member_page
 @require_POST
+@on_the_page
 def create_subscription(request, member):
     activate = request.POST.get("activate") == "1"
     subscription = services.create_subscription(member, request.POST.get("endpoint", ""), activate=activate,
@@ -146,6 +183,7 @@ def create_subscription(request, member):
 
 @member_page
 @require_POST
+@on_the_page
 def subscription_action(request, member, subscription_id, action):
     if action not in {"activate", "pause", "resume", "delete"}:
         raise NotFound()
