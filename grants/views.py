@@ -26,7 +26,8 @@ def approval_queue(request):
     decided = list(ApprovalRequest.objects.exclude(status=ApprovalRequest.Status.PENDING)
                    .select_related("sender", "decided_by", "message").order_by("-decided_at")[:20])
     in_force = Grant.objects.filter(status__in=[Grant.Status.ACTIVE, Grant.Status.REVOKING])
-    grants = list(in_force.select_related("space", "sender", "recipient").order_by("-created_at")[:QUEUE_PAGE])
+    grants = list(in_force.select_related("space", "sender", "recipient", "message").order_by("-created_at")
+                  [:QUEUE_PAGE])
     # The page shows one screenful of each; past it, it says how many more
     # there are, and the admin site's lists (filtered, searchable) have them all.
     return render(request, "staff/approvals.html", {

@@ -183,6 +183,16 @@ def test_a_member_sets_up_a_receiver_and_sees_the_delivery_attempt(room, receive
         assert len(receiver.wakes()) == 1
         assert "QUJD" not in page.content()
         shoot(page, "subscriptions", full_page=True)
+        # deleting asks first: dismissed, nothing changes; accepted, the subscription goes
+        delete = page.locator(".subscription").get_by_role("button", name="Delete")
+        page.once("dialog", lambda dialog: dialog.dismiss())
+        delete.click()
+        page.wait_for_timeout(300)
+        assert page.locator(".subscription .status-active").count() == 1
+        page.once("dialog", lambda dialog: dialog.accept())
+        delete.click()
+        page.get_by_text("Subscription deleted").wait_for()
+        assert page.locator(".subscription").count() == 0
 
 
 @pytest.fixture

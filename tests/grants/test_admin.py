@@ -6,6 +6,7 @@ import re
 import pytest
 from django.test import Client
 
+from controlplane import services
 from grants.models import ApprovalRequest, Grant
 from inbox.models import Message
 from tests.grants.conftest import send_path
@@ -142,6 +143,20 @@ def test_the_staff_page_lists_grants_in_force_and_revokes_them(grant, approver, 
     assert unchanged == "active" and Grant.objects.get(pk=pair.pk).status == "revoked"
     after = approver.get("/staff/approvals/").content.decode()
     assert f"Grant {pair.public_id} is revoked." in after and "No grant is in force." in after
+
+
+def test_the_staff_page_names_the_message_a_grant_was_spent_on_and_asks_before_revoking(grant, approver, bob, carol):
+    """A spent one-message grant is still in force (revoking it withdraws
+    its message), but it looked like any other, one click from revoking."""
+    from inbox.services import send_message
+
+    spent = grant("grt_once", "one_message", sender="@bob", recipient="@carol", idempotency_key="key-once-1")
+    direct, _ = services.get_or_create_direct(spent.space, carol, actor=bob)
+    message = send_message(direct, body="approved", idempotency_key="key-once-1", actor=bob).message
+    assert Grant.objects.get(pk=spent.pk).message_id == message.pk
+    page = approver.get("/staff/approvals/").content.decode()
+    assert f"spent on {message.public_id}" in page
+    assert f'data-confirm="Revoke grt_once? The message it was spent on, {message.public_id}, is withdrawn' in page
 
 
 def test_the_staff_page_revokes_the_grant_of_its_space_where_two_spaces_use_one_id(grant, approver, carol):

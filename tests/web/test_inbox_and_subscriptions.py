@@ -159,11 +159,15 @@ def test_subscriptions_pause_resume_and_delete(ann, ben, room, receiver, browser
     subscription = Subscription.objects.get(owner=ben)
     url = f"/app/subscriptions/{subscription.public_id}"
     states = []
+    page = client.get("/app/subscriptions/").content.decode()
+    assert page.count("data-confirm=") == 2  # deleting the receiver, and the subscription, asks first
     for action in ("pause", "resume", "delete"):
         assert client.post(f"{url}/{action}").status_code == 302
         subscription.refresh_from_db()
         states.append(subscription.status)
     assert states == ["paused", "active", "deleted"]
+    said = client.get("/app/subscriptions/").content.decode().split('<ul class="flash"')[1].split("</ul>")[0]
+    assert "Your inbox: subscription paused." in said and subscription.public_id not in said
     assert client.post(f"{url}/explode").status_code == 404
 
 

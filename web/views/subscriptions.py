@@ -198,5 +198,6 @@ def subscription_action(request, member, subscription_id, action):
         services.delete_subscription(subscription)
         flash.success(request, "Subscription deleted; unsent wakes were cancelled.")
         return _back(request)
-    flash.success(request, f"Subscription {subscription.public_id} is {subscription.status}.")
+    target = _target_label(subscription, _subject_labels(member, [subscription]))
+    flash.success(request, f"{target}: subscription {subscription.status}.")
     return _back(request)

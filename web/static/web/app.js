@@ -44,6 +44,16 @@
     });
   }
 
+  // Forms whose action cannot be undone ask first (`data-confirm`), before
+  // anything else hears the submit.
+  document.addEventListener("submit", (event) => {
+    const question = event.target.dataset?.confirm;
+    if (question && !window.confirm(question)) {
+      event.preventDefault();
+      event.stopImmediatePropagation();
+    }
+  }, true);
+
   // --- the inbox count in the header, on every page --------------------------
   const badge = document.getElementById("inbox-count");
   if (badge) {
