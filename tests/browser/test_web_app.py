@@ -95,6 +95,14 @@ def test_two_members_talk_live_without_losing_drafts_or_their_place(room, browse
         ben_page.get_by_text("while the socket was down").wait_for()
         ben_page.locator("#live-status.live").wait_for()
         assert messages_in(ben_page).count("while the socket was down") == 1
+        # a network gone away says so (the socket still looked open, and the page said "Live"),
+        # and the page catches up once it is back
+        ben_page.context.set_offline(True)
+        ben_page.locator("#live-status.down", has_text="Reconnecting…").wait_for(timeout=3_000)
+        send_from(ann_page, "while ben was offline")
+        ben_page.context.set_offline(False)
+        ben_page.get_by_text("while ben was offline").wait_for()
+        ben_page.locator("#live-status.live").wait_for()
         assert messages_in(ann_page)[-3:] == messages_in(ben_page)[-3:]
         shoot(ben_page, "conversation")
 

@@ -12,7 +12,9 @@
     let delay = 500;
     let stopped = false;
     let socket = null;
+    let retry = null;
     const open = () => {
+      clearTimeout(retry);
       const url = new URL(path, location.href);
       url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
       for (const [name, value] of Object.entries(params())) url.searchParams.set(name, value);
@@ -24,10 +26,20 @@
         if (stopped) return;
         if (opened && event.code >= 4400 && event.code < 4500) { stopped = true; onState(event.code); return; }
         onState("reconnecting");
-        setTimeout(open, delay);
+        retry = setTimeout(open, delay);
         delay = Math.min(delay * 2, 10000);
       };
     };
+    // A network that went away leaves the socket looking open (nothing
+    // arrives, nothing fails): the browser says so, and the page does too,
+    // and reconnects, catching up, as soon as it is back.
+    window.addEventListener("offline", () => { if (!stopped) { onState("reconnecting"); socket.close(); } });
+    window.addEventListener("online", () => {
+      if (!stopped && socket.readyState !== WebSocket.OPEN && socket.readyState !== WebSocket.CONNECTING) {
+        delay = 500;
+        open();
+      }
+    });
     open();
     return { drop: () => socket.close(), get socket() { return socket; } };
   }
