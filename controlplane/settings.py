@@ -93,6 +93,9 @@ if REDIS_URL and urlsplit(REDIS_URL).scheme not in ("redis", "rediss", "unix"):
 FEED_RECHECK_SECONDS = env_seconds("FEED_RECHECK_SECONDS", 1.0, minimum=0.05)
 # An MCP events/stream sends a heartbeat frame at least this often (SEP-3415: every 30 s at most).
 MCP_HEARTBEAT_SECONDS = min(30.0, env_seconds("MCP_HEARTBEAT_SECONDS", 15.0, minimum=0.1))
+# A live page's socket hears a heartbeat at least this often, and the page
+# replaces a socket silent for 2.5 times as long (web/static/web/app.js).
+LIVE_HEARTBEAT_SECONDS = min(60.0, env_seconds("LIVE_HEARTBEAT_SECONDS", 25.0, minimum=0.1))
 
 # --- production: hosts, TLS, proxies ------------------------------------------
 _public = urlsplit(SWITCHBOARD_PUBLIC_URL)

@@ -13,15 +13,17 @@ space; a pass also runs every FEED_RECHECK_SECONDS in case a nudge was lost.
 """
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
+from django.conf import settings
 
 from controlplane import holding
 from controlplane.access import readable_conversation
 from controlplane.live import member_group
-from controlplane.topics import Memberships, heeding_cancellation
+from controlplane.topics import Memberships, heeding_cancellation, stop_task
 from controlplane.models import Member
 from controlplane.ratelimit import address_wait, member_request_wait, scope_address
 from inbox.delivery import pending_count
@@ -49,6 +51,7 @@ class SessionSocket:
 
     memberships: Memberships | None = None
     holder: int | None = None  # the member whose place the socket holds
+    heart: asyncio.Task | None = None
 
     @property
     def channel_receive(self):
@@ -92,9 +95,24 @@ class SessionSocket:
             await self.close(code=SIGNED_OUT)
 
     async def follow_session(self, member) -> None:
+        """Follow the member's and the session's groups, and start the
+        heartbeat: a frame at least every LIVE_HEARTBEAT_SECONDS, so a page
+        whose connection went away without a close (a network gone, a NAT
+        that forgot it) finds out from the silence and reconnects."""
         session = self.scope.get("session")
         key = getattr(session, "session_key", None)
         await self.join(member_group(member), *([session_group(key)] if key else []))
+        if self.heart is None:
+            self.heart = asyncio.get_running_loop().create_task(self._beat())
+
+    async def _beat(self) -> None:
+        frame = json.dumps({"type": "heartbeat"})
+        while True:
+            await asyncio.sleep(settings.LIVE_HEARTBEAT_SECONDS)
+            try:
+                await self.send(text_data=frame)
+            except Exception:  # noqa: BLE001 - the socket is going: its disconnect stops this
+                return
 
     async def refused(self, member) -> bool:
         """Count the handshake against `member`'s budget and take one of
@@ -122,7 +140,10 @@ class SessionSocket:
         await self.close(code=SERVER_ERROR)
 
     async def leave(self) -> None:
-        """Leave the socket's groups and give back its place."""
+        """Leave the socket's groups, give back its place, stop its heartbeat."""
+        if self.heart is not None:
+            await stop_task(self.heart)
+            self.heart = None
         if self.holder is not None:
             holding.release(self.holder)
             self.holder = None

@@ -141,6 +141,31 @@ def test_two_tabs_of_a_conversation_keep_their_own_drafts(room, browser):
         assert third.locator("#body").input_value() == "the first tab's next draft"
 
 
+def test_a_page_whose_connection_went_silent_reconnects_and_catches_up(room, browser):
+    """A server that stops answering (its processes stopped: the connection
+    stays open, nothing arrives) looked Live for ever."""
+    import os
+    import signal
+
+    from controlplane.processes import in_session
+
+    ann, ben, space, general = room
+    with serving("--no-worker", LIVE_HEARTBEAT_SECONDS="0.5") as (base, process):
+        page = sign_in(browser, base, "ben")
+        open_conversation(page, base, space, general)
+        stopped = in_session(process.pid)
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            page.locator("#live-status.down", has_text="Reconnecting…").wait_for(timeout=5_000)
+            send_message(general, body="while the server was silent", actor=ann)
+        finally:
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
+        page.get_by_text("while the server was silent").wait_for()
+        page.locator("#live-status.live").wait_for()
+
+
 @pytest.mark.postgres
 def test_members_on_two_server_processes_talk_live(room, browser):
     """PostgreSQL + Redis: each member's page is served by a different

@@ -129,6 +129,20 @@ async def test_frames_from_the_page_are_ignored_and_log_nothing(room, ann, ben, 
     await socket.disconnect()
 
 
+@pytest.mark.parametrize("path", ["/ws/inbox/", "conversation"])
+async def test_both_sockets_speak_at_least_every_heartbeat(room, ben, path, settings):
+    """A page finds a connection gone without a close by its silence, so a
+    quiet socket still says something."""
+    settings.LIVE_HEARTBEAT_SECONDS = 0.2
+    _, channel = room
+    path = f"/ws/conversations/{channel.public_id}/" if path == "conversation" else path
+    socket, connected = await open_socket(path, ben)
+    assert connected
+    await socket.receive_output(timeout=5)  # the count, or the catch-up's `live`
+    assert [await socket.receive_json_from(timeout=1) for _ in range(3)] == [{"type": "heartbeat"}] * 3
+    await socket.disconnect()
+
+
 async def test_a_socket_open_past_the_group_expiry_still_counts_live_and_ends_with_its_member(
         room, ann, ben, monkeypatch):
     """The layer forgets a membership `group_expiry` after it was made (a

@@ -8,20 +8,32 @@
   // A socket that reconnects with backoff (0.5 s doubling to 10 s). A close
   // with an application code (4401 signed out, 4403 no access, 4409 too far
   // behind) is final: no reconnecting.
+  // A connection that went away without a close (a network gone, a laptop
+  // asleep, a NAT that forgot it) still looks open: nothing arrives and
+  // nothing fails. The server speaks at least every `live-heartbeat`
+  // seconds, so a socket silent for 2.5 times that is given up and
+  // replaced; the browser going offline gives it up at once.
+  const heartbeat = 1000 * Number(document.querySelector('meta[name="live-heartbeat"]')?.content || 25);
   function liveSocket(path, { params, onFrame, onState }) {
     let delay = 500;
     let stopped = false;
     let socket = null;
     let retry = null;
+    let heard = 0;
     const open = () => {
       clearTimeout(retry);
+      heard = Date.now();
       const url = new URL(path, location.href);
       url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
       for (const [name, value] of Object.entries(params())) url.searchParams.set(name, value);
       let opened = false;
       socket = new WebSocket(url);
       socket.onopen = () => { opened = true; delay = 500; };
-      socket.onmessage = (event) => onFrame(JSON.parse(event.data));
+      socket.onmessage = (event) => {
+        heard = Date.now();
+        const frame = JSON.parse(event.data);
+        if (frame.type !== "heartbeat") onFrame(frame);
+      };
       socket.onclose = (event) => {
         if (stopped) return;
         if (opened && event.code >= 4400 && event.code < 4500) { stopped = true; onState(event.code); return; }
@@ -30,10 +42,16 @@
         delay = Math.min(delay * 2, 10000);
       };
     };
-    // A network that went away leaves the socket looking open (nothing
-    // arrives, nothing fails): the browser says so, and the page does too,
-    // and reconnects, catching up, as soon as it is back.
-    window.addEventListener("offline", () => { if (!stopped) { onState("reconnecting"); socket.close(); } });
+    const giveUp = () => {  // closed as if by the network: reconnecting, with backoff
+      const closed = socket.onclose;
+      socket.onclose = socket.onmessage = null;
+      socket.close();
+      closed({ code: 1006 });
+    };
+    setInterval(() => {
+      if (!stopped && socket.readyState === WebSocket.OPEN && Date.now() - heard > 2.5 * heartbeat) giveUp();
+    }, Math.min(heartbeat, 5000));
+    window.addEventListener("offline", () => { if (!stopped && socket.readyState === WebSocket.OPEN) giveUp(); });
     window.addEventListener("online", () => {
       if (!stopped && socket.readyState !== WebSocket.OPEN && socket.readyState !== WebSocket.CONNECTING) {
         delay = 500;
