@@ -229,9 +229,10 @@ def test_suspension_ends_the_members_web_sessions_for_good(make_member):
 
     # given: bob and ann signed in
     bob = make_member("bob", kind="human", password="pw-for-tests-2")
-    ann = make_member("ann", kind="human", password="pw-for-tests-3")
+    make_member("ann", kind="human", password="pw-for-tests-3")
     bobs, anns = Client(), Client()
-    assert bobs.login(username="bob", password="pw-for-tests-2") and anns.login(username="ann", password="pw-for-tests-3")
+    assert bobs.login(username="bob", password="pw-for-tests-2")
+    assert anns.login(username="ann", password="pw-for-tests-3")
     assert bobs.get("/app/").status_code == anns.get("/app/").status_code == 200
     # when: bob is suspended, then reinstated
     services.update_member(bob, status=Member.Status.SUSPENDED, actor=None)

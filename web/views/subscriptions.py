@@ -85,7 +85,8 @@ def _page(request, member, here: str, error: ApiError | None = None):
     if ref := parse_qs(urlsplit(here).query).get("conversation"):
         conversation = readable_conversation(member, ref[0])
     return render(request, "web/subscriptions.html", status=error.status if error else 200, context={
-        "here": here, "error": error, "typed": {k: v for k, v in request.POST.items() if k != "secret"} if error else {},
+        "here": here, "error": error,
+        "typed": {name: value for name, value in request.POST.items() if name != "secret"} if error else {},
         "endpoints": [(e, services.is_verified(e)) for e in endpoints],
         "receivers": [(e, services.is_verified(e)) for e in endpoints if not e.managed],  # may take a subscription
         "subscriptions": _subscription_rows(member),
