@@ -3,10 +3,29 @@
 from django.db import migrations, models
 
 
+def carry_over_sessions(apps, schema_editor):
+    """The sessions of the default table come along, each naming its user,
+    so the upgrade signs nobody out."""
+    from django.contrib.auth import SESSION_KEY
+    from django.contrib.sessions.backends.db import SessionStore
+    from django.utils import timezone
+
+    old, new = apps.get_model("sessions", "Session"), apps.get_model("controlplane", "UserSession")
+    store = SessionStore()
+    for session in old.objects.filter(expire_date__gt=timezone.now()).iterator():
+        try:
+            user_id = int(store.decode(session.session_data).get(SESSION_KEY))
+        except (TypeError, ValueError):
+            user_id = None
+        new.objects.get_or_create(session_key=session.session_key, defaults={
+            "session_data": session.session_data, "expire_date": session.expire_date, "user_id": user_id})
+
+
 class Migration(migrations.Migration):
 
     dependencies = [
         ('controlplane', '0008_idempotency_body_as_text'),
+        ('sessions', '0001_initial'),
     ]
 
     operations = [
@@ -24,4 +43,5 @@ class Migration(migrations.Migration):
                 'abstract': False,
             },
         ),
+        migrations.RunPython(carry_over_sessions, migrations.RunPython.noop),
     ]

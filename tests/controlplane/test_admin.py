@@ -1,4 +1,5 @@
 """Every model is in the Django admin; history is read-only; secrets stay out."""
+import datetime as dt
 import time
 
 import pytest
@@ -240,3 +241,32 @@ def test_suspension_ends_the_members_web_sessions_for_good(make_member):
     # then: his session is gone, hers stands, and he signs in afresh
     assert bobs.get("/app/").status_code == 302 and anns.get("/app/").status_code == 200
     assert bobs.login(username="bob", password="pw-for-tests-2") and bobs.get("/app/").status_code == 200
+
+
+def test_the_upgrade_carries_signed_in_sessions_over(make_member):
+    """Migration controlplane/0009 moves the default table's live sessions
+    into the one that names their user: the upgrade signs nobody out."""
+    import importlib
+
+    from django.apps import apps as registry
+    from django.contrib.sessions.backends.db import SessionStore as DefaultStore
+    from django.contrib.sessions.models import Session
+
+    from controlplane.models import UserSession
+
+    # given: bob signed in under the default engine, and a session long expired
+    bob = make_member("bob", kind="human", password="pw-for-tests-2")
+    client = Client()
+    assert client.login(username="bob", password="pw-for-tests-2")
+    key = client.cookies["sessionid"].value
+    signed_in = UserSession.objects.get(session_key=key)
+    UserSession.objects.all().delete()
+    old = DefaultStore(session_key=key)
+    old._session_cache = DefaultStore().decode(signed_in.session_data)
+    old.save(must_create=True)
+    Session.objects.create(session_key="x" * 32, session_data="", expire_date=now() - dt.timedelta(days=1))
+    # when
+    importlib.import_module("controlplane.migrations.0009_user_sessions").carry_over_sessions(registry, None)
+    # then: his session names him, and still signs him in
+    assert list(UserSession.objects.values_list("session_key", "user_id")) == [(key, bob.user_id)]
+    assert client.get("/app/").status_code == 200
