@@ -64,6 +64,7 @@ reset: $(STAMP)
 	else rm -f $(VAR)/switchboard.sqlite3*; fi
 	@echo "Fresh database: the next \`make run\` creates the first admin again."
 
-# Everything `make run` and `make test` made: .venv, var/ (database, development key, receiver certificate).
+# Everything `make run` and `make test` made: .venv, var/ (database, development key, receiver certificate),
+# and what installing the packages leaves.
 clean:
-	rm -rf $(VENV) var .pytest_cache
+	rm -rf $(VENV) var .pytest_cache build *.egg-info client/build client/*.egg-info

@@ -198,6 +198,10 @@ try:
 except ValueError as error:  # (an unknown scheme too)
     raise ImproperlyConfigured("DATABASE_URL is postgres://user@host:5432/name or sqlite:///path, not that: " + (
         "its scheme is unknown." if isinstance(error, dj_database_url.UnknownSchemeError) else f"{error}.")) from None
+if _db["ENGINE"] not in ("django.db.backends.sqlite3", "django.db.backends.postgresql"):
+    # dj-database-url knows mysql:// and others, which failed later, naming a driver instead of the variable.
+    raise ImproperlyConfigured("DATABASE_URL is postgres://user@host:5432/name or sqlite:///path, not that: "
+                               "only PostgreSQL and SQLite are supported.")
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     _db["OPTIONS"] = {
         # Writers take the lock at BEGIN, so they queue instead of failing

@@ -128,6 +128,7 @@ class SQLiteWakeStore:
 
     def __init__(self, path: str | Path):
         self.path = str(path)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         with self._connect() as db:
             db.execute("CREATE TABLE IF NOT EXISTS seen_wakes (id TEXT PRIMARY KEY, subscription TEXT, "
                        "received_at REAL NOT NULL)")

@@ -81,7 +81,7 @@ def test_the_wsgi_receiver_takes_a_real_wake_once_and_refuses_tampered_stale_and
             arrived.notify_all()
 
     with serving(WEBHOOK_CA_BUNDLE=ca, WEBHOOK_ALLOW_PRIVATE_NETWORKS="1") as (base, _):
-        store = SQLiteWakeStore(tmp_path / "wakes.sqlite3")
+        store = SQLiteWakeStore(tmp_path / "var" / "wakes.sqlite3")  # (its folder made as it opens)
         receiver = WakeReceiver(base_url=base, store=store, on_inbox_wake=on_inbox_wake)
         recorder = Recorder(receiver.wsgi)
         url, stop = serve_wsgi_over_https(recorder, tls)
@@ -129,7 +129,7 @@ def test_the_wsgi_receiver_takes_a_real_wake_once_and_refuses_tampered_stale_and
                                on_inbox_wake=on_inbox_wake)
         assert foreign.handle(headers, body).reason == "unknown subscription"
         # a receiver restarted on the same store remembers the delivery and the watermark
-        restarted = WakeReceiver(base_url=base, store=SQLiteWakeStore(tmp_path / "wakes.sqlite3"),
+        restarted = WakeReceiver(base_url=base, store=SQLiteWakeStore(tmp_path / "var" / "wakes.sqlite3"),
                                  inbox_subscription_id=subscription.id, on_inbox_wake=on_inbox_wake)
         assert restarted.handle(headers, body).status == 202 and restarted.inbox_watermark == wake.through
         assert len(wakes) == 1
@@ -204,7 +204,7 @@ def test_standard_webhooks_pushes_are_checked_with_the_subscription_secret():
 @pytest.mark.parametrize("kind", ["memory", "sqlite"])
 def test_a_replay_of_an_old_range_does_not_move_the_watermark_back(kind, tmp_path):
     # given: three chained wakes, then a replay of the first (the same range, a new delivery id)
-    store = MemoryWakeStore() if kind == "memory" else SQLiteWakeStore(tmp_path / "wakes.sqlite3")
+    store = MemoryWakeStore() if kind == "memory" else SQLiteWakeStore(tmp_path / "var" / "wakes.sqlite3")
 
     def wake(delivery, after, through):
         return Wake(delivery, "inbox", "whs_1", None, after, through, "webhook", "spaces.inbox_events.available", {})

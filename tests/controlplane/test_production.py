@@ -33,6 +33,9 @@ def test_the_deployment_check_finds_nothing_to_report():
     ({"FEED_RECHECK_SECONDS": "0"}, "FEED_RECHECK_SECONDS must be at least 0.05 seconds, not 0."),
     ({"DATABASE_URL": "foo://x"}, "DATABASE_URL is postgres://user@host:5432/name or sqlite:///path, not that: "
                                   "its scheme is unknown."),
+    ({"DATABASE_URL": "mysql://user:hunter2@db/switchboard"},
+     "DATABASE_URL is postgres://user@host:5432/name or sqlite:///path, not that: only PostgreSQL and SQLite are "
+     "supported."),
     ({"REDIS_URL": "http://user:hunter2@cache"}, "REDIS_URL is redis://, rediss:// or unix:// (redis://host:6379/0), "
                                                  "not 'cache'."),
     ({"LOG_LEVEL": "loud"}, "LOG_LEVEL is DEBUG, INFO, WARNING, ERROR or CRITICAL, not 'LOUD'."),
