@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import os
+import resource
 import socket
 import sys
 
@@ -36,6 +37,16 @@ APP = "controlplane.asgi:application"
 # ran, or drip one out for ever.
 HEAD_MAX_BYTES = 64 * 1024
 HEAD_SECONDS = 10.0
+# A request's body must have arrived within BODY_SECONDS of its head (else
+# 408, and the connection closes): read before any credential or rate limit
+# is looked at, a body dripped a byte at a time held its connection, a file
+# descriptor and its buffers for ever, for anyone. 8 KiB of message and the
+# largest body a route takes need far less.
+BODY_SECONDS = 30.0
+# An answer its client does not read: a connection whose writes stay paused
+# (more than the transport's high-water mark unsent) this long is dropped,
+# and with it the answer it held (a feed page, up to a MiB, for anyone).
+WRITE_SECONDS = 20.0
 # After a 431, what the client is still sending is read and dropped this
 # long before the connection closes: closed with unread data, the client
 # would get a reset, and perhaps never read the answer.
@@ -59,11 +70,14 @@ class BoundedHead(HttpToolsProtocol):
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         self.head_bytes, self.head_open, self.refused, self.head_timer = 0, False, False, None
+        self.body_timer = self.write_timer = None
         self.refusal: tuple[bytes, str, dict] | None = None
         self._time_the_head()
 
     def connection_lost(self, exc) -> None:
         self._head_done()
+        self.body_timer = _cancelled(self.body_timer)
+        self.write_timer = _cancelled(self.write_timer)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -88,6 +102,33 @@ class BoundedHead(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._head_done()
         super().on_headers_complete()
+        # Its body's time runs while it is read: not for an upgrade (the socket's
+        # protocol takes over), nor while it waits behind a pipelined answer.
+        if not self.parser.should_upgrade() and not self.pipeline:
+            self.body_timer = self.loop.call_later(BODY_SECONDS, self._body_too_slow)
+
+    def on_message_complete(self) -> None:
+        self.body_timer = _cancelled(self.body_timer)
+        super().on_message_complete()
+
+    def _body_too_slow(self) -> None:
+        self.body_timer = None
+        if self.cycle is None or self.cycle.response_started:
+            self.transport.close()  # answered without it (a 401 before the body): nothing more to wait for
+            return
+        self.cycle.keep_alive = False
+        self.refused, self.refusal = True, (b"408 Request Timeout", "The request's body did not arrive in time.",
+                                            {"seconds": BODY_SECONDS})
+        self._refuse()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self.write_timer is None:
+            self.write_timer = self.loop.call_later(WRITE_SECONDS, self.transport.abort)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self.write_timer = _cancelled(self.write_timer)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -136,6 +177,11 @@ class BoundedHead(HttpToolsProtocol):
         self.loop.call_later(LINGER_SECONDS, self.transport.close)
 
 
+def _cancelled(timer) -> None:
+    if timer is not None:
+        timer.cancel()
+
+
 # What `uvicorn APP --loop uvloop --http httptools --ws websockets-sansio ...` sets, with heads bounded (BoundedHead).
 # The live pages' sockets are one-way (the composer posts over HTTP): a frame
 # from a browser larger than WS_MAX_BYTES closes its socket (1009) before it
@@ -178,6 +224,11 @@ class Server(uvicorn.Server):
 
 def main(socket_fd: int, ready_fd: int) -> None:
     os.set_inheritable(ready_fd, False)  # what the application starts must not hold serve's pipe
+    # Every connection holds a file descriptor: as many as the system lets this
+    # process have (systemd's soft limit is 1,024, its hard one far more).
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with contextlib.suppress(ValueError, OSError):  # (an unlimited hard limit cannot be a soft one)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     listening = socket.socket(fileno=socket_fd)  # family and type read from the descriptor
     Server(uvicorn.Config(APP, **OPTIONS), ready_fd).run(sockets=[listening])
 

@@ -1,5 +1,6 @@
 """A request's head (its request line and headers) through a real server:
-bounded in size and in time (controlplane.uvicorn_process.BoundedHead)."""
+bounded in size and in time, and its body and its answer in time
+(controlplane.uvicorn_process.BoundedHead)."""
 import asyncio
 import json
 import socket
@@ -153,3 +154,59 @@ def test_what_is_not_http_after_a_pipelined_request_is_refused_after_its_answer_
                                  b"POST /a HTTP/1.1\r\nContent-Length: abc\r\n\r\n", b"z" * 65536, b"z" * 65536)
     # then the first answer comes whole, the 400 after it, and the client read both (no reset)
     assert answered.startswith(b"HTTP/1.1 200 ") and answered.index(b"HTTP/1.1 400 ") > answered.index(b"ok")
+
+
+def test_a_body_that_does_not_arrive_in_time_is_408_and_the_connection_closes(monkeypatch):
+    """The body is read before any credential or rate limit is looked at: one
+    dripped a byte at a time held its connection for ever, for anyone."""
+    monkeypatch.setattr(uvicorn_process, "BODY_SECONDS", 0.5)
+    with bounded_server() as base:
+        started = time.monotonic()
+        # when a body of 100 bytes stops after 10, and a whole one comes in time
+        dripped = answers(base, b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789", pause=0)
+        whole = answers(base, b"POST /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 4\r\n\r\n",
+                        b"{}{}", pause=0.2)
+    # then the first is refused soon after its deadline, in the contract's shape; the second is served
+    status, _, body = dripped.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 408 ") and time.monotonic() - started < 5
+    assert json.loads(body)["error"] == {"code": "INVALID_REQUEST", "message": "The request's body did not arrive "
+                                         "in time.", "details": {"seconds": 0.5}}
+    assert whole.startswith(b"HTTP/1.1 200 ")
+
+
+LARGE = 32 * 1024 * 1024  # more than the kernel's buffers on both sides hold
+
+
+async def large(scope, receive, send):
+    """LARGE bytes of answer."""
+    if scope["type"] == "http":
+        await receive()
+        body = b"x" * LARGE
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(body))]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def test_an_answer_its_client_does_not_read_is_dropped_in_time(monkeypatch):
+    monkeypatch.setattr(uvicorn_process, "WRITE_SECONDS", 0.5)
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(large, http=BoundedHead, lifespan="off", log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listening]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    try:
+        # when a client asks, reads a little, then stops reading
+        with socket.create_connection(listening.getsockname(), timeout=20) as connection:
+            connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            connection.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            first = connection.recv(1024)
+            deadline = time.monotonic() + 5
+            while server.server_state.connections and time.monotonic() < deadline:
+                time.sleep(0.1)
+            # then the server dropped the connection, and the answer it held, soon after the deadline
+            assert first.startswith(b"HTTP/1.1 200 ") and not server.server_state.connections
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        listening.close()
