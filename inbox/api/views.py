@@ -133,10 +133,11 @@ class ResolveView(APIView):
 
 
 def _feed_response(request, page: feeds.FeedPage, stream: str) -> Response:
+    events, position, has_more = feeds.within_bytes(render_events(page.events), page)
     return Response({
-        "events": render_events(page.events),
-        "cursor": pack_cursor((page.position,), caller=caller_id(request.user), stream=stream),
-        "has_more": page.has_more,
+        "events": events,
+        "cursor": pack_cursor((position,), caller=caller_id(request.user), stream=stream),
+        "has_more": has_more,
     })
 
 

@@ -359,3 +359,26 @@ def test_an_inbox_feed_page_is_two_round_trips_whatever_it_holds(private_direct,
     assert page.has_more and page.position == page.events[-1].position
     rest = feeds.inbox_feed(bob, page.position, 3)
     assert [e.data["message"]["body"] for e in rest.events] == ["m3", "m4"] and not rest.has_more
+
+
+@pytest.mark.parametrize("read", ["space feed, anonymously", "inbox feed"])
+def test_a_page_holds_a_mebibyte_of_events_at_most_and_the_next_goes_on_from_there(space, general, alice, bob, anon,
+                                                                                   as_bob, read):
+    """A hundred of the largest messages, each character one JSON writes as
+    six, made one page of 9.6 MB for anyone reading an open space."""
+    from inbox.feeds import PAGE_BYTES
+
+    # given: 30 messages as large as they come, to bob
+    direct, _ = services.get_or_create_direct(space, bob, actor=alice)
+    for i in range(30):
+        send_message(direct if read == "inbox feed" else general, body=f"{i}:" + "\x01" * 8000,
+                     related_paths=["\x01" * 1000] * 8, actor=alice)
+    api, path = (anon, "/v0/spaces/lab/events") if read != "inbox feed" else (as_bob, "/v0/me/inbox/events")
+    # when
+    first = api.get(path, limit=100)
+    events, _ = drain(api, path, cursor=first.json()["cursor"])
+    # then: the first page fits, says there is more, and the pages together hold every message once, in order
+    assert len(first.content) <= PAGE_BYTES + 1024 and first.json()["has_more"]
+    bodies = [e["data"]["message"]["body"].split(":")[0] for e in first.json()["events"] + events
+              if e["kind"] == "message.created"]
+    assert bodies == [str(i) for i in range(30)] and len(first.json()["events"]) < 30
