@@ -8,6 +8,8 @@ import datetime as dt
 import hmac
 import json
 import secrets
+import threading
+from contextlib import contextmanager
 
 from django.conf import settings
 from django.core.cache import cache
@@ -24,6 +26,22 @@ from webhooks.services import refuse_managed
 VERIFICATION_TTL = dt.timedelta(minutes=10)
 VERIFY_TIMEOUT_SECONDS = 30  # longer than a request can take; the in-flight mark expires after it
 FAILURE_MEMORY_SECONDS = 60
+# Verifications waiting on their receivers in one process at once: each
+# holds a request thread (SYNC_THREADS) for up to the transport's 15 s, and
+# eight members with receivers that answered a byte every few seconds held
+# every thread of a process, so every request of it waited.
+_PLACES = threading.BoundedSemaphore(max(1, settings.SYNC_THREADS // 4))
+
+
+@contextmanager
+def _a_place():
+    if not _PLACES.acquire(blocking=False):
+        raise RateLimited.after(5, "This server is verifying as many receivers as it may at once; try again in a "
+                                   "few seconds.")
+    try:
+        yield
+    finally:
+        _PLACES.release()
 
 
 def _challenge(endpoint: Endpoint, secret: str | None, challenge: str, mcp_subscription_id: str | None):
@@ -52,7 +70,8 @@ def verify_endpoint(endpoint: Endpoint, *, resolver=None, mcp_subscription_id: s
     member chose, so: at most one of a member's verifications is in flight
     (429), at most VERIFY_PER_HOUR a member (429), a failure is answered
     again from memory for a minute without a new request, and the request
-    is made with no database connection held."""
+    is made with no database connection held, by one of a process's few
+    places for it (429 when they are all taken)."""
     if mcp_subscription_id is None:
         refuse_managed(endpoint)  # MCP receivers are verified by events/subscribe
     secret = crypto.open_secret(endpoint.secret)
@@ -69,13 +88,14 @@ def verify_endpoint(endpoint: Endpoint, *, resolver=None, mcp_subscription_id: s
         if not cache.add(in_flight, 1, VERIFY_TIMEOUT_SECONDS):
             raise RateLimited.after(5, "Another verification of yours is still running.")
         try:
-            if wait := hit(f"verify:{endpoint.owner_id}", limit=settings.VERIFY_PER_HOUR, window=3600):
-                raise RateLimited.after(wait, "Too many verifications; try again later.")
-            challenge = secrets.token_urlsafe(32)
-            body, headers = _challenge(endpoint, secret, challenge, mcp_subscription_id)
-            if not connection.in_atomic_block:
-                connection.close()  # back to the pool while the receiver takes its time
-            outcome = asyncio.run(_post_once(endpoint.url, body, headers, resolver))
+            with _a_place():
+                if wait := hit(f"verify:{endpoint.owner_id}", limit=settings.VERIFY_PER_HOUR, window=3600):
+                    raise RateLimited.after(wait, "Too many verifications; try again later.")
+                challenge = secrets.token_urlsafe(32)
+                body, headers = _challenge(endpoint, secret, challenge, mcp_subscription_id)
+                if not connection.in_atomic_block:
+                    connection.close()  # back to the pool while the receiver takes its time
+                outcome = asyncio.run(_post_once(endpoint.url, body, headers, resolver))
             try:
                 _check_answer(outcome, challenge)
             except VerificationFailed as failure:

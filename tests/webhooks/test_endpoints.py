@@ -272,3 +272,24 @@ def test_one_verification_per_member_in_flight_and_no_connection_held(receiver, 
     assert second.status_code == 429 and error_code(second) == "RATE_LIMITED"
     assert results == [200]
     assert held == [False]  # the request went out with no database connection held
+
+
+def test_a_process_verifies_only_so_many_receivers_at_once(receiver, as_alice, monkeypatch, settings):
+    """Each verification holds a request thread while its receiver takes its
+    time: members whose receivers answered a byte every few seconds held
+    every thread of a process."""
+    import threading
+
+    from webhooks import verification
+
+    # given: the process's one place taken by a verification in flight, and one verification an hour
+    monkeypatch.setattr(verification, "_PLACES", threading.BoundedSemaphore(1))
+    settings.VERIFY_PER_HOUR = 1
+    clear_of_window_edge(3600)
+    endpoint = create(as_alice, receiver.url()).json()["endpoint"]
+    verification._PLACES.acquire()
+    # when / then: refused for now, not counted against the member's hour, and verified once the place is free
+    refused = as_alice.post(f"/v0/webhook-endpoints/{endpoint['id']}/verify")
+    assert refused.status_code == 429 and refused.headers["Retry-After"] == "5" and not receiver.requests
+    verification._PLACES.release()
+    assert as_alice.post(f"/v0/webhook-endpoints/{endpoint['id']}/verify").status_code == 200
