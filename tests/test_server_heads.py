@@ -73,21 +73,28 @@ async def answer(scope, receive, send):
 
 
 @contextmanager
-def bounded_server():
-    """uvicorn with `serve`'s protocol on a loopback port, in a thread."""
+def server_in_a_thread(app):
+    """uvicorn with `serve`'s protocol serving `app` on a loopback port, in a
+    thread: its base URL and the server."""
     listening = socket.socket()
     listening.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(answer, http=BoundedHead, lifespan="off", log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, http=BoundedHead, lifespan="off", log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [listening]}, daemon=True)
     thread.start()
     while not server.started:
         time.sleep(0.01)
     try:
-        yield "http://127.0.0.1:%d" % listening.getsockname()[1]
+        yield "http://127.0.0.1:%d" % listening.getsockname()[1], server
     finally:
         server.should_exit = True
         thread.join(10)
         listening.close()
+
+
+@contextmanager
+def bounded_server():
+    with server_in_a_thread(answer) as (base, _):
+        yield base
 
 
 @pytest.mark.parametrize("sent", [b"", b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: a"])
@@ -188,16 +195,10 @@ async def large(scope, receive, send):
 
 def test_an_answer_its_client_does_not_read_is_dropped_in_time(monkeypatch):
     monkeypatch.setattr(uvicorn_process, "WRITE_SECONDS", 0.5)
-    listening = socket.socket()
-    listening.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(large, http=BoundedHead, lifespan="off", log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [listening]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    try:
+    with server_in_a_thread(large) as (base, server):
         # when a client asks, reads a little, then stops reading
-        with socket.create_connection(listening.getsockname(), timeout=20) as connection:
+        address = urlsplit(base)
+        with socket.create_connection((address.hostname, address.port), timeout=20) as connection:
             connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             connection.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
             first = connection.recv(1024)
@@ -206,7 +207,3 @@ def test_an_answer_its_client_does_not_read_is_dropped_in_time(monkeypatch):
                 time.sleep(0.1)
             # then the server dropped the connection, and the answer it held, soon after the deadline
             assert first.startswith(b"HTTP/1.1 200 ") and not server.server_state.connections
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        listening.close()
