@@ -107,10 +107,13 @@ def receives_from(space: Space, member: Member) -> bool:
     open one too, which anyone, the removed included, still reads (by
     polling its feed); joining again restores it. The mention path applies
     the same rule in SQL (`removed_sql`, inbox.services._recipients)."""
-    if not can_read_space(space, member):
-        return False
-    return (space.visibility != Space.Visibility.OPEN
-            or not Membership.objects.filter(space=space, member=member, status=Membership.Status.REMOVED).exists())
+    return can_read_space(space, member) and not _removed_from_open(space, member)
+
+
+def _removed_from_open(space: Space, member: Member) -> bool:
+    """(Elsewhere a removed member reads nothing of the space.)"""
+    return (space.visibility == Space.Visibility.OPEN
+            and Membership.objects.filter(space=space, member=member, status=Membership.Status.REMOVED).exists())
 
 
 def require_receiving(space: Space, member: Member) -> None:
@@ -119,7 +122,7 @@ def require_receiving(space: Space, member: Member) -> None:
     they were removed from (they still see it)."""
     if not can_read_space(space, member):
         raise NotFound()
-    if not receives_from(space, member):
+    if _removed_from_open(space, member):
         raise Forbidden("You were removed from this space: join it again to be woken by it.")
 
 
