@@ -116,14 +116,21 @@ def item_occurrence(item: InboxItem, name: str) -> dict:
     guidance, when the whole UTF-8 envelope (the occurrence, with room for
     its cursor) fits in 256 KiB, else a reference to fetch with read_event.
     The event id is the token's `evt_` form."""
+    return sized_item_occurrence(item, name)[0]
+
+
+def sized_item_occurrence(item: InboxItem, name: str) -> tuple[dict, int]:
+    """`item_occurrence`, with its size as compact UTF-8 JSON, cursor room
+    included (a poll's or stream's batch is bounded by the sum)."""
     occurrence = {"eventId": "evt_" + item.token[4:], "name": name, "timestamp": rfc3339(item.created_at),
                   "data": {"kind": "item", **render_entry(item)}, "cursor": None}
-    size = len(json.dumps(occurrence, separators=(",", ":"), ensure_ascii=False).encode())
-    if size + CURSOR_ROOM > MAX_ITEM_ENVELOPE:
+    size = len(json.dumps(occurrence, separators=(",", ":"), ensure_ascii=False).encode()) + CURSOR_ROOM
+    if size > MAX_ITEM_ENVELOPE:
         occurrence["data"] = {"kind": "reference", "itemKind": item.kind, "bytes": item.content_bytes,
                               "deliveryToken": item.token}
+        size = len(json.dumps(occurrence, separators=(",", ":"), ensure_ascii=False).encode()) + CURSOR_ROOM
     del occurrence["cursor"]
-    return occurrence
+    return occurrence, size
 
 
 def render_rules(rules) -> dict:

@@ -35,7 +35,7 @@ from controlplane.log import log_head_steps
 from controlplane.models import Event, EventAddressee, Member, Space
 from inbox import delivery, feeds
 from inbox.models import InboxItem, Message
-from inbox.render import item_occurrence
+from inbox.render import sized_item_occurrence
 from mcp_endpoint.schemas import Checked
 from webhooks.mcp import ITEM, PENDING, WORK, work_data, work_task
 
@@ -216,7 +216,7 @@ def _items_steps(member: Member, source: Source, after: int, max_events: int):
     conversation, stops the read there until the barrier settles it (a
     rejection then comes in the withheld item's place). Steps
     (controlplane.db.run_steps)."""
-    events, position, has_more = [], after, False
+    events, position, has_more, size = [], after, False, 0
     for _ in range(5):  # bounded: feed pages whose events carry no item are skipped over
         page = yield from feeds.inbox_feed_steps(member, position, FEED_PAGE, related=False)
         named = {e.data["message"]["id"] if isinstance(e.data.get("message"), dict) else e.data.get("message"): e
@@ -232,8 +232,11 @@ def _items_steps(member: Member, source: Source, after: int, max_events: int):
                 return Batch(events, _cursor(member, source, {}, position))
             if len(events) >= max_events:  # what is left of this page comes next time
                 return Batch(events, _cursor(member, source, {}, position), has_more=True)
-            position = event_position
-            events.append({**item_occurrence(item, ITEM), "cursor": _cursor(member, source, {}, position)})
+            occurrence, item_size = sized_item_occurrence(item, ITEM)
+            if events and size + item_size > feeds.PAGE_BYTES:  # a feed page's bound, at least one item
+                return Batch(events, _cursor(member, source, {}, position), has_more=True)
+            position, size = event_position, size + item_size
+            events.append({**occurrence, "cursor": _cursor(member, source, {}, position)})
         position = page.position
         has_more = page.has_more
         if not has_more or len(events) >= max_events:

@@ -133,6 +133,29 @@ def test_acknowledged_items_are_skipped_and_pages_continue(pair):
     assert contents(rest) == ["m2"] and rest.has_more is False
 
 
+def test_a_batch_of_items_holds_a_mebibyte_at_most_and_the_next_goes_on_from_there(pair):
+    """Fifty items of the largest messages, each character one JSON writes
+    as six, made one poll answer of megabytes, held while it was written."""
+    import json
+
+    from inbox.feeds import PAGE_BYTES
+
+    # given: 30 messages to ada as large as they come
+    ada, bo, direct = pair
+    start = sources.read(ada, ITEM, {}, None, 50)
+    for n in range(30):
+        send_message(direct, body=f"{n}:" + "\x01" * 8000, related_paths=["\x01" * 1000] * 8, actor=bo)
+    # when
+    first = sources.read(ada, ITEM, {}, start.cursor, 50)
+    batches = [first]
+    while batches[-1].has_more:
+        batches.append(sources.read(ada, ITEM, {}, batches[-1].cursor, 50))
+    # then: the first fits, says there is more, and the batches together hold every item once, in order
+    assert len(json.dumps(first.events, ensure_ascii=False).encode()) <= PAGE_BYTES and first.has_more
+    assert [c.split(":")[0] for b in batches for c in contents(b)] == [str(n) for n in range(30)]
+    assert 1 < len(first.events) < 30
+
+
 def test_space_events_need_a_space_the_caller_can_read(pair, make_member):
     from controlplane.errors import NotFound
 
