@@ -107,13 +107,25 @@ def announce_on_commit(message: dict) -> None:
     transaction.on_commit(announce, robust=True)
 
 
+def announce_withheld(space_id: int) -> None:
+    """Once the current transaction commits, tell every process's log
+    watcher that bodies in `space_id` may have been withheld (a grant's
+    barrier started, SPEC §5): no event says so, and live pages that show
+    them look again (web.streams). It names no position and no feed."""
+    announce_on_commit({"type": "bodies.withheld", "conversations": [], "spaces": [], "members": [],
+                        "withheld_spaces": [space_id]})
+
+
 class Interest:
     """What a waiter waits for, from the log nudges (controlplane.log):
     new events in some conversations, or in some spaces, or addressed to
     some members (inbox feeds), or a change of who may read some spaces
-    (membership events). `event` is set when one may have arrived; the
-    waiter re-reads from the database. A nudge that does not say what
-    changed wakes everyone."""
+    (membership events) or some of their bodies (`withheld` is then set
+    too). `event` is set when one may have arrived; the waiter re-reads
+    from the database. A nudge that does not say what changed wakes
+    everyone (but says nothing of bodies: a lost nudge of another process
+    without Redis is found that way, once a second, and each would have
+    every page of an explicit_only space ask again)."""
 
     def __init__(self, conversations: set[int] = frozenset(), spaces: set[int] = frozenset(), *,
                  events_in: set[int] = frozenset(), addressed: set[int] = frozenset()) -> None:
@@ -122,8 +134,12 @@ class Interest:
         self.events_in = events_in
         self.addressed = addressed
         self.event = asyncio.Event()
+        self.withheld = False  # bodies of `spaces` may have been withheld since the waiter cleared it
 
     def matches(self, message: dict) -> bool:
+        if self.spaces.intersection(message.get("withheld_spaces", ())):
+            self.withheld = True
+            return True
         if "conversations" not in message:
             return True
         if (self.conversations.intersection(message["conversations"])

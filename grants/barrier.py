@@ -29,7 +29,7 @@ from django.db import transaction
 
 from controlplane import faults
 from controlplane.clock import now
-from controlplane.live import kick
+from controlplane.live import announce_withheld, kick
 from controlplane.log import append_events
 from controlplane.models import Member
 from grants.models import Grant
@@ -55,6 +55,7 @@ def start_barrier(grant_pk: int, *, ending: str, actor: Member | None) -> Grant:
         grant.barrier_started_at, grant.barrier_started_by = now(), actor
         grant.save(update_fields=["status", "ending", "generation", "barrier_started_at", "barrier_started_by"])
         notices.withhold_items_under(grant.pk)
+        announce_withheld(grant.space_id)  # live pages showing its messages' bodies look again
     return grant
 
 

@@ -29,6 +29,17 @@ def withheld_bodies(messages: Iterable[tuple[str, str | None]]) -> set[str]:
                .values_list("message__public_id", flat=True))
 
 
+def withheld_positions(conversation_id: int, send_policy: str | None, start: int, limit: int) -> list[int]:
+    """The positions, newest first, of up to `limit` messages of a
+    conversation (of a space with `send_policy`) at or after `start` whose
+    bodies are withheld, as `withheld_bodies` finds them."""
+    if not may_withhold(send_policy):
+        return []
+    return list(Recipient.objects.filter(message__conversation_id=conversation_id, message__position__gte=start)
+                .filter(authority.inactive()).order_by("-message__position")
+                .values_list("message__position", flat=True).distinct()[:limit])
+
+
 def _withhold(rendered: dict) -> dict:
     return {**rendered, "body": None, "body_withheld": "AUTHORITY_REVOKED"}
 

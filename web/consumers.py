@@ -216,6 +216,10 @@ class ConversationConsumer(SessionSocket, AsyncWebsocketConsumer):
             self.caught_up = True
             await self.send(text_data=json.dumps({"type": "live", "position": self.position}))
 
+    async def tell(self, text: str) -> None:
+        """A frame that is no message (web.streams.WITHHELD_FRAME)."""
+        await self.send(text_data=text)
+
     async def lose_access(self) -> None:
         await self.send(text_data=json.dumps({"type": "access.lost"}))
         await self.close(code=ACCESS_LOST)

@@ -13,7 +13,7 @@ from controlplane.access import readers_then_query, readers_then_result
 from controlplane.db import datetime_from_db, plain_rows
 from controlplane.models import Member
 from inbox.models import Message
-from inbox.render import withheld_bodies
+from inbox.render import withheld_bodies, withheld_positions
 
 HISTORY_PAGE = 50
 LIVE_BATCH = 100
@@ -36,18 +36,20 @@ class Row:
 
 
 def _query(conversation_id: int, *, below: int | None = None, above: int | None = None,
-           limit: int) -> tuple[str, list]:
+           at: list[int] | None = None, limit: int) -> tuple[str, list]:
     """The query of up to `limit` messages, positioned below `below` (newest
-    first) or above `above` (oldest first), with its parameters; its rows
-    become Rows with `_row`. Plain SQL: a live stream reads on after every
-    commit, and building the ORM's query and model instances cost more than
-    running it."""
+    first), above `above` or `at` some positions (oldest first), with its
+    parameters; its rows become Rows with `_row`. Plain SQL: a live stream
+    reads on after every commit, and building the ORM's query and model
+    instances cost more than running it."""
     quote = connection.ops.quote_name
     bound, order, params = "", " DESC", [conversation_id]
     if below is not None:
         bound, params = " AND m.position < %s", [*params, below]
     if above is not None:
         bound, order, params = " AND m.position > %s", "", [*params, above]
+    if at is not None:
+        bound, order, params = f" AND m.position IN ({', '.join(['%s'] * len(at))})", "", [*params, *at]
     return (f"SELECT m.position, m.public_id, m.body, m.created_at, a.handle, a.display_name "
             f"FROM {quote(Message._meta.db_table)} m JOIN {quote(Member._meta.db_table)} a ON a.id = m.author_id "
             f"WHERE m.conversation_id = %s{bound} ORDER BY m.position{order} LIMIT %s", [*params, limit])
@@ -70,6 +72,14 @@ def before(conversation_id: int, position: int | None, limit: int = HISTORY_PAGE
     first, and whether older ones remain."""
     rows = _rows(conversation_id, below=position, limit=limit + 1)
     return rows[:limit][::-1], len(rows) > limit
+
+
+def withheld_from(conversation_id: int, send_policy: str | None, position: int) -> list[Row]:
+    """The messages at or after `position` whose bodies are withheld (the
+    newest HISTORY_PAGE × 10), oldest first: what a live page shows them as
+    once a grant's barrier starts (web.streams.WITHHELD_FRAME)."""
+    positions = withheld_positions(conversation_id, send_policy, position, HISTORY_PAGE * 10)
+    return _rows(conversation_id, at=positions, limit=len(positions)) if positions else []
 
 
 def readers_and_after_query(conversation_id: int, members: set[int], position: int) -> tuple[str, list]:

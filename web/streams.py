@@ -35,11 +35,17 @@ LOOP_FRAMES = 8  # a pass renders at most this many frames on the event loop its
 SEND_SECONDS = 2.0
 
 
+# Bodies the page shows may have been withheld since (a grant's barrier
+# started): the page asks which (web.views.conversations.history).
+WITHHELD_FRAME = json.dumps({"type": "withheld"})
+
+
 @dataclass
 class Pass:
     readers: set[int]
     frames: list[tuple[int, str]]  # (position, the frame's JSON text), in position order
     full: bool  # a whole batch: more may follow at once
+    withheld: bool = False  # bodies may have been withheld: the sockets are told after the frames
 
 
 def read_pass(conversation_id: int, members: set[int], after: int) -> Pass:
@@ -71,7 +77,8 @@ def _pass(readers: set[int], send_policy: str | None, rows: list[messages.Row]) 
 class ConversationStream:
     """The sockets (consumers) of one conversation on this event loop. A
     socket has `member_pk` and `position` (the last one it was sent), and
-    answers `deliver(frames, caught_up)`, `lose_access()` and `fail()`."""
+    answers `deliver(frames, caught_up)`, `tell(text)`, `lose_access()` and
+    `fail()`."""
 
     def __init__(self, conversation: Conversation, on_empty) -> None:
         self.conversation_id = conversation.pk
@@ -93,9 +100,11 @@ class ConversationStream:
         try:
             while self.sockets:
                 self.interest.event.clear()  # before reading: a commit during the pass wakes the next one
+                withheld, self.interest.withheld = self.interest.withheld, False
                 sockets = list(self.sockets)
                 result = await next_pass(
                     self.conversation_id, {s.member_pk for s in sockets}, min(s.position for s in sockets))
+                result.withheld = withheld
                 if len(sockets) == 1:
                     await self._deliver(sockets[0], result)
                 else:  # side by side: a page that stops reading holds up no other
@@ -126,6 +135,8 @@ class ConversationStream:
                     return
                 frames = [(position, text) for position, text in result.frames if position > socket.position]
                 await socket.deliver(frames, caught_up=not result.full)
+                if result.withheld:
+                    await socket.tell(WITHHELD_FRAME)
         except Exception as error:
             stalled = isinstance(error, TimeoutError)
             logger.warning("%s; dropping it", "a live socket stopped reading" if stalled

@@ -190,6 +190,51 @@ def test_removal_stops_the_live_page(room, browser):
         assert ben_page.locator("#body").is_disabled()
 
 
+def revoke(base: str, token: str, grant_id: str) -> None:
+    revoked = httpx.post(f"{base}/v0/grants/{grant_id}/revoke", headers={"Authorization": f"Bearer {token}"})
+    assert revoked.json()["grant"]["status"] == "revoked"
+
+
+def test_a_revoked_grant_withholds_the_bodies_an_open_page_shows(room, browser):
+    """Before, the page kept showing a body whose grant was revoked until it
+    was reloaded: the socket only sends new messages."""
+    from grants import services as grants
+
+    ann, ben, _, _ = room
+    cy = human("cy")
+    vault = services.create_space(slug="vault", name="Vault", visibility="private", send_policy="explicit_only",
+                                  actor=ann)
+    for member in (ben, cy):
+        services.add_member(vault, member, actor=ann)
+    direct, _ = services.get_or_create_direct(vault, ben, actor=cy)
+    grants.create_grant(vault, grant_id="grt_pair", kind="pair", sender="@cy", recipient="@ben", actor=ann)
+    send_message(direct, body="the secret plans", actor=cy)
+    _, token = services.issue_credential(ann, actor=None)
+    with serving("--no-worker") as (base, _):
+        ben_page = sign_in(browser, base, "ben")
+        open_conversation(ben_page, base, vault, direct)
+        assert messages_in(ben_page) == ["the secret plans"]
+        # when: ann revokes the grant
+        revoke(base, token, "grt_pair")
+        # then: withheld in place, without a reload
+        ben_page.locator("#messages .body.withheld").wait_for()
+        assert "the secret plans" not in ben_page.locator("#messages").inner_text()
+        assert ben_page.locator("#live-status.live").count() == 1
+
+        # and a grant revoked while the page was offline (the server told no one): it asks once it is back
+        grants.create_grant(vault, grant_id="grt_again", kind="pair", sender="@cy", recipient="@ben", actor=ann)
+        send_message(direct, body="the second plans", actor=cy)
+        ben_page.get_by_text("the second plans").wait_for()
+        ben_page.context.set_offline(True)
+        ben_page.locator("#live-status.down", has_text="Reconnecting…").wait_for(timeout=5_000)
+        ben_page.wait_for_timeout(500)  # the server hears the close and ends the conversation's stream
+        revoke(base, token, "grt_again")  # the server hears of it at once: no lost nudge to find later
+        ben_page.context.set_offline(False)
+        ben_page.locator("#live-status.live").wait_for()
+        ben_page.locator("#messages .body.withheld").nth(1).wait_for()
+        assert "the second plans" not in ben_page.locator("#messages").inner_text()
+
+
 def test_a_member_sets_up_a_receiver_and_sees_the_delivery_attempt(room, receiver, browser):
     ann, ben, space, general = room
     # the server processes trust the receiver's throwaway CA, as the fixture made this process do

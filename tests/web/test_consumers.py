@@ -213,6 +213,38 @@ async def test_sockets_sharing_a_stream_keep_their_own_positions_and_access(room
 
 
 
+async def test_a_grants_barrier_tells_the_pages_showing_its_space_that_bodies_were_withheld(ann, ben, human,
+                                                                                             browser_of):
+    from grants import services as grants
+    from grants.models import Grant
+
+    # given: ben's page of his direct conversation with cy in ann's explicit_only space shows a message sent under
+    # the grant ann gave cy
+    cy = await db_call(human)("cy")
+    space = await db_call(services.create_space)(slug="vault", name="Vault", visibility="private",
+                                                 send_policy="explicit_only", actor=ann)
+    for member in (ben, cy):
+        await db_call(services.add_member)(space, member, actor=ann)
+    direct, _ = await db_call(services.get_or_create_direct)(space, ben, actor=cy)
+    grant, _ = await db_call(grants.create_grant)(space, grant_id="grt_pair", kind="pair", sender="@cy",
+                                                  recipient="@ben", actor=ann)
+    sent = (await send(direct, body="secret plans", actor=cy)).message
+    socket = await watching(ben, direct)
+    assert [f["id"] for f in await frames_until_live(socket)] == [sent.public_id]
+    history = f"/app/spaces/vault/{direct.public_id}/history?withheld_from={sent.position}"
+    page = await db_call(browser_of)(ben)
+    assert (await db_call(page.get)(history)).json() == {"rows": []}
+    # when
+    await db_call(grants.revoke_grant)(await db_call(Grant.objects.get)(pk=grant.pk), actor=ann)
+    # then: the page is told, and the history it then asks for shows the message withheld
+    assert await socket.receive_json_from(timeout=5) == {"type": "withheld"}
+    rows = (await db_call(page.get)(history)).json()["rows"]
+    assert [r["id"] for r in rows] == [sent.public_id]
+    assert "secret plans" not in rows[0]["html"] and "Withheld" in rows[0]["html"]
+    bad = await db_call(page.get)(history.replace(f"={sent.position}", "=-1"), HTTP_ACCEPT="application/json")
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "INVALID_REQUEST"
+
+
 async def test_only_membership_events_wake_a_spaces_other_conversations():
     from controlplane.live import Interest
 
@@ -221,6 +253,10 @@ async def test_only_membership_events_wake_a_spaces_other_conversations():
     assert interest.matches({"conversations": [], "access_spaces": [7]})  # e.g. member.removed
     assert not interest.matches({"conversations": [2], "access_spaces": []})  # a message elsewhere in space 7
     assert interest.matches({"type": "log.advanced"})  # a nudge that names nothing wakes everyone
+    assert not interest.withheld
+    assert interest.matches({"conversations": [], "spaces": [], "members": [], "withheld_spaces": [7]})
+    assert interest.withheld
+    assert not Interest(conversations={2}, spaces={8}).matches({"conversations": [], "withheld_spaces": [7]})
 
 
 async def test_signing_out_closes_the_sessions_sockets(room, ben):

@@ -102,12 +102,12 @@ def _page_context(member, conversation, before: int | None) -> dict:
     }
 
 
-def _before_param(request) -> int | None:
-    value = request.GET.get("before")
+def _position_param(request, name: str = "before") -> int | None:
+    value = request.GET.get(name)
     if value is None:
         return None
     if (position := digits(value)) is None:
-        raise InvalidRequest("before must be a message position.", details={"before": value})
+        raise InvalidRequest(f"{name} must be a message position.", details={name: value})
     return position
 
 
@@ -121,16 +121,22 @@ def _conversation(member, slug: str, conversation_id: str) -> Conversation:
 @member_page
 def conversation_page(request, member, slug, conversation_id):
     conversation = _conversation(member, slug, conversation_id)
-    context = _page_context(member, conversation, _before_param(request))
+    context = _page_context(member, conversation, _position_param(request))
     return render(request, "web/conversation.html", {**context, "draft": "", "idempotency_key": new_key()})
 
 
 @member_page
 def history(request, member, slug, conversation_id):
-    """Older messages for the upward pager: {rows, more}."""
+    """Older messages for the upward pager: {rows, more}. With
+    `?withheld_from=` a position, the messages from there on whose bodies
+    are withheld instead, for a live page to show as such: {rows}."""
     conversation = _conversation(member, slug, conversation_id)
-    rows, more = messages.before(conversation.pk, _before_param(request))
-    return JsonResponse({"rows": messages.render_rows(conversation.space.send_policy, rows), "more": more})
+    send_policy = conversation.space.send_policy
+    if (start := _position_param(request, "withheld_from")) is not None:
+        return JsonResponse({"rows": messages.render_rows(send_policy, messages.withheld_from(
+            conversation.pk, send_policy, start))})
+    rows, more = messages.before(conversation.pk, _position_param(request))
+    return JsonResponse({"rows": messages.render_rows(send_policy, rows), "more": more})
 
 
 def new_key() -> str:

@@ -169,19 +169,40 @@
   marker.addEventListener("click", () => { log.scrollTop = log.scrollHeight; marker.hidden = true; log.focus(); });
   log.addEventListener("scroll", () => { if (nearBottom()) marker.hidden = true; });
 
+  // Bodies shown whose grant was revoked since: withheld in place, as a
+  // reload would show them. The stream says so when a grant's barrier
+  // starts; after a reconnect the page asks anyway (it may have missed it).
+  async function showWithheld() {
+    const first = list.querySelector("li.msg");
+    if (!first) return;
+    const response = await fetch(`${page.dataset.history}?withheld_from=${first.dataset.position}`,
+                                 { headers: { Accept: "application/json" } });
+    if (!response.ok) return;
+    for (const row of (await response.json()).rows) {
+      const template = document.createElement("template");
+      template.innerHTML = row.html.trim();
+      document.getElementById(`m-${row.position}`)?.replaceWith(template.content.firstElementChild);
+    }
+  }
+
   // The stream continues after the newest message this page has from it, so a
   // reconnect backfills exactly what was missed (the composer's own answers
   // are shown at once but do not move this position).
   if (page.dataset.after !== "") {
     let streamPosition = Number(page.dataset.after);
+    let reconnected = false;
     live.conversation = liveSocket(`/ws/conversations/${id}/`, {
       params: () => ({ after: streamPosition }),
       onFrame(frame) {
         if (frame.type === "message") {
           receive([frame], false);
           streamPosition = frame.position;
+        } else if (frame.type === "withheld") {
+          showWithheld();
         } else if (frame.type === "live") {
           setStatus("Live", "live");
+          if (reconnected && "withholds" in page.dataset) showWithheld();
+          reconnected = true;
         }
       },
       onState(state) {
