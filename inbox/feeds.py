@@ -123,11 +123,14 @@ def space_feed(space: Space, viewer: Member | None, after: int | None, limit: in
     """Events of `space` that `viewer` may see: everything except direct and
     group conversation events they do not take part in. The caller has
     checked that `viewer` can read the space. A page looks at SCAN_MAX of
-    the space's events at most; short of a full page, its cursor moves past
-    those it looked at (`has_more` if that was all it could look at). The
-    positions are planned for their space on every read (`unprepared_rows`):
-    a small space's page comes from its own index, a busy space's from the
-    log's."""
+    the space's events at most. Its cursor is at its last event, or where it
+    was given for an empty page (SPEC §6), unless the page looked at all it
+    could: then it moves past those (`has_more`), or the next read would
+    look at the same ones. (A cursor that moved on past events the reader
+    may not see told anyone polling an open space when its members wrote
+    to each other.) The positions are planned for their space on every read
+    (`unprepared_rows`): a small space's page comes from its own index, a
+    busy space's from the log's."""
     # Both reads below end at the log head as it is now: every event up to it
     # has committed (controlplane.log), so the second, which moves the cursor,
     # can pass no event the first did not see (one committed in between).
@@ -143,10 +146,10 @@ def space_feed(space: Space, viewer: Member | None, after: int | None, limit: in
     positions = [position for position, in unprepared_rows(
         (f'SELECT s."position" FROM ({looked}) s WHERE s.seen LIMIT {limit + 1}', params))]
     page = run_steps(_page_steps(positions, start, limit))
-    if len(positions) <= limit:  # short of a page: on past what it looked at
+    if len(positions) <= limit:  # short of a page: did it look at all it could?
         ((end, count),) = unprepared_rows((f'SELECT MAX(s."position"), COUNT(*) FROM ({looked}) s', params))
-        if end is not None:
-            page = FeedPage(page.events, end, count == SCAN_MAX)
+        if count == SCAN_MAX:
+            page = FeedPage(page.events, end, True)
     check_retained(after)
     return page
 

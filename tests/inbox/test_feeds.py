@@ -87,6 +87,29 @@ def test_a_page_looks_at_so_many_events_and_its_cursor_moves_past_those_it_may_n
                                                           "has_more": False}
 
 
+@pytest.mark.parametrize("reader", ["carol", "anonymous"])
+def test_others_direct_messages_do_not_move_a_readers_cursor(space, general, alice, bob, as_carol, anon, reader):
+    """The cursor of an empty page moved past events the reader may not
+    see: anyone polling an open space learnt when its members wrote to each
+    other, and how often."""
+    api = as_carol if reader == "carol" else anon
+    # given: the reader at the head of the feed, having seen a public message
+    send_message(general, body="for everyone", actor=alice)
+    start = feed(api)["cursor"]
+    # when: alice and bob write to each other, and a message elsewhere follows too
+    direct, _ = services.get_or_create_direct(space, bob, actor=alice)
+    for n in range(3):
+        send_message(direct, body=f"just us {n}", actor=alice)
+    # then: the reader's page is empty and its cursor the one it gave, as if nothing happened
+    assert feed(api, cursor=start) == {"events": [], "cursor": start, "has_more": False}
+    assert feed(api, cursor=start, wait_ms=300) == {"events": [], "cursor": start, "has_more": False}
+    # and: the next public message follows, its cursor at it
+    sent = send_message(general, body="for everyone again", actor=alice).message
+    page = feed(api, cursor=start)
+    assert [e["position"] for e in page["events"]] == [sent.position] and page["has_more"] is False
+    assert feed(api, cursor=page["cursor"]) == {"events": [], "cursor": page["cursor"], "has_more": False}
+
+
 def test_an_event_committed_while_a_page_is_read_is_in_the_next_page(space, general, alice, as_carol, monkeypatch):
     # given: carol's page is read, and a message commits between its two reads
     from inbox import feeds
