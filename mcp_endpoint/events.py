@@ -181,6 +181,13 @@ async def stream(ctx, params: StreamParams) -> dict:
             # with few items): page after page could run past 30 s.
             beat_in = settings.MCP_HEARTBEAT_SECONDS - (time.monotonic() - last_beat)
             if beat_in <= 0:
+                # Before each beat, the member and credential looked at again:
+                # the message that ends a stream is sent once, after the
+                # commit, and a process that dies first, or a Redis that drops
+                # it, left the stream handing out items for ever.
+                if (ending := await _ended_meanwhile(member.pk, credential_id)) is not None:
+                    await send("terminated", error=ENDINGS[ending])
+                    return {"_meta": meta}
                 await send("heartbeat", cursor=batch.cursor)
                 last_beat, beat_in = time.monotonic(), settings.MCP_HEARTBEAT_SECONDS
             if batch.has_more:
@@ -200,6 +207,17 @@ async def stream(ctx, params: StreamParams) -> dict:
         return {"_meta": meta}
     finally:
         await owner.stop()
+
+
+async def _ended_meanwhile(member_pk: int, credential_id: str | None) -> str | None:
+    """`why_ended`, or None while the database is out of reach (the
+    stream's reads tell the client so, and it stays on)."""
+    try:
+        return await db_call(why_ended)(member_pk, credential_id)
+    except Exception as exc:
+        if as_unavailable(exc) is None:
+            raise
+        return None
 
 
 class Lost(Exception):

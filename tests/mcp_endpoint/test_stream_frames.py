@@ -152,6 +152,37 @@ def test_revoking_the_credential_that_opened_a_stream_ends_it(make_member, setti
 
 
 @pytest.mark.parametrize("ending", ["revoked", "suspended"])
+def test_a_stream_whose_ending_was_never_told_ends_at_its_next_heartbeat(make_member, settings, ending):
+    """The message that ends a stream is sent once, after the commit: a
+    process that died before sending it, or a Redis that dropped it, left
+    the stream handing a suspended member's items out for ever."""
+    from controlplane.models import Credential, Member
+
+    # given: ada streams her inbox's items
+    settings.MCP_HEARTBEAT_SECONDS = 0.5
+    ada = make_member("ada")
+    credential, token = services.issue_credential(ada, actor=None)
+
+    async def story(http):
+        from asgiref.sync import sync_to_async
+
+        response = asyncio.create_task(http.post(**stream_request(token, 1, None)))
+        await asyncio.sleep(1.0)
+        # when: she is suspended, or her credential deleted, and no message says so (no signal either)
+        if ending == "suspended":
+            await sync_to_async(Member.objects.filter(pk=ada.pk).update)(status=Member.Status.SUSPENDED)
+        else:
+            await sync_to_async(Credential.objects.filter(pk=credential.pk)._raw_delete)("default")
+        return await asyncio.wait_for(response, 5)
+
+    # then: the stream ends at its next beat, and says why
+    sent = frames(asyncio.run(with_endpoint(story)).text)
+    ended = [f for f in sent if f.get("method") == "notifications/events/terminated"]
+    assert ended[0]["params"]["error"]["code"] == -32024
+    assert ended[0]["params"]["error"]["data"] == {"reason": ending}
+
+
+@pytest.mark.parametrize("ending", ["revoked", "suspended"])
 def test_a_stream_whose_credential_or_member_ends_while_it_starts_ends_before_anything_is_sent(
         make_member, monkeypatch, ending):
     # given: the credential is revoked, or its member suspended, after the
