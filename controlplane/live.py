@@ -252,6 +252,16 @@ class LogWatcher:
         # The broker's copies of what this process announced itself
         # (wake_here), to skip; the oldest go first if copies are lost.
         self._heard_here: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self.closing = False  # the server is shutting down: nothing waits any more
+
+    def close(self) -> None:
+        """The server is shutting down (controlplane.uvicorn_process.Server):
+        every waiter is woken and waits no more, so long-polls answer and
+        MCP streams end now, instead of being cancelled at the graceful
+        shutdown's timeout with no final frame."""
+        self.closing = True
+        if self._advanced is not None:
+            self._wake({"type": "closing"})  # names nothing: wakes everyone
 
     def _ensure_started(self) -> None:
         loop = asyncio.get_running_loop()
@@ -269,7 +279,10 @@ class LogWatcher:
         return self._advanced
 
     async def wait(self, event: asyncio.Event, timeout: float) -> None:
-        """Until `event` (a mark, an interest's event) is set or `timeout`."""
+        """Until `event` (a mark, an interest's event) is set or `timeout`;
+        at once while the server shuts down."""
+        if self.closing:
+            return
         self._ensure_started()
         self._announced.follow()
         self._waiting += 1

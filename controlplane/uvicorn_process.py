@@ -209,6 +209,15 @@ class Server(uvicorn.Server):
         else:
             os.close(self.ready_fd)
 
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """First, every waiter is told (controlplane.live.LogWatcher.close):
+        long-polls answer and MCP streams send their final frame while their
+        connections may still take it."""
+        from controlplane.live import log_watcher
+
+        log_watcher.close()
+        await super().shutdown(sockets=sockets)
+
     async def beat(self) -> None:
         """b"1" now (it listens), and again every BEAT_SECONDS while the loop runs."""
         try:

@@ -37,6 +37,8 @@ ENDINGS = {  # why a stream ends, as its `terminated` frame says
                  "data": {"limit": "consumers", "max": 1, "reason": "replaced"}},
     "suspended": {"code": FORBIDDEN, "message": "The member was suspended.", "data": {"reason": "suspended"}},
     "revoked": {"code": FORBIDDEN, "message": "The credential was revoked.", "data": {"reason": "revoked"}},
+    "shutdown": {"code": types.INTERNAL_ERROR, "message": "The server is shutting down: stream again from your cursor.",
+                 "data": {"reason": "shutdown"}},
 }
 
 

@@ -317,11 +317,12 @@ class StreamOwner:
         return self.ending()
 
     def ending(self) -> str | None:
-        """Why the stream must end, if it must, without waiting (see `wait`)."""
+        """Why the stream must end, if it must, without waiting (see `wait`),
+        or "shutdown" (the server is shutting down)."""
         for ending in ("replaced", "suspended", "revoked"):
             if getattr(self, ending).is_set():
                 return ending
-        return None
+        return "shutdown" if log_watcher.closing else None
 
     async def stop(self) -> None:
         # Everything is started before the first wait: the SDK ends a stream

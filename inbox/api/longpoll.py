@@ -83,8 +83,8 @@ def long_polling(sync_view):
                 remaining = deadline - loop.time()
                 # (A space feed's page may have no events and more to read: the events it
                 # looked at were others' direct messages, inbox.feeds.space_feed.)
-                if remaining <= 0 or response.status_code != 200 or response.data["events"] or \
-                        response.data["has_more"]:
+                if remaining <= 0 or log_watcher.closing or response.status_code != 200 or \
+                        response.data["events"] or response.data["has_more"]:
                     return response
                 if holder is None:
                     place = _holder(request)

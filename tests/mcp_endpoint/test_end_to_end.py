@@ -1,6 +1,5 @@
-"""/mcp end to end: a real `serve` process (Daphne, which sends no lifespan
-events, so the endpoint starts its own transport), the official SDK's
-client, both protocol eras."""
+"""/mcp end to end: a real `serve` process (uvicorn, which owns the
+lifespan), the official SDK's client, both protocol eras."""
 import asyncio
 import time
 
@@ -160,6 +159,34 @@ def test_poll_pages_and_a_stream_delivers_within_a_second_with_heartbeats():
     assert params["eventId"] == "evt_" + params["data"]["deliveryToken"][4:]
     assert params["_meta"]["io.modelcontextprotocol/subscriptionId"] == active[1]["_meta"][
         "io.modelcontextprotocol/subscriptionId"]
+
+
+def test_a_server_shutting_down_ends_streams_with_a_final_frame_and_answers_long_polls():
+    """uvicorn waits 5 s for open responses, then cancels them: a stream
+    ended with no `terminated` frame, a long-poll with no answer, and the
+    log had an error for each."""
+    import signal
+
+    ada = token_for("ada")
+    with serving("--no-worker") as (base, process):
+        async def story():
+            async with connect(base, ada) as (client, events):
+                stream = asyncio.ensure_future(call(client, "events/stream", name=ITEM))
+                assert (await events.next())[0] == "active"
+                polling = asyncio.ensure_future(asyncio.to_thread(
+                    httpx.get, f"{base}/v0/me/inbox/events", params={"wait_ms": 30_000}, headers=bearer(ada),
+                    timeout=30))
+                await asyncio.sleep(0.5)  # the long-poll waits
+                # when
+                process.send_signal(signal.SIGINT)
+                frame = await events.next(timeout=10)
+                return frame, await asyncio.wait_for(polling, 10), await asyncio.wait_for(stream, 10)
+
+        (kind, params), polled, result = asyncio.run(story())
+    # then: a final frame that says why, the stream's own answer, and the long-poll answered
+    assert kind == "terminated" and params["error"]["data"] == {"reason": "shutdown"}
+    assert "_meta" in result
+    assert polled.status_code == 200 and polled.json()["events"] == []
 
 
 def test_a_work_stream_is_woken_by_a_send_in_its_space_within_a_second():
