@@ -92,11 +92,16 @@ async def _send(transport: Transport, signer: crypto.Signer, job: Job) -> Result
     return log_attempt(Result(job, await transport.post(job.url, job.body, headers), key_id, started_at))
 
 
-async def run(*, seconds: float, wait: bool, resolver=None, renew=None, ask_for_help=None, linger: float = 0.0) -> int:
+async def run(*, seconds: float, wait: bool, resolver=None, renew=None, hand_over=None, ask_for_help=None,
+              linger: float = 0.0) -> int:
     """Send due wakes for up to `seconds`; returns how many were attempted.
     `renew` (the timer's key) is called about once a second, and
     `ask_for_help` (webhooks.tasks) at most once a second after a claim that
-    filled the room: more is due than this run can hold.
+    filled the room: more is due than this run can hold. `hand_over` is
+    called once the run's time is up with sends still in flight: the timer
+    is another run's from then on, while this one waits for their answers
+    (up to a request's 15 s, in which a timer that kept its key sent
+    nothing else, to anyone).
 
     With `wait` (the timer), stay for the whole run, sending each wake as it
     falls due (debounce windows, retry times, new wakes); otherwise stop
@@ -124,7 +129,11 @@ async def run(*, seconds: float, wait: bool, resolver=None, renew=None, ask_for_
                     await db.lenient(renew)
                     renewed = time.monotonic()
                 # A stopping worker ends the run: what is in flight is recorded, nothing more is claimed.
-                remaining = 0 if cluster_stopping() else deadline - time.monotonic()
+                stopping = cluster_stopping()
+                remaining = 0 if stopping else deadline - time.monotonic()
+                if remaining <= 0 and in_flight and hand_over and not stopping:
+                    await db.lenient(hand_over)
+                    hand_over = renew = None
                 capacity = MAX_IN_FLIGHT - len(in_flight)
                 jobs, recover = [], True
                 if remaining > 0 and capacity > 0:

@@ -56,26 +56,44 @@ def deliver() -> int:
     time comes, nudged by every new one (webhooks.due); the others send what
     is due now and return. Kicked after a new wake commits while no timer
     runs, and swept once a minute."""
+    from django_q.tasks import async_task
+
     mcp.offer_waiting()
     shared = live.shared_layer()
     host_lock = None if shared else _host_timer()
     timer = (shared or host_lock is not None) and cache.add(TIMER_KEY, 1, timeout=TIMER_KEY_SECONDS)
     renew = (lambda: cache.touch(TIMER_KEY, TIMER_KEY_SECONDS)) if timer else None
-    try:
-        sent = asyncio.run(pump.run(seconds=RUN_SECONDS if shared else LOCAL_RUN_SECONDS, wait=timer, renew=renew,
-                                    ask_for_help=ask_for_help if timer and shared else None))
-    finally:
+    handed_over = False
+
+    def let_go() -> None:
+        nonlocal timer, host_lock
         if timer:
             cache.delete(TIMER_KEY)
+            timer = False
         if host_lock is not None:
             host_lock.close()  # and with it the lock
+            host_lock = None
+
+    def hand_over() -> None:
+        """The run's time is up, its slowest sends still out: the next run
+        takes over the timer now."""
+        nonlocal handed_over
+        let_go()
+        handed_over = True
+        async_task("webhooks.tasks.deliver")
+
+    was_timer = timer
+    try:
+        sent = asyncio.run(pump.run(seconds=RUN_SECONDS if shared else LOCAL_RUN_SECONDS, wait=timer, renew=renew,
+                                    hand_over=hand_over if timer else None,
+                                    ask_for_help=ask_for_help if timer and shared else None))
+    finally:
+        let_go()
     # After the key is gone: a wake committed while it was held queued no
     # task (webhooks.due.kick_on_commit), and is found here. The cluster's
     # one timer also hands over after a run that sent anything: more is
     # likely to come.
-    if timer and ((shared and sent) or engine.next_due_in(60) is not None):
-        from django_q.tasks import async_task
-
+    if was_timer and not handed_over and ((shared and sent) or engine.next_due_in(60) is not None):
         async_task("webhooks.tasks.deliver")  # the next run takes over the timer
     return sent
 

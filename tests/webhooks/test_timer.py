@@ -123,7 +123,7 @@ def test_a_timer_run_hands_over_while_it_sent_anything_or_anything_falls_due(mon
     monkeypatch.setattr(q_tasks, "async_task", lambda name, *args: queued.append(name))
     monkeypatch.setattr(tasks.mcp, "offer_waiting", lambda: None)
 
-    async def run(seconds, wait, renew, ask_for_help):
+    async def run(seconds, wait, renew, hand_over, ask_for_help):
         assert wait and seconds == (tasks.RUN_SECONDS if shared else tasks.LOCAL_RUN_SECONDS)
         # only the cluster's one timer asks for helpers: without a shared cache every worker may be a timer
         assert ask_for_help is (tasks.ask_for_help if shared else None)
@@ -141,6 +141,53 @@ def test_a_timer_run_hands_over_while_it_sent_anything_or_anything_falls_due(mon
     assert cache.get(due.TIMER_KEY) is None
 
 
+def test_a_timer_whose_time_is_up_hands_over_before_its_slowest_send_answers(world, receiver):
+    """A run whose time was up waited for its sends in flight, up to a
+    request's 15 s, keeping the timer's key: nothing else was sent, to
+    anyone, meanwhile (a slow receiver held up every other's wakes)."""
+    # given: a wake due to a receiver that answers after 3 s
+    answered = []
+
+    def slowly(received):
+        time.sleep(3)
+        answered.append(time.monotonic())
+        return 200, {}, b""
+
+    receiver.respond = slowly
+    send_message(world["general"], body="to a slow receiver", actor=world["bob"])
+    handed = []
+    # when: a timer run of half a second sends it
+    asyncio.run(timer_loop.run(seconds=0.5, wait=True, hand_over=lambda: handed.append(time.monotonic())))
+    connections.close_all()
+    # then: the run handed over once its time was up, before the answer, and still recorded it
+    assert len(handed) == 1 and len(answered) == 1 and handed[0] < answered[0]
+    assert Delivery.objects.get().state == Delivery.State.DELIVERED
+
+
+def test_a_timer_that_handed_over_leaves_the_next_ones_key_alone(monkeypatch):
+    from django_q import tasks as q_tasks
+
+    from webhooks import tasks
+
+    queued = []
+    monkeypatch.setattr("controlplane.live.shared_layer", lambda: True)
+    monkeypatch.setattr(q_tasks, "async_task", lambda name, *args: queued.append(name))
+    monkeypatch.setattr(tasks.mcp, "offer_waiting", lambda: None)
+
+    async def run(seconds, wait, renew, hand_over, ask_for_help):
+        hand_over()  # its time is up, sends still in flight
+        assert cache.add(due.TIMER_KEY, 1, timeout=3)  # the next run is the timer now
+        return 5
+
+    monkeypatch.setattr(tasks.pump, "run", run)
+    cache.delete(due.TIMER_KEY)
+    # when
+    tasks.deliver()
+    # then: the next run was queued once, and its key is still there
+    assert queued == ["webhooks.tasks.deliver"] and cache.get(due.TIMER_KEY) == 1
+    cache.delete(due.TIMER_KEY)
+
+
 def test_without_redis_one_run_at_a_time_is_the_timer_of_its_host_and_database(monkeypatch):
     """Each worker process's cache is its own: a lock file chooses the
     timer, and the other runs send what is due and give their worker back."""
@@ -152,7 +199,7 @@ def test_without_redis_one_run_at_a_time_is_the_timer_of_its_host_and_database(m
     monkeypatch.setattr(engine, "next_due_in", lambda horizon: None)
     waits, inside, release = [], threading.Event(), threading.Event()
 
-    async def run(seconds, wait, renew, ask_for_help):
+    async def run(seconds, wait, renew, hand_over, ask_for_help):
         waits.append(wait)
         if len(waits) == 1:  # the first run stays
             inside.set()
