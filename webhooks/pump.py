@@ -41,6 +41,9 @@ RECORD_WINDOW = 0.025
 LOST_CONNECTION_PAUSE = 0.2
 # How often at most a timer with a full room asks for a helper run (webhooks.tasks.ask_for_help).
 ASK_SECONDS = 1.0
+# How often a run looks for a rotated signing key: a run lasts 40 s and more,
+# and signed every wake of it with the key it started with.
+KEY_SECONDS = 1.0
 # Hand-offs keep push chains going without a claim (webhooks.engine.record),
 # but not into a worker's last quarter of room while something else is
 # due: it (a wake, another subscription's first item, a retry) is claimed
@@ -121,13 +124,18 @@ async def run(*, seconds: float, wait: bool, resolver=None, renew=None, hand_ove
     try:
         signer = crypto.Signer(await db(crypto.active_signing_key))
         async with Transport(resolver=resolver, limit=MAX_IN_FLIGHT) as transport:
-            renewed = time.monotonic()
+            renewed = keyed = time.monotonic()
             recovered, found, asked, busy = 0.0, False, -ASK_SECONDS, time.monotonic()
             while True:
                 if renew and time.monotonic() - renewed >= 1.0:
                     faults.point("webhooks.timer")
                     await db.lenient(renew)
                     renewed = time.monotonic()
+                if time.monotonic() - keyed >= KEY_SECONDS:
+                    key = await db.lenient(crypto.active_signing_key)
+                    if key is not None and key.key_id != signer.key_id:
+                        signer = crypto.Signer(key)  # requests already out keep theirs
+                    keyed = time.monotonic()
                 # A stopping worker ends the run: what is in flight is recorded, nothing more is claimed.
                 stopping = cluster_stopping()
                 remaining = 0 if stopping else deadline - time.monotonic()

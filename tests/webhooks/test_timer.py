@@ -164,6 +164,28 @@ def test_a_timer_whose_time_is_up_hands_over_before_its_slowest_send_answers(wor
     assert Delivery.objects.get().state == Delivery.State.DELIVERED
 
 
+def test_a_running_timer_signs_with_a_key_rotated_during_its_run(world, receiver, monkeypatch):
+    """A run signed every wake with the key it started with, for 40 s and
+    more: an emergency rotation did not take effect until the next run."""
+    from webhooks.crypto import active_signing_key, rotate_signing_key
+
+    # given: a timer run under way, signing with the active key
+    monkeypatch.setattr(timer_loop, "KEY_SECONDS", 0.1)
+    old = active_signing_key()
+    timer = threading.Thread(target=lambda: (pump(wait=True, seconds=3.0), connections.close_all()))
+    timer.start()
+    send_message(world["general"], body="before the rotation", actor=world["bob"])
+    receiver.wait_for(lambda requests: len(requests) == 1)
+    # when: the key is rotated, and another wake falls due in the same run
+    new = rotate_signing_key()
+    time.sleep(0.5)
+    send_message(world["general"], body="after the rotation", actor=world["bob"])
+    receiver.wait_for(lambda requests: len(requests) == 2)
+    timer.join(10)
+    # then
+    assert [wake.headers["Webhook-Key-Id"] for wake in receiver.wakes()] == [old.key_id, new.key_id]
+
+
 def test_a_timer_that_handed_over_leaves_the_next_ones_key_alone(monkeypatch):
     from django_q import tasks as q_tasks
 
