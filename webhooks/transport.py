@@ -156,9 +156,13 @@ class Transport:
         connector = aiohttp.TCPConnector(resolver=self._resolver, use_dns_cache=False, ssl=ssl_context(),
                                          limit=self._limit, limit_per_host=0)
         timeout = aiohttp.ClientTimeout(total=TOTAL_TIMEOUT, connect=CONNECT_TIMEOUT, sock_read=READ_TIMEOUT)
+        # Answers are read as sent, at most MAX_RESPONSE_BYTES, never
+        # inflated: ask for them so (aiohttp offered gzip, and a receiver
+        # that compressed its challenge answer failed as `not_json`).
         self.session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
                                              skip_auto_headers=("User-Agent",),
-                                             headers={"User-Agent": "Switchboard-Webhooks/1"})
+                                             headers={"User-Agent": "Switchboard-Webhooks/1",
+                                                      "Accept-Encoding": "identity"})
         return self
 
     async def __aexit__(self, *exc) -> None:

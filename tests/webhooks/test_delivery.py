@@ -48,6 +48,7 @@ def test_a_wake_is_signed_and_names_a_feed_range_with_the_message(world, receive
     assert body["id"] == wake.headers["Webhook-Id"] and body["id"].startswith("whd_")
     assert body["subscription"] == {"id": world["subscription"]["id"], "version": 2}
     assert body["issuer"] == "http://127.0.0.1:8000" and set(body["event_range"]) == {"after", "through"}
+    assert wake.headers["Accept-Encoding"] == "identity"  # the answer is read as sent, never inflated
     # the receiver reads the owner's feed from `after` and finds the message
     events = world["as_alice"].get("/v0/spaces/lab/events", cursor=body["event_range"]["after"]).json()["events"]
     assert [e["data"]["message"]["id"] for e in events if e["kind"] == "message.created"] == [message.public_id]
