@@ -13,7 +13,11 @@ from django.conf import settings
 from controlplane.errors import InvalidUrl
 
 MAX_URL_CHARS = 2048
-_UNPRINTABLE = re.compile(r"[\x00-\x20\s]")  # controls, spaces, and every other whitespace
+_UNPRINTABLE = re.compile(r"[\x00-\x20\x7f\s]")  # controls, spaces, and every other whitespace
+# A host whose last label is a number is an IPv4 address to URL parsers and
+# resolvers, in forms ipaddress does not read (2130706433, 0x7f000001,
+# 0177.0.0.1, 127.1, 127.0.0.1.): only a.b.c.d is taken.
+_NUMERIC_LAST_LABEL = re.compile(r"(?:^|\.)(?:0x[0-9a-f]*|[0-9]+)\.?$", re.IGNORECASE)
 CGNAT = ipaddress.ip_network("100.64.0.0/10")
 NAT64 = ipaddress.ip_network("64:ff9b::/96")
 METADATA = {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254"),
@@ -97,10 +101,13 @@ def validate_url(url: str) -> str:
                          details={"reason": "non_ascii_host"})
     if parts.username is not None or parts.password is not None:
         raise InvalidUrl("Credentials do not belong in a webhook URL; use a whsec_ secret.")
-    if parts.fragment:
+    if parts.fragment or "#" in url:
         raise InvalidUrl("The URL must not have a fragment.")
     if port == 0:
         raise InvalidUrl("The URL's port must be 1–65535.")
+    if _NUMERIC_LAST_LABEL.search(parts.hostname) and not _ip_literal(parts.hostname):
+        raise InvalidUrl("The URL's host is a number in a form other than a.b.c.d: write the address so.",
+                         details={"reason": "numeric_host"})
     if _ip_literal(parts.hostname):
         try:
             check_address(parts.hostname)

@@ -58,6 +58,16 @@ def test_the_secret_is_stored_encrypted(receiver, as_alice):
     "ftp://receiver.example/",
     "https:///nohost",
     "https://receiver.example/a b",
+    "https://receiver.example/a\x7fb",      # DEL
+    "https://receiver.example/hook#",        # an empty fragment
+    # IPv4 in the other forms resolvers and URL parsers read, which were taken as names: a lookup sent them to
+    # the network's resolver, and the client's own check refused them only at send time
+    "https://2130706433/hook",
+    "https://0x7f000001/hook",
+    "https://0177.0.0.1/hook",
+    "https://127.1/hook",
+    "https://127.0.0.1./hook",
+    "https://%31%30.0.0.1/hook",
 ])
 def test_unacceptable_urls_are_422(as_alice, url, settings):
     settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS = False
