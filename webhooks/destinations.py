@@ -20,6 +20,13 @@ _UNPRINTABLE = re.compile(r"[\x00-\x20\x7f\s]")  # controls, spaces, and every o
 _NUMERIC_LAST_LABEL = re.compile(r"(?:^|\.)(?:0x[0-9a-f]*|[0-9]+)\.?$", re.IGNORECASE)
 CGNAT = ipaddress.ip_network("100.64.0.0/10")
 NAT64 = ipaddress.ip_network("64:ff9b::/96")
+# Not globally reachable (IANA's special-purpose registries), though
+# Python 3.11's tables call them global: the IETF protocol assignments but
+# their two anycast services, the retired 6to4 relay, NAT64's local-use
+# prefix, IPv6's newer documentation range and SRv6's SIDs.
+NOT_GLOBAL = tuple(ipaddress.ip_network(n) for n in (
+    "192.0.0.0/24", "192.88.99.0/24", "64:ff9b:1::/48", "3fff::/20", "5f00::/16"))
+GLOBAL_ANYCAST = {ipaddress.ip_address("192.0.0.9"), ipaddress.ip_address("192.0.0.10")}
 METADATA = {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254"),
             ipaddress.ip_address("100.100.100.200")}
 
@@ -57,7 +64,8 @@ def forbidden_reason(address: ipaddress.IPv4Address | ipaddress.IPv6Address, *, 
         ("cgnat", address.version == 4 and address in CGNAT),
         ("private", address.is_private),
         ("reserved", address.is_reserved),
-        ("not-global", not address.is_global),
+        ("not-global", not address.is_global or (address not in GLOBAL_ANYCAST
+                                                 and any(address in network for network in NOT_GLOBAL))),
     ):
         if hit:
             return reason

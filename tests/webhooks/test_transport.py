@@ -20,6 +20,8 @@ FORBIDDEN = [
     "255.255.255.255", "192.0.2.1", "198.18.0.1", "::1", "::", "fe80::1", "fc00::1", "fd00:ec2::254",
     "ff02::1", "::ffff:10.0.0.1", "::ffff:127.0.0.1", "::ffff:169.254.169.254", "64:ff9b::a00:1",
     "2002:a00:1::1", "2002:7f00:1::1", "::a00:1", "2001:db8::1", "100.100.100.200", "fec0::1",
+    # not global, though Python 3.11's tables call them so
+    "192.0.0.8", "192.88.99.1", "64:ff9b:1::a00:1", "3fff::1", "5f00::1",
 ]
 
 
@@ -192,7 +194,7 @@ def test_responses_are_read_up_to_a_bound(receiver):
 
 
 def test_global_addresses_are_allowed():
-    for address in ("8.8.8.8", "203.0.114.1", "2606:4700:4700::1111"):
+    for address in ("8.8.8.8", "203.0.114.1", "2606:4700:4700::1111", "192.0.0.9", "192.0.0.10"):
         assert forbidden_reason(ipaddress.ip_address(address), allow_loopback=False) is None
 
 
