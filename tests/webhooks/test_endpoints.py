@@ -60,6 +60,7 @@ def test_the_secret_is_stored_encrypted(receiver, as_alice):
     "https://receiver.example/a b",
     "https://receiver.example/a\x7fb",      # DEL
     "https://receiver.example/hook#",        # an empty fragment
+    "https://receiver.example/" + "a" * 2024,  # 2,049 characters
     # IPv4 in the other forms resolvers and URL parsers read, which were taken as names: a lookup sent them to
     # the network's resolver, and the client's own check refused them only at send time
     "https://2130706433/hook",

@@ -7,7 +7,8 @@ from controlplane.api.fields import (BoundedListField, StrictBooleanField, Stric
 
 
 class EndpointIn(StrictSerializer):
-    url = StrictCharField(max_length=2048, help_text="https:// only")
+    # Its length too is webhooks.destinations.validate_url's to check (422 INVALID_URL).
+    url = StrictCharField(help_text="https:// only, at most 2048 characters")
     secret = StrictCharField(required=False, allow_null=True, max_length=200,
                              help_text="Optional Standard Webhooks secret, whsec_…; never returned")
 
