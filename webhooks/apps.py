@@ -17,6 +17,15 @@ def _resume_on_spawn(sender, proc_name, **kwargs):
         logging.getLogger(__name__).warning("could not queue webhook delivery at worker start", exc_info=True)
 
 
+def _offer_on_reinstatement(sender, instance, update_fields=None, **kwargs):
+    """A reinstated member's pushed items go on at once, not at the next
+    minute's sweep (their deliveries were cancelled while suspended)."""
+    if update_fields and "status" in update_fields and instance.status == instance.Status.ACTIVE:
+        from webhooks.mcp import offer_waiting
+
+        offer_waiting(instance.pk)
+
+
 class WebhooksConfig(AppConfig):
     name = "webhooks"
     verbose_name = "Webhooks"
@@ -28,6 +37,11 @@ class WebhooksConfig(AppConfig):
         from django_q.signals import post_spawn
 
         post_spawn.connect(_resume_on_spawn, dispatch_uid="webhooks.resume_on_spawn")
+        from django.db.models.signals import post_save
+
+        from controlplane.models import Member
+
+        post_save.connect(_offer_on_reinstatement, sender=Member, dispatch_uid="webhooks.offer_on_reinstatement")
         from controlplane.log import register_append_hook
         from inbox.mailbox import register_acknowledged_hook
         from webhooks.outbox import acknowledged, enqueue_wakes

@@ -233,17 +233,18 @@ def reap_deleted(limit: int = 1000) -> int:
         for pk, owner_id in candidates)
 
 
-def offer_waiting() -> int:
+def offer_waiting(owner_id: int | None = None) -> int:
     """The sweep's guarantee for `item` subscriptions (a lost kick, a
-    notice committed after its event's hook ran): each one that may send,
-    has a pending item and nothing unfinished gets a delivery. Returns how
-    many were offered."""
+    notice committed after its event's hook ran): each one (of `owner_id`'s,
+    with one) that may send, has a pending item and nothing unfinished gets
+    a delivery. Returns how many were offered."""
     pending = deliverable(OuterRef("owner"))
     unfinished = Delivery.objects.filter(subscription=OuterRef("pk"), state__in=Delivery.UNFINISHED)
     may_send = RawSQL(due.sendable("%s", connection.ops.quote_name(Subscription._meta.db_table)),
                       [connection.ops.adapt_datetimefield_value(now())], output_field=BooleanField())
+    subscriptions = Subscription.objects.filter(owner_id=owner_id) if owner_id is not None else Subscription.objects
     # A suspended owner's would be cancelled at its claim, and offered again next run.
-    waiting = list(Subscription.objects.filter(may_send, kind=Subscription.Kind.ITEM)
+    waiting = list(subscriptions.filter(may_send, kind=Subscription.Kind.ITEM)
                    .filter(Exists(pending), owner__status=Member.Status.ACTIVE).exclude(Exists(unfinished))
                    .values_list("pk", flat=True))
     with transaction.atomic():
