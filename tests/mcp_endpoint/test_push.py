@@ -361,24 +361,6 @@ def test_the_sweep_offers_again_only_what_may_send(world, receiver):
     assert not Delivery.objects.filter(subscription=subscription).exists()
 
 
-def test_a_reinstated_members_pushes_go_on_at_once(world, receiver):
-    """They waited for the minute's sweep: the claims while she was
-    suspended had cancelled her offers."""
-    # given: ada suspended with an item pending, its offer cancelled by a claim
-    created = subscribe(world)
-    services.update_member(world["ada"], status="suspended", actor=None)
-    send_message(world["direct"], body="while she was away", actor=world["bo"])
-    assert engine.claim_due(10) == []
-    subscription = Subscription.objects.get(public_id=created["id"])
-    assert not Delivery.objects.filter(subscription=subscription, state=Delivery.State.OPEN).exists()
-    # when
-    services.update_member(world["ada"], status="active", actor=None)
-    # then: offered in the same transaction, and the next run pushes it
-    assert Delivery.objects.filter(subscription=subscription, state=Delivery.State.OPEN).count() == 1
-    pump()
-    assert [json.loads(r.body)["data"]["item"]["content"] for r in pushes(receiver)] == ["while she was away"]
-
-
 def test_a_claim_left_on_a_subscription_that_may_not_send_keeps_no_timer_busy(world, receiver):
     """A worker died mid-push, and the lease lapsed: the claim is taken back
     only once the subscription may send again. Counting it as due kept the

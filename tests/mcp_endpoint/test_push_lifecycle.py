@@ -1,10 +1,13 @@
 """An MCP push subscription's life against a real HTTPS receiver: lapsed
 leases, unsubscribing while a push is in flight, the managed endpoint's
-place under the limits, and a refresh after a suspension."""
+place under the limits, a refresh after a suspension, and its owner's
+reinstatement."""
 import datetime as dt
+import json
 
 import pytest
 
+from controlplane import services
 from controlplane.clock import freeze, now
 from controlplane.errors import LimitExceeded
 from inbox.services import send_message
@@ -90,3 +93,21 @@ def test_a_refresh_resumes_a_subscription_suspended_after_its_retries(world, rec
     # then
     assert Subscription.objects.get(public_id=created["id"]).status == Subscription.Status.ACTIVE
     assert [r.json()["data"]["item"]["content"] for r in pushes(receiver)] == ["waiting"]
+
+
+def test_a_reinstated_members_pushes_go_on_at_once(world, receiver):
+    """They waited for the minute's sweep: the claims while she was
+    suspended had cancelled her offers."""
+    # given: ada suspended with an item pending, its offer cancelled by a claim
+    created = subscribe(world)
+    services.update_member(world["ada"], status="suspended", actor=None)
+    send_message(world["direct"], body="while she was away", actor=world["bo"])
+    assert engine.claim_due(10) == []
+    subscription = Subscription.objects.get(public_id=created["id"])
+    assert not Delivery.objects.filter(subscription=subscription, state=Delivery.State.OPEN).exists()
+    # when
+    services.update_member(world["ada"], status="active", actor=None)
+    # then: offered in the same transaction, and the next run pushes it
+    assert Delivery.objects.filter(subscription=subscription, state=Delivery.State.OPEN).count() == 1
+    pump()
+    assert [json.loads(r.body)["data"]["item"]["content"] for r in pushes(receiver)] == ["while she was away"]
