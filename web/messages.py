@@ -101,11 +101,13 @@ def readers_and_after(rows: list[tuple]) -> tuple[set[int], str | None, list[Row
     return readers, send_policy, sorted((_row(values) for values in found), key=lambda row: row.position)
 
 
-def render_rows(send_policy: str | None, messages: list) -> list[dict]:
+def render_rows(send_policy: str | None, messages: list, withheld: set[str] | None = None) -> list[dict]:
     """Each message (a Row or a Message) as {position, id, html}, for a
     space with `send_policy`. A message whose authority was revoked keeps its
-    place without its body, as in the feeds."""
-    withheld = withheld_bodies((m.public_id, send_policy) for m in messages)
+    place without its body, as in the feeds (`withheld`: the ids of those,
+    when the caller knows them already)."""
+    if withheld is None:
+        withheld = withheld_bodies((m.public_id, send_policy) for m in messages)
     return [{"position": m.position, "id": m.public_id,
              "html": render_to_string("web/_message.html", {"m": m, "withheld": m.public_id in withheld})}
             for m in messages]

@@ -133,8 +133,8 @@ def history(request, member, slug, conversation_id):
     conversation = _conversation(member, slug, conversation_id)
     send_policy = conversation.space.send_policy
     if (start := _position_param(request, "withheld_from")) is not None:
-        return JsonResponse({"rows": messages.render_rows(send_policy, messages.withheld_from(
-            conversation.pk, send_policy, start))})
+        rows = messages.withheld_from(conversation.pk, send_policy, start)
+        return JsonResponse({"rows": messages.render_rows(send_policy, rows, {row.public_id for row in rows})})
     rows, more = messages.before(conversation.pk, _position_param(request))
     return JsonResponse({"rows": messages.render_rows(send_policy, rows), "more": more})
 
