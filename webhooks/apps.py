@@ -5,14 +5,15 @@ from django.apps import AppConfig
 
 def _resume_on_spawn(sender, proc_name, **kwargs):
     """A worker that starts picks up wakes a stopped one left (due, or
-    claimed by a worker that died) without waiting for the minute sweep."""
+    claimed by a worker that died) without waiting for the minute sweep,
+    as the timer if the one before died (webhooks.tasks.resume)."""
     from django_q.conf import Conf
     from django_q.tasks import async_task
 
     if Conf.SYNC:  # tasks run inline (tests): there is no worker to start
         return
     try:
-        async_task("webhooks.tasks.deliver")
+        async_task("webhooks.tasks.resume")
     except Exception:  # the minute sweep covers it
         logging.getLogger(__name__).warning("could not queue webhook delivery at worker start", exc_info=True)
 

@@ -6,6 +6,7 @@ import fcntl
 import hashlib
 import logging
 import secrets
+import time
 from pathlib import Path
 
 from django.conf import settings
@@ -30,9 +31,11 @@ RUN_SECONDS = 40
 # chosen by a lock file (`_host_timer`): one per host and database. Runs are
 # short all the same, as a host's processes may be more than one cluster's.
 LOCAL_RUN_SECONDS = 10
-# The timer renews its key every second while it runs: a killed timer's key
-# is gone within TIMER_KEY_SECONDS, and new wakes queue tasks again.
+# The timer renews its key every second while it runs, with the time: a
+# killed timer's key is gone within TIMER_KEY_SECONDS, and new wakes queue
+# tasks again; a starting worker tells a live timer by the renewals (`resume`).
 TIMER_KEY_SECONDS = 3
+RESUME_POLL_SECONDS = 0.25
 # With Redis, the timer is the only run sending while it runs (kicks are not
 # queued meanwhile), and one process's CPU bounds it. A claim that fills its
 # room means more is due than it can hold: it asks for a helper, one more
@@ -61,8 +64,8 @@ def deliver() -> int:
     mcp.offer_waiting()
     shared = live.shared_layer()
     host_lock = None if shared else _host_timer()
-    timer = (shared or host_lock is not None) and cache.add(TIMER_KEY, 1, timeout=TIMER_KEY_SECONDS)
-    renew = (lambda: cache.touch(TIMER_KEY, TIMER_KEY_SECONDS)) if timer else None
+    timer = (shared or host_lock is not None) and cache.add(TIMER_KEY, time.time(), timeout=TIMER_KEY_SECONDS)
+    renew = (lambda: cache.set(TIMER_KEY, time.time(), timeout=TIMER_KEY_SECONDS)) if timer else None
     handed_over = False
 
     def let_go() -> None:
@@ -96,6 +99,24 @@ def deliver() -> int:
     if was_timer and not handed_over and ((shared and sent) or engine.next_due_in(60) is not None):
         async_task("webhooks.tasks.deliver")  # the next run takes over the timer
     return sent
+
+
+def resume() -> int:
+    """A worker's first run (webhooks.apps): `deliver`, as the timer if the
+    one before died. A killed timer's key outlives it by up to
+    TIMER_KEY_SECONDS, so a run that started then was no timer, and the
+    wakes the dead one had claimed waited for the minute's sweep (some 30 s
+    after a restart) once their leases ran out. So a starting worker that
+    finds the key waits for it to lapse, or to be renewed: a live timer
+    renews it (with the time) about once a second."""
+    if live.shared_layer():
+        held = cache.get(TIMER_KEY)
+        until = time.monotonic() + TIMER_KEY_SECONDS + RESUME_POLL_SECONDS
+        while held is not None and time.monotonic() < until:
+            time.sleep(RESUME_POLL_SECONDS)
+            if cache.get(TIMER_KEY) != held:
+                break
+    return deliver()
 
 
 def _host_timer():

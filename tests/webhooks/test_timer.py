@@ -210,6 +210,36 @@ def test_a_timer_that_handed_over_leaves_the_next_ones_key_alone(monkeypatch):
     cache.delete(due.TIMER_KEY)
 
 
+@pytest.mark.parametrize("renewed", [False, True], ids=["dead timer", "live timer"])
+def test_a_starting_worker_is_the_timer_once_a_dead_timers_key_lapses_and_waits_no_more_for_a_live_one(
+        monkeypatch, renewed):
+    """A killed timer's key outlives it by a few seconds; a worker started
+    then (a restart) waits for it to lapse and takes over, where it used to
+    run as no timer and leave what the dead one had claimed to the minute's
+    sweep. A live timer's renewal ends the wait at once."""
+    from webhooks import tasks
+
+    monkeypatch.setattr("controlplane.live.shared_layer", lambda: True)
+    seen = []
+    monkeypatch.setattr(tasks, "deliver", lambda: seen.append(cache.get(due.TIMER_KEY)) or 0)
+    cache.set(due.TIMER_KEY, time.time() - 2, timeout=1)  # its last renewal, 2 s ago
+    renewal = threading.Timer(0.3, lambda: renewed and cache.set(due.TIMER_KEY, time.time(), timeout=3))
+    renewal.start()
+    try:
+        # when
+        started = time.monotonic()
+        tasks.resume()
+        # then: a dead timer's key was gone when the run started (so it is
+        # the timer); a live one's was there, renewed, long before it lapses
+        if renewed:
+            assert seen[0] is not None and time.monotonic() - started < tasks.TIMER_KEY_SECONDS
+        else:
+            assert seen == [None]
+    finally:
+        renewal.join()
+        cache.delete(due.TIMER_KEY)
+
+
 def test_without_redis_one_run_at_a_time_is_the_timer_of_its_host_and_database(monkeypatch):
     """Each worker process's cache is its own: a lock file chooses the
     timer, and the other runs send what is due and give their worker back."""
