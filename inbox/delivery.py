@@ -93,9 +93,10 @@ def oldest_pending(member_ids: Iterable[int]) -> dict[int, InboxItem]:
     return {item.member_id: item for item in items}
 
 
-def read_inbox(member: Member, *, bound: int | None = None, after: tuple[int, int] = (0, 0)) -> InboxPage:
+def read_inbox(member: Member, *, bound: int | None = None, after: tuple[int, int] = (0, 0),
+               limit: int = PAGE_ITEMS) -> InboxPage:
     """One page of `member`'s pending items in insertion order: at most
-    PAGE_ITEMS items and PAGE_BYTES of content (at least one item).
+    `limit` (up to PAGE_ITEMS) items and PAGE_BYTES of content (at least one item).
 
     The first page fixes the upper insertion bound (the log head, which
     every committed item is at or below); continuations keep it, so items
@@ -107,7 +108,7 @@ def read_inbox(member: Member, *, bound: int | None = None, after: tuple[int, in
         cursor.execute(*_PAGE.sql(member.pk, bound, *after))
         rows = [model_from_row(InboxItem, row) for row in cursor.fetchall()]
     page, size = [], 0
-    for row in rows[:PAGE_ITEMS]:
+    for row in rows[:min(limit, PAGE_ITEMS)]:
         if page and size + row.content_bytes > PAGE_BYTES:
             break
         page.append(row)

@@ -23,19 +23,20 @@ HELD_STREAM = "held_items"
 SNAPSHOT_TTL_SECONDS = 3600
 
 
-def pending_items(member: Member, cursor: str | None) -> tuple[list[InboxItem], str | None]:
+def pending_items(member: Member, cursor: str | None,
+                  limit: int = delivery.PAGE_ITEMS) -> tuple[list[InboxItem], str | None]:
     """One page of pending items (`delivery.read_inbox`) and the cursor of the next, if any."""
     caller = caller_id(member)
     bound, after = None, (0, 0)
     if cursor:
         bound, *after = unpack_cursor(cursor, count=3, caller=caller, stream=INBOX_STREAM)
-    page = delivery.read_inbox(member, bound=bound, after=tuple(after))
+    page = delivery.read_inbox(member, bound=bound, after=tuple(after), limit=limit)
     return page.items, pack_cursor(page.next, caller=caller, stream=INBOX_STREAM) if page.next else None
 
 
-def inbox_page(member: Member, cursor: str | None) -> dict:
+def inbox_page(member: Member, cursor: str | None, limit: int = delivery.PAGE_ITEMS) -> dict:
     """`{"items": [...], "nextCursor"}`: one page of pending items."""
-    items, next_cursor = pending_items(member, cursor)
+    items, next_cursor = pending_items(member, cursor, limit)
     return {"items": [render_entry(item) for item in items], "nextCursor": next_cursor}
 
 

@@ -6,12 +6,12 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.api.fields import (BoundedListField, CursorField, StrictCharField, StrictChoiceField,
-                                     StrictIntegerField, StrictSerializer, validated)
-from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, errors, extend_schema
+from controlplane.api.fields import (BoundedListField, CursorField, QueryIntegerField, StrictCharField,
+                                     StrictChoiceField, StrictIntegerField, StrictSerializer, validated)
+from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, INBOX_LIMIT, errors, extend_schema
 from controlplane.idempotency import idempotent
 from controlplane.services import parse_handle
-from inbox import firewall, reads
+from inbox import delivery, firewall, reads
 from inbox.models import FirewallRule
 from inbox.render import render_entry, render_rules
 
@@ -21,6 +21,7 @@ class AcknowledgeDeliveryIn(StrictSerializer):
 
 class InboxParams(serializers.Serializer):
     cursor = CursorField(required=False)
+    limit = QueryIntegerField(required=False, min_value=1, max_value=delivery.PAGE_ITEMS, default=delivery.PAGE_ITEMS)
 
 
 class InboxEntryOut(serializers.Serializer):
@@ -100,11 +101,11 @@ class ReleaseView(APIView):
 
 
 class InboxView(APIView):
-    @extend_schema(operation_id="read_inbox", parameters=[CURSOR],
+    @extend_schema(operation_id="read_inbox", parameters=[CURSOR, INBOX_LIMIT],
                    responses={200: InboxPageOut, **errors("INVALID_REQUEST", "INVALID_CURSOR")})
     def get(self, request):
         params = validated(InboxParams, request.query_params)
-        return Response(reads.inbox_page(request.user, params.get("cursor")))
+        return Response(reads.inbox_page(request.user, params.get("cursor"), params["limit"]))
 
 
 class AcknowledgeDeliveryView(APIView):

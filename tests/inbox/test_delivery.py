@@ -68,6 +68,19 @@ def test_pages_hold_at_most_50_items(space, alice, bob, as_bob):
     assert [e["item"]["content"] for e in first["items"] + second["items"]] == [f"m{i}" for i in range(53)]
 
 
+def test_a_page_holds_at_most_the_limit_asked_for_from_1_to_50(space, alice, bob, as_bob):
+    direct, _ = services.get_or_create_direct(space, bob, actor=alice)
+    for i in range(5):
+        send_message(direct, body=f"m{i}", actor=alice)
+    first = as_bob.get("/v0/me/inbox", limit=2).json()
+    second = as_bob.get("/v0/me/inbox", cursor=first["nextCursor"], limit=50).json()
+    assert [e["item"]["content"] for e in first["items"]] == ["m0", "m1"]
+    assert [e["item"]["content"] for e in second["items"]] == ["m2", "m3", "m4"] and second["nextCursor"] is None
+    for bad in ("0", "51", "-1", "ten", "2.5"):
+        response = as_bob.get("/v0/me/inbox", limit=bad)
+        assert response.status_code == 400 and response.json()["error"]["code"] == "INVALID_REQUEST", bad
+
+
 def test_pages_hold_at_most_the_byte_limit(space, alice, bob, as_bob, monkeypatch):
     # given: items of ~1 KiB and a 2.5 KiB page
     monkeypatch.setattr(delivery, "PAGE_BYTES", 2560)
