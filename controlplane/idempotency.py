@@ -41,9 +41,17 @@ def idempotency_key(request) -> str | None:
     key = request.META.get("HTTP_IDEMPOTENCY_KEY")
     if key is None:
         return None
-    if not is_valid_key(key):
+    if not is_valid_key(key) or _given_twice(request):
         raise InvalidIdempotencyKey()
     return key
+
+
+def _given_twice(request) -> bool:
+    """Whether the header came more than once. Django joins repeated headers
+    with a comma, into what passes for one valid key; an ASGI request (what
+    `serve` runs) still has them apart in its scope."""
+    headers = getattr(request, "scope", {}).get("headers", ())
+    return sum(name == b"idempotency-key" for name, _ in headers) > 1
 
 
 def request_fingerprint(request) -> str:

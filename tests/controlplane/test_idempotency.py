@@ -1,9 +1,13 @@
 """SPEC §2: Idempotency-Key on every write: its format, replays, conflicts,
 and what a stored record keeps."""
+import asyncio
+import json
+
 import pytest
 from rest_framework.test import APIClient
 
 from controlplane import services
+from controlplane.asgi import application
 from controlplane.models import Member, Space
 from tests.conftest import at_once, error_code, meeting_point
 
@@ -142,3 +146,40 @@ def test_two_requests_with_one_key_at_once_do_the_work_once_and_answer_alike(mon
     # then one space, and the second answer is the first's (it was 409: that slug is taken)
     assert Space.objects.count() == 1
     assert [status for status, _ in answers] == [201, 201] and answers[0][1] == answers[1][1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_key_given_twice_is_400_not_the_two_joined(settings):
+    # given: two Idempotency-Key headers, which Django joins into "first-key-1,other-key-2"
+    alice = services.create_member("alice", actor=None)
+    _, token = services.issue_credential(alice, actor=None)
+    body = json.dumps({"slug": "lab", "name": "Lab"}).encode()
+    keys = [(b"idempotency-key", b"first-key-1"), (b"idempotency-key", b"other-key-2")]
+    # when
+    status, answer = _post(body, [(b"authorization", f"Bearer {token}".encode()), *keys])
+    # then
+    assert (status, answer["error"]["code"]) == (400, "INVALID_IDEMPOTENCY_KEY")
+    assert not Space.objects.exists()
+    # and one of them alone is a key like any other
+    assert _post(body, [(b"authorization", f"Bearer {token}".encode()), keys[0]])[0] == 201
+
+
+def _post(body: bytes, headers: list[tuple[bytes, bytes]]) -> tuple[int, dict]:
+    """POST /v0/spaces through the ASGI application `serve` runs, with
+    exactly these headers (a test client cannot repeat one)."""
+    sent, received = [], [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive():
+        return received.pop(0) if received else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": "/v0/spaces", "raw_path": b"/v0/spaces", "query_string": b"",
+             "root_path": "", "client": ("127.0.0.1", 5000), "server": ("testserver", 80),
+             "headers": [(b"host", b"testserver"), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode()), *headers]}
+    asyncio.run(application(scope, receive, send))
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    return start["status"], json.loads(b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body"))
