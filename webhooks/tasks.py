@@ -14,6 +14,7 @@ from django.core.cache import cache
 from django.db import connection
 
 from controlplane import live
+from controlplane.clock import timestamp
 from webhooks import engine, mcp, pump, reaper
 from webhooks.due import HELPER_KEY, TIMER_KEY
 
@@ -64,8 +65,8 @@ def deliver() -> int:
     mcp.offer_waiting()
     shared = live.shared_layer()
     host_lock = None if shared else _host_timer()
-    timer = (shared or host_lock is not None) and cache.add(TIMER_KEY, time.time(), timeout=TIMER_KEY_SECONDS)
-    renew = (lambda: cache.set(TIMER_KEY, time.time(), timeout=TIMER_KEY_SECONDS)) if timer else None
+    timer = (shared or host_lock is not None) and cache.add(TIMER_KEY, timestamp(), timeout=TIMER_KEY_SECONDS)
+    renew = (lambda: cache.set(TIMER_KEY, timestamp(), timeout=TIMER_KEY_SECONDS)) if timer else None
     handed_over = False
 
     def let_go() -> None:
