@@ -70,14 +70,25 @@ def silent_since(task: Task) -> dt.datetime:
     return max(task.updated_at, spoke) if spoke else task.updated_at
 
 
+def locked_task(rows, related: tuple[str, ...]) -> Task | None:
+    """The first task of `rows`, its row locked, then read with `related`.
+    Locked with its joins, a row another transaction had just changed came
+    back joined to the other rows as they were before: PostgreSQL re-checks
+    only the locked table's new version, and a claimant just set came back
+    as none. A claim's decision took that for a deleted claimant and
+    expired the claim a concurrent request had just taken; a task's change
+    answered and logged it with no claimant."""
+    pk = rows.select_for_update(no_key=True).values_list("pk", flat=True).first()
+    return None if pk is None else Task.objects.select_related(*related).get(pk=pk)
+
+
 def _decide(task_pk: int, at: dt.datetime) -> str | None:
     """Check in on, or expire, one claim, with its row locked, and move it
     on in the sweep index. Returns "checkin", "expired" or None."""
     limit = timeout()
     with transaction.atomic():
-        task = (Task.objects.select_for_update(of=("self",), no_key=True)
-                .select_related("space", "conversation", "claimant")
-                .filter(pk=task_pk, status=Task.Status.CLAIMED).first())
+        task = locked_task(Task.objects.filter(pk=task_pk, status=Task.Status.CLAIMED),
+                           ("space", "conversation", "claimant"))
         if task is None or limit is None:
             return None
         if task.space.archived:  # only active spaces' claims are swept; unarchiving reschedules nothing

@@ -103,8 +103,8 @@ def visible_task(space: Space, task_id: str, member: Member | None, *, lock: boo
     if not can_read_space(space, member):
         raise NotFound()
     claims.expire_if_due(space, task_id)
-    rows = Task.objects.select_related(*RELATED).filter(space=space, public_id=task_id)
-    task = (rows.select_for_update(of=("self",), no_key=True) if lock else rows).first()
+    rows = Task.objects.filter(space=space, public_id=task_id)
+    task = claims.locked_task(rows, RELATED) if lock else rows.select_related(*RELATED).first()
     if task is None:
         raise NotFound("No such task in this space.")
     return task

@@ -9,7 +9,7 @@ import pytest
 from controlplane.clock import freeze, now
 from controlplane.log import Event
 from coordination import services as tasks
-from coordination.models import CheckinReceipt
+from coordination.models import CheckinReceipt, Task
 from tests.servers import ROOT, server_env
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -44,3 +44,62 @@ def test_concurrent_scans_emit_one_checkin_per_claim(space, alice, bob):
     assert sum(emitted) == 60
     assert CheckinReceipt.objects.count() == 60
     assert Event.objects.filter(kind="task_claim_checkin").count() == 60
+
+
+def _slow_claim(space, task, member, monkeypatch):
+    """`member` claims `task` in a thread whose transaction stays open a
+    second after the claim is written; returns the thread, once written."""
+    import threading
+    import time
+
+    from django.db import connections
+
+    changed, written = tasks._changed, threading.Event()
+
+    def slow_for_member(task, kind, actor, fields):
+        result = changed(task, kind, actor, fields)
+        if actor.pk == member.pk:
+            written.set()
+            time.sleep(1.0)
+        return result
+
+    monkeypatch.setattr(tasks, "_changed", slow_for_member)
+    thread = threading.Thread(target=lambda: (tasks.claim_task(space, task.public_id, actor=member),
+                                              connections.close_all()))
+    thread.start()
+    assert written.wait(10)
+    return thread
+
+
+def test_a_claim_taken_over_while_another_claimant_waits_for_the_row_stands(space, alice, bob, carol, monkeypatch):
+    """Two members claim work whose claim has expired: carol takes it
+    (expiry and claim in one transaction) while bob's request waits for the
+    row. Locked with its joins, bob's re-read of the row found carol's
+    claim with no claimant, took it for a deleted claimant's, expired it
+    and claimed: both were answered 200, and only the last held the task."""
+    from controlplane.errors import Conflict
+
+    task = tasks.create_task(space, title="Report", actor=alice)
+    tasks.claim_task(space, task.public_id, actor=alice)
+    Task.objects.filter(pk=task.pk).update(updated_at=now() - dt.timedelta(hours=25),
+                                           sweep_at=now() - dt.timedelta(minutes=1))
+    carols = _slow_claim(space, task, carol, monkeypatch)
+    # when: bob claims while carol's transaction holds the row
+    with pytest.raises(Conflict) as refusal:
+        tasks.claim_task(space, task.public_id, actor=bob)
+    carols.join(10)
+    # then: carol has it, bob was told so, and the log has one expiry
+    assert refusal.value.details["claimant"] == "@carol"
+    assert Task.objects.get(pk=task.pk).claimant == carol
+    assert [e.data.get("claimant") for e in Event.objects.filter(kind="task_claim_expired")] == ["@alice"]
+
+
+def test_a_change_waiting_for_a_claim_answers_and_logs_its_claimant(space, alice, carol, monkeypatch):
+    task = tasks.create_task(space, title="Report", actor=alice)
+    carols = _slow_claim(space, task, carol, monkeypatch)
+    # when: alice renames it while carol's claim holds the row
+    renamed = tasks.update_task(space, task.public_id, {"title": "Report, final"}, actor=alice)
+    carols.join(10)
+    # then
+    assert renamed.claimant == carol
+    assert Event.objects.filter(kind="task.updated").get().data["task"]["claimant"] == "@carol"
