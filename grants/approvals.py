@@ -16,6 +16,7 @@ from controlplane.tokens import public_id
 from grants.models import ApprovalRequest, Grant
 from grants.render import grant_event
 from inbox import notices
+from inbox.models import Recipient
 from inbox.services import send_message
 
 MAX_REASON_CHARS = 2000
@@ -129,6 +130,10 @@ def approve(request: ApprovalRequest, *, actor: Member) -> ApprovalRequest:
             # sender no longer a member, the key used for another message…
             raise Conflict(f"The retained message cannot be sent as approved: {exc.message}",
                            details={"cause": exc.code, **exc.details}) from None
+        if result.created and (gone := _not_received(result.message, request.recipients)):
+            # Away from the space since: the message would go to no one it was approved for.
+            raise Conflict("The retained message cannot be sent as approved: "
+                           f"{', '.join(gone)} no longer belong to the space.", details={"recipients": gone})
         if not result.created:  # sent meanwhile under other authority with the same key: these went unused
             Grant.objects.filter(pk__in=[grant.pk for grant in made]).delete()
         else:
@@ -142,6 +147,13 @@ def approve(request: ApprovalRequest, *, actor: Member) -> ApprovalRequest:
         request.save(update_fields=["status", "decided_by", "decided_at", "message"])
         _notify_sender(request)
     return request
+
+
+def _not_received(message, retained: list[int]) -> list[str]:
+    """The handles of the retained recipients `message` got no copy for."""
+    received = set(Recipient.objects.filter(message=message).values_list("member_id", flat=True))
+    return [f"@{handle}" for handle in Member.objects.filter(pk__in=set(retained) - received)
+            .order_by("handle").values_list("handle", flat=True)]
 
 
 def deny(request: ApprovalRequest, reason: str, *, actor: Member) -> ApprovalRequest:

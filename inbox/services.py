@@ -92,12 +92,10 @@ def _recipients(conversation: Conversation, space: Space, mentioned: list[str], 
     - direct and group: the other participants who still belong to the space;
     - channel: the explicitly mentioned members who can read the space, less
       those removed from it (controlplane.access.receives_from)."""
-    quote = connection.ops.quote_name
-    member, columns = quote(Member._meta.db_table), model_columns(Member, "m")
-    membership = quote(Membership._meta.db_table)
     if conversation.kind == Conversation.Kind.CHANNEL:
         if not mentioned:
             return []
+        member, columns = connection.ops.quote_name(Member._meta.db_table), model_columns(Member, "m")
         candidates = _members(f"SELECT {columns} FROM {member} m "
                               f"WHERE m.handle IN ({', '.join(['%s'] * len(mentioned))}) AND m.id <> %s "
                               f"AND NOT {removed_sql('%s', 'm.id')}",
@@ -105,11 +103,31 @@ def _recipients(conversation: Conversation, space: Space, mentioned: list[str], 
         readers = readers_of(conversation, {m.pk for m in candidates})
         order = {h: i for i, h in enumerate(mentioned)}
         return sorted((m for m in candidates if m.pk in readers), key=lambda m: order[m.handle])
+    return _participants(conversation, space, author, away=False)
+
+
+def _participants(conversation: Conversation, space: Space, author: Member, *, away: bool) -> list[Member]:
+    """A direct or group conversation's other participants who belong to
+    the space now (its recipients), or, `away`, those who do not."""
+    quote = connection.ops.quote_name
+    member, columns = quote(Member._meta.db_table), model_columns(Member, "m")
+    membership = quote(Membership._meta.db_table)
     return _members(f"SELECT {columns} FROM {quote(Participant._meta.db_table)} p "
                     f"JOIN {member} m ON m.id = p.member_id WHERE p.conversation_id = %s AND p.member_id <> %s "
-                    f"AND EXISTS (SELECT 1 FROM {membership} ms WHERE ms.space_id = %s "
+                    f"AND {'NOT ' if away else ''}EXISTS (SELECT 1 FROM {membership} ms WHERE ms.space_id = %s "
                     f"AND ms.member_id = p.member_id AND ms.status = '{Membership.Status.ACTIVE.value}') "
                     f"ORDER BY p.ordinal", [conversation.pk, author.pk, space.pk])
+
+
+def _away(conversation: Conversation, space: Space, author: Member) -> list[Member]:
+    """Who else a send must be authorized for (explicit_only): the
+    participants of a direct or group conversation away from its space. They
+    get no copy now, but read the conversation again once they are back (or,
+    in an open space, while away), so a send with them away needed no grant
+    for them, and reached them all the same."""
+    if conversation.kind == Conversation.Kind.CHANNEL:
+        return []
+    return _participants(conversation, space, author, away=True)
 
 
 def _members(sql: str, params: list) -> list[Member]:
@@ -218,7 +236,8 @@ def send_message(conversation: Conversation, *, body: str, reply_to: str | None 
                 # The send policy (grants, registered with inbox.authority)
                 # decides; its grants stay locked from the decision to the commit.
                 policy = authority.send_policy()
-                granted = policy.authorize(space, actor, recipients, idempotency_key=idempotency_key)
+                granted = policy.authorize(space, actor, [*recipients, *_away(conversation, space, actor)],
+                                           idempotency_key=idempotency_key)
                 if lock_also:
                     mailbox.lock([*lock_also, *(r.pk for r in recipients)], create=True)
                 insert_message(message, recipients, granted, collective=request)

@@ -146,6 +146,18 @@ def test_approval_that_cannot_send_as_approved_changes_nothing(requested, locked
     assert not Grant.objects.exists() and not Message.objects.exists()
 
 
+def test_approval_whose_recipient_left_sends_nothing_and_leaves_no_grant(requested, locked, as_root, alice, carol):
+    # given: carol, the retained recipient, has since been removed from the space
+    services.remove_member(locked, carol, actor=alice)
+    # when
+    response = as_root.post(f"/v0/approval-requests/{requested['id']}/approve")
+    # then: it would reach no one it was approved for; before, it was
+    # "approved", sent to nobody, and its one-message grant stayed active
+    assert response.status_code == 409 and response.json()["error"]["details"]["recipients"] == ["@carol"]
+    assert ApprovalRequest.objects.get().status == "pending"
+    assert not Grant.objects.exists() and not Message.objects.exists()
+
+
 def test_a_decision_on_a_channel_message_reaches_only_its_sender(locked, bob, carol, as_bob, as_root, anon):
     # given: bob asks for approval of a channel message mentioning carol
     channel = services.create_channel(locked, "ops", actor=bob)

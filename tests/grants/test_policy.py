@@ -116,3 +116,24 @@ def test_a_channel_message_without_mentions_needs_no_grant(locked, as_bob, bob):
 def test_request_approval_must_be_a_boolean(bob_to_carol, as_bob, body):
     response = as_bob.post(send_path(bob_to_carol), body)
     assert response.status_code == 400 and error_code(response) == "INVALID_REQUEST"
+
+
+def test_a_participant_away_from_the_space_needs_a_grant_too(locked, bob_to_carol, as_bob, as_carol, grant, alice,
+                                                             bob, carol):
+    """carol, away from the space when bob writes, gets no copy, but reads
+    the conversation again once she is back: without a grant for her the
+    send was 201 with no recipient, and she read it afterwards."""
+    # given: carol removed from the space
+    services.remove_member(locked, carol, actor=alice)
+    # when
+    refused = as_bob.post(send_path(bob_to_carol), {"body": "while you were out"})
+    # then
+    assert refused.status_code == 403 and error_code(refused) == "GRANT_REQUIRED"
+    assert refused.json()["error"]["details"]["recipients"] == ["@carol"]
+    # and with one the message goes, to no one now, and is hers to read once she is back
+    grant("grt_pair", "pair", sender="@bob", recipient="@carol")
+    sent = as_bob.post(send_path(bob_to_carol), {"body": "while you were out"})
+    message_id = sent.json()["message"]["id"]
+    assert sent.status_code == 201 and not Recipient.objects.filter(message__public_id=message_id).exists()
+    services.add_member(locked, carol, actor=alice)
+    assert as_carol.get(f"/v0/messages/{message_id}/body").json()["body"] == "while you were out"
