@@ -74,7 +74,11 @@ def finish_barrier(grant_pk: int, *, until: float | None = None) -> Grant:
             if grant.status != Grant.Status.REVOKING:
                 break  # finished, by this call or an earlier one (which may have stopped short of what follows)
             verb = "expired" if grant.ending == Grant.Status.EXPIRED else "was revoked"
-            reason = f"The grant {grant.public_id} this message was sent under {verb} before it was delivered."
+            # Not naming the grant: the reason is shown to every reader of a
+            # channel (the message's status, `message.rejected` in the space
+            # feed), and only the grant's parties may learn of it. The
+            # recipient's `rejected` item names it (`authority_ref`).
+            reason = f"The grant this message was sent under {verb} before it was delivered."
             if not notices.reject_items_under(grant.pk, authority_ref=grant.public_id, reason=reason, limit=BATCH):
                 grant.status, grant.generation, grant.ended_at = grant.ending, grant.generation + 1, now()
                 grant.save(update_fields=["status", "generation", "ended_at"])

@@ -9,6 +9,7 @@ import pytest
 from django_q.models import Schedule
 from django_q.scheduler import scheduler
 
+from controlplane import services
 from controlplane.clock import freeze, now
 from controlplane.schedules import ensure_schedules
 from grants import barrier
@@ -153,6 +154,24 @@ def test_feeds_withhold_bodies_once_authority_is_revoked(locked, bob_to_carol, g
     assert [e["data"]["message"]["body"] for e in space_feed if e["kind"] == "message.created"] == [None]
     snapshot = as_carol.get("/v0/me/snapshot").json()
     assert snapshot["unresolved"] == []  # rejected is terminal
+
+
+def test_a_channel_rejection_names_its_grant_to_its_recipient_alone(locked, grant, as_alice, as_bob, as_carol, bob,
+                                                                    api_for, make_member):
+    # given: a pair grant with a telling id, a channel message under it, and
+    # dan, a member of the space and no party of the grant
+    dan = make_member("dan")
+    services.join_space(locked, actor=dan)
+    grant("grt_bob-may-page-carol-about-incident-42", "pair", sender="@bob", recipient="@carol")
+    channel = services.create_channel(locked, "ops", actor=bob)
+    message_id = send(as_bob, channel, "@carol deploy now")
+    # when
+    as_alice.post("/v0/grants/grt_bob-may-page-carol-about-incident-42/revoke")
+    # then: carol's notice names it; what every reader of the channel sees does not
+    assert inbox(as_carol)[0]["item"]["grant"] == "grt_bob-may-page-carol-about-incident-42"
+    as_dan = api_for(dan)
+    seen = json.dumps([as_dan.get("/v0/spaces/vault/events").json(), as_dan.get(f"/v0/messages/{message_id}").json()])
+    assert "message.rejected" in seen and "was revoked" in seen and "incident-42" not in seen
 
 
 def test_the_web_app_and_its_live_pass_withhold_bodies_too(locked, bob_to_carol, grant, as_alice, as_bob, carol):
