@@ -29,12 +29,15 @@ class RFC3339Field(serializers.DateTimeField):
     """A date-time in RFC 3339 only (SPEC §2): DRF's ISO 8601 parser also
     takes a bare date, an ISO week or a time without an offset (read as
     UTC), none of which a client meaning an instant would send. RFC 3339
-    allows "t" and "z" in lower case, which DRF's parser does not."""
+    allows "t" and "z" in lower case, which DRF's parser does not. Kept to
+    the millisecond, as every timestamp is shown: a finer one was stored as
+    sent, and the same request again with the value as shown conflicted."""
 
     def to_internal_value(self, value):
         if not isinstance(value, str) or not RFC3339.fullmatch(value):
             self.fail("invalid", format="RFC 3339 (2027-01-01T00:00:00Z)")
-        return super().to_internal_value(value.upper())
+        instant = super().to_internal_value(value.upper())
+        return instant.replace(microsecond=instant.microsecond // 1000 * 1000)
 
 
 class BoundedListField(serializers.ListField):

@@ -59,6 +59,18 @@ def test_an_id_another_space_uses_is_free_and_reveals_nothing(locked, as_alice, 
     assert Grant.objects.filter(public_id="grt_x").count() == 2
 
 
+def test_an_expiry_is_kept_to_the_millisecond_it_is_shown_with(locked, as_alice):
+    # given: an expiry given to the microsecond
+    created = as_alice.post(GRANTS, {**PAIR, "expires_at": "2099-01-01T00:00:00.123456Z"})
+    shown = created.json()["grant"]["expires_at"]
+    # when: the same grant again, with the expiry as shown, and as first sent
+    again = as_alice.post(GRANTS, {**PAIR, "expires_at": shown})
+    first = as_alice.post(GRANTS, {**PAIR, "expires_at": "2099-01-01T00:00:00.123456Z"})
+    # then: both are the same request
+    assert created.status_code == 201 and shown == "2099-01-01T00:00:00.123Z"
+    assert (again.status_code, first.status_code) == (200, 200) and again.json() == first.json() == created.json()
+
+
 def test_grants_of_an_id_in_others_spaces_cannot_crowd_out_ones_own(locked, as_alice, make_member, api_for,
                                                                      monkeypatch):
     # given: alice's grant grt_x, and dave's grants of the same id in more spaces than a lookup weighs
