@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from collections.abc import Iterable
 from dataclasses import replace
 
 from django.db import transaction
@@ -35,7 +36,7 @@ from django.db.models import Exists, OuterRef, Q
 
 from controlplane.access import active_membership, can_read_space
 from controlplane.clock import now, rfc3339
-from controlplane.live import kick_once_on_commit
+from controlplane.live import kick_on_commit, kick_once_on_commit
 from controlplane.log import NewEvent
 from controlplane.errors import Conflict, Forbidden, InvalidRequest
 from controlplane.models import Conversation, Member, Participant
@@ -78,9 +79,15 @@ def start(message: Message, recipients: list[Member], spec: dict) -> Collective:
     order = list(Participant.objects.filter(conversation=message.conversation).order_by("ordinal")
                  .values_list("member_id", flat=True))
     answering = [pk for pk in order if pk in {r.pk for r in recipients}]
-    return Collective.objects.create(message=message, op=spec["op"], requester_id=message.author_id,
-                                     members=answering,
-                                     deadline_at=message.created_at + dt.timedelta(milliseconds=spec["deadline_ms"]))
+    collective = Collective.objects.create(
+        message=message, op=spec["op"], requester_id=message.author_id, members=answering,
+        deadline_at=message.created_at + dt.timedelta(milliseconds=spec["deadline_ms"]))
+    if not answering or any(r.status != Member.Status.ACTIVE for r in recipients):
+        # Over at once (no one to answer: every member has), or never to
+        # complete (a suspended member owes an answer): settled after the
+        # commit, not at the deadline, up to a day later.
+        kick_on_commit("inbox.tasks.settle_collectives", [message.pk])
+    return collective
 
 
 def _locked(message: Message) -> Collective | None:
@@ -137,12 +144,26 @@ def fail_under(grant_pk: int | None = None) -> None:
     barrier's end and this)."""
     under = (Q(message__recipients__grant_id=grant_pk) if grant_pk is not None else
              Exists(Recipient.objects.filter(authority.inactive(), message_id=OuterRef("message_id"))))
-    for message_id in (Collective.objects.filter(under, state=Collective.State.PENDING)
-                       .values_list("message_id", flat=True).distinct()):
+    settle(Collective.objects.filter(under, state=Collective.State.PENDING).values_list("message_id", flat=True)
+           .distinct())
+
+
+def settle(message_ids: Iterable[int]) -> None:
+    """Finish each of these operations that can or must be, each in a
+    transaction of its own."""
+    for message_id in message_ids:
         with transaction.atomic():
             collective = _locked(Message(pk=message_id))
             if collective is not None:
                 _settle(collective)
+
+
+def settle_owed_by(member_id: int) -> None:
+    """A member was suspended: the pending operations that wait for their
+    answer fail now (`member_removed`), not at their deadline or next
+    answer."""
+    settle(Collective.objects.filter(state=Collective.State.PENDING, message__recipients__member_id=member_id)
+           .values_list("message_id", flat=True))
 
 
 def finish_due(*, seconds: float = DUE_SECONDS) -> int:

@@ -24,3 +24,13 @@ def classify_all() -> int:
 def finish_collectives() -> int:
     """The minute schedule: collective requests whose deadline has passed."""
     return collectives.finish_due()
+
+
+def settle_collectives(message_ids: list[int]) -> None:
+    """Operations over as they start (inbox.collectives.start)."""
+    collectives.settle(message_ids)
+
+
+def settle_owed_by(member_id: int) -> None:
+    """A member was suspended (inbox.apps)."""
+    collectives.settle_owed_by(member_id)

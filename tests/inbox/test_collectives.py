@@ -138,13 +138,42 @@ def test_a_member_who_answered_and_left_does_not_stop_the_operation(space, group
 
 @pytest.mark.parametrize("headers", [{}, {"Idempotency-Key": "answer-0001"}], ids=["unkeyed", "keyed"])
 def test_an_answer_that_finds_the_operation_failed_leaves_it_failed(group, alice, carol, as_alice, as_bob, headers):
-    # given: carol suspended meanwhile (no hook fails the operation: the next touch does)
+    # given: carol suspended meanwhile (this test runs no commit hooks, so
+    # the kick that settles her operations at once is not run: the next touch does)
     message = ask(as_alice, group, deadline_ms=3_600_000).json()["message"]["id"]
     services.update_member(carol, status="suspended", actor=None)
     # when: bob answers
     answered = as_bob.post(f"/v0/messages/{message}/answer", {"body": "2 days"}, headers=headers)
     # then: bob is told it failed, and it did: the requester is told why, now
     assert answered.status_code == 409 and answered.json()["error"]["details"]["state"] == "failed"
+    assert Collective.objects.get().state == "failed"
+    assert [i["reason"] for i in items(alice, "operationFailed")] == ["member_removed"]
+
+
+def test_a_collective_no_one_is_left_to_answer_completes_as_it_is_sent(space, group, alice, bob, carol, as_alice,
+                                                                      django_capture_on_commit_callbacks):
+    # given: the group's other members both gone from the space
+    services.remove_member(space, bob, actor=alice)
+    services.remove_member(space, carol, actor=alice)
+    # when
+    with django_capture_on_commit_callbacks(execute=True):
+        sent = ask(as_alice, group, deadline_ms=86_400_000)
+    # then: every member has answered, none being left: done now, not in a day
+    assert sent.status_code == 201 and Collective.objects.get().state == "completed"
+    assert [(r["ended"], r["answers"]) for r in items(alice, "collective.result")] == [("all_answered", [])]
+
+
+@pytest.mark.parametrize("when", ["before", "during"])
+def test_a_suspended_member_who_owes_an_answer_fails_the_operation_at_once(group, alice, carol, as_alice, when,
+                                                                         django_capture_on_commit_callbacks):
+    # given / when: carol suspended before the request, or while it waits for her
+    with django_capture_on_commit_callbacks(execute=True):
+        if when == "before":
+            services.update_member(carol, status="suspended", actor=None)
+        ask(as_alice, group, deadline_ms=86_400_000)
+        if when == "during":
+            services.update_member(carol, status="suspended", actor=None)
+    # then: the requester is told now, not at the deadline a day later
     assert Collective.objects.get().state == "failed"
     assert [i["reason"] for i in items(alice, "operationFailed")] == ["member_removed"]
 
