@@ -15,7 +15,7 @@ from django.db.models import Exists, OuterRef, Q, Subquery
 from controlplane.access import space_readable_by_row_member
 from controlplane.clock import now
 from controlplane.db import Compiled, ids_in, model_columns, model_from_row
-from controlplane.errors import InvalidEventId, UnknownDelivery, UnknownEvent
+from controlplane.errors import AuthorityRevoked, InvalidEventId, UnknownDelivery, UnknownEvent
 from controlplane.log import log_head
 from controlplane.models import Member
 from controlplane.tokens import b64url
@@ -294,11 +294,15 @@ def token_for_event_id(event_id: str) -> str:
 
 def read_event(member: Member, event_id: str) -> InboxItem:
     """The retained item for `event_id`, acknowledged or not, or the
-    tombstone a revocation barrier left of it. No side effects."""
-    item = InboxItem.objects.filter(
-        Q(admission=InboxItem.Admission.ADMITTED)
-        | Q(state=InboxItem.State.REJECTED, admission=InboxItem.Admission.WITHHELD),
-        member=member, token=token_for_event_id(event_id)).first()
-    if item is None:
+    tombstone a revocation barrier left of it. No side effects. While the
+    barrier runs, before its tombstone, the item is 403 AUTHORITY_REVOKED:
+    its token may have been read before the fence, and "unknown" told its
+    reader it never was. One the firewall holds or has yet to judge is
+    unknown: no read path hands it out."""
+    item = InboxItem.objects.filter(member=member, token=token_for_event_id(event_id)).first()
+    if item is None or item.admission in (InboxItem.Admission.HELD, InboxItem.Admission.UNCLASSIFIED):
         raise UnknownEvent()
+    if item.admission == InboxItem.Admission.WITHHELD and item.state != InboxItem.State.REJECTED:
+        raise AuthorityRevoked("The authority this item was sent under was revoked or expired; "
+                               "it is being withdrawn.")
     return item

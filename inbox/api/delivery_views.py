@@ -121,6 +121,6 @@ class AcknowledgeDeliveryView(APIView):
 
 class InboxEventView(APIView):
     @extend_schema(operation_id="read_event",
-                   responses={200: ItemOut, **errors("INVALID_EVENT_ID", "UNKNOWN_EVENT")})
+                   responses={200: ItemOut, **errors("INVALID_EVENT_ID", "UNKNOWN_EVENT", "AUTHORITY_REVOKED")})
     def get(self, request, event_id):
         return Response(reads.read_event(request.user, event_id))

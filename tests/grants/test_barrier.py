@@ -249,6 +249,7 @@ def test_a_revocation_past_its_time_answers_revoking_and_a_worker_finishes_it(bo
 
     grant("grt_pair", "pair", sender="@bob", recipient="@carol")
     sent = [send(as_bob, bob_to_carol, f"{n}") for n in range(3)]
+    read_before = [entry["deliveryToken"] for entry in as_carol.get("/v0/me/inbox").json()["items"]]
     kicked = []
     monkeypatch.setattr(barrier, "INLINE_SECONDS", 0.0)
     monkeypatch.setattr(barrier, "kick", lambda *args: kicked.append(args))
@@ -257,6 +258,9 @@ def test_a_revocation_past_its_time_answers_revoking_and_a_worker_finishes_it(bo
     # then: fenced (nothing under it is readable or admitted), answered, and a worker asked to finish
     assert answered["status"] == "revoking"
     assert summary(as_carol) == []
+    # and a token read before the fence is withheld, not unknown (it was a 404 that said it never was)
+    withheld = as_carol.get(f"/v0/inbox-events/evt_{read_before[0][4:]}")
+    assert withheld.status_code == 403 and error_code(withheld) == "AUTHORITY_REVOKED"
     assert kicked == [("grants.tasks.finish_barrier", Grant.objects.get().pk)]
     # when: the worker runs
     status = tasks.finish_barrier(*kicked[0][1:])
