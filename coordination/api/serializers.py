@@ -7,15 +7,21 @@ from coordination.models import Task
 from coordination.services import DESCRIPTION_MAX, TITLE_MAX
 
 
+# The limits are UTF-8 bytes, which the service counts (coordination.services._text):
+# a schema's maxLength counts characters.
+TITLE = f"At most {TITLE_MAX} bytes of UTF-8, surrounding white space removed."
+DESCRIPTION = f"At most {DESCRIPTION_MAX} bytes of UTF-8."
+
+
 class TaskCreateIn(StrictSerializer):
-    title = StrictCharField(max_length=TITLE_MAX)
-    description = StrictCharField(required=False, allow_blank=True, max_length=DESCRIPTION_MAX)
+    title = StrictCharField(help_text=TITLE)
+    description = StrictCharField(required=False, allow_blank=True, help_text=DESCRIPTION)
     assignee = StrictCharField(required=False, allow_null=True, max_length=33, help_text="@handle")
     reviewer = StrictCharField(required=False, allow_null=True, max_length=33, help_text="@handle")
 
 
 class TaskUpdateIn(TaskCreateIn):
-    title = StrictCharField(required=False, max_length=TITLE_MAX)
+    title = StrictCharField(required=False, help_text=TITLE)
 
 
 class TaskListParams(serializers.Serializer):

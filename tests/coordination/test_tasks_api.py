@@ -147,6 +147,18 @@ def test_bad_input_is_a_clear_4xx_and_creates_nothing(space, as_alice, body):
     assert Task.objects.count() == 0 and kinds_in_feed() == []
 
 
+def test_title_and_description_limits_are_bytes_in_the_answers_and_the_schema_alike(space, as_alice, anon):
+    # a title of 100 two-byte characters is 200 bytes; one more is over, and so is 201 ASCII characters
+    assert as_alice.post(TASKS, {"title": "\u00e9" * 100}).status_code == 201
+    refused = [as_alice.post(TASKS, {"title": title}) for title in ("\u00e9" * 101, "x" * 201)]
+    assert all(r.status_code == 400 and "bytes" in r.json()["error"]["message"] for r in refused)
+    # and the schema says bytes, with no maxLength (which counts characters)
+    schema = anon.client.get("/v0/schema/", HTTP_ACCEPT="application/json").json()
+    fields = schema["components"]["schemas"]["TaskCreateInRequest"]["properties"]
+    assert [("maxLength" in fields[f], "bytes" in fields[f]["description"]) for f in ("title", "description")] == [
+        (False, True), (False, True)]
+
+
 def test_an_assignee_or_reviewer_is_a_writer_of_the_space(space, alice, as_alice, make_member):
     # given: the space is open, so anyone may read it; dave never joined, eve only observes, nobody is nobody
     make_member("dave")
