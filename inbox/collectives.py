@@ -276,6 +276,13 @@ def _owed(collective: Collective) -> list[int]:
                       *(collective.members if collective.op == Collective.Op.ALL_GATHER else [])])
 
 
+def _in_the_group_still(collective: Collective, member: Member) -> bool:
+    """Whether an outcome owed to `member` still goes to them: the
+    requester, or a member still in the space (not one who left it, even an
+    open space they may still read)."""
+    return member.pk == collective.requester_id or active_membership(collective.message.space, member) is not None
+
+
 def _finish(collective: Collective, state: str, reason: str | None, outcome: dict) -> None:
     """Mark the operation finished and tell who is owed the outcome (the
     requester, and for all_gather every other member still in the space: not
@@ -294,7 +301,7 @@ def _finish(collective: Collective, state: str, reason: str | None, outcome: dic
                   *InboxItem.objects.filter(message=message, admission=InboxItem.Admission.UNCLASSIFIED)
                   .values_list("member_id", flat=True)}
     for member in Member.objects.filter(pk__in=owed, status=Member.Status.ACTIVE):
-        if member.pk != collective.requester_id and active_membership(message.space, member) is None:
+        if not _in_the_group_still(collective, member):
             continue
         if member.pk == collective.requester_id and reason == "requester_gone":
             continue
@@ -346,12 +353,13 @@ def _post_result(member: Member, payload: dict, event: NewEvent, *, conversation
 def answers_for(message: Message, member: Member) -> dict:
     """The outcome of a finished collective request, for whom it is owed
     (the requester; with all_gather every member): `{"ended", "answers"}`.
-    403 for anyone else, 409 while it is pending or when it failed."""
+    403 for anyone else, a member who left the space too (the result did
+    not go to them), and 409 while it is pending or when it failed."""
     touch(message)
-    collective = Collective.objects.filter(message=message).first()
+    collective = Collective.objects.select_related("message__space").filter(message=message).first()
     if collective is None:
         raise InvalidRequest("This message is not a collective request.")
-    if member.pk not in _owed(collective):
+    if member.pk not in _owed(collective) or not _in_the_group_still(collective, member):
         raise Forbidden("The answers go to the requester (and, with all_gather, to every member).")
     if collective.state != Collective.State.COMPLETED:
         raise Conflict("The operation has not completed.", details={"state": collective.state,

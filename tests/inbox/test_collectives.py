@@ -134,6 +134,9 @@ def test_a_member_who_answered_and_left_does_not_stop_the_operation(space, group
     assert [(a["member"], a["answer"]) for a in result["answers"]] == [("@bob", "2 days"), ("@carol", "3 days")]
     assert items(bob, "collective.result") == items(bob, "operationFailed") == []
     assert len(items(carol, "collective.result")) == (op == "all_gather")
+    # nor can he read the answers, though the open space is his to read; carol, with all_gather, can
+    assert as_bob.get(f"/v0/messages/{message}/answers").status_code == 403
+    assert as_carol.get(f"/v0/messages/{message}/answers").status_code == (200 if op == "all_gather" else 403)
 
 
 @pytest.mark.parametrize("headers", [{}, {"Idempotency-Key": "answer-0001"}], ids=["unkeyed", "keyed"])
