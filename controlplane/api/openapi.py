@@ -54,6 +54,15 @@ class SwitchboardAutoSchema(AutoSchema):
     def get_tags(self):
         return [self.path.split("/")[2] if self.path.count("/") >= 2 else "switchboard"]
 
+    def get_operation_id(self):
+        """A view that serves several actions from one class names each
+        (`operation_id` with `{action}` in it), where the generated id
+        would be the path's (`spaces_tasks_claim_create`)."""
+        named = getattr(self.view, "operation_id", None)
+        if named and getattr(self.view, "action", None):
+            return named.format(action=self.view.action)
+        return super().get_operation_id()
+
 
 class BearerScheme(OpenApiAuthenticationExtension):
     target_class = "controlplane.api.authentication.BearerTokenAuthentication"

@@ -64,6 +64,7 @@ class TaskActionView(APIView):
     """POST …/tasks/{id}/claim|release|submit|complete|reopen."""
 
     action = None
+    operation_id = "{action}_task"
     ACTIONS = {"claim": services.claim_task, "release": services.release_task, "submit": services.submit_task,
                "complete": services.complete_task, "reopen": services.reopen_task}
 

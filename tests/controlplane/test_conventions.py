@@ -275,6 +275,10 @@ def test_schema_lists_every_route_with_its_errors(anon):
     assert {} in paths["/v0/spaces/{slug}/events"]["get"]["security"]
     assert {} not in paths["/v0/me/inbox/events"]["get"].get("security", [{"bearer": []}])
     assert "401" in paths["/v0/spaces/{slug}/events"]["get"]["responses"]
+    # every operation has a name of its own, none the path's (a client generated from the schema names its methods so)
+    ids = [operation["operationId"] for operations in paths.values() for operation in operations.values()]
+    assert len(ids) == len(set(ids)) and not [i for i in ids if i.startswith(("spaces_", "me_", "v0_"))]
+    assert {"claim_task", "release_task", "submit_task", "complete_task", "reopen_task"} <= set(ids)
     # every /v0/ route Django knows is in the schema
     routes = {str(p.pattern) for p in get_resolver().url_patterns}
     assert "v0/" in routes
