@@ -4,14 +4,29 @@ these sweeps are the guarantee.
 Each app declares its own sweeps as `schedules` on its AppConfig, a list of
 (name, task path, minutes between runs); `ensure_schedules` (run by the
 worker at start) creates or updates one django-q2 schedule per entry.
+
+django-q2 looks at its schedules every 30 s, so a minute's schedule runs
+30–90 s after what it is for. What may not wait that long an app declares
+as `watch` on its AppConfig: the path of a function each worker command
+calls about once a second (`Watcher`). It must cost one indexed read when
+nothing is due, and hand anything longer to a task.
 """
 from __future__ import annotations
 
+import logging
+import time
+
 from django.apps import apps
 from django.db import transaction
+from django.utils.module_loading import import_string
 from django_q.models import Schedule
 
 from controlplane.db import advisory_lock
+
+WATCH_SECONDS = 1.0
+# A failing watch (the database restarting) is logged this often at most.
+WATCH_LOG_SECONDS = 60.0
+log = logging.getLogger(__name__)
 
 
 
@@ -35,3 +50,26 @@ def ensure_schedules() -> None:
             schedule.func, schedule.schedule_type, schedule.minutes, schedule.repeats = (
                 func, Schedule.MINUTES, minutes, -1)
             schedule.save()
+
+
+class Watcher:
+    """The apps' `watch` functions, each called about once a second from
+    the worker command's loop (`tick`, called more often than that)."""
+
+    def __init__(self) -> None:
+        self.watches = [import_string(config.watch) for config in apps.get_app_configs()
+                        if getattr(config, "watch", None)]
+        self.due, self.logged = 0.0, -WATCH_LOG_SECONDS
+
+    def tick(self) -> None:
+        if time.monotonic() < self.due:
+            return
+        self.due = time.monotonic() + WATCH_SECONDS
+        for watch in self.watches:
+            try:
+                watch()
+            except Exception:  # noqa: BLE001 - the minute's schedules are the guarantee
+                if time.monotonic() - self.logged >= WATCH_LOG_SECONDS:
+                    self.logged = time.monotonic()
+                    log.warning("a worker's watch (%s) failed; the schedules cover it", watch.__module__,
+                                exc_info=True)

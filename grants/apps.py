@@ -18,6 +18,7 @@ class GrantsConfig(AppConfig):
     name = "grants"
     verbose_name = "Grants and approvals"
     schedules = [("expire-grants", "grants.tasks.expire_and_recover", 1)]
+    watch = "grants.barrier.fence_expired"  # within a second of the expiry (controlplane.schedules)
 
     def ready(self):
         from django_q.signals import post_spawn

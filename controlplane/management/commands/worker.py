@@ -21,7 +21,7 @@ from django.db import connections
 from django_q.cluster import Cluster
 
 from controlplane.processes import StopRequest, descendants, kill_all, share_stop_with_forks
-from controlplane.schedules import ensure_schedules
+from controlplane.schedules import Watcher, ensure_schedules
 
 STOP_GRACE_SECONDS = 5
 
@@ -46,7 +46,9 @@ class Command(BaseCommand):
         if stop.requested:
             return
         cluster.start()
+        watcher = Watcher()  # after the fork: the cluster's processes inherit none of its connections
         while not stop.requested and cluster.sentinel.is_alive():
+            watcher.tick()
             time.sleep(0.1)
         for event in (stopping, cluster.stop_event):
             set_unless_held(event)
