@@ -97,12 +97,17 @@ def revoke(grant: Grant, *, actor: Member) -> Grant:
 def expire_due() -> int:
     """Put every active grant whose `expires_at` has passed through the
     barrier. Returns how many expired."""
-    due = list(Grant.objects.filter(status=Grant.Status.ACTIVE, expires_at__lte=now())
-               .order_by("expires_at").values_list("pk", flat=True)[:1000])
+    due = _expired(1000)
     for pk in due:
         start_barrier(pk, ending=Grant.Status.EXPIRED, actor=None)
         finish_barrier(pk)
     return len(due)
+
+
+def _expired(limit: int) -> list[int]:
+    """Active grants past their expiry, the earliest first (the `grant_expiry` index)."""
+    return list(Grant.objects.filter(status=Grant.Status.ACTIVE, expires_at__lte=now())
+                .order_by("expires_at").values_list("pk", flat=True)[:limit])
 
 
 def fence_expired(limit: int = 100) -> int:
@@ -111,9 +116,8 @@ def fence_expired(limit: int = 100) -> int:
     (controlplane.schedules.Watcher), about once a second: the minute's
     schedule (`expire_due`) started them 30–90 s late, and meanwhile the
     inbox paths went on handing out what the grant had admitted. One
-    indexed read when none is due (the `grant_expiry` index)."""
-    due = list(Grant.objects.filter(status=Grant.Status.ACTIVE, expires_at__lte=now())
-               .order_by("expires_at").values_list("pk", flat=True)[:limit])
+    indexed read when none is due."""
+    due = _expired(limit)
     for pk in due:
         start_barrier(pk, ending=Grant.Status.EXPIRED, actor=None)
         kick("grants.tasks.finish_barrier", pk)
