@@ -193,10 +193,11 @@ def readable_q(member: Member | None, *, space: str = "space", conversation: str
 
 def visible_memberships(space: Space, viewer: Member | None) -> QuerySet[Membership]:
     """The memberships of a readable `space` that `viewer` may list: active
-    ones, and for its owners pending ones too (removed members are history)."""
+    ones, and for those who manage them (its owners, the host's admins)
+    pending ones too (removed members are history)."""
     memberships = space.memberships.select_related("member")
     membership = active_membership(space, viewer)
-    if membership is not None and membership.role == Membership.Role.OWNER:
+    if (membership is not None and membership.role == Membership.Role.OWNER) or is_active_admin(viewer):
         return memberships.exclude(status=Membership.Status.REMOVED)
     return memberships.filter(status=Membership.Status.ACTIVE)
 

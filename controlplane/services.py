@@ -213,18 +213,18 @@ def join_space(space: Space, *, actor: Member) -> MembershipChange:
     Idempotent: joining again returns the current membership."""
     if space.visibility == Space.Visibility.PRIVATE:
         raise NotFound()
-    if space.archived:
-        raise Conflict("The space is archived.")
     status = Membership.Status.ACTIVE if space.visibility == Space.Visibility.OPEN else Membership.Status.PENDING
     with transaction.atomic():
         current = Membership.objects.select_for_update(no_key=True).filter(space=space, member=actor).first()
+        if current is not None and current.status != Membership.Status.REMOVED:
+            return MembershipChange(current, False)  # in an archived space too: nothing changes
+        if space.archived:
+            raise Conflict("The space is archived.")
         if current is None:
             created = _create_membership(space, actor, status=status, role=Membership.Role.MEMBER)
             if created is None:  # an owner's add (or another join) won the race: theirs stands
                 return MembershipChange(Membership.objects.get(space=space, member=actor), False)
             change = MembershipChange(created, True)
-        elif current.status != Membership.Status.REMOVED:
-            return MembershipChange(current, False)
         else:
             change = _set_membership(current, status=status, role=Membership.Role.MEMBER)
         if status == Membership.Status.ACTIVE:
@@ -412,15 +412,19 @@ def _check_groups_made(space: Space, actor: Member) -> None:
 
 def _get_or_create_participants(space: Space, kind: str, members: list[Member], address: str, *,
                                  actor: Member) -> tuple[Conversation, bool]:
-    require_sender(space, actor)
+    # The caller is one of `members`: an existing conversation is theirs to
+    # read, in an archived space too (its history stays readable).
     existing = Conversation.objects.filter(space=space, address=address).first()
     if existing is not None:
         return existing, False
+    require_sender(space, actor)
     readers = set(Membership.objects.filter(space=space, member__in=members, status=Membership.Status.ACTIVE)
                   .values_list("member_id", flat=True))
     outsiders = [f"@{m.handle}" for m in members if m.pk not in readers]
     if outsiders:
         raise InvalidRequest("Every member must be an active member of the space.", details={"members": outsiders})
+    if suspended := [f"@{m.handle}" for m in members if m.status != Member.Status.ACTIVE]:
+        raise Conflict("A suspended member is added to no conversation.", details={"members": suspended})
     try:
         with transaction.atomic():
             if kind == Conversation.Kind.GROUP:

@@ -20,7 +20,8 @@ from controlplane.idempotency import idempotent
 from controlplane.models import Credential, Membership
 from controlplane.render import (render_conversation, render_credential, render_member, render_membership,
                                  render_my_space, render_space)
-from controlplane.access import get_readable_space, get_space_for, readable_conversations, visible_memberships
+from controlplane.access import (get_readable_space, get_space_for, is_active_admin, readable_conversations,
+                                 visible_memberships)
 
 
 class MeView(APIView):
@@ -130,8 +131,11 @@ class SpaceMembersView(APIView):
                    responses={200: envelope("members", MembershipOut, many=True, paged=True),
                               **errors("INVALID_REQUEST", "INVALID_CURSOR", "NOT_FOUND")})
     def get(self, request, slug):
-        space = get_readable_space(slug, request.user)
-        page = paginate(request, visible_memberships(space, request.user), stream=f"members:{space.pk}", render=render_membership)
+        # The host's admins manage any space's members as an owner would, so they list them too.
+        space = get_space_for(slug, request.user) if is_active_admin(request.user) else get_readable_space(
+            slug, request.user)
+        page = paginate(request, visible_memberships(space, request.user), stream=f"members:{space.pk}",
+                        render=render_membership)
         return Response({"members": page.pop("items"), **page})
 
     @extend_schema(operation_id="add_space_member", request=MembershipAddIn, parameters=[IDEMPOTENCY_KEY],

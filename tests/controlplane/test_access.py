@@ -170,3 +170,42 @@ def test_visible_memberships_show_pending_requests_to_owners_only(matrix):
     # then
     assert for_owner == {"own", "mem", "obs", "ask", "sus"}
     assert for_member == {"own", "mem", "obs", "sus"}
+
+
+def test_a_suspended_member_is_put_in_no_new_conversation(space, alice, bob, carol, as_alice):
+    # given: alice's direct conversation with carol, then carol suspended
+    before = as_alice.post("/v0/spaces/lab/direct", {"member": "@carol"}).json()["conversation"]["id"]
+    services.update_member(carol, status="suspended", actor=None)
+    # when / then: the one there is still alice's to open; no new one takes carol in,
+    # as adding her to a space does not (it was 201)
+    again = as_alice.post("/v0/spaces/lab/direct", {"member": "@carol"})
+    assert again.status_code == 200 and again.json()["conversation"]["id"] == before
+    group = as_alice.post("/v0/spaces/lab/groups", {"members": ["@alice", "@bob", "@carol"]})
+    assert group.status_code == 409 and group.json()["error"]["details"]["members"] == ["@carol"]
+    assert not Conversation.objects.filter(kind=Conversation.Kind.GROUP).exists()
+
+
+def test_the_hosts_admins_list_the_members_of_a_space_they_manage(alice, make_member, api_for):
+    # given: a request space with a pending request, and an admin who belongs to none of it
+    space = services.create_space(slug="desk", name="Desk", visibility="request", send_policy="open", actor=alice)
+    services.join_space(space, actor=make_member("asker"))
+    as_root = api_for(make_member("root", kind="human", is_admin=True))
+    # when
+    listed = as_root.get("/v0/spaces/desk/members")
+    # then: the admin sees what they may admit (they could add @asker, and list nobody: 404)
+    assert listed.status_code == 200
+    assert sorted((m["member"], m["status"]) for m in listed.json()["members"]) == [
+        ("@alice", "active"), ("@asker", "pending")]
+
+
+def test_an_archived_space_keeps_its_memberships_and_conversations_to_open(space, alice, bob, as_alice, as_bob):
+    # given: alice's direct conversation with bob, then the space archived
+    before = as_alice.post("/v0/spaces/lab/direct", {"member": "@bob"}).json()["conversation"]["id"]
+    Space.objects.filter(pk=space.pk).update(archived=True)
+    # when / then: joining again and opening the conversation change nothing, and say so (200);
+    # a new conversation is refused
+    assert as_bob.post("/v0/spaces/lab/join").status_code == 200
+    opened = as_bob.post("/v0/spaces/lab/direct", {"member": "@alice"})
+    assert opened.status_code == 200 and opened.json()["conversation"]["id"] == before
+    refused = as_bob.post("/v0/spaces/lab/direct", {"member": "@carol"})
+    assert refused.status_code == 409 and refused.json()["error"]["message"] == "The space is archived."
