@@ -64,7 +64,8 @@ CURSOR = OpenApiParameter("cursor", str, description="Opaque cursor from a previ
 LIMIT = OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": 100},
                          description="Page size, 1–100 (default 50).")
 INBOX_LIMIT = OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": 50},
-                               description="Items a page holds at most, 1–50 (default 50); 2 MiB of content bounds it too.")
+                               description="Items a page holds at most, 1–50 (default 50); "
+                                           "2 MiB of content bounds it too.")
 MAX_BYTES = OpenApiParameter("max_bytes", {"type": "integer", "minimum": 4, "maximum": 8192},
                              description="Page size in bytes, 4–8192 (default 8192).")
 SNAPSHOT_PAGE = OpenApiParameter("page", str, description="`next_page` of the previous page of this snapshot.")
