@@ -17,7 +17,7 @@ import logging
 import time
 
 from django.apps import apps
-from django.db import transaction
+from django.db import connections, transaction
 from django.utils.module_loading import import_string
 from django_q.models import Schedule
 
@@ -65,11 +65,17 @@ class Watcher:
         if time.monotonic() < self.due:
             return
         self.due = time.monotonic() + WATCH_SECONDS
-        for watch in self.watches:
-            try:
-                watch()
-            except Exception:  # noqa: BLE001 - the minute's schedules are the guarantee
-                if time.monotonic() - self.logged >= WATCH_LOG_SECONDS:
-                    self.logged = time.monotonic()
-                    log.warning("a worker's watch (%s) failed; the schedules cover it", watch.__module__,
-                                exc_info=True)
+        try:
+            for watch in self.watches:
+                try:
+                    watch()
+                except Exception:  # noqa: BLE001 - the minute's schedules are the guarantee
+                    if time.monotonic() - self.logged >= WATCH_LOG_SECONDS:
+                        self.logged = time.monotonic()
+                        log.warning("a worker's watch (%s) failed; the schedules cover it", watch.__module__,
+                                    exc_info=True)
+        finally:
+            # Back to the pool (PostgreSQL) until the next round, which takes
+            # one it checks first: a connection kept for good would stay
+            # broken after a database restart, and every round fail with it.
+            connections.close_all()

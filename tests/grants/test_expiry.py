@@ -82,3 +82,15 @@ def test_through_serve_an_expired_grants_item_is_withheld_within_seconds():
         assert status in ("revoking", "expired")
         items = httpx.get(f"{base}/v0/me/inbox", headers=carol).json()["items"]
         assert [entry["item"].get("content") for entry in items if entry["item"]["kind"] == "direct"] == []
+
+
+def test_each_round_of_watches_gives_its_connection_back(db, monkeypatch):
+    # given: a watch that fails, as one whose connection the database restart broke would
+    closed = []
+    monkeypatch.setattr("controlplane.schedules.connections.close_all", lambda: closed.append(1))
+    watcher = Watcher()
+    watcher.watches = [lambda: 1 / 0, lambda: None]
+    # when
+    watcher.tick()
+    # then: the round ran every watch and closed its connections, so the next takes a fresh one
+    assert closed == [1]
