@@ -93,6 +93,11 @@ def deliver() -> int:
                                     ask_for_help=ask_for_help if timer and shared else None))
     finally:
         let_go()
+    # The connection the run began with (mcp.offer_waiting) is 40 s old: a
+    # database restart meanwhile broke it, and the look below failed the task
+    # with it, so no run took the timer over until the minute's sweep. Back
+    # to the pool; the next query takes one the pool checks first.
+    connection.close()
     # After the key is gone: a wake committed while it was held queued no
     # task (webhooks.due.kick_on_commit), and is found here. The cluster's
     # one timer also hands over after a run that sent anything: more is

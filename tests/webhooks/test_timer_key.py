@@ -96,3 +96,28 @@ def test_without_redis_one_run_at_a_time_is_the_timer_of_its_host_and_database(m
     tasks.deliver()
     # then
     assert waits == [True, False, True]
+
+
+def test_a_timer_whose_connection_broke_during_its_run_still_looks_for_what_is_next(monkeypatch):
+    """A run lasts 40 s: a database restart meanwhile broke the connection
+    the task began with, and the look for the next run's work, after the
+    run, failed the task with it (no run took the timer over until the
+    minute's sweep)."""
+    from django.db import connections
+    from django_q import tasks as q_tasks
+
+    from webhooks import tasks
+
+    task_connection = connections["default"]  # the task's thread's (the run's coroutine has a context of its own)
+    monkeypatch.setattr("controlplane.live.shared_layer", lambda: True)
+    monkeypatch.setattr(q_tasks, "async_task", lambda name, *args: None)
+    monkeypatch.setattr(tasks.mcp, "offer_waiting", task_connection.ensure_connection)  # the task's first query
+
+    async def run(seconds, wait, renew, hand_over, ask_for_help):
+        task_connection.connection.close()  # the restart, as the task's connection meets it
+        return 0
+
+    monkeypatch.setattr(tasks.pump, "run", run)
+    cache.delete(due.TIMER_KEY)
+    # when / then: the look after the run (nothing is due) answers
+    assert tasks.deliver() == 0
