@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import re
 
+from django.http import QueryDict
 from rest_framework import serializers
 from rest_framework.fields import empty
 from rest_framework.utils.serializer_helpers import BindingDict
@@ -134,6 +135,10 @@ class StrictSerializer(serializers.Serializer):
 
 
 def validated(serializer_class, data) -> dict:
+    if isinstance(data, QueryDict) and (repeated := sorted(k for k, values in data.lists() if len(values) > 1)):
+        # A query string may name a parameter twice, and which one counted
+        # (the last) was the server's choice, never said.
+        raise serializers.ValidationError({name: ["Given more than once."] for name in repeated})
     serializer = serializer_class(data=data)
     serializer.is_valid(raise_exception=True)
     return serializer.validated_data

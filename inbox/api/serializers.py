@@ -67,6 +67,13 @@ class BodyParams(serializers.Serializer):
 class SnapshotParams(serializers.Serializer):
     page = CursorField(required=False)
 
+    def to_internal_value(self, data):
+        # The feeds page with `cursor`; a snapshot given one took no page
+        # and started again at its first, silently.
+        if "cursor" in data:
+            raise serializers.ValidationError({"cursor": ["A snapshot pages with `page` (its `next_page`)."]})
+        return super().to_internal_value(data)
+
 
 # --- response shapes -------------------------------------------------------------
 

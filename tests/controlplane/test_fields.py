@@ -66,3 +66,22 @@ def test_threads_validating_at_once_get_their_own_answers():
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(answer, [data for data, _ in cases]))
     assert answers == [expected for _, expected in cases]
+
+
+@pytest.mark.parametrize("path", [
+    "/v0/spaces/lab/conversations?limit=1&limit=2",
+    "/v0/spaces/lab/events?cursor=a&cursor=b",
+    "/v0/me/inbox?limit=5&limit=5",
+])
+def test_a_query_parameter_given_twice_is_400_naming_it(space, as_alice, path):
+    # the last one counted, and nothing said which
+    response = as_alice.get(path)
+    assert response.status_code == 400 and response.json()["error"]["code"] == "INVALID_REQUEST"
+    assert list(response.json()["error"]["details"]["fields"]) == [path.split("?")[1].split("=")[0]]
+
+
+def test_a_snapshot_given_a_feeds_cursor_says_it_pages_with_page(as_alice):
+    # it started again at its first page, silently
+    response = as_alice.get("/v0/me/snapshot", cursor="anything")
+    assert response.status_code == 400 and "page" in response.json()["error"]["details"]["fields"]["cursor"][0]
+    assert as_alice.get("/v0/me/snapshot").status_code == 200
