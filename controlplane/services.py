@@ -410,6 +410,26 @@ def _check_groups_made(space: Space, actor: Member) -> None:
         raise LimitExceeded(f"A member makes at most {MAX_GROUPS_PER_MEMBER} groups in a space.")
 
 
+def participants_named(space: Space, handles: list[str], *, actor: Member) -> list[Member]:
+    """The members `handles` name, for a conversation of `actor`'s. A handle
+    no one holds is answered, after the write check, as one not in the space:
+    it was 404, so anyone learned which handles exist."""
+    names = [parse_handle(h) for h in handles]
+    found = {m.handle: m for m in Member.objects.filter(handle__in=names)}
+    if len(found) < len(set(names)):
+        require_sender(space, actor)
+        _refuse_outsiders(space, names, list(found.values()))
+    return [found[name] for name in names]
+
+
+def _refuse_outsiders(space: Space, names: list[str], members: list[Member]) -> None:
+    """400 naming those of `names` (of whom `members` exist) not active in the space."""
+    readers = set(Membership.objects.filter(space=space, member__in=members, status=Membership.Status.ACTIVE)
+                  .values_list("member__handle", flat=True))
+    if outsiders := [f"@{name}" for name in names if name not in readers]:
+        raise InvalidRequest("Every member must be an active member of the space.", details={"members": outsiders})
+
+
 def _get_or_create_participants(space: Space, kind: str, members: list[Member], address: str, *,
                                  actor: Member) -> tuple[Conversation, bool]:
     # The caller is one of `members`: an existing conversation is theirs to
@@ -418,11 +438,7 @@ def _get_or_create_participants(space: Space, kind: str, members: list[Member], 
     if existing is not None:
         return existing, False
     require_sender(space, actor)
-    readers = set(Membership.objects.filter(space=space, member__in=members, status=Membership.Status.ACTIVE)
-                  .values_list("member_id", flat=True))
-    outsiders = [f"@{m.handle}" for m in members if m.pk not in readers]
-    if outsiders:
-        raise InvalidRequest("Every member must be an active member of the space.", details={"members": outsiders})
+    _refuse_outsiders(space, [m.handle for m in members], members)
     if suspended := [f"@{m.handle}" for m in members if m.status != Member.Status.ACTIVE]:
         raise Conflict("A suspended member is added to no conversation.", details={"members": suspended})
     try:

@@ -146,6 +146,7 @@ class SpaceMembersView(APIView):
     def post(self, request, slug):
         data = validated(MembershipAddIn, request.data)
         space = get_space_for(slug, request.user)
+        services.require_owner(space, request.user)  # first: who may not manage learns nothing of the handle
         change = services.add_member(space, services.member_for_handle(data["member"]), role=data.get("role"),
                                      actor=request.user)
         return _membership_response(change)
@@ -157,6 +158,8 @@ class SpaceMemberView(APIView):
     def delete(self, request, slug, handle):
         validated(EmptyIn, request.data)
         space = get_space_for(slug, request.user)
+        if services.parse_handle(handle) != request.user.handle:  # anyone may leave; the rest is the owners'
+            services.require_owner(space, request.user)  # first: who may not manage learns nothing of the handle
         services.remove_member(space, services.member_for_handle(handle), actor=request.user)
         return Response(status=204)
 
@@ -191,8 +194,8 @@ class DirectView(APIView):
     def post(self, request, slug):
         data = validated(MemberRefIn, request.data)
         space = get_space_for(slug, request.user)
-        conversation, created = services.get_or_create_direct(space, services.member_for_handle(data["member"]),
-                                                              actor=request.user)
+        (other,) = services.participants_named(space, [data["member"]], actor=request.user)
+        conversation, created = services.get_or_create_direct(space, other, actor=request.user)
         return _conversation_response(conversation, created)
 
 
@@ -216,6 +219,6 @@ class GroupsView(APIView):
     def post(self, request, slug):
         data = validated(GroupCreateIn, request.data)
         space = get_space_for(slug, request.user)
-        members = [services.member_for_handle(h) for h in data["members"]]
+        members = services.participants_named(space, data["members"], actor=request.user)
         conversation, created = services.get_or_create_group(space, members, actor=request.user)
         return _conversation_response(conversation, created)

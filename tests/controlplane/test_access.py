@@ -209,3 +209,23 @@ def test_an_archived_space_keeps_its_memberships_and_conversations_to_open(space
     assert opened.status_code == 200 and opened.json()["conversation"]["id"] == before
     refused = as_bob.post("/v0/spaces/lab/direct", {"member": "@carol"})
     assert refused.status_code == 409 and refused.json()["error"]["message"] == "The space is archived."
+
+
+def test_who_may_not_write_or_manage_learns_nothing_of_which_handles_exist(space, alice, make_member, api_for):
+    # given: dave, in no space of alice's; an observer of lab and a stranger to it (anyone reads an open space)
+    make_member("dave")
+    observer, stranger = make_member("obs"), make_member("stranger")
+    services.add_member(space, observer, role="observer", actor=alice)
+
+    def answers(api, handle):
+        return [(r.status_code, r.json()["error"]["code"]) for r in (
+            api.post("/v0/spaces/lab/direct", {"member": handle}),
+            api.post("/v0/spaces/lab/groups", {"members": [f"@{api.member.handle}", handle]}),
+            api.post("/v0/spaces/lab/members", {"member": handle}),
+            api.delete(f"/v0/spaces/lab/members/{handle}"))]
+
+    # then: a handle someone holds and one no one does get the same answers (it was 404 "No such member" for
+    # the second, and 400 or 403 for the first)
+    for api in (api_for(observer), api_for(stranger)):
+        assert answers(api, "@dave") == answers(api, "@nobody-at-all") == [
+            (403, "FORBIDDEN"), (403, "FORBIDDEN"), (403, "FORBIDDEN"), (403, "FORBIDDEN")]
