@@ -5,7 +5,7 @@ from django.contrib.auth.models import Group, User
 from django.db.models.constants import LOOKUP_SEP
 from django_q.models import Failure, OrmQ, Schedule, Success
 
-from controlplane import audit, services
+from controlplane import audit, bearer, services
 from controlplane.access import admin_member
 from controlplane.models import (AuditEntry, Conversation, Credential, Event, EventAddressee, IdempotencyRecord,
                                  LogHead, Member, Membership, Participant, Space, UserSession)
@@ -87,7 +87,7 @@ class CredentialAdmin(ThroughTheServices):
     def revoke(self, request, queryset):
         actor = admin_member(request.user)
         for credential in queryset.select_related("member"):
-            services.revoke_credential(credential, actor=actor)
+            bearer.revoke_credential(credential, actor=actor)
         self.message_user(request, "Revoked.")
 
 

@@ -9,7 +9,6 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 
@@ -17,13 +16,11 @@ from controlplane import audit, events
 from controlplane.access import active_membership, may_administer
 from controlplane.clock import now
 from controlplane.db import plain_rows
-from controlplane.errors import Conflict, Forbidden, InvalidRequest, LimitExceeded, NotFound, RateLimited
+from controlplane.errors import Conflict, Forbidden, InvalidRequest, LimitExceeded, NotFound
 from controlplane.live import group_send_on_commit, member_group
 from controlplane.log import append_events
-from controlplane.models import Conversation, Credential, Member, Membership, Participant, Space
-from controlplane.ratelimit import hit
+from controlplane.models import Conversation, Member, Membership, Participant, Space
 from controlplane.sessions import end_sessions
-from controlplane.tokens import hash_token, new_bearer_token
 
 HANDLE_RE = re.compile(r"[a-z0-9][a-z0-9_-]{1,31}")
 SLUG_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
@@ -103,34 +100,6 @@ def update_member(member: Member, *, status: str | None = None, is_admin: bool |
                 end_sessions(locked.user_id)  # Django would honour them again on reinstatement
             group_send_on_commit(member_group(locked), {"type": "session.ended"})
     return locked
-
-
-MAX_CREDENTIALS = 20
-
-
-def issue_credential(member: Member, *, actor: Member | None, name: str = "") -> tuple[Credential, str]:
-    """A new bearer credential; the token is returned here and never again.
-    A member holds at most MAX_CREDENTIALS (409 LIMIT_EXCEEDED beyond), and
-    asks for at most CREDENTIALS_PER_HOUR (429), from the API or the web app;
-    an operator's command (no actor) is not counted."""
-    if actor is not None and (wait := hit(f"credentials:{member.public_id}", limit=settings.CREDENTIALS_PER_HOUR,
-                                          window=3600)):
-        raise RateLimited.after(wait, "Too many new credentials this hour.")
-    token = new_bearer_token()
-    with transaction.atomic():
-        Member.take_turns(member.pk)  # so that two at once cannot both count one place left
-        if Credential.objects.filter(member=member).count() >= MAX_CREDENTIALS:
-            raise LimitExceeded(f"A member holds at most {MAX_CREDENTIALS} credentials; delete one first.")
-        credential = Credential.objects.create(member=member, token_hash=hash_token(token), name=name)
-        audit.record("credential.issued", member.public_id, actor=actor, credential=credential.public_id)
-    return credential, token
-
-
-def revoke_credential(credential: Credential, *, actor: Member | None) -> None:
-    with transaction.atomic():
-        audit.record("credential.revoked", credential.member.public_id, actor=actor,
-                     credential=credential.public_id)
-        credential.delete()  # its streams end once this commits (controlplane.api.authentication)
 
 
 # --- spaces and memberships -----------------------------------------------------

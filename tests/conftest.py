@@ -9,7 +9,7 @@ import pytest
 from django.conf import settings
 from rest_framework.test import APIClient
 
-from controlplane import services
+from controlplane import bearer, services
 from controlplane.models import Member
 from tests.shapes import check_response
 from tests.webhooks.receiver import serve_receiver
@@ -225,7 +225,7 @@ def make_member(db):
 @pytest.fixture
 def api_for(db):
     def make(member: Member) -> Api:
-        _, token = services.issue_credential(member, actor=None)
+        _, token = bearer.issue_credential(member, actor=None)
         return Api(member, token)
 
     return make

@@ -66,10 +66,10 @@ def member_token(handle: str, *, kind: str = "agent", admin: bool = False, passw
     """A member and a bearer token for it, made in this process against the
     servers' database: what `createmember` and `issuecredential` do (their
     own test runs them), without starting two interpreters per member."""
-    from controlplane import services
+    from controlplane import bearer, services
 
     member = services.create_member(handle, kind=kind, is_admin=admin, password=password, actor=None)
-    return services.issue_credential(member, actor=None)[1]
+    return bearer.issue_credential(member, actor=None)[1]
 
 
 def start_serving(*args, port: int | None = None, **env) -> subprocess.Popen:

@@ -40,15 +40,15 @@ def boot(env: dict[str, str]) -> None:
 
 
 def members() -> dict[str, tuple[object, str]]:
-    from controlplane import services
+    from controlplane import bearer, services
 
     made = {}
     names = ["owner", "g", "rg", *(f"s{i}" for i in range(SENDERS)), *(f"r{i}" for i in range(RECIPIENTS))]
     for name in names:
         member = services.create_member(f"chaos-{name}", actor=None)
-        made[name] = (member, services.issue_credential(member, actor=None)[1])
+        made[name] = (member, bearer.issue_credential(member, actor=None)[1])
     watcher = services.create_member("chaos-watcher", kind="human", password=PASSWORD, actor=None)
-    made["watcher"] = (watcher, services.issue_credential(watcher, actor=None)[1])
+    made["watcher"] = (watcher, bearer.issue_credential(watcher, actor=None)[1])
     return made
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane import services
+from controlplane import bearer, services
 from controlplane.api.fields import validated
 from controlplane.api.pagination import paginate
 from controlplane.api.permissions import IsAdmin, ReadableAnonymously
@@ -57,7 +57,7 @@ class CredentialsView(APIView):
     @idempotent(secret_fields=("token",))
     def post(self, request):
         name = validated(CredentialCreateIn, request.data)["name"]
-        credential, token = services.issue_credential(request.user, actor=request.user, name=name)
+        credential, token = bearer.issue_credential(request.user, actor=request.user, name=name)
         return Response({**render_credential(credential), "token": token}, status=201)
 
 
@@ -68,7 +68,7 @@ class CredentialView(APIView):
         credential = Credential.objects.filter(member=request.user, public_id=credential_id).first()
         if credential is None:
             raise NotFound()
-        services.revoke_credential(credential, actor=request.user)
+        bearer.revoke_credential(credential, actor=request.user)
         return Response(status=204)
 
 

@@ -5,7 +5,7 @@ import httpx
 import pytest
 from django.conf import settings
 
-from controlplane import services
+from controlplane import bearer, services
 from controlplane.errors import GrantRequired
 from inbox.services import send_message
 from tests.browser.web import human, open_conversation, shoot, sign_in
@@ -45,7 +45,7 @@ def exchange(first, second, message: str, reply: str) -> None:
 
 def test_two_members_talk_live_without_losing_drafts_or_their_place(room, browser):
     ann, ben, space, general = room
-    _, token = services.issue_credential(ann, actor=None)
+    _, token = bearer.issue_credential(ann, actor=None)
     with serving("--no-worker") as (base, _):
         login = browser.new_page()
         login.goto(f"{base}/app/login/")
@@ -209,7 +209,7 @@ def test_a_revoked_grant_withholds_the_bodies_an_open_page_shows(room, browser):
     direct, _ = services.get_or_create_direct(vault, ben, actor=cy)
     grants.create_grant(vault, grant_id="grt_pair", kind="pair", sender="@cy", recipient="@ben", actor=ann)
     send_message(direct, body="the secret plans", actor=cy)
-    _, token = services.issue_credential(ann, actor=None)
+    _, token = bearer.issue_credential(ann, actor=None)
     with serving("--no-worker") as (base, _):
         ben_page = sign_in(browser, base, "ben")
         open_conversation(ben_page, base, vault, direct)
@@ -252,7 +252,7 @@ def test_a_member_sets_up_a_receiver_and_sees_the_delivery_attempt(room, receive
         page.get_by_role("button", name="Subscribe").click()
         page.locator(".subscription .status-active").wait_for()
         # when a message arrives in the conversation (through the API: the server wakes its workers)
-        _, token = services.issue_credential(ann, actor=None)
+        _, token = bearer.issue_credential(ann, actor=None)
         httpx.post(f"{base}/v0/spaces/room/conversations/{general.public_id}/messages",
                    json={"body": "wake the receiver"}, headers={"Authorization": f"Bearer {token}"}
                    ).raise_for_status()

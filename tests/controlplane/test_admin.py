@@ -8,7 +8,7 @@ from django.conf import settings
 from django.contrib import admin
 from django.test import Client
 
-from controlplane import services
+from controlplane import bearer, services
 from controlplane.clock import now
 from controlplane.api import authentication
 from inbox.services import send_message
@@ -33,7 +33,7 @@ def test_changelists_render_without_secrets(staff_client, general, alice, bob):
     from coordination import services as tasks
     from inbox import collectives
 
-    _, token = services.issue_credential(alice, actor=None)
+    _, token = bearer.issue_credential(alice, actor=None)
     send_message(general, body="hello", actor=alice)
     task = tasks.create_task(general.space, title="t", actor=alice)
     tasks.claim_task(general.space, task.public_id, actor=bob)
@@ -128,7 +128,7 @@ def test_the_admin_deletes_and_renames_nothing_the_services_keep(staff_client, s
 
     # given
     ensure_schedules()
-    credential, _ = services.issue_credential(alice, actor=None)
+    credential, _ = bearer.issue_credential(alice, actor=None)
     membership = Membership.objects.get(space=space, member=bob)
     expiry = Schedule.objects.get(name="expire-grants")
     # when: deletes, renames and a membership edit are posted
@@ -192,7 +192,7 @@ def test_no_list_filters_on_a_secret_through_any_relation(staff_client, alice, g
     from webhooks.models import Endpoint, SigningKey
     from webhooks.crypto import active_signing_key
 
-    services.issue_credential(alice, actor=None)
+    bearer.issue_credential(alice, actor=None)
     active_signing_key()
     Endpoint.objects.create(owner=alice, url="https://example.test/hook", secret="sealed")
     assert SigningKey.objects.exists()

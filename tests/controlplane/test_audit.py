@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane import services
+from controlplane import bearer, services
 from controlplane.errors import UnknownDelivery
 from controlplane.models import AuditEntry
 from inbox import firewall
@@ -22,8 +22,8 @@ def _entries(target: str) -> list[tuple[str, str | None]]:
 def test_member_and_credential_changes_record_their_actor(make_member, alice):
     # when
     bob = services.create_member("bob", actor=alice)
-    credential, token = services.issue_credential(bob, actor=alice)
-    services.revoke_credential(credential, actor=bob)
+    credential, token = bearer.issue_credential(bob, actor=alice)
+    bearer.revoke_credential(credential, actor=bob)
     # then
     assert _entries(bob.public_id) == [("member.created", "alice"), ("credential.issued", "alice"),
                                        ("credential.revoked", "bob")]

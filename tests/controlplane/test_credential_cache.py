@@ -8,7 +8,7 @@ from django.conf import settings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from controlplane import services
+from controlplane import bearer, services
 from controlplane.api import authentication
 from controlplane.cache import raw_redis
 from controlplane.models import Member
@@ -94,7 +94,7 @@ def test_the_services_changes_move_the_epoch_when_they_commit(make_member, api_f
         elif change == "demote":
             services.update_member(root, is_admin=False, actor=None)
         else:
-            services.revoke_credential(root.credentials.get(), actor=None)
+            bearer.revoke_credential(root.credentials.get(), actor=None)
     # then: the epoch moved at the commit, and this process forgot at once
     assert hooks and client.get(key) != before
     assert authentication._remembered == {}
@@ -107,7 +107,7 @@ def test_new_members_and_credentials_leave_the_epoch_alone(alice, django_capture
     epoch = set_epoch_elsewhere()
     # when
     with django_capture_on_commit_callbacks(execute=True):
-        services.issue_credential(alice, actor=None)
+        bearer.issue_credential(alice, actor=None)
         services.create_member("dora", actor=None)
     # then
     assert client.get(key) == epoch

@@ -6,7 +6,7 @@ import json
 import pytest
 from rest_framework.test import APIClient
 
-from controlplane import services
+from controlplane import bearer, services
 from controlplane.asgi import application
 from controlplane.models import Member, Space
 from tests.conftest import at_once, error_code, meeting_point
@@ -128,7 +128,7 @@ def test_two_requests_with_one_key_at_once_do_the_work_once_and_answer_alike(mon
     # given two requests with one key that meet once both are past the record lookup
     # (unless one waits for the other, which breaks the meeting)
     alice = services.create_member("alice", actor=None)
-    _, token = services.issue_credential(alice, actor=None)
+    _, token = bearer.issue_credential(alice, actor=None)
     both_in, take_turns = meeting_point(), Member.take_turns
 
     def meeting_then_take_turns(member_id):
@@ -152,7 +152,7 @@ def test_two_requests_with_one_key_at_once_do_the_work_once_and_answer_alike(mon
 def test_a_key_given_twice_is_400_not_the_two_joined(settings):
     # given: two Idempotency-Key headers, which Django joins into "first-key-1,other-key-2"
     alice = services.create_member("alice", actor=None)
-    _, token = services.issue_credential(alice, actor=None)
+    _, token = bearer.issue_credential(alice, actor=None)
     body = json.dumps({"slug": "lab", "name": "Lab"}).encode()
     keys = [(b"idempotency-key", b"first-key-1"), (b"idempotency-key", b"other-key-2")]
     # when

@@ -7,7 +7,7 @@ import re
 import pytest
 from rest_framework.test import APIClient
 
-from controlplane import services
+from controlplane import bearer
 from tests.conftest import error_code
 
 
@@ -40,7 +40,7 @@ def test_a_messages_related_paths_are_at_most_as_many_bytes_as_its_body(as_alice
                                           ("delete", "/v0/webhook-endpoints/whe_abc"), ("patch", "/v0/nope")])
 def test_a_write_to_a_path_no_route_serves_is_404_as_a_read_is(alice, method, path):
     # given a bearer client with Django's CSRF check on, as the real server has it (the test client turns it off)
-    _, token = services.issue_credential(alice, actor=None)
+    _, token = bearer.issue_credential(alice, actor=None)
     client = APIClient(enforce_csrf_checks=True)
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
     # when it writes to a path no route serves

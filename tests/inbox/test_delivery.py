@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from controlplane import services
+from controlplane import bearer, services
 from controlplane.errors import MailboxFull
 from inbox import delivery
 from inbox.models import InboxItem
@@ -199,7 +199,7 @@ def test_a_full_mailbox_rejects_the_whole_send(space, alice, bob, carol, as_bob,
 
 def send(member, conversation_id, body):
     from tests.conftest import Api
-    _, token = services.issue_credential(member, actor=None)
+    _, token = bearer.issue_credential(member, actor=None)
     return Api(member, token).post(f"/v0/spaces/lab/conversations/{conversation_id}/messages", {"body": body})
 
 

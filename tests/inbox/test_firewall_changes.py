@@ -5,7 +5,7 @@ that says whether new items wait, and rules replaced twice at once."""
 import pytest
 from rest_framework.test import APIClient
 
-from controlplane import services
+from controlplane import bearer, services
 from controlplane.models import EventAddressee
 from inbox import delivery, firewall
 from inbox.models import FirewallRule, InboxItem, Mailbox, MailboxShare
@@ -158,7 +158,7 @@ def test_two_replacements_of_the_rules_at_once_take_turns(monkeypatch):
     # given a member with a mailbox, and two replacements that meet once each has deleted the rules it saw
     # (unless one waits for the other, which breaks the meeting)
     bob = services.create_member("bob", actor=None)
-    _, token = services.issue_credential(bob, actor=None)
+    _, token = bearer.issue_credential(bob, actor=None)
     Mailbox.objects.create(member=bob)
     both_deleted, bulk_create = meeting_point(), FirewallRule.objects.bulk_create
 

@@ -9,7 +9,7 @@ import pytest_asyncio
 from asgiref.sync import sync_to_async
 from django.test import AsyncClient
 
-from controlplane import live, services
+from controlplane import bearer, live, services
 from controlplane.cursors import pack_cursor
 from controlplane.live import log_watcher
 from controlplane.models import LogHead
@@ -19,7 +19,7 @@ from inbox.services import send_message
 async def alice_in_the_lab():
     """alice with a bearer token, the open space `lab` and its #general."""
     alice = await sync_to_async(services.create_member)("alice", actor=None)
-    _, token = await sync_to_async(services.issue_credential)(alice, actor=None)
+    _, token = await sync_to_async(bearer.issue_credential)(alice, actor=None)
     space = await sync_to_async(services.create_space)(slug="lab", name="Lab", visibility="open",
                                                         send_policy="open", actor=alice)
     general = await sync_to_async(services.create_channel)(space, "general", actor=alice)
@@ -77,7 +77,7 @@ async def test_a_waiting_feed_is_read_again_only_for_commits_it_may_show(monkeyp
     create = sync_to_async(services.create_member)
     alice, bob, carol = await create("alice", actor=None), await create("bob", actor=None), await create("carol",
                                                                                                         actor=None)
-    _, token = await sync_to_async(services.issue_credential)(bob, actor=None)
+    _, token = await sync_to_async(bearer.issue_credential)(bob, actor=None)
     spaces = {}
     for slug in ("lab", "elsewhere"):
         spaces[slug] = await sync_to_async(services.create_space)(slug=slug, name=slug, visibility="open",
@@ -425,7 +425,7 @@ async def test_a_long_poll_behind_more_unseen_events_than_a_page_looks_at_answer
     bob, carol = [await sync_to_async(services.create_member)(handle, actor=None) for handle in ("bob", "carol")]
     for member in (bob, carol):
         await sync_to_async(services.join_space)(space, actor=member)
-    _, bobs = await sync_to_async(services.issue_credential)(bob, actor=None)
+    _, bobs = await sync_to_async(bearer.issue_credential)(bob, actor=None)
     head = await sync_to_async(lambda: LogHead.objects.get().position)()
     to_carol, _ = await sync_to_async(services.get_or_create_direct)(space, carol, actor=alice)
     for n in range(8):

@@ -31,8 +31,8 @@ def discover(host: str, token: str, origin: str | None = None) -> httpx.Response
 
 def test_hosts_and_origins_are_checked_as_django_checks_them(settings, make_member):
     # given: a production-like host list, with a domain and its subdomains
-    from controlplane import services
-    _, token = services.issue_credential(make_member("ada"), actor=None)
+    from controlplane import bearer
+    _, token = bearer.issue_credential(make_member("ada"), actor=None)
     settings.ALLOWED_HOSTS = ["switchboard.example", ".agents.example"]
     # when
     allowed = discover("switchboard.example", token)
@@ -48,8 +48,8 @@ def test_hosts_and_origins_are_checked_as_django_checks_them(settings, make_memb
 
 def test_the_sdk_starts_at_the_first_accepted_request_not_at_a_refused_one(make_member):
     # given: an endpoint that has served nothing yet
-    from controlplane import services
-    _, token = services.issue_credential(make_member("ada"), actor=None)
+    from controlplane import bearer
+    _, token = bearer.issue_credential(make_member("ada"), actor=None)
     endpoint = McpEndpoint(build)
 
     async def go():
@@ -74,8 +74,8 @@ def test_a_lost_redis_is_the_apis_503_at_the_door(make_member, lost_redis):
     Redis: while Redis restarts, `/mcp` answers as the API does (503
     UNAVAILABLE, Retry-After), not with a failure of the ASGI application."""
     # given: a valid credential, and the cache on a Redis that refuses connections (lost_redis)
-    from controlplane import services
-    _, token = services.issue_credential(make_member("ada"), actor=None)
+    from controlplane import bearer
+    _, token = bearer.issue_credential(make_member("ada"), actor=None)
     # when
     response = discover("testserver", token)
     # then

@@ -6,7 +6,7 @@ import json
 import httpx
 import pytest
 
-from controlplane import services
+from controlplane import bearer, services
 from mcp_endpoint import sources
 from mcp_endpoint.asgi import McpEndpoint
 from mcp_endpoint.endpoint import build
@@ -48,7 +48,7 @@ async def with_endpoint(story):
 def test_a_refused_stream_request_leaves_the_members_stream_to_its_consumer(make_member, settings):
     # given: a consumer streaming ada's inbox items
     settings.MCP_HEARTBEAT_SECONDS = 0.5
-    _, token = services.issue_credential(make_member("ada"), actor=None)
+    _, token = bearer.issue_credential(make_member("ada"), actor=None)
 
     async def story(http):
         first = asyncio.create_task(http.post(**stream_request(token, 1, None)))
@@ -101,7 +101,7 @@ def test_a_lost_database_is_a_recoverable_error_frame_and_the_stream_goes_on(mak
 
     settings.MCP_HEARTBEAT_SECONDS = 5
     settings.FEED_RECHECK_SECONDS = 0.1
-    _, token = services.issue_credential(make_member("ada"), actor=None)
+    _, token = bearer.issue_credential(make_member("ada"), actor=None)
 
     async def flaky(n, read):
         if n in (2, 3):
@@ -126,8 +126,8 @@ def test_revoking_the_credential_that_opened_a_stream_ends_it(make_member, setti
     # given: ada streams her inbox's items with one credential, and its pending count with another
     settings.MCP_HEARTBEAT_SECONDS = 5
     ada = make_member("ada")
-    credential, token = services.issue_credential(ada, actor=None)
-    _, other = services.issue_credential(ada, actor=None)
+    credential, token = bearer.issue_credential(ada, actor=None)
+    _, other = bearer.issue_credential(ada, actor=None)
 
     async def story(http):
         from asgiref.sync import sync_to_async
@@ -136,7 +136,7 @@ def test_revoking_the_credential_that_opened_a_stream_ends_it(make_member, setti
         kept = asyncio.create_task(http.post(**stream_request(other, 2, None, "org.switchboard/inbox.pending")))
         await asyncio.sleep(1.0)
         # when
-        await sync_to_async(services.revoke_credential)(credential, actor=None)
+        await sync_to_async(bearer.revoke_credential)(credential, actor=None)
         response = await asyncio.wait_for(revoked, 5)
         await asyncio.sleep(0.5)
         still = not kept.done()
@@ -161,7 +161,7 @@ def test_a_stream_whose_ending_was_never_told_ends_at_its_next_heartbeat(make_me
     # given: ada streams her inbox's items
     settings.MCP_HEARTBEAT_SECONDS = 0.5
     ada = make_member("ada")
-    credential, token = services.issue_credential(ada, actor=None)
+    credential, token = bearer.issue_credential(ada, actor=None)
 
     async def story(http):
         from asgiref.sync import sync_to_async
@@ -192,12 +192,12 @@ def test_a_stream_whose_credential_or_member_ends_while_it_starts_ends_before_an
     from mcp_endpoint.streams import StreamOwner
 
     ada = make_member("ada")
-    credential, token = services.issue_credential(ada, actor=None)
+    credential, token = bearer.issue_credential(ada, actor=None)
     start = StreamOwner.start
 
     def end():
         if ending == "revoked":
-            services.revoke_credential(credential, actor=None)
+            bearer.revoke_credential(credential, actor=None)
         else:
             services.update_member(ada, status="suspended", actor=None)
 
@@ -222,7 +222,7 @@ def test_a_stream_catching_up_a_long_feed_still_beats_and_still_ends(make_member
     without a heartbeat, and without heeding a suspension, until it caught up."""
     # given: a stream whose every read after the first finds more to read, slowly
     settings.MCP_HEARTBEAT_SECONDS = 0.5
-    _, token = services.issue_credential(make_member("ada"), actor=None)
+    _, token = bearer.issue_credential(make_member("ada"), actor=None)
     real, reads = sources.read_on_loop, []
 
     async def catching_up(*args):
@@ -261,7 +261,7 @@ def test_a_pending_count_stream_tells_changes_only_from_its_cursor(make_member, 
     services.join_space(space, actor=ada)
     direct, _ = services.get_or_create_direct(space, ada, actor=bo)
     send_message(direct, body="already here", actor=bo)
-    _, token = services.issue_credential(ada, actor=None)
+    _, token = bearer.issue_credential(ada, actor=None)
 
     async def story(http):
         from asgiref.sync import sync_to_async
@@ -286,7 +286,7 @@ def test_a_gap_mid_stream_is_a_fresh_active_frame_and_the_stream_goes_on(make_me
     # given: a stream whose second read finds its cursor behind the log's retention
     settings.MCP_HEARTBEAT_SECONDS = 5
     settings.FEED_RECHECK_SECONDS = 0.1
-    _, token = services.issue_credential(make_member("ada"), actor=None)
+    _, token = bearer.issue_credential(make_member("ada"), actor=None)
 
     async def pruned_meanwhile(n, read):
         batch = await read()

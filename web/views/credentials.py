@@ -8,7 +8,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
-from controlplane import services
+from controlplane import bearer
 from controlplane.errors import NotFound
 from controlplane.models import Credential
 from web.pages import member_page
@@ -16,7 +16,7 @@ from web.pages import member_page
 
 def _page(request, member, **extra):
     credentials = Credential.objects.filter(member=member).order_by("created_at")
-    return render(request, "web/credentials.html", {"credentials": credentials, "limit": services.MAX_CREDENTIALS,
+    return render(request, "web/credentials.html", {"credentials": credentials, "limit": bearer.MAX_CREDENTIALS,
                                                     **extra})
 
 
@@ -31,7 +31,7 @@ def credentials_page(request, member):
 @require_POST
 def create_credential(request, member):
     name = request.POST.get("name", "").strip()[:100]
-    credential, token = services.issue_credential(member, actor=member, name=name)
+    credential, token = bearer.issue_credential(member, actor=member, name=name)
     return _page(request, member, token=token, created=credential)
 
 
@@ -41,6 +41,6 @@ def revoke_credential(request, member, credential_id):
     credential = Credential.objects.filter(member=member, public_id=credential_id).first()
     if credential is None:
         raise NotFound("No such credential.")
-    services.revoke_credential(credential, actor=member)
+    bearer.revoke_credential(credential, actor=member)
     flash.success(request, f"Credential {credential.name or credential.public_id} was revoked; it no longer works.")
     return redirect("web-credentials")

@@ -2,7 +2,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from controlplane.errors import ApiError
 from controlplane.models import Member
-from controlplane.services import issue_credential
+from controlplane.bearer import issue_credential
 
 
 class Command(BaseCommand):
