@@ -243,9 +243,10 @@ def test_later_still_authorized_messages_proceed_in_order(bob_to_carol, grant, a
 
 
 def test_a_revocation_past_its_time_answers_revoking_and_a_worker_finishes_it(bob_to_carol, grant, as_alice, as_bob,
-                                                                              as_carol, monkeypatch):
+                                                                              as_carol, carol, monkeypatch):
     # given: three pending messages under a pair grant, and no time to settle them in the request
     from grants import tasks
+    from mcp_endpoint.server import run_tool
 
     grant("grt_pair", "pair", sender="@bob", recipient="@carol")
     sent = [send(as_bob, bob_to_carol, f"{n}") for n in range(3)]
@@ -261,6 +262,9 @@ def test_a_revocation_past_its_time_answers_revoking_and_a_worker_finishes_it(bo
     # and a token read before the fence is withheld, not unknown (it was a 404 that said it never was)
     withheld = as_carol.get(f"/v0/inbox-events/evt_{read_before[0][4:]}")
     assert withheld.status_code == 403 and error_code(withheld) == "AUTHORITY_REVOKED"
+    # through MCP too: a tool's refusal with the API's body, not the protocol's unknown-event
+    refused = run_tool(carol, "read_event", {"eventId": f"evt_{read_before[0][4:]}"})
+    assert refused.is_error and refused.structured_content["error"]["code"] == "AUTHORITY_REVOKED"
     assert kicked == [("grants.tasks.finish_barrier", Grant.objects.get().pk)]
     # when: the worker runs
     status = tasks.finish_barrier(*kicked[0][1:])
