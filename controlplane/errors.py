@@ -33,9 +33,28 @@ class ApiError(Exception):
     def body(self) -> dict:
         return error_body(self.code, self.message, self.details)
 
+    def field_problems(self) -> list[str]:
+        """Each refused field with its reasons, `rules[1].min_bytes: …`, for
+        pages to show what `details.fields` tells a script."""
+        return list(_problems(self.details.get("fields") or {}, ""))
+
     def json_response(self) -> JsonResponse:
         """For Django's handlers and middleware, outside DRF's views."""
         return JsonResponse(self.body(), status=self.status, headers=self.headers)
+
+
+def _problems(fields, path: str):
+    if isinstance(fields, dict):
+        for name, value in fields.items():  # DRF names a list's rows by their index
+            yield from _problems(value, f"{path}[{name}]" if str(name).isdigit() and path else
+                                 f"{path}.{name}" if path else str(name))
+    elif isinstance(fields, list) and fields and all(isinstance(reason, str) for reason in fields):
+        yield f"{path}: {' '.join(fields)}" if path else " ".join(fields)
+    elif isinstance(fields, list):
+        for index, value in enumerate(fields):
+            yield from _problems(value, f"{path}[{index}]")
+    else:
+        yield f"{path}: {fields}" if path else str(fields)
 
 
 class InvalidRequest(ApiError):

