@@ -7,6 +7,7 @@ from __future__ import annotations
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
 from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from controlplane.errors import ApiError
@@ -18,6 +19,7 @@ from grants.render import render_approval_request
 QUEUE_PAGE = 100
 
 
+@never_cache  # message bodies awaiting a decision
 @staff_member_required
 def approval_queue(request):
     approver(request)  # an active admin member, not only a staff user

@@ -14,6 +14,7 @@ from django.contrib.auth.views import redirect_to_login
 from django.http import HttpResponse
 from django.shortcuts import render
 from django.template.loader import render_to_string
+from django.utils.cache import add_never_cache_headers
 from django.utils.decorators import sync_and_async_middleware
 from rest_framework.exceptions import APIException
 
@@ -96,28 +97,36 @@ def error_response(request, error: ApiError, *, plain: bool = False):
 def member_page(view):
     """A page for signed-in members: others go to the sign-in page (scripts
     get 401). The view receives the member; an ApiError it raises becomes a
-    clear error with the same status the API would give."""
+    clear error with the same status the API would give. What it answers
+    is the member's own: never kept by a browser or a cache on the way
+    (Back after signing out asks the server again)."""
     @functools.wraps(view)
     def wrapper(request, *args, **kwargs):
-        member = member_of(request.user)
-        if member is None:
-            if wants_json(request) or request.headers.get("HX-Request"):
-                return error_response(request, Unauthenticated("Sign in again."))
-            if request.user.is_authenticated:
-                # Signed in, but not as an active member (suspended, or a user
-                # without a member): the sign-in page would send them back here.
-                return error_response(request, Forbidden(
-                    "This account is not an active member of Switchboard. Sign out, then sign in as a member."))
-            return redirect_to_login(request.get_full_path())
-        try:
-            # Pages and actions share the member's API budget (RATE_LIMIT_PER_MINUTE).
-            if wait := member_request_wait(member):
-                raise RateLimited.after(wait)
-            # Query and form values reach the database as the API's do: storable text only.
-            check_text({"query": dict(request.GET.lists()), "form": dict(request.POST.lists())})
-            return view(request, member, *args, **kwargs)
-        except ApiError as error:
-            return error_response(request, error)
-        except APIException as error:  # the API's own input checks, reused by a page
-            return error_response(request, from_drf(error))
+        response = _member_page(view, request, *args, **kwargs)
+        add_never_cache_headers(response)
+        return response
     return wrapper
+
+
+def _member_page(view, request, *args, **kwargs):
+    member = member_of(request.user)
+    if member is None:
+        if wants_json(request) or request.headers.get("HX-Request"):
+            return error_response(request, Unauthenticated("Sign in again."))
+        if request.user.is_authenticated:
+            # Signed in, but not as an active member (suspended, or a user
+            # without a member): the sign-in page would send them back here.
+            return error_response(request, Forbidden(
+                "This account is not an active member of Switchboard. Sign out, then sign in as a member."))
+        return redirect_to_login(request.get_full_path())
+    try:
+        # Pages and actions share the member's API budget (RATE_LIMIT_PER_MINUTE).
+        if wait := member_request_wait(member):
+            raise RateLimited.after(wait)
+        # Query and form values reach the database as the API's do: storable text only.
+        check_text({"query": dict(request.GET.lists()), "form": dict(request.POST.lists())})
+        return view(request, member, *args, **kwargs)
+    except ApiError as error:
+        return error_response(request, error)
+    except APIException as error:  # the API's own input checks, reused by a page
+        return error_response(request, from_drf(error))

@@ -161,6 +161,17 @@ def test_the_web_apps_pages_allow_no_inline_script_and_no_framing(ann, human, ro
     assert "Content-Security-Policy" not in Client().get("/v0/spaces/lab").headers
 
 
+def test_pages_of_a_members_own_are_never_kept_by_a_browser_or_a_cache(ann, human, room, browser_of):
+    space, channel = room
+    staff = browser_of(human("root", is_admin=True))
+    member = browser_of(ann)
+    answers = [member.get(path) for path in ("/app/", page_url(space, channel), "/app/inbox/", "/app/credentials/",
+                                             "/app/subscriptions/", "/app/spaces/nowhere/")]
+    answers.append(staff.get("/staff/approvals/"))
+    assert [a.status_code for a in answers] == [200] * 5 + [404, 200]
+    assert all({"no-store", "private"} <= set(a.headers["Cache-Control"].replace(" ", "").split(",")) for a in answers)
+
+
 # --- the composer ----------------------------------------------------------------------------
 
 def test_the_composer_sends_the_exact_body_once_per_key(ann, room, browser_of):
