@@ -98,3 +98,23 @@ def test_a_page_that_stops_reading_holds_up_no_other_page_of_its_conversation():
     # then: the reader's page had every message, in order, the stalled page's allowance
     # (web.streams.SEND_SECONDS) after the stall at most
     assert [frame["id"] for frame in frames if frame["type"] == "message"] == sent
+
+
+def test_a_socket_to_a_path_no_live_page_serves_is_refused_at_its_handshake():
+    # given: paths no socket route serves, an id that is not one, a page's, and /mcp's
+    paths = ["/ws/nope/", "/ws/conversations/garbage/", "/app/", "/mcp", "/"]
+
+    async def handshakes(base: str) -> list[int]:
+        statuses = []
+        async with aiohttp.ClientSession() as http:
+            for path in paths:
+                try:
+                    await (await http.ws_connect(base.replace("http://", "ws://") + path)).close()
+                    statuses.append(101)
+                except aiohttp.WSServerHandshakeError as refused:
+                    statuses.append(refused.status)
+        return statuses
+
+    with serving("--no-worker", "--workers", "1") as (base, _):
+        # then: each is refused as a foreign origin is (403), not a 500 that logs a traceback
+        assert asyncio.run(handshakes(base)) == [403] * len(paths)
