@@ -1,10 +1,15 @@
 """The session engine (SESSION_ENGINE): Django's database sessions, each
 row naming the user it signs in, as Django's documentation extends them.
-`end_sessions` ends every session of a user at once."""
+`end_sessions` ends every session of a user at once, and `session_deleted`
+tells who follows a session (live pages) that its key is gone: signed out,
+or replaced by a sign-in (Django's login gives every sign-in a new key)."""
 from __future__ import annotations
 
 from django.contrib.auth import SESSION_KEY
 from django.contrib.sessions.backends.db import SessionStore as DBStore
+from django.dispatch import Signal
+
+session_deleted = Signal()  # session_key
 
 
 class SessionStore(DBStore):
@@ -21,6 +26,12 @@ class SessionStore(DBStore):
         except (TypeError, ValueError):
             session.user_id = None
         return session
+
+    def delete(self, session_key=None):
+        key = session_key or self.session_key
+        super().delete(session_key)
+        if key:
+            session_deleted.send(sender=type(self), session_key=key)
 
 
 def end_sessions(user_id: int) -> int:

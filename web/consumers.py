@@ -52,6 +52,15 @@ class SessionSocket:
     memberships: Memberships | None = None
     holder: int | None = None  # the member whose place the socket holds
     heart: asyncio.Task | None = None
+    closed = False
+
+    async def close(self, code=None, reason=None):
+        """Once: two reasons may arrive together (signing out, then the
+        session's deletion), and the server takes a second close for an
+        application error."""
+        if not self.closed:
+            self.closed = True
+            await super().close(code=code, reason=reason)
 
     @property
     def channel_receive(self):

@@ -48,6 +48,17 @@ def end_live_sockets(sender, request, user, **kwargs) -> None:
         group_send_on_commit(session_group(key), {"type": "session.ended"})
 
 
+def reconnect_live_sockets(sender, session_key, **kwargs) -> None:
+    """A session deleted (controlplane.sessions.session_deleted): signing
+    in again, as the same member or someone else, replaced its key. Its
+    sockets close to reconnect (1011), and each handshake decides on the
+    session the browser holds now; they went on as the old session's
+    member until the hour's renewal. (Signing out told them first: 4401.)"""
+    from controlplane.live import group_send_on_commit
+
+    group_send_on_commit(session_group(session_key), {"type": "session.changed"})
+
+
 # What a sign-in rests on besides the session: a new password ends every
 # other session (Django's session hash), and so does an inactive user.
 SESSION_FIELDS = ("password", "is_active")

@@ -271,9 +271,32 @@ async def test_signing_out_closes_the_sessions_sockets(room, ben):
     assert (await inbox.receive_json_from(timeout=5))["type"] == "inbox"
     # when
     await db_call(client.logout)()
-    # then
+    # then: each closes once, as signed out (the session's deletion that follows closes nothing twice)
     assert await refusal(conversation) == [4401]
     assert await refusal(inbox) == [4401]
+    assert await conversation.receive_nothing(0.3) and await inbox.receive_nothing(0.3)
+
+
+async def test_signing_in_as_someone_else_in_the_same_browser_reconnects_the_old_sessions_sockets(room, ben, human):
+    # given: ben's live pages; then the same browser signs in as an outsider (Django's login gives a new key)
+    _, channel = room
+    await log_watcher_listening()
+    client = Client()
+    await db_call(client.force_login)(ben.user)
+    cookie = client.cookies["sessionid"].value
+    conversation, _ = await open_socket(f"/ws/conversations/{channel.public_id}/", cookie=cookie)
+    inbox, _ = await open_socket("/ws/inbox/", cookie=cookie)
+    await frames_until_live(conversation)
+    assert (await inbox.receive_json_from(timeout=5))["type"] == "inbox"
+    outsider = await db_call(human)("eve")
+    # when
+    await db_call(client.force_login)(outsider.user)
+    # then: both close to reconnect, at once (they went on as ben's until the hour's renewal),
+    # and the page's handshake on the browser's new session finds the channel is not the outsider's
+    for socket in (conversation, inbox):
+        assert (await socket.receive_output(timeout=5)) == {"type": "websocket.close", "code": 1011}
+    again, _ = await open_socket(f"/ws/conversations/{channel.public_id}/", cookie=client.cookies["sessionid"].value)
+    assert (await refusal(again))[-1] == 4403
 
 
 async def test_a_new_password_ends_the_live_sockets_of_the_sessions_it_ends(room, ann, ben):
