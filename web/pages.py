@@ -21,7 +21,7 @@ from rest_framework.exceptions import APIException
 from controlplane.api.parsers import check_text
 from controlplane.errors import ApiError, Forbidden, RateLimited, Unauthenticated, from_drf
 from controlplane.ratelimit import member_request_wait
-from controlplane.models import Member
+from controlplane.models import Member, Membership
 
 
 def member_of(user) -> Member | None:
@@ -65,6 +65,12 @@ def digits(value: str, max_digits: int = 18) -> int | None:
     """A form or query value of at most `max_digits` ASCII digits, as an
     int; else None. Bounded: Python refuses to convert more than 4,300."""
     return int(value) if value.isascii() and value.isdigit() and len(value) <= max_digits else None
+
+
+def may_write(space, membership) -> bool:
+    """Whether a page offers its write forms: what the API's writes would
+    refuse it does not show (an observer, an archived space)."""
+    return membership is not None and membership.role != Membership.Role.OBSERVER and not space.archived
 
 
 def wants_json(request) -> bool:

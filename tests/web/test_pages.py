@@ -6,6 +6,7 @@ import pytest
 from django.test import Client
 
 from controlplane import services
+from controlplane.models import Space
 from inbox.models import Message
 from inbox.services import send_message
 from tests.conftest import clear_of_window_edge, error_code
@@ -305,6 +306,15 @@ def test_observers_and_outsiders_cannot_send(ann, human, room, browser_of):
     assert observer.status_code == 403 and observer.json()["error"]["code"] == "FORBIDDEN"
     assert outsider.status_code == 404
     assert not Message.objects.exists()
+
+
+def test_an_archived_spaces_pages_offer_no_write_forms(ann, room, browser_of):
+    space, channel = room
+    client = browser_of(ann)
+    assert 'id="composer"' in client.get(page_url(space, channel)).content.decode()
+    Space.objects.filter(pk=space.pk).update(archived=True)
+    page = client.get(page_url(space, channel)).content.decode()
+    assert 'id="composer"' not in page and "This space is archived" in page
 
 
 def test_without_a_grant_the_composer_offers_and_files_an_approval_request(ann, ben, browser_of):

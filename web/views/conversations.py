@@ -25,7 +25,7 @@ from controlplane.models import Conversation, Membership, Space
 from coordination.models import TASK_CHANNEL_PREFIX, Task
 from inbox import services
 from web import messages
-from web.pages import digits, member_page, wants_json
+from web.pages import digits, may_write, member_page, wants_json
 
 
 def conversation_label(conversation: Conversation, viewer) -> str:
@@ -97,7 +97,7 @@ def _page_context(member, conversation, before: int | None) -> dict:
         # The live stream starts after the newest message shown; a page of
         # older history (?before=) shows no live stream.
         "after": (rows[-1].position if rows else 0) if before is None else None,
-        "can_send": membership is not None and membership.role != Membership.Role.OBSERVER,
+        "can_send": may_write(conversation.space, membership),
         "joinable": membership is None,
     }
 

@@ -21,7 +21,7 @@ from controlplane.api.serializers import SpaceCreateIn
 from controlplane.converters import SlugConverter
 from controlplane.errors import NotFound
 from controlplane.models import Membership, Space
-from web.pages import digits, member_page
+from web.pages import digits, may_write, member_page
 from web.views.conversations import conversation_label, listed_conversations
 
 DIRECTORY_PAGE = 100
@@ -71,7 +71,7 @@ def space_page(request, member, slug):
     return render(request, "web/space.html", {
         "space": space, "membership": membership,
         "is_owner": may_administer(space, member),
-        "can_write": membership is not None and membership.role != Membership.Role.OBSERVER and not space.archived,
+        "can_write": may_write(space, membership),
         "conversations": [(c, conversation_label(c, member)) for c in conversations[:LISTED]],
         "next_from": start + LISTED if len(conversations) > LISTED else None,
         "directory": directory, "next_after": next_after, "roles": Membership.Role.values,
