@@ -126,9 +126,15 @@ _PAGE = Compiled(lambda member, bound, position, last_id: _pending_in_order(memb
 
 
 def pending_count(member: Member) -> int:
-    """How many items `member` has pending (admitted and unacknowledged)."""
-    return InboxItem.objects.filter(member=member, admission=InboxItem.Admission.ADMITTED,
-                                    state=InboxItem.State.PENDING).count()
+    """How many items `member` has pending: those `read_inbox` hands out
+    (admitted and unacknowledged, none held back behind an earlier item of
+    its conversation). The held-back rule costs a look per item, so it
+    runs only when something it looks for is there (almost never)."""
+    pending = InboxItem.objects.filter(member=member, state=InboxItem.State.PENDING)
+    admitted = pending.filter(admission=InboxItem.Admission.ADMITTED)
+    if pending.filter(admission__in=(InboxItem.Admission.WITHHELD, InboxItem.Admission.UNCLASSIFIED)).exists():
+        admitted = admitted.filter(~held_back())
+    return admitted.count()
 
 
 def acknowledge_delivery(member: Member, token: str, *, actor: Member) -> None:
