@@ -53,17 +53,19 @@ def pack_cursor(values: tuple[int, ...] | list[int], *, caller: str, stream: str
     return _encode(_xor(payload, _keystream(mac, len(payload))) + mac)
 
 
-def unpack_cursor(token: str, *, count: int, caller: str, stream: str, filter_: str = "") -> tuple[int, ...]:
-    """The integers inside `token`, or InvalidCursor."""
+def unpack_cursor(token: str, *, count: int | range, caller: str, stream: str, filter_: str = "") -> tuple[int, ...]:
+    """The integers inside `token` (`count` of them, or any number in the
+    range), or InvalidCursor."""
     if not isinstance(token, str) or not token.isascii() or len(token) > 200:
         raise InvalidCursor()
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
     except (binascii.Error, ValueError):
         raise InvalidCursor() from None
-    size = 8 * count
-    if len(raw) != size + MAC_BYTES:
+    size = len(raw) - MAC_BYTES
+    if size % 8 or size // 8 not in (count if isinstance(count, range) else (count,)):
         raise InvalidCursor()
+    count = size // 8
     sealed, mac = raw[:size], raw[size:]
     for version, payload in ((VERSION, _xor(sealed, _keystream(mac, size))), (VERSION_OPEN, sealed)):
         if hmac.compare_digest(mac, _mac(version, payload, caller, stream, filter_)):

@@ -105,26 +105,33 @@ def interest(member: Member, source: Source, arguments: dict) -> dict:
     return {"events_in": {space.pk}, "spaces": {space.pk}}
 
 
-def _cursor(member: Member, source: Source, arguments: dict, position: int) -> str:
-    return pack_cursor((position,), caller=caller_id(member), stream=source.stream_key(arguments))
+# An inbox.item cursor also holds the positions of up to this many items
+# it passed while a revocation barrier held them back (`_items_steps`).
+MAX_WAITING = 8
+
+
+def _cursor(member: Member, source: Source, arguments: dict, position: int, waiting: list[int] = ()) -> str:
+    return pack_cursor((position, *waiting), caller=caller_id(member), stream=source.stream_key(arguments))
 
 
 def _position_steps(member: Member, source: Source, arguments: dict, cursor: str | None, max_age_ms: int | None):
-    """Where to read after, and whether that skips events (truncated): steps.
-    `max_age_ms` (SEP-3415's `maxAgeMs`) moves a cursor up to the first event
-    of that window; it means nothing without a cursor."""
+    """Where to read after, the items passed that still wait (inbox.item),
+    and whether that skips events (truncated): steps. `max_age_ms`
+    (SEP-3415's `maxAgeMs`) moves a cursor up to the first event of that
+    window; it means nothing without a cursor."""
     head = yield from log_head_steps()
     if cursor is None:
-        return head.position, False
-    (position,) = unpack_cursor(cursor, count=1, caller=caller_id(member), stream=source.stream_key(arguments))
+        return head.position, [], False
+    position, *waiting = unpack_cursor(cursor, count=range(1, MAX_WAITING + 2), caller=caller_id(member),
+                                       stream=source.stream_key(arguments))
     floor = head.floor
     if max_age_ms is not None:
         since = now() - dt.timedelta(milliseconds=min(max_age_ms, MAX_AGE_MS))
         rows = yield _first_since_sql(), [connection.ops.adapt_datetimefield_value(since)]
         floor = max(floor, rows[0][0] - 1 if rows else head.position)
-    if position < floor:
-        return floor, True
-    return position, False
+    if position < floor:  # the rejections that would clear its notices' marks may be gone
+        return floor, [p for p in waiting if p > 0], True
+    return position, waiting, False
 
 
 # The longest `maxAgeMs` weighed: any longer reaches past the log's retention.
@@ -182,17 +189,19 @@ def _read_steps(member: Member, source: Source, arguments: dict, cursor: str | N
     """`read` of the inbox's items or a space's work, as steps. A space's
     work is read with the ORM, inside them: only a request thread runs
     those (`read_on_loop`)."""
-    after, truncated = yield from _position_steps(member, source, arguments, cursor, max_age_ms)
+    after, waiting, truncated = yield from _position_steps(member, source, arguments, cursor, max_age_ms)
     try:
         if source.name == ITEM:
-            batch = yield from _items_steps(member, source, after, max_events)
+            batch = yield from _items_steps(member, source, after, waiting, max_events)
         else:
             batch = _work(member, source, arguments, after)
     except ResyncRequired:  # pruned while we read: start again at the floor
         after, truncated = (yield from log_head_steps()).floor, True
-        batch = (yield from _items_steps(member, source, after, max_events)) if source.name == ITEM else Batch()
+        batch = (yield from _items_steps(member, source, after, waiting, max_events)) if source.name == ITEM \
+            else Batch()
     batch.truncated = truncated
-    batch.start = cursor if cursor is not None and not truncated else _cursor(member, source, arguments, after)
+    batch.start = cursor if cursor is not None and not truncated else _cursor(member, source, arguments, after,
+                                                                              waiting)
     if batch.cursor is None:
         batch.cursor = batch.start
     return batch
@@ -207,41 +216,74 @@ def pending_occurrence(told: int, count: int, position: int) -> dict:
             "data": {"pendingCount": count}}
 
 
-def _items_steps(member: Member, source: Source, after: int, max_events: int):
+def _items_steps(member: Member, source: Source, after: int, waiting: list[int], max_events: int):
     """Items the inbox feed made available after `after`: a message's own
     item sits at its message.created position and a notice at its event's;
     a firewall admission, or a rejection whose message is behind this page,
-    is found through the message its event names. An item a revocation
-    barrier withholds, or one waiting behind such an item of its
-    conversation, stops the read there until the barrier settles it (a
-    rejection then comes in the withheld item's place). Steps
-    (controlplane.db.run_steps)."""
-    events, position, has_more, size = [], after, False, 0
+    is found through the message its event names. Steps
+    (controlplane.db.run_steps).
+
+    An item a revocation barrier withholds, or one waiting behind such an
+    item of its conversation, is passed over and its position kept in the
+    cursor (`waiting`): each read looks at those first, and offers each
+    once it may be handed out, in its own place (before the later items of
+    its conversation). Only a cursor with MAX_WAITING of them stops before
+    the next (the other conversations wait too, until the barrier settles).
+    A `rejected` notice takes its withheld item's place, as in `read_inbox`;
+    offered there, its position is kept negated until the read passes its
+    rejection's event, which would offer it again."""
+    events, position, has_more, size, waiting = [], after, False, 0, list(waiting)
+
+    def cursor() -> str:
+        return _cursor(member, source, {}, position, waiting)
+
     for _ in range(5):  # bounded: feed pages whose events carry no item are skipped over
         page = yield from feeds.inbox_feed_steps(member, position, FEED_PAGE, related=False)
         named = {e.data["message"]["id"] if isinstance(e.data.get("message"), dict) else e.data.get("message"): e
                  for e in page.events if e.kind in ("message.admitted", "message.rejected")}
         surfaced = {e.position: e.position for e in page.events}
+        surfaced.update((p, p) for p in waiting if p > 0)
+        rejections = set()  # the places of the items whose rejection is on this page
         for public_id, message_position in ((yield _positions_of_messages(list(named))) if named else ()):
+            if named[public_id].kind == "message.rejected":
+                rejections.add(message_position)
+                if -message_position in waiting:  # its notice was offered in its place
+                    continue
             if named[public_id].kind == "message.admitted" or message_position not in surfaced:
                 surfaced[message_position] = named[public_id].position
         rows = (yield _PENDING_AT.sql(member.pk, sorted(surfaced))) if surfaced else []
-        items = [(model_from_row(InboxItem, row[:-1]), row[-1]) for row in rows]
-        for event_position, _id, item, waits in sorted((surfaced[i.position], i.id, i, w) for i, w in items):
+        found = [(model_from_row(InboxItem, row[:-1]), row[-1]) for row in rows]
+        pending = {item.position for item, _ in found}
+        waiting = [p for p in waiting if p < 0 or p in pending]  # the rest were acknowledged after all
+        for event_position, _id, item, waits in sorted((surfaced[i.position], i.id, i, w) for i, w in found):
+            kept = item.position in waiting
             if waits or item.admission == InboxItem.Admission.WITHHELD:
-                return Batch(events, _cursor(member, source, {}, position))
+                if kept:
+                    continue
+                if len(waiting) >= MAX_WAITING:
+                    return Batch(events, cursor())
+                waiting.append(item.position)
+                continue
+            in_place = item.kind == "rejected" and event_position == item.position
+            if in_place and not kept and len(waiting) >= MAX_WAITING:
+                continue  # no room to remember it: it comes at its rejection's event
             if len(events) >= max_events:  # what is left of this page comes next time
-                return Batch(events, _cursor(member, source, {}, position), has_more=True)
+                return Batch(events, cursor(), has_more=True)
             occurrence, item_size = sized_item_occurrence(item, ITEM)
             if events and size + item_size > feeds.PAGE_BYTES:  # a feed page's bound, at least one item
-                return Batch(events, _cursor(member, source, {}, position), has_more=True)
-            position, size = event_position, size + item_size
-            events.append({**occurrence, "cursor": _cursor(member, source, {}, position)})
+                return Batch(events, cursor(), has_more=True)
+            if kept:
+                waiting.remove(item.position)
+            if in_place:
+                waiting.append(-item.position)
+            position, size = max(position, event_position), size + item_size
+            events.append({**occurrence, "cursor": cursor()})
+        waiting = [p for p in waiting if not (p < 0 and -p in rejections)]  # read past their rejections
         position = page.position
         has_more = page.has_more
         if not has_more or len(events) >= max_events:
             break
-    return Batch(events, _cursor(member, source, {}, position), has_more=has_more)
+    return Batch(events, cursor(), has_more=has_more)
 
 
 def _positions_of_messages(public_ids: list[str]) -> tuple[str, list]:

@@ -284,3 +284,75 @@ def test_items_behind_a_withheld_one_wait_for_its_barrier_and_come_in_read_inbox
 
     assert shown(e["data"]["item"] for e in settled) == shown(i.payload for i in delivery.read_inbox(carol).items)
     assert shown(e["data"]["item"] for e in settled) == ["rejected:-", "direct:second"]
+
+
+@pytest.fixture
+def vault(make_member):
+    """carol's inbox in an explicit_only space under bob's grants, and dave
+    writing to her in an open one."""
+    from grants import services as grants
+
+    alice, bob, carol, dave = (make_member(h) for h in ("alice", "bob", "carol", "dave"))
+    space = services.create_space(slug="vault", name="Vault", visibility="open", send_policy="explicit_only",
+                                  actor=alice)
+    lab = services.create_space(slug="lab", name="Lab", visibility="open", send_policy="open", actor=dave)
+    for member in (bob, carol):
+        services.join_space(space, actor=member)
+    services.join_space(lab, actor=carol)
+    grant = grants.create_grant(space, grant_id="grt_pair", kind="pair", sender="@bob", recipient="@carol",
+                                actor=alice)[0]
+    return {"carol": carol, "grant": grant, "bob_to_carol": services.get_or_create_direct(space, carol, actor=bob)[0],
+            "dave_to_carol": services.get_or_create_direct(lab, carol, actor=dave)[0], "bob": bob, "dave": dave}
+
+
+def drain(member, cursor) -> tuple[list[dict], str]:
+    events = []
+    while batch := sources.read(member, ITEM, {}, cursor, 50).events:
+        events, cursor = events + batch, batch[-1]["cursor"]
+    return events, cursor
+
+
+def test_a_withheld_item_holds_back_its_own_conversation_only(vault):
+    from grants import barrier
+    from grants.models import Grant
+    from inbox import delivery
+
+    # given: two messages to carol under a grant, then its revocation begins; then dave writes to her elsewhere
+    carol = vault["carol"]
+    start = sources.read(carol, ITEM, {}, None, 50).cursor
+    for body in ("first", "second"):
+        send_message(vault["bob_to_carol"], body=body, actor=vault["bob"])
+    barrier.start_barrier(vault["grant"].pk, ending=Grant.Status.REVOKED, actor=None)
+    send_message(vault["dave_to_carol"], body="elsewhere", actor=vault["dave"])
+    # when / then: dave's item is offered now, as read_inbox hands it out (the whole stream waited for the barrier)
+    while_withheld, cursor = drain(carol, start)
+    assert [e["data"]["item"]["content"] for e in while_withheld] == ["elsewhere"]
+    assert [i.payload["content"] for i in delivery.read_inbox(carol).items] == ["elsewhere"]
+    assert drain(carol, cursor)[0] == []
+    # when the barrier settles: each rejection in its item's place, once, and nothing else again
+    barrier.finish_barrier(vault["grant"].pk)
+    settled, cursor = drain(carol, cursor)
+    assert [e["data"]["item"]["kind"] for e in settled] == ["rejected", "rejected"]
+    assert drain(carol, cursor)[0] == []
+
+
+def test_each_rejection_is_offered_once_however_far_its_event_is_from_its_place(vault):
+    from grants import barrier
+    from grants.models import Grant
+
+    # given: more items under the grant than a feed page and a cursor's marks hold, withheld, then rejected
+    carol = vault["carol"]
+    start = sources.read(carol, ITEM, {}, None, 50).cursor
+    for n in range(sources.FEED_PAGE + 20):
+        send_message(vault["bob_to_carol"], body=f"n{n}", actor=vault["bob"])
+    barrier.start_barrier(vault["grant"].pk, ending=Grant.Status.REVOKED, actor=None)
+    assert drain(carol, start)[0] == []
+    barrier.finish_barrier(vault["grant"].pk)
+    # when: the stream is read from before them all, and from a cursor taken mid-way
+    settled, end = drain(carol, start)
+    # then: every rejection once (some offered in place, the rest at their events: a cursor remembers few)
+    notices = [e["data"]["item"]["postId"] for e in settled]
+    assert len(notices) == len(set(notices)) == sources.FEED_PAGE + 20
+    assert {e["data"]["item"]["kind"] for e in settled} == {"rejected"} and drain(carol, end)[0] == []
+    middle = settled[30]["cursor"]
+    assert [e["eventId"] for e in drain(carol, middle)[0]] == [e["eventId"] for e in settled[31:]]
