@@ -13,12 +13,12 @@ def space_created(space: Space, *, actor: Member) -> NewEvent:
 
 def member_joined(membership: Membership, *, actor: Member) -> NewEvent:
     return NewEvent("member.joined", {"member": f"@{membership.member.handle}", "role": membership.role},
-                    space_id=membership.space_id, actor_id=actor.pk)
+                    space_id=membership.space_id, actor_id=actor.pk, member_id=membership.member_id)
 
 
 def member_removed(membership: Membership, *, actor: Member) -> NewEvent:
     return NewEvent("member.removed", {"member": f"@{membership.member.handle}"},
-                    space_id=membership.space_id, actor_id=actor.pk)
+                    space_id=membership.space_id, actor_id=actor.pk, member_id=membership.member_id)
 
 
 def conversation_created(conversation: Conversation, members: list[Member], *, actor: Member) -> NewEvent:

@@ -148,9 +148,16 @@ class Interest:
         if self.events_in and ("spaces" not in message or self.events_in.intersection(message["spaces"])):
             return True
         # An inbox feed shows the addressed events of the spaces its reader
-        # may read now: a membership change anywhere may show older ones.
-        return bool(self.addressed) and (message.get("members") is None or message.get("access_spaces")
-                                         or bool(self.addressed.intersection(message["members"])))
+        # may read now: a change of their own membership may show older
+        # ones. (Anyone's woke every inbox waiter of the host: one member
+        # joining and leaving a space cost every waiting poll a read. A
+        # nudge that does not name whose changed is an older process's.)
+        if not self.addressed:
+            return False
+        changed = message.get("access_members")
+        return (message.get("members") is None or bool(self.addressed.intersection(message["members"]))
+                or (bool(message.get("access_spaces")) if changed is None else
+                    bool(self.addressed.intersection(changed))))
 
 
 class AnnouncedPositions:

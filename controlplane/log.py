@@ -35,6 +35,9 @@ class NewEvent:
     # The members whose space subscriptions it may wake (a check-in is the
     # claimant's business); None: every subscriber who may read it.
     targets: tuple[int, ...] | None = None
+    # The member a membership event is about: what they may read changed,
+    # so their inbox feeds may show older events (controlplane.live).
+    member_id: int | None = None
     # The request that appended it (controlplane.tracing), for the wakes it
     # causes to name; provenance, not content.
     request_id: str | None = field(default_factory=current_request_id, compare=False, repr=False)
@@ -77,9 +80,10 @@ def appended(entries: list[tuple[int, NewEvent]]) -> None:
     announce_on_commit({"type": "log.advanced", "first": entries[0][0], "position": entries[-1][0],
                         "conversations": sorted({e.conversation_id for e in events if e.conversation_id}),
                         "spaces": sorted({e.space_id for e in events if e.space_id}),
-                        # spaces where who may read changed (live pages re-check)
+                        # spaces where who may read changed (live pages re-check), and whose access changed
                         "access_spaces": sorted({e.space_id for e in events
                                                  if e.space_id and e.kind.startswith("member.")}),
+                        "access_members": sorted({e.member_id for e in events if e.member_id is not None}),
                         # whose inbox feeds it reached (None: too many to name, everyone's)
                         "members": sorted(addressees) if len(addressees) <= NUDGE_MEMBERS else None})
 

@@ -115,11 +115,21 @@ async def test_a_waiting_feed_is_read_again_only_for_commits_it_may_show(monkeyp
     await asyncio.sleep(0.5)
     # then: neither feed was read again
     assert reads == {"lab": 1, "inbox": 1} and not lab.done() and not inbox.done()
+    # when: someone else joins a space (what they may read changed, not what bob may)
+    await sync_to_async(services.join_space)(spaces["elsewhere"], actor=carol)
+    await asyncio.sleep(0.5)
+    # then: bob's inbox was not read again (anyone's membership change woke every inbox waiter of the host)
+    assert reads == {"lab": 1, "inbox": 1}
+    # when: bob joins it himself: his inbox feed may show older events of it now
+    await sync_to_async(services.join_space)(spaces["elsewhere"], actor=bob)
+    await asyncio.sleep(0.5)
+    # then: it looked again (and found nothing)
+    assert reads == {"lab": 1, "inbox": 2} and not inbox.done()
     # when: a direct message to carol in the lab
     await sync_to_async(send_message)(to_carol, body="for carol only", actor=alice)
     await asyncio.sleep(0.5)
     # then: the lab's feed looked (and found nothing bob may see); bob's inbox did not
-    assert reads == {"lab": 2, "inbox": 1} and not lab.done() and not inbox.done()
+    assert reads == {"lab": 2, "inbox": 2} and not lab.done() and not inbox.done()
     # when: a message in the lab that mentions bob
     await sync_to_async(send_message)(lab_general, body="hello @bob", actor=alice)
     # then: both answer with it

@@ -83,7 +83,8 @@ def test_both_insert_paths_write_and_publish_the_same(space, alice, bob, carol, 
     assert orm["addressees"] == [(bob.pk, space.pk)]
     assert orm["published"] == sorted([
         (live.LOG_TOPIC, {"type": "log.advanced", "first": "P", "position": "P", "conversations": [group.pk],
-                          "spaces": [space.pk], "access_spaces": [], "members": [bob.pk]}),
+                          "spaces": [space.pk], "access_spaces": [], "access_members": [],
+                          "members": [bob.pk]}),
         (f"inbox.{bob.public_id}", {"type": "inbox.available", "items": 1, "message": "M"}),
         ("inbox.tasks.classify_pending", (carol.pk,)),
     ], key=repr)
