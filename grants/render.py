@@ -5,7 +5,7 @@ from __future__ import annotations
 from controlplane.access import is_active_admin
 from controlplane.clock import rfc3339
 from controlplane.log import NewEvent
-from controlplane.models import Member
+from controlplane.models import Member, Membership
 from grants.models import ApprovalRequest, Grant
 
 
@@ -65,8 +65,16 @@ def render_approval_request(request: ApprovalRequest) -> dict:
 
 def grant_event(kind: str, grant: Grant, *, actor_id: int | None) -> NewEvent:
     """`grant.created`, `grant.revoked` or `grant.expired`: for the grant's
-    parties and its creator (their inbox feeds), in no space feed (a
-    restricted event of no conversation), since grants are theirs to see."""
-    parties = {pk for pk in (grant.sender_id, grant.recipient_id, grant.created_by_id) if pk is not None}
+    parties who belong to its space and its creator (their inbox feeds), in
+    no space feed (a restricted event of no conversation), since grants are
+    theirs to see. A party outside the space is told nothing: anyone who
+    owns a space could otherwise put events in any member's inbox feed and
+    wake their receivers, as often as they liked, and a private space's
+    grants woke a member removed from it."""
+    named = {pk for pk in (grant.sender_id, grant.recipient_id) if pk is not None}
+    parties = set(Membership.objects.filter(space_id=grant.space_id, member_id__in=named,
+                                            status=Membership.Status.ACTIVE).values_list("member_id", flat=True))
+    if grant.created_by_id is not None:
+        parties.add(grant.created_by_id)
     return NewEvent(kind, {"grant": render_grant(grant, grant.created_by)}, space_id=grant.space_id,
                     actor_id=actor_id, restricted=True, addressees=tuple(sorted(parties)))

@@ -268,6 +268,36 @@ def test_grant_events_reach_the_parties_inbox_feeds_and_no_space_feed(locked, bo
         assert not any(kind.startswith("grant.") for kind in kinds)
 
 
+def test_grant_events_reach_no_party_outside_the_space(as_alice, alice, bob, make_member, api_for):
+    from controlplane.models import EventAddressee
+
+    # given: an open space of alice's that dave never joined, and a private one bob is in
+    yard = services.create_space(slug="yard", name="Yard", visibility="open", send_policy="explicit_only",
+                                 actor=alice)
+    vault = services.create_space(slug="vault", name="Vault", visibility="private", send_policy="explicit_only",
+                                  actor=alice)
+    services.join_space(yard, actor=bob)
+    services.add_member(vault, bob, actor=alice)
+    as_bob, as_dave = api_for(bob), api_for(make_member("dave"))
+    # when: a grant in the open space names dave
+    assert as_alice.post("/v0/spaces/yard/grants", {"id": "grt_to-dave", "kind": "pair", "sender": "@bob",
+                                                    "recipient": "@dave"}).status_code == 201
+    # then: bob hears of it; dave does not (any space's owner could fill his feed and wake his receivers)
+    def grant_events(api):
+        return [e["data"]["grant"]["id"] for e in api.get("/v0/me/inbox/events").json()["events"]
+                if e["kind"].startswith("grant.")]
+
+    assert grant_events(as_bob) == ["grt_to-dave"] and grant_events(as_dave) == []
+    # when: bob is removed from the private space, then a grant naming him there is revoked
+    assert as_alice.post(GRANTS, {"id": "grt_bob", "kind": "pair", "sender": "@bob", "recipient": "@alice"}) \
+        .status_code == 201
+    services.remove_member(vault, bob, actor=alice)
+    as_alice.post("/v0/grants/grt_bob/revoke", {})
+    # then: the revocation is addressed to alice alone, so it wakes nothing of bob's
+    revoked = EventAddressee.objects.filter(event__kind="grant.revoked")
+    assert list(revoked.values_list("member__handle", flat=True)) == ["alice"]
+
+
 def test_an_owner_removed_while_creating_a_grant_creates_none(locked, alice, carol, monkeypatch):
     # given: a second owner removes alice between her first check and her grant's insert
     from controlplane.errors import Forbidden
