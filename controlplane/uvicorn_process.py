@@ -136,6 +136,9 @@ class BoundedHead(HttpToolsProtocol):
             self._refuse()
         elif self.head_open:
             self._time_the_head()
+        elif self._answering() and self.cycle.more_body and self.body_timer is None:
+            # A pipelined request uvicorn just started, its body still to come.
+            self.body_timer = self.loop.call_later(BODY_SECONDS, self._body_too_slow)
 
     def _answering(self) -> bool:
         return self.cycle is not None and not self.cycle.response_complete

@@ -181,6 +181,19 @@ def test_a_body_that_does_not_arrive_in_time_is_408_and_the_connection_closes(mo
     assert whole.startswith(b"HTTP/1.1 200 ")
 
 
+def test_a_pipelined_requests_body_has_its_time_too(monkeypatch):
+    """Its time starts once the answer before it has gone and uvicorn reads
+    it: it had none, so a pipelined head with a body never sent held its
+    connection for ever."""
+    monkeypatch.setattr(uvicorn_process, "BODY_SECONDS", 0.5)
+    with bounded_server() as base:
+        started = time.monotonic()
+        answered = answers(base, b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n"
+                                 b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789", pause=0)
+    assert answered.startswith(b"HTTP/1.1 200 ") and answered.index(b"HTTP/1.1 408 ") > answered.index(b"ok")
+    assert time.monotonic() - started < 5
+
+
 LARGE = 32 * 1024 * 1024  # more than the kernel's buffers on both sides hold
 
 
