@@ -146,11 +146,18 @@ def _event_line(event) -> str:
                                       event.actor or "-", detail))
 
 
+FEED_LIMIT = 100  # the most events a feed page holds (SPEC §6)
+
+
 def cmd_tail(args) -> None:
     if bool(args.space) == bool(args.inbox):
         raise UsageError("tail takes --space SLUG or --inbox")
     with client_for(args) as client:
-        feed = client.iter_feed(space=args.space, inbox=args.inbox, after=args.after, wait_ms=args.wait_ms)
+        # With --count, pages of no more than are left to print: a feed's
+        # cursor moves once its page is handed out whole, and one printed
+        # mid-page gave back the same events, run after run.
+        feed = client.iter_feed(space=args.space, inbox=args.inbox, after=args.after, wait_ms=args.wait_ms,
+                                limit=min(args.count, FEED_LIMIT) if args.count else None)
         seen = 0
         try:
             for event in feed:
@@ -158,10 +165,13 @@ def cmd_tail(args) -> None:
                 seen += 1
                 if args.count and seen >= args.count:
                     break
+                if args.count:
+                    feed.limit = min(args.count - seen, FEED_LIMIT)
         except KeyboardInterrupt:
             pass
         finally:
-            print(f"cursor: {feed.cursor}", file=sys.stderr, flush=True)  # resume with --after
+            if feed.cursor is not None:  # none before the first page came
+                print(f"cursor: {feed.cursor}", file=sys.stderr, flush=True)  # resume with --after
 
 
 def cmd_spaces(args) -> None:

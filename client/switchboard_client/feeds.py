@@ -20,6 +20,7 @@ from switchboard_client.models import Event, InboxEntry
 
 Resync = Callable[[ResyncRequired], "str | None | Awaitable[str | None]"]
 RECONNECT_MAX = 30.0  # seconds between tries while the server is away
+EMPTY_POLL_PAUSE = 1.0  # seconds between polls that do not wait (wait_ms=0) and find nothing
 
 
 class _FeedState:
@@ -44,7 +45,9 @@ class _FeedState:
             return "space_events", (self.space,), params
         return "inbox_events", (), params
 
-    def took(self, page) -> None:
+    def took(self, page) -> float:
+        """Take a page; the seconds to pause before the next (a poll that
+        does not wait asked again at once, as fast as the server answered)."""
         self._failures = 0
         self._immediate = page.has_more
         if page.items:
@@ -52,6 +55,7 @@ class _FeedState:
             self._page_cursor = page.cursor
         elif page.cursor:
             self.cursor = page.cursor  # the position given, or past events a space feed may not show
+        return EMPTY_POLL_PAUSE if not page.items and not page.has_more and self.wait_ms == 0 else 0.0
 
     def pop(self) -> Event | None:
         if not self._buffer:
@@ -86,6 +90,15 @@ class Feed:
     def cursor(self) -> str | None:
         return self._state.cursor
 
+    @property
+    def limit(self) -> int | None:
+        """The most events the next page asked for may hold (None: the server's default)."""
+        return self._state.limit
+
+    @limit.setter
+    def limit(self, value: int | None) -> None:
+        self._state.limit = value
+
     def __iter__(self) -> Feed:
         return self
 
@@ -94,7 +107,8 @@ class Feed:
         while (event := state.pop()) is None:
             name, args, params = state.request()
             try:
-                state.took(getattr(self._client, name)(*args, **params))
+                if pause := state.took(getattr(self._client, name)(*args, **params)):
+                    self._sleep(pause)
             except ResyncRequired as gone:
                 if state.on_resync is None:
                     raise
@@ -125,7 +139,8 @@ class AsyncFeed:
         while (event := state.pop()) is None:
             name, args, params = state.request()
             try:
-                state.took(await getattr(self._client, name)(*args, **params))
+                if pause := state.took(await getattr(self._client, name)(*args, **params)):
+                    await self._sleep(pause)
             except ResyncRequired as gone:
                 if state.on_resync is None:
                     raise

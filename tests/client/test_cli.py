@@ -78,6 +78,26 @@ def test_send_inbox_tail_and_ack_from_the_shell(server, tmp_path):
     assert [(s["slug"], s["role"]) for s in spaces] == [("lab", "owner")]
 
 
+def test_tail_with_a_count_pages_on_from_the_cursor_it_prints(server, tmp_path):
+    # given: six messages in alice's inbox feed
+    alice, bob = tmp_path / "alice", tmp_path / "bob"
+    assert shell(alice, "login", "--host", server, "--token", member_token("alice")).returncode == 0
+    assert shell(bob, "login", "--host", server, "--token", member_token("bob")).returncode == 0
+    assert shell(alice, "spaces", "create", "lab", "Lab").returncode == 0
+    assert shell(bob, "spaces", "join", "lab").returncode == 0
+    for n in range(6):
+        assert shell(bob, "send", "lab", "@alice", f"number {n}").returncode == 0
+    # when: she tails two at a time, each run from the cursor the one before printed
+    seen, after = [], []
+    for _ in range(3):
+        run = shell(alice, "tail", "--inbox", "--count", "2", "--json", "--wait-ms", "0", *after)
+        assert run.returncode == 0, run.stderr
+        seen += [json.loads(line)["data"]["message"]["body"] for line in run.stdout.splitlines()]
+        after = ["--after", run.stderr.removeprefix("cursor: ").strip()]
+    # then: each run went on where the last stopped (each printed the same events again)
+    assert seen == [f"number {n}" for n in range(6)]
+
+
 def test_each_error_class_has_its_exit_code(server, tmp_path):
     alice = tmp_path / "alice"
     assert shell(alice, "login", "--host", server, "--token", member_token("alice")).returncode == 0

@@ -1,5 +1,6 @@
 """iter_feed and drain_inbox against real servers: a feed followed across a
-server restart, a feed past retention, and a drain whose handler fails."""
+server restart, a feed past retention, and a drain whose handler fails; and
+the pause between polls that do not wait."""
 import datetime as dt
 import threading
 import time
@@ -117,3 +118,25 @@ def test_drain_inbox_leaves_a_failed_item_pending_and_acknowledges_the_others(cl
     later = alice.drain_inbox(lambda entry: None, raise_errors=False)
     assert [e.item["content"] for e in later.acknowledged] == ["boom"] and later.failed == []
     assert alice.read_inbox().items == ()
+
+
+def test_a_feed_that_does_not_wait_pauses_between_empty_polls():
+    """With wait_ms=0 an empty page was asked for again at once, as fast as
+    the server answered (its rate limit the only brake)."""
+    from switchboard_client.feeds import EMPTY_POLL_PAUSE, Feed
+    from switchboard_client.models import Page
+
+    class Server:  # two empty pages, then one with an event
+        def __init__(self):
+            self.pages = [Page((), "c1", False), Page((), "c2", False), Page(("event",), "c3", False)]
+            self.asked = []
+
+        def inbox_events(self, **params):
+            self.asked.append((params["cursor"], params["wait_ms"]))
+            return self.pages.pop(0)
+
+    server, slept = Server(), []
+    feed = Feed(server, sleep=slept.append, space=None, inbox=True, after="c0", wait_ms=0, limit=None,
+                on_resync=None)
+    assert next(feed) == "event" and feed.cursor == "c3"
+    assert server.asked == [("c0", 0), ("c1", 0), ("c2", 0)] and slept == [EMPTY_POLL_PAUSE] * 2
