@@ -170,10 +170,15 @@ def _fetcher_once(client) -> Callable[[], dict[str, bytes]]:
     hold a receiver's worker through the client's retries and their
     Retry-After waits, as `fetch_signing_keys` does not either."""
     from switchboard_client.routes import ROUTES
+    import httpx
+
     from switchboard_client.transport import NO_RETRIES, Call, SyncTransport
 
+    # Keys are fetched synchronously: an AsyncClient's connection cannot be
+    # used for that (every wake was a 503), so it gets one of its own.
+    http = client.transport.http if isinstance(client.transport.http, httpx.Client) else None
     transport = SyncTransport(client.transport.base_url, None, timeout=KEY_FETCH_SECONDS, retry=NO_RETRIES,
-                              http=client.transport.http)
+                              http=http)
     route = ROUTES["list_webhook_signing_keys"]
     return lambda: keys_from_listing(transport.execute(Call(route, route.url(), lambda data: data)))
 

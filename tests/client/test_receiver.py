@@ -15,7 +15,7 @@ import httpx
 import pytest
 import uvicorn
 from standardwebhooks.webhooks import Webhook
-from switchboard_client import Client, MemoryWakeStore, SQLiteWakeStore, Wake, WakeReceiver
+from switchboard_client import AsyncClient, Client, MemoryWakeStore, SQLiteWakeStore, Wake, WakeReceiver
 
 from tests.client.conftest import member_token
 from tests.servers import serving
@@ -148,7 +148,9 @@ def test_the_asgi_receiver_under_uvicorn_takes_space_wakes_with_an_async_callbac
     with serving(WEBHOOK_CA_BUNDLE=ca, WEBHOOK_ALLOW_PRIVATE_NETWORKS="1") as (base, _):
         alice, bob = people(base)
         general = alice.create_channel("lab", "general").id
-        receiver = WakeReceiver(client=alice, issuer="http://127.0.0.1:8000", on_space_wake=on_space_wake)
+        # an ASGI receiver's natural client is an AsyncClient (its keys were fetched through it: every wake a 503)
+        receiver = WakeReceiver(client=AsyncClient(base, member_token("carol")), issuer="http://127.0.0.1:8000",
+                                on_space_wake=on_space_wake)
         config = uvicorn.Config(receiver.asgi, host="127.0.0.1", port=0, ssl_certfile=str(chain),
                                 ssl_keyfile=str(key), lifespan="on", log_level="warning")
         server = uvicorn.Server(config)
