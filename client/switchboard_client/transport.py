@@ -12,7 +12,8 @@ attempt may be repeated and after how long:
   broke after the request was sent: retried only when a repeat cannot do
   the work twice (a read, a delete, or a write carrying its key).
 - A connection that could not be made: nothing was sent; always retried.
-- Any other answer is final.
+- Any other answer is final; but a DELETE whose repeat finds nothing
+  (404) after an attempt that may have run was done by that attempt.
 """
 from __future__ import annotations
 
@@ -85,6 +86,22 @@ def retry_delay(policy: RetryPolicy, call: Call, attempt: int, error: Switchboar
     return policy.wait(attempt, error.retry_after) if retryable else None
 
 
+def may_have_run(error: SwitchboardError) -> bool:
+    """Whether a failed attempt may have been carried out all the same: its
+    connection broke after the request was sent, or a 5xx other than 503
+    (the server did nothing) and 507 (a definite answer)."""
+    if isinstance(error, ConnectionFailed):
+        return error.details.get("sent", True)
+    return error.status is not None and error.status >= 500 and error.status not in (503, 507)
+
+
+def deleted_already(call: Call, error: SwitchboardError, doubtful: bool) -> bool:
+    """A DELETE repeated after an attempt that may have run, and now 404:
+    that attempt deleted it (reported as not found, it looked as if nothing
+    had been there)."""
+    return doubtful and call.route.method == "DELETE" and error.status == 404
+
+
 def connection_failed(exc: httpx.TransportError) -> ConnectionFailed:
     sent = not isinstance(exc, NOT_SENT)
     return ConnectionFailed(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__,
@@ -149,7 +166,7 @@ class SyncTransport(_Base):
         self._sleep = sleep
 
     def execute(self, call: Call) -> Any:
-        attempt = 0
+        attempt, doubtful = 0, False
         while True:
             attempt += 1
             try:
@@ -158,6 +175,9 @@ class SyncTransport(_Base):
                 ok, result = False, connection_failed(exc)
             if ok:
                 return result
+            if deleted_already(call, result, doubtful):
+                return call.parse(None)
+            doubtful = doubtful or may_have_run(result)
             delay = retry_delay(self.retry, call, attempt, result)
             if delay is None:
                 raise result
@@ -175,7 +195,7 @@ class AsyncTransport(_Base):
         self._sleep = sleep
 
     async def execute(self, call: Call) -> Any:
-        attempt = 0
+        attempt, doubtful = 0, False
         while True:
             attempt += 1
             try:
@@ -184,6 +204,9 @@ class AsyncTransport(_Base):
                 ok, result = False, connection_failed(exc)
             if ok:
                 return result
+            if deleted_already(call, result, doubtful):
+                return call.parse(None)
+            doubtful = doubtful or may_have_run(result)
             delay = retry_delay(self.retry, call, attempt, result)
             if delay is None:
                 raise result

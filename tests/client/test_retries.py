@@ -85,6 +85,22 @@ def test_a_retry_after_hint_below_zero_or_not_a_number_is_no_wait_to_follow(hint
     assert all(0 <= wait <= RetryPolicy().max_backoff for wait in slept)
 
 
+def test_a_delete_whose_answer_was_lost_is_done_not_a_404(clients, server):
+    # given: a credential of alice's, and a proxy that loses the first answer (the delete is done)
+    alice, _ = clients
+    spare = alice.create_credential("spare")
+    address = urlsplit(server)
+    proxy = LossyProxy((address.hostname, address.port), drop_answers=1)
+    through_proxy = Client(proxy.base_url, alice.transport.token, sleep=lambda seconds: None)
+    # when: the retry finds nothing to delete
+    assert through_proxy.delete_credential(spare.id) is None
+    proxy.close()
+    # then: that is the first attempt's doing, not an error; and an id never there is still a 404
+    assert len(proxy.requests) == 2 and spare.id not in [c.id for c in alice.credentials().items]
+    with pytest.raises(errors.NotFoundError):
+        alice.delete_credential(spare.id)
+
+
 def test_a_credential_whose_answer_was_lost_says_so_and_names_it(clients, server):
     # given: the answer carrying the new token is lost; the retry's replay carries none (the server keeps none)
     alice, _ = clients
