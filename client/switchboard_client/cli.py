@@ -102,7 +102,8 @@ def conversation_ref(client: Client, space: str, ref: str) -> str:
 
 
 def cmd_send(args) -> None:
-    body = sys.stdin.read() if args.body in (None, "-") else args.body
+    # Bytes that are not UTF-8 go on as the command line's do (surrogates), for the server to refuse (422).
+    body = sys.stdin.buffer.read().decode("utf-8", "surrogateescape") if args.body in (None, "-") else args.body
     with client_for(args) as client:
         conversation = conversation_ref(client, args.space, args.conversation)
         message = client.send(args.space, conversation, body, reply_to=args.reply_to,

@@ -18,6 +18,7 @@ attempt may be repeated and after how long:
 from __future__ import annotations
 
 import asyncio
+import json as jsonlib
 import random
 import secrets
 import time
@@ -102,6 +103,17 @@ def deleted_already(call: Call, error: SwitchboardError, doubtful: bool) -> bool
     return doubtful and call.route.method == "DELETE" and error.status == 404
 
 
+def json_bytes(value: Any) -> bytes:
+    """`value` as JSON in UTF-8, as httpx would send it; text that is not
+    valid Unicode (a lone surrogate: undecodable bytes a shell handed over)
+    goes escaped, for the server to refuse as `422 INVALID_BODY` (httpx
+    raised UnicodeEncodeError, a traceback instead of the API's error)."""
+    try:
+        return jsonlib.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    except UnicodeEncodeError:
+        return jsonlib.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+
+
 def connection_failed(exc: httpx.TransportError) -> ConnectionFailed:
     sent = not isinstance(exc, NOT_SENT)
     return ConnectionFailed(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__,
@@ -154,7 +166,8 @@ class _Base:
                 "params": {k: v for k, v in (call.params or {}).items() if v is not None} or None,
                 "timeout": call.timeout or self.timeout}
         if call.has_body:
-            args["json"] = call.json
+            headers["Content-Type"] = "application/json"
+            args["content"] = json_bytes(call.json)
         return args
 
 

@@ -113,6 +113,9 @@ def test_each_error_class_has_its_exit_code(server, tmp_path):
     # 2: a bad request (a body over 8 KiB)
     large = shell(alice, "send", "lab", "@bob", "x" * 9000)
     assert large.returncode == 2 and "BODY_TOO_LARGE" in large.stderr
+    # 2: bytes that are not UTF-8, on the command line (was a traceback and 1)
+    undecodable = shell(alice, "send", "lab", "@bob", "ok\udcff")
+    assert undecodable.returncode == 2 and "INVALID_BODY" in undecodable.stderr
     # 3: a bad credential
     guessed = "sbt_" + "y" * 43
     assert shell(tmp_path / "nobody", "inbox", SWITCHBOARD_URL=server, SWITCHBOARD_TOKEN=guessed).returncode == 3

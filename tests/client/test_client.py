@@ -119,6 +119,10 @@ def test_errors_are_typed_with_their_code_and_details(clients, server):
     with pytest.raises(errors.BodyTooLarge) as large:
         bob.send("lab", direct.id, "x" * 9000)
     assert large.value.status == 413
+    # 422: text that is not valid Unicode (bytes a shell could not decode), the server's to refuse
+    with pytest.raises(errors.InvalidBody) as invalid_text:
+        bob.send("lab", direct.id, "a\ud800b")
+    assert invalid_text.value.status == 422
     # 409: the same key with another body
     bob.send("lab", direct.id, "first", idempotency_key="same-key-1")
     with pytest.raises(errors.IdempotencyConflict) as conflict:
