@@ -31,6 +31,9 @@ def _nothing(data):
     return None
 
 
+TASK_ACTIONS = ("claim", "release", "submit", "complete", "reopen")
+
+
 def _body(**fields) -> dict:
     """A JSON body without the fields left out (None)."""
     return {k: v for k, v in fields.items() if v is not None}
@@ -272,12 +275,15 @@ class Operations:
         return self._call("get_task", _one(m.Task, "task"), slug=slug, task_id=task_id)
 
     def update_task(self, slug: str, task_id: str, *, idempotency_key: str | None = None, **fields) -> m.Task:
-        """Change `title`, `description`, `assignee` or `reviewer`."""
-        return self._call("update_task", _one(m.Task, "task"), slug=slug, task_id=task_id, json=_body(**fields),
+        """Change `title`, `description`, `assignee` or `reviewer`: the fields
+        given, `assignee=None` or `reviewer=None` to clear one."""
+        return self._call("update_task", _one(m.Task, "task"), slug=slug, task_id=task_id, json=fields,
                           idempotency_key=idempotency_key)
 
     def task_action(self, slug: str, task_id: str, action: str, *, idempotency_key: str | None = None) -> m.Task:
         """`claim`, `release`, `submit`, `complete` or `reopen`."""
+        if action not in TASK_ACTIONS:
+            raise ValueError(f"a task's action is one of {', '.join(TASK_ACTIONS)}, not {action!r}")
         return self._call(f"{action}_task", _one(m.Task, "task"), slug=slug, task_id=task_id,
                           idempotency_key=idempotency_key)
 

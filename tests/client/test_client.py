@@ -84,6 +84,10 @@ def test_inbox_feeds_snapshot_grants_tasks_and_webhooks_come_back_typed(clients)
     assert bob.task_action("lab", task.id, "claim").claimant == "@bob"
     assert bob.task_action("lab", task.id, "submit").status == "in_review"
     assert alice.update_task("lab", task.id, title="write better docs").title == "write better docs"
+    cleared = alice.update_task("lab", task.id, reviewer=None)  # None clears (it was dropped, changing nothing)
+    assert (cleared.reviewer, cleared.title) == (None, "write better docs")
+    with pytest.raises(ValueError):
+        bob.task_action("lab", task.id, "frobnicate")
     assert [t.id for t in alice.tasks("lab", status="in_review")] == [task.id]
     # credentials and members (alice is an admin)
     extra = bob.create_credential("laptop")
