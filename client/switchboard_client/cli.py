@@ -11,12 +11,13 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import shlex
 import sys
 
 from switchboard_client import config
 from switchboard_client.client import Client
 from switchboard_client.errors import SwitchboardError
-from switchboard_client.models import as_dict
+from switchboard_client.models import Page, as_dict
 
 EXIT_OK, EXIT_USAGE = 0, 1
 
@@ -33,13 +34,29 @@ class Parser(argparse.ArgumentParser):
 
 # --- output
 def emit(args, result, rows=None, columns=()) -> None:
-    """`--json`: the API's JSON; else a table of `rows(result)` under `columns`."""
+    """`--json`: the API's JSON; else a table of `rows(result)` under `columns`,
+    and for a page with more after it, the command that shows the next."""
     if args.json:
         print(json.dumps(as_dict(result), indent=2, ensure_ascii=False))
     elif rows is None:
         print(result)
     else:
         table(list(rows(result)), columns)
+        if isinstance(result, Page) and result.has_more and result.cursor:
+            print(f"more: {next_page_command(result.cursor)}", file=sys.stderr)
+
+
+def next_page_command(cursor: str, argv: list[str] | None = None) -> str:
+    """This command line again, with `--cursor` the next page's."""
+    argv, words, skip = sys.argv[1:] if argv is None else argv, [], False
+    for word in argv:
+        if skip or word.startswith("--cursor="):
+            skip = False
+            continue
+        skip = word == "--cursor"
+        if not skip:
+            words.append(word)
+    return shlex.join(["switchboard", *words, "--cursor", cursor])
 
 
 def table(rows: list[tuple], columns: tuple[str, ...]) -> None:
@@ -125,8 +142,6 @@ def cmd_inbox(args) -> None:
     with client_for(args) as client:
         page = client.held_items(cursor=args.cursor) if args.held else client.read_inbox(cursor=args.cursor)
     emit(args, page, lambda p: [_entry_row(e) for e in p.items], ("TOKEN", "KIND", "FROM", "WHERE", "CONTENT"))
-    if not args.json and page.cursor:
-        print(f"more: switchboard inbox{' --held' if args.held else ''} --cursor {page.cursor}", file=sys.stderr)
 
 
 def cmd_ack(args) -> None:
@@ -184,7 +199,7 @@ def cmd_spaces(args) -> None:
             result = client.join_space(args.slug)
             return emit(args, result, lambda m: [(args.slug, m.role, m.status)], ("SPACE", "ROLE", "STATUS"))
         elif args.action == "members":
-            result = client.space_members(args.slug)
+            result = client.space_members(args.slug, cursor=args.cursor)
             return emit(args, result, lambda p: [(m.member, m.role, m.status) for m in p.items],
                         ("MEMBER", "ROLE", "STATUS"))
         elif args.action == "show":
@@ -256,7 +271,7 @@ def cmd_webhooks(args) -> None:
     with client_for(args) as client:
         action = args.action or "endpoints"
         if action == "endpoints":
-            return emit(args, client.endpoints(), lambda p: [endpoint_row(e) for e in p.items], endpoint_columns)
+            return emit(args, client.endpoints(cursor=getattr(args, "cursor", None)), lambda p: [endpoint_row(e) for e in p.items], endpoint_columns)
         if action == "add":
             return emit(args, client.create_endpoint(args.url, secret=args.secret), lambda e: [endpoint_row(e)],
                         endpoint_columns)
@@ -264,7 +279,8 @@ def cmd_webhooks(args) -> None:
             verified_at = client.verify_endpoint(args.endpoint)
             return print(json.dumps({"verified_at": verified_at}) if args.json else f"verified at {verified_at}")
         if action == "subscriptions":
-            page = client.space_subscriptions(args.space) if args.space else client.inbox_subscriptions()
+            page = (client.space_subscriptions(args.space, cursor=args.cursor) if args.space
+                    else client.inbox_subscriptions(cursor=args.cursor))
             return emit(args, page, lambda p: [_subscription_row(s) for s in p.items], SUBSCRIPTION_COLUMNS)
         if action == "subscribe":
             if bool(args.space) == bool(args.inbox):
@@ -287,7 +303,7 @@ def cmd_webhooks(args) -> None:
                                                  status="paused" if action == "pause" else "active")
             return emit(args, updated, lambda s: [_subscription_row(s)], SUBSCRIPTION_COLUMNS)
         if action == "deliveries":
-            return emit(args, client.deliveries(args.subscription), lambda p: [
+            return emit(args, client.deliveries(args.subscription, cursor=args.cursor), lambda p: [
                 (d.id, d.state, len(d.attempts or ()), d.attempts[-1].status_code if d.attempts else "",
                  d.created_at) for d in p.items], ("ID", "STATE", "ATTEMPTS", "LAST STATUS", "CREATED"))
         if action == "replay":
@@ -346,8 +362,11 @@ def build_parser() -> Parser:
     create.add_argument("name")
     create.add_argument("--visibility", choices=["open", "request", "private"])
     create.add_argument("--send-policy", choices=["open", "explicit_only"])
-    for name in ("join", "show", "members"):
+    for name in ("join", "show"):
         actions.add_parser(name, parents=[common]).add_argument("slug")
+    members = actions.add_parser("members", parents=[common])
+    members.add_argument("slug")
+    members.add_argument("--cursor")
 
     grants = command("grants", cmd_grants, "grants of a space (and: create, show, revoke)")
     actions = grants.add_subparsers(dest="action", parser_class=Parser, required=True)
@@ -377,13 +396,14 @@ def build_parser() -> Parser:
 
     webhooks = command("webhooks", cmd_webhooks, "endpoints, subscriptions, deliveries")
     actions = webhooks.add_subparsers(dest="action", parser_class=Parser)
-    actions.add_parser("endpoints", parents=[common], help="your endpoints")
+    actions.add_parser("endpoints", parents=[common], help="your endpoints").add_argument("--cursor")
     add = actions.add_parser("add", parents=[common], help="register an endpoint")
     add.add_argument("url")
     add.add_argument("--secret", help="a whsec_… Standard Webhooks secret")
     actions.add_parser("verify", parents=[common], help="send the signed challenge").add_argument("endpoint")
     subs = actions.add_parser("subscriptions", parents=[common], help="your inbox (or a space's) subscriptions")
     subs.add_argument("--space")
+    subs.add_argument("--cursor")
     subscribe = actions.add_parser("subscribe", parents=[common], help="create and activate a subscription")
     subscribe.add_argument("--endpoint", required=True)
     subscribe.add_argument("--space")
@@ -393,7 +413,9 @@ def build_parser() -> Parser:
         sub = actions.add_parser(name, parents=[common])
         sub.add_argument("subscription")
         sub.add_argument("--space", help="for a space subscription")
-    actions.add_parser("deliveries", parents=[common]).add_argument("subscription")
+    deliveries = actions.add_parser("deliveries", parents=[common])
+    deliveries.add_argument("subscription")
+    deliveries.add_argument("--cursor")
     actions.add_parser("replay", parents=[common]).add_argument("delivery")
     return parser
 

@@ -190,9 +190,10 @@ class Operations:
         return self._call("get_snapshot", m.Snapshot.from_api, params={"page": page})
 
     # --- the durable inbox (SPEC §7)
-    def read_inbox(self, *, cursor: str | None = None) -> m.Page[m.InboxEntry]:
+    def read_inbox(self, *, cursor: str | None = None, limit: int | None = None) -> m.Page[m.InboxEntry]:
         """One page of pending items; reading acknowledges nothing."""
-        return self._call("read_inbox", _page(m.InboxEntry, "items", "nextCursor"), params={"cursor": cursor})
+        return self._call("read_inbox", _page(m.InboxEntry, "items", "nextCursor"),
+                          params={"cursor": cursor, "limit": limit})
 
     def acknowledge(self, delivery_token: str, *, idempotency_key: str | None = None) -> None:
         """Acknowledge one inbox item (idempotent)."""

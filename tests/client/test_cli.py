@@ -98,6 +98,35 @@ def test_tail_with_a_count_pages_on_from_the_cursor_it_prints(server, tmp_path):
     assert seen == [f"number {n}" for n in range(6)]
 
 
+def test_a_list_longer_than_a_page_says_the_command_for_the_next(server, tmp_path):
+    # given: more grants in lab than a page holds
+    from switchboard_client import Client
+
+    alice = tmp_path / "alice"
+    token = member_token("alice")
+    assert shell(alice, "login", "--host", server, "--token", token).returncode == 0
+    api = Client(server, token)
+    api.create_space("lab", "Lab")
+    for n in range(51):
+        api.create_grant("lab", f"grt_g{n:02d}", "project")
+    # when: the first page is listed
+    first = shell(alice, "grants", "list", "lab")
+    # then: it ends saying how to see the rest, and that command shows them
+    more = first.stderr.strip().removeprefix("more: ")
+    assert first.returncode == 0 and more.startswith("switchboard grants list lab --cursor ")
+    rest = shell(alice, *more.split()[1:])
+    assert rest.returncode == 0 and "more:" not in rest.stderr
+    rows = [line.split()[0] for line in first.stdout.splitlines()[1:] + rest.stdout.splitlines()[1:]]
+    assert sorted(rows) == [f"grt_g{n:02d}" for n in range(51)]
+
+
+def test_the_next_page_command_replaces_a_cursor_given_either_way():
+    assert cli.next_page_command("c2", ["webhooks", "deliveries", "whs_1", "--cursor", "c1"]) == \
+        "switchboard webhooks deliveries whs_1 --cursor c2"
+    assert cli.next_page_command("c2", ["spaces", "--cursor=c1", "--host", "http://h"]) == \
+        "switchboard spaces --host http://h --cursor c2"
+
+
 def test_each_error_class_has_its_exit_code(server, tmp_path):
     alice = tmp_path / "alice"
     assert shell(alice, "login", "--host", server, "--token", member_token("alice")).returncode == 0
