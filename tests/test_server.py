@@ -214,12 +214,14 @@ def test_management_commands_print_only_their_result():
     # when
     member_id = manage("createmember", "dana", "--kind", "human", "--password-stdin", input="s3cret-pass\n")
     token = manage("issuecredential", "@dana")
-    first_admin = manage("bootstrap")
+    first_admin = manage("bootstrap", SWITCHBOARD_BIND="0.0.0.0:8698")
     second = manage("bootstrap")
     # then
     assert member_id.strip().startswith("mem_") and member_id.count("\n") <= 1
     assert token.strip().startswith("sbt_") and token.count("\n") <= 1
     assert "password:" in first_admin and second == ""
+    # its links name where serve listens (they said port 8000 whatever the bind)
+    assert "http://127.0.0.1:8698/app/" in first_admin
     from django.contrib.auth import authenticate
     assert authenticate(username="dana", password="s3cret-pass") is not None
 
