@@ -229,9 +229,10 @@ def _items_steps(member: Member, source: Source, after: int, waiting: list[int],
     once it may be handed out, in its own place (before the later items of
     its conversation). Only a cursor with MAX_WAITING of them stops before
     the next (the other conversations wait too, until the barrier settles).
-    A `rejected` notice takes its withheld item's place, as in `read_inbox`;
-    offered there, its position is kept negated until the read passes its
-    rejection's event, which would offer it again."""
+    A `rejected` notice is offered at its rejection's event, or, when the
+    cursor kept its withheld item waiting, in that item's place, as
+    `read_inbox` shows it; its position is then kept negated until the read
+    passes the rejection's event, which would offer it again."""
     events, position, has_more, size, waiting = [], after, False, 0, list(waiting)
 
     def cursor() -> str:
@@ -247,10 +248,9 @@ def _items_steps(member: Member, source: Source, after: int, waiting: list[int],
         for public_id, message_position in ((yield _positions_of_messages(list(named))) if named else ()):
             if named[public_id].kind == "message.rejected":
                 rejections.add(message_position)
-                if -message_position in waiting:  # its notice was offered in its place
-                    continue
-            if named[public_id].kind == "message.admitted" or message_position not in surfaced:
-                surfaced[message_position] = named[public_id].position
+                if message_position in waiting or -message_position in waiting:
+                    continue  # offered in its place (or to be): the cursor passed its item withheld
+            surfaced[message_position] = named[public_id].position
         rows = (yield _PENDING_AT.sql(member.pk, sorted(surfaced))) if surfaced else []
         found = [(model_from_row(InboxItem, row[:-1]), row[-1]) for row in rows]
         pending = {item.position for item, _ in found}
@@ -265,8 +265,8 @@ def _items_steps(member: Member, source: Source, after: int, waiting: list[int],
                 waiting.append(item.position)
                 continue
             in_place = item.kind == "rejected" and event_position == item.position
-            if in_place and not kept and len(waiting) >= MAX_WAITING:
-                continue  # no room to remember it: it comes at its rejection's event
+            if in_place and not kept:
+                continue  # it comes at its rejection's event, on a later page
             if len(events) >= max_events:  # what is left of this page comes next time
                 return Batch(events, cursor(), has_more=True)
             occurrence, item_size = sized_item_occurrence(item, ITEM)
