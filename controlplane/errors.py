@@ -45,16 +45,16 @@ class ApiError(Exception):
 
 def _problems(fields, path: str):
     if isinstance(fields, dict):
-        for name, value in fields.items():  # DRF names a list's rows by their index
-            yield from _problems(value, f"{path}[{name}]" if str(name).isdigit() and path else
-                                 f"{path}.{name}" if path else str(name))
-    elif isinstance(fields, list) and fields and all(isinstance(reason, str) for reason in fields):
-        yield f"{path}: {' '.join(fields)}" if path else " ".join(fields)
-    elif isinstance(fields, list):
-        for index, value in enumerate(fields):
-            yield from _problems(value, f"{path}[{index}]")
-    else:
-        yield f"{path}: {fields}" if path else str(fields)
+        named = fields.items()
+    elif isinstance(fields, list) and not all(isinstance(reason, str) for reason in fields):
+        named = enumerate(fields)
+    else:  # a field's reasons
+        reasons = " ".join(fields) if isinstance(fields, list) else str(fields)
+        yield f"{path}: {reasons}" if path else reasons
+        return
+    for name, value in named:  # a list's rows by their index, as DRF names them
+        yield from _problems(value, (f"{path}[{name}]" if str(name).isdigit() else f"{path}.{name}") if path
+                             else str(name))
 
 
 class InvalidRequest(ApiError):
