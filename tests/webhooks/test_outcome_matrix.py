@@ -1,8 +1,10 @@
-"""Every delivery kind (space wake, inbox wake, MCP item push) × every
-receiver outcome, against the real HTTPS receiver: a failure of any kind
-(3xx, connection refused, an untrusted certificate, a timeout, 5xx) is
-recorded and retried with the same id; 100 failed attempts over an hour
-suspend, and 410 or 413 suspend for good (SPEC §8, §9)."""
+"""Every delivery kind (space wake, inbox wake, and the MCP pushes: items,
+the pending count, a space's work) × every receiver outcome, against the
+real HTTPS receiver: any 2xx delivers; a failure of any kind (3xx, another
+4xx, connection refused, an untrusted certificate, a timeout, 5xx) is
+recorded and retried with the same id, after its Retry-After if it names
+one; 100 failed attempts over an hour suspend, and 410 or 413 suspend for
+good (SPEC §8, §9)."""
 import base64
 import datetime as dt
 import json
@@ -21,7 +23,8 @@ from webhooks.models import Attempt, Delivery, Endpoint, Subscription
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_kicks")]
 MCP_SECRET = "whsec_" + base64.b64encode(b"m" * 32).decode()
-KINDS = ("space", "inbox", "item")
+MCP_NAMES = {"item": mcp.ITEM, "pending": mcp.PENDING, "work": mcp.WORK}
+KINDS = ("space", "inbox", *MCP_NAMES)
 TIMEOUTS = (transport.READ_TIMEOUT, transport.TOTAL_TIMEOUT)
 
 
@@ -50,8 +53,9 @@ def cell(receiver, api_for, make_member):
         direct, _ = services.get_or_create_direct(space, alice, actor=bob)
         receiver.respond = challenge_or(lambda r: (202, {}, b"{}"))
         as_alice = api_for(alice)
-        if kind == "item":
-            created = mcp.subscribe(alice, mcp.ITEM, {}, receiver.url("/item"), MCP_SECRET, ttl_ms=None)
+        if kind in MCP_NAMES:
+            created = mcp.subscribe(alice, MCP_NAMES[kind], {"space": "lab"} if kind == "work" else {},
+                                    receiver.url(f"/{kind}"), MCP_SECRET, ttl_ms=None)
             subscription = Subscription.objects.get(public_id=created["id"])
         else:
             endpoint = as_alice.post("/v0/webhook-endpoints", {"url": receiver.url(f"/{kind}"),
@@ -78,16 +82,32 @@ def first_delivery(subscription):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("outcome", ["302", "refused", "tls", "timeout", "500"])
+@pytest.mark.parametrize("status", [200, 204, "200 with a large body"])
+def test_any_2xx_delivers(cell, receiver, kind, status):
+    world = cell(kind)
+    code, body = (200, b"x" * 100_000) if status == "200 with a large body" else (status, b"")
+    receiver.respond = challenge_or(lambda r: (code, {}, body))
+    sent = world["send"]("hello alice")
+    pump()
+    assert first_delivery(world["subscription"]).state == "delivered" and len(pushes(receiver)) == 1
+    if kind == "item":  # and for an item, the 2xx acknowledged it
+        assert InboxItem.objects.get(message=sent.message, member=world["alice"]).state == "acknowledged"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("outcome", ["302", "400", "401", "404", "429", "refused", "tls", "timeout", "500"])
 def test_a_failed_attempt_is_recorded_and_retried_with_the_same_id(cell, receiver, https_receiver, settings,
                                                                   monkeypatch, kind, outcome):
     world = cell(kind)
     subscription = world["subscription"]
-    expected_error = None
+    expected_error, wait = None, 5
     if outcome == "302":
         receiver.respond = challenge_or(lambda r: (302, {"Location": receiver.url("/elsewhere")}, b""))
-    elif outcome == "500":
-        receiver.respond = challenge_or(lambda r: (500, {}, b""))
+    elif outcome == "429":
+        receiver.respond = challenge_or(lambda r: (429, {"Retry-After": "30"}, b""))
+        wait = 30
+    elif outcome in ("400", "401", "404", "500"):
+        receiver.respond = challenge_or(lambda r: (int(outcome), {}, b""))
     elif outcome == "refused":
         Endpoint.objects.filter(pk=subscription.endpoint_id).update(url=f"https://localhost:{closed_port()}/x")
         expected_error = "connect_error"
@@ -110,7 +130,7 @@ def test_a_failed_attempt_is_recorded_and_retried_with_the_same_id(cell, receive
         assert (attempt.status_code, attempt.error_class) == (None, expected_error)
     else:
         assert attempt.status_code == int(outcome)
-    assert 4 <= (delivery.due_at - start).total_seconds() <= 6
+    assert wait * 0.8 <= (delivery.due_at - start).total_seconds() <= wait * 1.2
     assert Subscription.objects.get(pk=subscription.pk).status == "active"
     if kind == "item":
         assert InboxItem.objects.get(message=sent.message, member=world["alice"]).state == "pending"
@@ -120,7 +140,7 @@ def test_a_failed_attempt_is_recorded_and_retried_with_the_same_id(cell, receive
     Endpoint.objects.filter(pk=subscription.endpoint_id).update(url=receiver.url(f"/{kind}"))
     monkeypatch.setattr(transport, "READ_TIMEOUT", TIMEOUTS[0])
     monkeypatch.setattr(transport, "TOTAL_TIMEOUT", TIMEOUTS[1])
-    with freeze(start + dt.timedelta(seconds=7)):
+    with freeze(start + dt.timedelta(seconds=wait * 1.2 + 1)):
         pump()
     delivery.refresh_from_db()
     assert delivery.state == "delivered" and delivery.attempts == 2
@@ -181,13 +201,17 @@ def test_terminal_answers_in_process(cell, receiver, kind, status):
     world["send"]("more")
     pump()
     assert len(pushes(receiver)) == before
-    if kind == "item":
+    if kind in MCP_NAMES:
         from controlplane.errors import Conflict
+
+        arguments = {"space": "lab"} if kind == "work" else {}
         with pytest.raises(Conflict):
-            mcp.subscribe(world["alice"], mcp.ITEM, {}, receiver.url("/item"), MCP_SECRET, ttl_ms=None)
+            mcp.subscribe(world["alice"], MCP_NAMES[kind], arguments, receiver.url(f"/{kind}"), MCP_SECRET,
+                          ttl_ms=None)
         with freeze(now() + dt.timedelta(days=2)):  # lease expiry cannot clear it either
             with pytest.raises(Conflict):
-                mcp.subscribe(world["alice"], mcp.ITEM, {}, receiver.url("/item"), MCP_SECRET, ttl_ms=None)
+                mcp.subscribe(world["alice"], MCP_NAMES[kind], arguments, receiver.url(f"/{kind}"), MCP_SECRET,
+                              ttl_ms=None)
     else:
         collection = "/v0/spaces/lab/webhook-subscriptions" if kind == "space" else "/v0/me/inbox-subscriptions"
         path = f"{collection}/{subscription.public_id}"
