@@ -90,6 +90,25 @@ def test_a_replay_whose_failures_suspend_gives_no_range_back(world, receiver):
     assert catch_up.after_position == second.through_position and catch_up.state == "delivered"
 
 
+@pytest.mark.parametrize("status", [410, 413])
+def test_a_replay_answered_410_or_413_suspends_for_good(world, receiver, status):
+    # given: a delivered wake, replayed to a receiver that now answers 410 or 413
+    from webhooks import services as webhook_services
+
+    send_message(world["general"], body="one", actor=world["bob"])
+    pump()
+    receiver.respond = lambda received: (status, {}, b"")
+    replay = webhook_services.replay(Delivery.objects.get().public_id, world["alice"])
+    # when
+    pump()
+    # then: as any wake answered so: suspended for good, the replay failed, and a resume refused
+    subscription = Subscription.objects.get()
+    assert (subscription.status, subscription.terminal, subscription.suspended_error) == (
+        "suspended", True, f"http_{status}")
+    assert Delivery.objects.get(pk=replay.pk).state == "failed"
+    assert world["as_alice"].patch(world["path"], {"status": "active"}).status_code == 409
+
+
 def test_many_attempts_within_the_hour_do_not_suspend(world, receiver):
     receiver.respond = lambda received: (500, {}, b"")
     send_message(world["general"], body="down", actor=world["bob"])
