@@ -6,12 +6,12 @@ import pytest
 from inbox import firewall
 from inbox.models import InboxItem
 from tests.webhooks.scene import pump
-from tests.webhooks.test_outcome_matrix import cell, pushes  # noqa: F401 - cell is a fixture
+from tests.webhooks.conftest import pushes
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_kicks")]
 
 
-def test_a_held_message_wakes_nothing_and_its_release_wakes_with_its_admission(cell, receiver):  # noqa: F811
+def test_a_held_message_wakes_nothing_and_its_release_wakes_with_its_admission(cell, receiver):
     # given: alice's inbox subscription, and a firewall that holds what says "secret"
     world = cell("inbox")
     alice = world["alice"]

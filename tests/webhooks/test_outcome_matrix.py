@@ -5,7 +5,6 @@ real HTTPS receiver: any 2xx delivers; a failure of any kind (3xx, another
 recorded and retried with the same id, after its Retry-After if it names
 one; 100 failed attempts over an hour suspend, and 410 or 413 suspend for
 good (SPEC §8, §9)."""
-import base64
 import datetime as dt
 import json
 import socket
@@ -13,62 +12,16 @@ import time
 
 import pytest
 
-from controlplane import services
 from controlplane.clock import freeze, now
 from inbox.models import InboxItem
-from inbox.services import send_message
+from tests.webhooks.conftest import MCP_NAMES, MCP_SECRET, challenge_or, pushes
 from tests.webhooks.scene import SECRET, pump
 from webhooks import mcp, transport
 from webhooks.models import Attempt, Delivery, Endpoint, Subscription
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_kicks")]
-MCP_SECRET = "whsec_" + base64.b64encode(b"m" * 32).decode()
-MCP_NAMES = {"item": mcp.ITEM, "pending": mcp.PENDING, "work": mcp.WORK}
 KINDS = ("space", "inbox", *MCP_NAMES)
 TIMEOUTS = (transport.READ_TIMEOUT, transport.TOTAL_TIMEOUT)
-
-
-def challenge_or(answer):
-    """Echo both challenge shapes; anything else gets `answer(received)`."""
-    def respond(received):
-        body = received.json()
-        if body.get("type") in ("spaces.webhook.challenge", "verification"):
-            return 200, {"Content-Type": "application/json"}, json.dumps({"challenge": body["challenge"]}).encode()
-        return answer(received)
-    return respond
-
-
-def pushes(receiver):
-    return [r for r in receiver.requests if r.json().get("type") not in ("spaces.webhook.challenge", "verification")]
-
-
-@pytest.fixture
-def cell(receiver, api_for, make_member):
-    """alice with one active subscription of `kind` (debounce 0) on the
-    receiver; bob writes to her in a direct conversation of the open space."""
-    def make(kind):
-        alice, bob = make_member("alice"), make_member("bob")
-        space = services.create_space(slug="lab", name="Lab", visibility="open", send_policy="open", actor=alice)
-        services.join_space(space, actor=bob)
-        direct, _ = services.get_or_create_direct(space, alice, actor=bob)
-        receiver.respond = challenge_or(lambda r: (202, {}, b"{}"))
-        as_alice = api_for(alice)
-        if kind in MCP_NAMES:
-            created = mcp.subscribe(alice, MCP_NAMES[kind], {"space": "lab"} if kind == "work" else {},
-                                    receiver.url(f"/{kind}"), MCP_SECRET, ttl_ms=None)
-            subscription = Subscription.objects.get(public_id=created["id"])
-        else:
-            endpoint = as_alice.post("/v0/webhook-endpoints", {"url": receiver.url(f"/{kind}"),
-                                                               "secret": SECRET}).json()["endpoint"]
-            assert as_alice.post(f"/v0/webhook-endpoints/{endpoint['id']}/verify").status_code == 200
-            collection = "/v0/spaces/lab/webhook-subscriptions" if kind == "space" else "/v0/me/inbox-subscriptions"
-            made = as_alice.post(collection, {"endpoint_id": endpoint["id"], "debounce_ms": 0}).json()["subscription"]
-            assert as_alice.post(f"{collection}/{made['id']}/activate").status_code == 200
-            subscription = Subscription.objects.get(public_id=made["id"])
-        receiver.requests.clear()
-        return {"alice": alice, "bob": bob, "space": space, "direct": direct, "as_alice": as_alice,
-                "subscription": subscription, "send": lambda body: send_message(direct, body=body, actor=bob)}
-    return make
 
 
 def closed_port() -> int:
