@@ -271,7 +271,8 @@ def cmd_webhooks(args) -> None:
     with client_for(args) as client:
         action = args.action or "endpoints"
         if action == "endpoints":
-            return emit(args, client.endpoints(cursor=getattr(args, "cursor", None)), lambda p: [endpoint_row(e) for e in p.items], endpoint_columns)
+            listed = client.endpoints(cursor=getattr(args, "cursor", None))  # (none without the action's name)
+            return emit(args, listed, lambda p: [endpoint_row(e) for e in p.items], endpoint_columns)
         if action == "add":
             return emit(args, client.create_endpoint(args.url, secret=args.secret), lambda e: [endpoint_row(e)],
                         endpoint_columns)
