@@ -162,7 +162,7 @@ def deny(request: ApprovalRequest, reason: str, *, actor: Member) -> ApprovalReq
         raise NotFound()
     reason = (reason or "").strip()
     if not reason or len(reason) > MAX_REASON_CHARS or "\x00" in reason:
-        raise InvalidRequest(f"A denial needs a reason of 1–{MAX_REASON_CHARS} characters.")
+        raise InvalidRequest(f"A denial needs a reason of 1–{MAX_REASON_CHARS} characters, none of them NUL.")
     with transaction.atomic():
         if done := _lock_pending(request, ApprovalRequest.Status.DENIED):
             return done

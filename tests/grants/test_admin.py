@@ -96,6 +96,14 @@ def test_the_staff_queue_shows_and_decides_requests(pending, approver):
     assert "No request is waiting." in approver.get("/staff/approvals/").content.decode()
 
 
+def test_a_denial_whose_reason_holds_a_nul_says_so_and_decides_nothing(pending, approver):
+    page = approver.get("/staff/approvals/")
+    answer = approver.post(f"/staff/approvals/{pending.public_id}/deny",
+                           {"csrfmiddlewaretoken": csrf(approver, page), "reason": "no\x00"}, follow=True)
+    pending.refresh_from_db()
+    assert pending.status == "pending" and "none of them NUL" in answer.content.decode()
+
+
 def test_the_staff_queue_says_how_many_more_wait_past_its_page(pending, grant, approver, monkeypatch):
     # given: a page of one, two grants in force
     from grants import views
