@@ -118,6 +118,13 @@ async def _db(fn, *args):
         raise _as_mcp(error) from None
 
 
+async def _read(*args) -> sources.Batch:
+    try:
+        return await sources.read_on_loop(*args)
+    except ApiError as error:
+        raise _as_mcp(error) from None
+
+
 async def list_events(ctx, params: ListParams) -> dict:
     if params.cursor is not None:  # one page, whose nextCursor is null: no cursor is one of ours
         raise MCPError(types.INVALID_PARAMS, "cursor: events/list has one page; there is no cursor to give.",
@@ -130,10 +137,7 @@ async def list_events(ctx, params: ListParams) -> dict:
 async def poll(ctx, params: PollParams) -> dict:
     member = caller(ctx)
     source, arguments = _select(params)
-    # On a request thread, not the loop's own connection: a poll (or a stream's
-    # catch-up) reads up to a feed page's megabyte from any cursor, and one
-    # member's big reads held up every live page's and stream's turn there.
-    batch = await _db(sources.read, member, source, arguments, params.cursor, params.max_events, params.max_age_ms)
+    batch = await _read(member, source, arguments, params.cursor, params.max_events, params.max_age_ms)
     return {"events": [{k: v for k, v in e.items() if k != "cursor"} for e in batch.events],
             "cursor": batch.cursor, "truncated": batch.truncated, "hasMore": batch.has_more,
             "nextPollMs": 0 if batch.has_more else POLL_INTERVAL_MS}
@@ -168,8 +172,7 @@ async def stream(ctx, params: StreamParams) -> dict:
             ended = ENDINGS[ending]  # after the request was authenticated, before the stream joined their groups
             raise MCPError(ended["code"], ended["message"], data=ended["data"])
         owner.watch(**await _db(sources.interest, member, source, arguments))
-        batch = await _db(sources.read, member, source, arguments, params.cursor, sources.MAX_EVENTS,
-                          params.max_age_ms)
+        batch = await _read(member, source, arguments, params.cursor, sources.MAX_EVENTS, params.max_age_ms)
         await owner.take_over()  # only now: a refused request ends no other consumer
         await send("active", cursor=batch.start, truncated=batch.truncated)
         last_beat, retry_in = time.monotonic(), None
