@@ -125,7 +125,9 @@ def test_every_event_method_answers_a_lost_service_with_the_apis_unavailable_bod
 
 @pytest.mark.parametrize(("reason", "answer"), [("http_404", "http_4xx"), ("http_503", "http_5xx"),
                                                 ("http_302", "challenge_failed"), ("challenge_mismatch",
-                                                                                   "challenge_failed")])
+                                                                                   "challenge_failed"),
+                                                ("not_json", "challenge_failed"), ("timeout", "timeout"),
+                                                ("tls_error", "tls_error"), ("connect_error", "connection_refused")])
 def test_a_failed_verification_is_named_in_the_extensions_words(reason, answer):
     assert events.callback_reason({"reason": reason}) == answer
 
