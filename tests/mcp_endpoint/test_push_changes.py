@@ -50,6 +50,40 @@ def test_a_push_on_its_way_when_its_grant_is_revoked_is_kept_only_if_answered_2x
         assert (item.state, item.admission) == (InboxItem.State.REJECTED, InboxItem.Admission.WITHHELD)
 
 
+def test_a_push_waiting_for_its_retry_when_its_grant_is_revoked_gives_way_to_the_rejection(world, receiver):
+    """Not on its way but failed once and waiting: the barrier rejects the
+    item, its retry is never sent, and the rejection is pushed in its place."""
+    from grants import barrier
+    from grants import services as grants
+    from grants.models import Grant
+
+    # given: ada's item from bo, under a pair grant, whose first push was answered 500
+    ada, bo = world["ada"], world["bo"]
+    owner = services.create_member("vera", actor=None)
+    vault = services.create_space(slug="vault", name="Vault", visibility="open", send_policy="explicit_only",
+                                  actor=owner)
+    services.join_space(vault, actor=ada)
+    services.join_space(vault, actor=bo)
+    direct, _ = services.get_or_create_direct(vault, ada, actor=bo)
+    grant = grants.create_grant(vault, grant_id="grt_pair", kind="pair", sender="@bo", recipient="@ada",
+                                actor=owner)[0]
+    subscribe(world)
+    send_message(direct, body="one", actor=bo)
+    (job,) = engine.claim_due(10)
+    engine.record([engine.Result(job, Outcome(500, None, 5), "whsec", now())])
+    Delivery.objects.filter(pk=job.delivery_id).update(due_at=now())
+    # when: the grant is revoked before the retry, and the worker runs
+    barrier.start_barrier(grant.pk, ending=Grant.Status.REVOKED, actor=owner)
+    barrier.finish_barrier(grant.pk)
+    pump()  # may send nothing: a retry it cancels offers the next item, due at once
+    while pump():
+        pass
+    # then: the item is rejected, its push never sent again, and the rejection pushed instead
+    assert InboxItem.objects.get(member=ada, message__body="one").state == InboxItem.State.REJECTED
+    assert [r.json()["data"]["item"]["kind"] for r in pushes(receiver)] == ["rejected"]
+    assert Delivery.objects.get(pk=job.delivery_id).state == Delivery.State.CANCELLED
+
+
 @pytest.mark.parametrize("when", ["before its first push", "before its retry"])
 def test_removal_from_a_space_stops_pushing_its_items_and_the_next_ones_come(world, receiver, when):
     """SPEC §3: removal stops all delivery from the space at once. The item
