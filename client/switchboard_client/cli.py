@@ -48,15 +48,10 @@ def emit(args, result, rows=None, columns=()) -> None:
 
 def next_page_command(cursor: str, argv: list[str] | None = None) -> str:
     """This command line again, with `--cursor` the next page's."""
-    argv, words, skip = sys.argv[1:] if argv is None else argv, [], False
-    for word in argv:
-        if skip or word.startswith("--cursor="):
-            skip = False
-            continue
-        skip = word == "--cursor"
-        if not skip:
-            words.append(word)
-    return shlex.join(["switchboard", *words, "--cursor", cursor])
+    words = sys.argv[1:] if argv is None else argv
+    kept = [word for n, word in enumerate(words)
+            if not (word == "--cursor" or word.startswith("--cursor=") or (n and words[n - 1] == "--cursor"))]
+    return shlex.join(["switchboard", *kept, "--cursor", cursor])
 
 
 def table(rows: list[tuple], columns: tuple[str, ...]) -> None:

@@ -5,6 +5,8 @@ import pytest
 
 from controlplane import services
 from controlplane.clock import now
+from grants import barrier
+from grants.models import Grant
 from inbox.models import InboxItem
 from inbox.services import send_message
 from tests.mcp_endpoint.test_push import SECRET, pump, pushes, subscribe
@@ -15,18 +17,14 @@ from webhooks.transport import Outcome
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_kicks")]
 
 
-@pytest.mark.parametrize("answer", [204, 500])
-def test_a_push_on_its_way_when_its_grant_is_revoked_is_kept_only_if_answered_2xx(world, receiver, answer):
-    """SPEC §5: finishing the barrier keeps what was handed off (received by
-    a webhook with a 2xx) and rejects the rest. The barrier withholds the
-    pending item as it starts, while its push may already be on its way."""
-    from grants import barrier
+def under_a_grant(world):
+    """bo's direct conversation with ada in vera's explicit_only space, and
+    the pair grant bo sends to ada under: (ada, the conversation, the
+    grant, vera). A grant is never made by the sender it governs."""
     from grants import services as grants
-    from grants.models import Grant
 
-    # given: ada's items pushed, from bo's direct conversation in an explicit_only space
     ada, bo = world["ada"], world["bo"]
-    owner = services.create_member("vera", actor=None)  # a grant is never made by the sender it governs
+    owner = services.create_member("vera", actor=None)
     vault = services.create_space(slug="vault", name="Vault", visibility="open", send_policy="explicit_only",
                                   actor=owner)
     services.join_space(vault, actor=ada)
@@ -34,8 +32,18 @@ def test_a_push_on_its_way_when_its_grant_is_revoked_is_kept_only_if_answered_2x
     direct, _ = services.get_or_create_direct(vault, ada, actor=bo)
     grant = grants.create_grant(vault, grant_id="grt_pair", kind="pair", sender="@bo", recipient="@ada",
                                 actor=owner)[0]
+    return ada, direct, grant, owner
+
+
+@pytest.mark.parametrize("answer", [204, 500])
+def test_a_push_on_its_way_when_its_grant_is_revoked_is_kept_only_if_answered_2xx(world, receiver, answer):
+    """SPEC §5: finishing the barrier keeps what was handed off (received by
+    a webhook with a 2xx) and rejects the rest. The barrier withholds the
+    pending item as it starts, while its push may already be on its way."""
+    # given: ada's items pushed, from bo's direct conversation in an explicit_only space
+    ada, direct, grant, owner = under_a_grant(world)
     subscribe(world)
-    send_message(direct, body="one", actor=bo)
+    send_message(direct, body="one", actor=world["bo"])
     (job,) = engine.claim_due(10)
     # when: the barrier starts while the push is on its way, the receiver answers, the barrier finishes
     barrier.start_barrier(grant.pk, ending=Grant.Status.REVOKED, actor=owner)
@@ -53,22 +61,10 @@ def test_a_push_on_its_way_when_its_grant_is_revoked_is_kept_only_if_answered_2x
 def test_a_push_waiting_for_its_retry_when_its_grant_is_revoked_gives_way_to_the_rejection(world, receiver):
     """Not on its way but failed once and waiting: the barrier rejects the
     item, its retry is never sent, and the rejection is pushed in its place."""
-    from grants import barrier
-    from grants import services as grants
-    from grants.models import Grant
-
     # given: ada's item from bo, under a pair grant, whose first push was answered 500
-    ada, bo = world["ada"], world["bo"]
-    owner = services.create_member("vera", actor=None)
-    vault = services.create_space(slug="vault", name="Vault", visibility="open", send_policy="explicit_only",
-                                  actor=owner)
-    services.join_space(vault, actor=ada)
-    services.join_space(vault, actor=bo)
-    direct, _ = services.get_or_create_direct(vault, ada, actor=bo)
-    grant = grants.create_grant(vault, grant_id="grt_pair", kind="pair", sender="@bo", recipient="@ada",
-                                actor=owner)[0]
+    ada, direct, grant, owner = under_a_grant(world)
     subscribe(world)
-    send_message(direct, body="one", actor=bo)
+    send_message(direct, body="one", actor=world["bo"])
     (job,) = engine.claim_due(10)
     engine.record([engine.Result(job, Outcome(500, None, 5), "whsec", now())])
     Delivery.objects.filter(pk=job.delivery_id).update(due_at=now())

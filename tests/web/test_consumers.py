@@ -259,16 +259,24 @@ async def test_only_membership_events_wake_a_spaces_other_conversations():
     assert not Interest(conversations={2}, spaces={8}).matches({"conversations": [], "withheld_spaces": [7]})
 
 
-async def test_signing_out_closes_the_sessions_sockets(room, ben):
-    _, channel = room
+async def live_pages_of(member, channel) -> tuple[Client, object, object]:
+    """A browser signed in as `member`, with a live page of `channel` and
+    the inbox's count open: (its client, the conversation's socket, the
+    inbox's socket)."""
     await log_watcher_listening()
     client = Client()
-    await db_call(client.force_login)(ben.user)
+    await db_call(client.force_login)(member.user)
     cookie = client.cookies["sessionid"].value
     conversation, _ = await open_socket(f"/ws/conversations/{channel.public_id}/", cookie=cookie)
     inbox, _ = await open_socket("/ws/inbox/", cookie=cookie)
     await frames_until_live(conversation)
     assert (await inbox.receive_json_from(timeout=5))["type"] == "inbox"
+    return client, conversation, inbox
+
+
+async def test_signing_out_closes_the_sessions_sockets(room, ben):
+    _, channel = room
+    client, conversation, inbox = await live_pages_of(ben, channel)
     # when
     await db_call(client.logout)()
     # then: each closes once, as signed out (the session's deletion that follows closes nothing twice)
@@ -280,14 +288,7 @@ async def test_signing_out_closes_the_sessions_sockets(room, ben):
 async def test_signing_in_as_someone_else_in_the_same_browser_reconnects_the_old_sessions_sockets(room, ben, human):
     # given: ben's live pages; then the same browser signs in as an outsider (Django's login gives a new key)
     _, channel = room
-    await log_watcher_listening()
-    client = Client()
-    await db_call(client.force_login)(ben.user)
-    cookie = client.cookies["sessionid"].value
-    conversation, _ = await open_socket(f"/ws/conversations/{channel.public_id}/", cookie=cookie)
-    inbox, _ = await open_socket("/ws/inbox/", cookie=cookie)
-    await frames_until_live(conversation)
-    assert (await inbox.receive_json_from(timeout=5))["type"] == "inbox"
+    client, conversation, inbox = await live_pages_of(ben, channel)
     outsider = await db_call(human)("eve")
     # when
     await db_call(client.force_login)(outsider.user)
