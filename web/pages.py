@@ -21,7 +21,8 @@ from rest_framework.exceptions import APIException
 from controlplane.api.parsers import check_text
 from controlplane.errors import ApiError, Forbidden, RateLimited, Unauthenticated, from_drf
 from controlplane.ratelimit import member_request_wait
-from controlplane.models import Member, Membership
+from controlplane.services import require_sender
+from controlplane.models import Member
 
 
 def member_of(user) -> Member | None:
@@ -69,8 +70,13 @@ def digits(value: str, max_digits: int = 18) -> int | None:
 
 def may_write(space, membership) -> bool:
     """Whether a page offers its write forms: what the API's writes would
-    refuse it does not show (an observer, an archived space)."""
-    return membership is not None and membership.role != Membership.Role.OBSERVER and not space.archived
+    refuse (controlplane.services.require_sender: an observer, an archived
+    space) it does not show."""
+    try:
+        require_sender(space, None, role=membership.role if membership is not None else None)
+    except ApiError:
+        return False
+    return True
 
 
 def wants_json(request) -> bool:
