@@ -9,7 +9,7 @@ from django.contrib.auth import SESSION_KEY
 from django.contrib.sessions.backends.db import SessionStore as DBStore
 from django.dispatch import Signal
 
-session_deleted = Signal()  # session_key
+session_deleted = Signal()  # session_key, store
 
 
 class SessionStore(DBStore):
@@ -31,7 +31,7 @@ class SessionStore(DBStore):
         key = session_key or self.session_key
         super().delete(session_key)
         if key:
-            session_deleted.send(sender=type(self), session_key=key)
+            session_deleted.send(sender=type(self), session_key=key, store=self)
 
 
 def end_sessions(user_id: int) -> int:

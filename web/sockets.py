@@ -43,19 +43,25 @@ def end_live_sockets(sender, request, user, **kwargs) -> None:
     """On sign-out, close that session's sockets (every process, with Redis)."""
     from controlplane.live import group_send_on_commit
 
-    key = getattr(getattr(request, "session", None), "session_key", None)
+    session = getattr(request, "session", None)
+    key = getattr(session, "session_key", None)
     if key:
+        session.signed_out = True  # its deletion, next, tells the sockets nothing more (reconnect_live_sockets)
         group_send_on_commit(session_group(key), {"type": "session.ended"})
 
 
-def reconnect_live_sockets(sender, session_key, **kwargs) -> None:
+def reconnect_live_sockets(sender, session_key, store=None, **kwargs) -> None:
     """A session deleted (controlplane.sessions.session_deleted): signing
     in again, as the same member or someone else, replaced its key. Its
     sockets close to reconnect (1011), and each handshake decides on the
     session the browser holds now; they went on as the old session's
-    member until the hour's renewal. (Signing out told them first: 4401.)"""
+    member until the hour's renewal. Signing out told them already (4401):
+    a second message could overtake the first on Redis, and a page told to
+    reconnect after signing out came back anonymous."""
     from controlplane.live import group_send_on_commit
 
+    if getattr(store, "signed_out", False):
+        return
     group_send_on_commit(session_group(session_key), {"type": "session.changed"})
 
 
