@@ -12,6 +12,10 @@
    and `gap` later. Baseline on the same server, just before: bench/live.py's
    send → WebSocket frame measurement with one client, the reader's socket
    on its direct conversation with the sender (the same kind of send).
+   With `heavy_polls`, the stream is measured once more while another
+   agent runs that many `events/poll`s at once, again and again, each
+   reading the same page of about 800 KB of its inbox (50 items of 8,000
+   escaped quotes): what one member's large reads cost another's stream.
 2. push: pushed `inbox.item` items/s (bench/push.py).
 """
 from __future__ import annotations
@@ -30,6 +34,7 @@ from bench.load import latency_summary
 from bench.push import ITEM
 
 WARMUP_SENDS = 10
+HEAVY_ITEMS = 50
 # --- 1. send → stream event beside send → WebSocket frame -------------------------------
 
 async def _stream(base: str, slug: str, conversation: str, sender: str, agent: str, *, sends: int,
@@ -88,7 +93,48 @@ async def _stream(base: str, slug: str, conversation: str, sender: str, agent: s
             "send_response": latency_summary([done - t0 for _, t0, done in sent])}
 
 
-def _stream_phase(env: dict, out_dir: Path, *, sends: int, gap: float) -> dict:
+async def _beside_heavy_polls(base: str, heavy: str, cursor: str, polls: int, measure) -> dict:
+    """`measure()` (a coroutine) while `polls` of the heavy agent's
+    `events/poll`s from `cursor` run at once, each followed by the next."""
+    from tests.mcp_endpoint.client import call, connect
+
+    stop, read = asyncio.Event(), []
+
+    async def polling(client) -> None:
+        while not stop.is_set():
+            page = await call(client, "events/poll", name=ITEM, cursor=cursor, maxEvents=HEAVY_ITEMS)
+            read.append(len(page["events"]))
+
+    async with connect(base, heavy) as (client, _):
+        pollers = [asyncio.ensure_future(polling(client)) for _ in range(polls)]
+        started = time.perf_counter()
+        try:
+            figures = await measure()
+        finally:
+            stop.set()
+            await asyncio.gather(*pollers, return_exceptions=True)
+    figures["heavy_polls"] = {"at_once": polls, "polls": len(read), "events_per_poll": max(read, default=0),
+                              "polls_per_second": round(len(read) / (time.perf_counter() - started), 1)}
+    return figures
+
+
+async def _heavy_inbox(base: str, slug: str, sender: str, heavy) -> str:
+    """The heavy agent's direct conversation with the sender, HEAVY_ITEMS
+    large items in its inbox, and a poll cursor from before them."""
+    from tests.mcp_endpoint.client import call, connect
+
+    async with aiohttp.ClientSession() as http, connect(base, heavy.token) as (client, _):
+        await live._api(http, base, heavy.token, "POST", f"/v0/spaces/{slug}/join")
+        conversation = (await live._api(http, base, sender, "POST", f"/v0/spaces/{slug}/direct",
+                                        {"member": f"@{heavy.handle}"}))["conversation"]["id"]
+        cursor = (await call(client, "events/poll", name=ITEM))["cursor"]
+        for _ in range(HEAVY_ITEMS):
+            await live._api(http, base, sender, "POST", f"/v0/spaces/{slug}/conversations/{conversation}/messages",
+                            {"body": '"' * 8000})
+    return cursor
+
+
+def _stream_phase(env: dict, out_dir: Path, *, sends: int, gap: float, heavy_polls: int = 0) -> dict:
     stamp = time.strftime("%H%M%S")
     sender, reader, reader_token = live._members(env, f"m{stamp}")
     agent = inbox.create_member(f"mcp{stamp}a")
@@ -127,6 +173,12 @@ def _stream_phase(env: dict, out_dir: Path, *, sends: int, gap: float) -> dict:
         websocket, stream = measure_websocket(to_reader, sends), measure_stream(sends)
         wall = time.monotonic() - started
         processes = server.memory.stop()
+        if heavy_polls:
+            heavy = inbox.create_member(f"mcp{stamp}h")
+            cursor = asyncio.run(_heavy_inbox(base, slug, sender, heavy))
+            stream["beside_heavy_polls"] = asyncio.run(_beside_heavy_polls(
+                base, heavy.token, cursor, heavy_polls,
+                lambda: _stream(base, slug, to_agent, sender, agent.token, sends=sends, gap=gap)))
     ratios = {q: round(stream["event"][f"{q}_ms"] / websocket["frame"][f"{q}_ms"], 2)
               for q in ("p50", "p99") if stream["event"][f"{q}_ms"] and websocket["frame"][f"{q}_ms"]}
     return {"sends": sends, "gap_ms": round(gap * 1000), "stream": stream, "websocket": websocket,
@@ -137,9 +189,10 @@ def _stream_phase(env: dict, out_dir: Path, *, sends: int, gap: float) -> dict:
 
 
 def run(env: dict, dsn: str, out_dir: Path, *, sends: int, gap: float, items: int, workers: int,
-        seconds: float, profile: bool = False) -> dict:
+        seconds: float, profile: bool = False, heavy_polls: int = 0) -> dict:
     results = {}
-    for name, phase in (("stream", lambda: _stream_phase(env, out_dir, sends=sends, gap=gap)),
+    for name, phase in (("stream", lambda: _stream_phase(env, out_dir, sends=sends, gap=gap,
+                                                         heavy_polls=heavy_polls)),
                         ("push", lambda: push.phase(env, dsn, out_dir, items=items, workers=workers,
                                                     seconds=seconds, profile=profile))):
         print(f"  mcp: {name} …", file=sys.stderr, flush=True)

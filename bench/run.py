@@ -110,6 +110,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="sends, one at a time, for the send-to-stream-event latency and its baseline (default 200)")
     p.add_argument("--mcp-items", type=int, default=20,
                    help="pending items per pushed inbox.item subscription (100 subscriptions; default 20)")
+    p.add_argument("--mcp-heavy-polls", type=int, default=0,
+                   help="measure the stream again beside this many concurrent large polls of another agent "
+                        "(default 0: not measured)")
     p.add_argument("--mcp-profile", action="store_true",
                    help="profile the push workers' database threads (bench/results/<stamp>/mcp-worker-*.prof)")
     p.add_argument("--keep", action="store_true", help=f"keep the {DB_NAME} database afterwards")
@@ -123,6 +126,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--live-clients and --live-sends must be positive, --live-gap not negative")
     if not 1 <= args.mcp_sends <= 2000 or not 1 <= args.mcp_items <= 100 or args.webhook_workers < 1:
         p.error("--mcp-sends 1..2000, --mcp-items 1..100, --webhook-workers positive")
+    if not 0 <= args.mcp_heavy_polls <= 64:
+        p.error("--mcp-heavy-polls 0..64")
     if not 10_000 <= args.inbox_items <= 10_000_000:
         p.error("--inbox-items 10,000..10,000,000")
     return args
@@ -347,6 +352,7 @@ def main(argv=None) -> int:
                          "webhook_sends": args.webhook_sends, "live_clients": args.live_clients,
                          "live_sends": args.live_sends, "live_gap": args.live_gap,
                          "mcp_sends": args.mcp_sends, "mcp_items": args.mcp_items,
+                         "mcp_heavy_polls": args.mcp_heavy_polls,
                          "redis": None if args.no_redis else args.redis_url,
                          "idempotency_keys": not args.no_idempotency_key, "database": DB_NAME,
                          "argv": sys.argv[1:]},
@@ -382,7 +388,8 @@ def main(argv=None) -> int:
                 elif phase == "mcp":
                     results[phase] = mcp.run(env, DSN, out_dir, sends=args.mcp_sends, gap=args.live_gap,
                                              items=args.mcp_items, workers=args.webhook_workers,
-                                             seconds=args.seconds, profile=args.mcp_profile)
+                                             seconds=args.seconds, profile=args.mcp_profile,
+                                             heavy_polls=args.mcp_heavy_polls)
                 elif phase == "peer":
                     results[phase] = peer.run(f"{PG}/postgres", out_dir, clients=args.clients, warmup=args.warmup,
                                               seconds=args.seconds)

@@ -20,7 +20,9 @@ of that window).
 """
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import weakref
 from dataclasses import dataclass, field
 
 from django.db import connection
@@ -174,14 +176,27 @@ def _last_addressed(member: Member) -> int:
     return rows[0][0] or 0
 
 
+# A member's polls and stream reads in one process, at most this many at
+# once: the rest wait their turn, so one member's many large reads (each
+# up to a feed page's megabyte) take turns with everyone else's instead of
+# filling the event loop's connection and the loop itself.
+READS_AT_ONCE = 2
+_turns: weakref.WeakValueDictionary[int, asyncio.Semaphore] = weakref.WeakValueDictionary()
+
+
 async def read_on_loop(member: Member, source: Source, arguments: dict, cursor: str | None,
                        max_events: int, max_age_ms: int | None = None) -> Batch:
-    """`read` from an event loop: the inbox's items on the loop's own
-    connection where there is one (controlplane.loop_reads), with no
-    thread hop; the rest on a request thread."""
-    if source.name == ITEM:
-        return await loop_reads.run(_read_steps(member, source, arguments, cursor, max_events, max_age_ms))
-    return await db_call(read)(member, source, arguments, cursor, max_events, max_age_ms)
+    """`read` from an event loop, in the member's turn (READS_AT_ONCE): the
+    inbox's items on the loop's own connection where there is one
+    (controlplane.loop_reads), with no thread hop; the rest on a request
+    thread."""
+    turn = _turns.get(member.pk)
+    if turn is None:
+        turn = _turns[member.pk] = asyncio.Semaphore(READS_AT_ONCE)
+    async with turn:
+        if source.name == ITEM:
+            return await loop_reads.run(_read_steps(member, source, arguments, cursor, max_events, max_age_ms))
+        return await db_call(read)(member, source, arguments, cursor, max_events, max_age_ms)
 
 
 def _read_steps(member: Member, source: Source, arguments: dict, cursor: str | None, max_events: int,

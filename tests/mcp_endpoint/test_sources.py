@@ -356,3 +356,34 @@ def test_each_rejection_is_offered_once_however_far_its_event_is_from_its_place(
     assert {e["data"]["item"]["kind"] for e in settled} == {"rejected"} and drain(carol, end)[0] == []
     middle = settled[30]["cursor"]
     assert [e["eventId"] for e in drain(carol, middle)[0]] == [e["eventId"] for e in settled[31:]]
+
+
+def test_a_members_reads_take_turns_and_others_pass_them(pair, monkeypatch):
+    """One member's many polls read READS_AT_ONCE at a time per process;
+    another member's read does not wait behind them."""
+    ada, bo, _ = pair
+    started, release = [], asyncio.Event()
+
+    async def slow_read(steps):
+        steps.close()
+        started.append(steps)
+        await release.wait()
+        return sources.Batch()
+
+    monkeypatch.setattr(sources.loop_reads, "run", slow_read)
+
+    async def story():
+        ada_reads = [asyncio.ensure_future(sources.read_on_loop(ada, ITEM, {}, None, 50)) for _ in range(5)]
+        await asyncio.sleep(0.05)
+        reading_at_once = len(started)
+        bo_read = asyncio.ensure_future(sources.read_on_loop(bo, ITEM, {}, None, 50))
+        await asyncio.sleep(0.05)
+        passed = len(started) - reading_at_once
+        release.set()
+        await asyncio.gather(bo_read, *ada_reads)
+        return reading_at_once, passed, len(started)
+
+    # when
+    reading_at_once, passed, read = asyncio.run(story())
+    # then: two of ada's five read while three wait, bo's read starts at once, and all end
+    assert (reading_at_once, passed, read) == (sources.READS_AT_ONCE, 1, 6)
