@@ -5,6 +5,7 @@ from urllib.parse import urlsplit
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
+from django.core.exceptions import TooManyFieldsSent
 from django.http.request import split_domain_port, validate_host
 
 from controlplane.errors import ApiError, Forbidden, InvalidRequest
@@ -35,20 +36,35 @@ class HostCheck:
     """Every request must name an allowed host (ALLOWED_HOSTS): Django checks
     it only where something asks for the host, so ask on every request (a
     wrong host is 400). The probes (PROBE_PATHS: /healthz, /readyz) are
-    exempt: load balancers probe them by address."""
+    exempt: load balancers probe them by address.
+
+    And its query string must parse (at most DATA_UPLOAD_MAX_NUMBER_FIELDS
+    fields): read here, it is a 400 in the contract's shape whatever reads
+    it later. Read first by a view or a middleware, it was a 400 only
+    without DEBUG: Django's debug page read it again, and failed with 500."""
 
     async_capable = True
     sync_capable = True
 
     def __init__(self, get_response):
         self.get_response = get_response
-        if iscoroutinefunction(get_response):
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
             markcoroutinefunction(self)
 
     def __call__(self, request):
         if request.path not in settings.PROBE_PATHS:
             request.get_host()  # DisallowedHost → 400
+        try:
+            request.GET
+        except TooManyFieldsSent:
+            refused = InvalidRequest("Too many query parameters.").json_response()
+            return _now(refused) if self.is_async else refused
         return self.get_response(request)
+
+
+async def _now(response):
+    return response
 
 
 class RequestId:

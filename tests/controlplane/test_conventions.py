@@ -20,6 +20,18 @@ def test_unknown_route_is_json_404(anon):
     assert error_code(response) == "NOT_FOUND"
 
 
+@pytest.mark.parametrize("path", ["/v0/me", "/v0/spaces/lab/events", "/app/login/", "/v0/nope"])
+def test_too_many_query_parameters_are_a_400_in_the_contracts_shape_with_debug_on_too(db, settings, path):
+    """Read first by the long-poll view or a web page, too many fields were
+    a 500 with DEBUG on (`make run`): Django's debug page read them again."""
+    from django.test import Client
+
+    settings.DEBUG = True
+    query = "&".join(f"k{i}=1" for i in range(settings.DATA_UPLOAD_MAX_NUMBER_FIELDS + 1))
+    response = Client(raise_request_exception=False).get(path, QUERY_STRING=query)
+    assert (response.status_code, error_code(response)) == (400, "INVALID_REQUEST")
+
+
 def test_wrong_method_is_json_405(as_alice):
     response = as_alice.delete("/v0/me")
     assert response.status_code == 405
