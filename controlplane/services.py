@@ -224,6 +224,8 @@ def add_member(space: Space, member: Member, *, role: str | None = None, actor: 
         require_owner(space, actor)  # under the owner rows' locks: a just-removed owner cannot act
         if not member.is_active:  # told to owners only
             raise Conflict("The member is suspended.")
+        if space.archived and (current is None or current.status != Membership.Status.ACTIVE):
+            raise Conflict("The space is archived.")  # no one new, as for joining
         if current is None:
             created = _create_membership(space, member, status=Membership.Status.ACTIVE,
                                          role=role or Membership.Role.MEMBER)

@@ -81,6 +81,8 @@ def create_grant(space: Space, *, grant_id: str, kind: str, sender: str | None =
 
     if (grant := existing()) is not None:
         return grant, False
+    if space.archived:  # it could authorize nothing: an archived space takes no sends
+        raise Conflict("The space is archived.")
     if expires_at is not None and expires_at <= now():
         raise InvalidRequest("expires_at must be in the future.", details={"expires_at": rfc3339(expires_at)})
     try:

@@ -211,6 +211,27 @@ def test_an_archived_space_keeps_its_memberships_and_conversations_to_open(space
     assert refused.status_code == 409 and refused.json()["error"]["message"] == "The space is archived."
 
 
+def test_an_archived_space_takes_no_new_member_and_no_new_grant(space, alice, bob, make_member, as_alice):
+    """Joining was refused while an owner could still add anyone, and make
+    grants that authorize nothing but woke their parties' receivers."""
+    # given: a grant made before the space was archived
+    from controlplane.models import Membership
+
+    make_member("dana")
+    grant = {"id": "grt_before", "kind": "pair", "sender": "@bob", "recipient": "@alice"}
+    assert as_alice.post("/v0/spaces/lab/grants", grant).status_code == 201
+    Space.objects.filter(pk=space.pk).update(archived=True)
+    # when / then: adding someone new, or a new grant, is refused and changes nothing
+    added = as_alice.post("/v0/spaces/lab/members", {"member": "@dana"})
+    assert (added.status_code, added.json()["error"]["message"]) == (409, "The space is archived.")
+    assert not Membership.objects.filter(space=space, member__handle="dana").exists()
+    created = as_alice.post("/v0/spaces/lab/grants", {**grant, "id": "grt_after"})
+    assert (created.status_code, created.json()["error"]["message"]) == (409, "The space is archived.")
+    # and: what is already there answers as before
+    assert as_alice.post("/v0/spaces/lab/members", {"member": "@bob"}).status_code == 200
+    assert as_alice.post("/v0/spaces/lab/grants", grant).status_code == 200
+
+
 def test_who_may_not_write_or_manage_learns_nothing_of_which_handles_exist(space, alice, make_member, api_for):
     # given: dave, in no space of alice's; an observer of lab and a stranger to it (anyone reads an open space)
     make_member("dave")
