@@ -218,11 +218,21 @@ class LogHead(models.Model):
     """The single row that serializes position assignment.
 
     `position` is the last assigned position; `floor` is the retention floor
-    (every event at or below it may be gone)."""
+    (every event at or below it may be gone). After a restore from a backup
+    (`manage.py restored`), positions go on past `lost_to`, and a cursor
+    past `lost_from` (the restored log's head) read events the restore lost."""
 
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     position = models.BigIntegerField(default=0)
     floor = models.BigIntegerField(default=0)
+    lost_from = models.BigIntegerField(default=0)
+    lost_to = models.BigIntegerField(default=0)
+
+    def resync_needed(self, after: int) -> bool:
+        """Whether a reader at `after` must start again: events it may have
+        read are pruned, lost in a restore, or past the log's head (a
+        restore no one marked)."""
+        return after < self.floor or self.lost_from < after <= self.lost_to or after > self.position
 
 
 class IdempotencyRecord(models.Model):

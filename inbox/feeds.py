@@ -58,7 +58,9 @@ def start_position_steps(after: int | None):
 
 
 def check_retained(after: int | None) -> None:
-    """410 RESYNC_REQUIRED when the cursor is below the retention floor.
+    """410 RESYNC_REQUIRED when the cursor is below the retention floor, or
+    its reader may have read events a restore from a backup lost
+    (`LogHead.resync_needed`): read on, it would never learn of them.
 
     Checked after reading the page: the floor is raised (and committed)
     before any event is deleted, so a prune that removed events this read
@@ -69,9 +71,9 @@ def check_retained(after: int | None) -> None:
 def check_retained_steps(after: int | None):
     if after is None:
         return
-    floor = (yield from log_head_steps()).floor
-    if after < floor:
-        raise ResyncRequired(details={"floor": floor})
+    head = yield from log_head_steps()
+    if head.resync_needed(after):
+        raise ResyncRequired(details={"floor": head.floor})
 
 
 # An event's relations a page loads with it, as select_related would.

@@ -133,6 +133,8 @@ def _position_steps(member: Member, source: Source, arguments: dict, cursor: str
         floor = max(floor, rows[0][0] - 1 if rows else head.position)
     if position < floor:  # the rejections that would clear its notices' marks may be gone
         return floor, [p for p in waiting if p > 0], True
+    if head.resync_needed(position):  # restored from a backup since: what the log holds now, again
+        return head.floor, [], True
     return position, waiting, False
 
 

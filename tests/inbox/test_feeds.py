@@ -1,6 +1,7 @@
 """SPEC §6: space feed, inbox feed, cursors, retention, snapshots (long-polling:
 test_longpoll.py)."""
 import datetime as dt
+import os
 
 import pytest
 
@@ -237,6 +238,47 @@ def test_cursor_below_retention_floor_needs_resync(general, alice, as_alice):
     fresh, _ = drain(as_alice)
     assert [e["data"]["message"]["body"] for e in fresh if e["kind"] == "message.created"] == ["new"]
     assert all(e["position"] > LogHead.objects.get().floor for e in fresh)
+
+
+def test_after_a_restore_readers_who_read_what_it_lost_resync_and_the_rest_miss_nothing(space, alice, bob, as_bob):
+    """A database restored from a backup gave later events positions a
+    reader had passed: read on, its cursor was an empty page for ever,
+    skipping every new event. `manage.py restored` moves new positions past
+    every one given out, and tells who read what the restore lost."""
+    from django.core.management import call_command
+
+    from controlplane.models import Event
+    from mcp_endpoint import sources
+
+    item = sources.SOURCES["org.switchboard/inbox.item"]
+    paths = ("/v0/spaces/lab/events", "/v0/me/inbox/events")
+    # given: bob has read both feeds, and polled, to the backup's end; then again past one more message
+    direct, _ = services.get_or_create_direct(space, bob, actor=alice)
+    send_message(direct, body="before the backup", actor=alice)
+    at_backup = {path: drain(as_bob, path)[1] for path in paths}
+    polled_at_backup = sources.read(bob, item, {}, None, 50).cursor
+    backup = LogHead.objects.get().position
+    send_message(direct, body="lost in the restore", actor=alice)
+    past_it = {path: drain(as_bob, path)[1] for path in paths}
+    polled_past_it = sources.read(bob, item, {}, polled_at_backup, 50).cursor
+    # when: the database is as the backup left it
+    Event.objects.filter(position__gt=backup).delete()
+    LogHead.objects.filter(id=1).update(position=backup)
+    # then: before anyone marks the restore, a cursor past the restored log is told already
+    for path, cursor in past_it.items():
+        assert error_code(as_bob.get(path, cursor=cursor)) == "RESYNC_REQUIRED", path
+    # when: it is marked, and the log goes on
+    call_command("restored", stdout=open(os.devnull, "w"))
+    send_message(direct, body="after the restore", actor=alice)
+    # then: who read what it lost is told so, however far the log goes; the rest read on and miss nothing
+    for path in paths:
+        gone = as_bob.get(path, cursor=past_it[path])
+        assert (gone.status_code, error_code(gone)) == (410, "RESYNC_REQUIRED"), path
+        read_on = drain(as_bob, path, cursor=at_backup[path])[0]
+        assert [e["data"]["message"]["body"] for e in read_on if e["kind"] == "message.created"] == [
+            "after the restore"], path
+    assert sources.read(bob, item, {}, polled_past_it, 50).truncated is True
+    assert sources.read(bob, item, {}, polled_at_backup, 50).truncated is False
 
 
 def test_snapshot_pages_keep_their_watermark(space, alice, bob, as_bob, monkeypatch):
