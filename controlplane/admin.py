@@ -121,6 +121,8 @@ class SpaceAdmin(ThroughTheServices):
         if form.changed_data:
             audit.record("space.updated", obj.public_id, actor=admin_member(request.user),
                          **{name: form.cleaned_data[name] for name in form.changed_data})
+        if change and "archived" in form.changed_data and not obj.archived:
+            services.space_unarchived.send(sender=Space, space=obj)
 
 
 @admin.register(UserSession)

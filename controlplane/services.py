@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
+from django.dispatch import Signal
 
 from controlplane import audit, events
 from controlplane.access import active_membership, may_administer
@@ -246,6 +247,10 @@ def add_member(space: Space, member: Member, *, role: str | None = None, actor: 
             append_events([events.member_joined(change.membership, actor=actor)])
         return change
 
+
+# Sent (with `space`) when an admin unarchives a space: apps above this one
+# take up again what archiving paused (coordination: its claims' expiry).
+space_unarchived = Signal()
 
 RemovalHook = Callable[[int, int], None]
 

@@ -5,3 +5,9 @@ class CoordinationConfig(AppConfig):
     name = "coordination"
     verbose_name = "Tasks and collectives"
     schedules = [("sweep-claims", "coordination.tasks.sweep_claims", 1)]
+
+    def ready(self):
+        from controlplane.services import space_unarchived
+        from coordination.claims import look_again
+
+        space_unarchived.connect(look_again, dispatch_uid="coordination.look_again")

@@ -91,7 +91,7 @@ def _decide(task_pk: int, at: dt.datetime) -> str | None:
                            ("space", "conversation", "claimant"))
         if task is None or limit is None:
             return None
-        if task.space.archived:  # only active spaces' claims are swept; unarchiving reschedules nothing
+        if task.space.archived:  # only active spaces' claims are swept; unarchiving looks again (look_again)
             Task.objects.filter(pk=task.pk).update(sweep_at=at + limit)
             return None
         start = silent_since(task)
@@ -126,13 +126,27 @@ def _decide(task_pk: int, at: dt.datetime) -> str | None:
         return outcome
 
 
+def _stale(at: dt.datetime, limit: dt.timedelta) -> Q:
+    """Claims whose next look an earlier CLAIM_TTL_HOURS set: none was set
+    while it was 0, and one set under a longer timeout lies past a whole
+    timeout from now, where none can."""
+    return Q(sweep_at__isnull=True) | Q(sweep_at__gt=at + limit)
+
+
+def _due_or_stale(at: dt.datetime, limit: dt.timedelta) -> Q:
+    """Claims due in the sweep index, and stale ones: a host without a
+    worker has no scan to catch those up (`_catch_up`), and its reads must
+    still reopen expired work."""
+    return Q(sweep_at__lte=at) | _stale(at, limit)
+
+
 def expire_if_due(space: Space, task_id: str) -> bool:
     """Reads and claim attempts sweep the task's claim themselves, if it is
     due in the sweep index. Cheap when it is not (one indexed read)."""
-    if timeout() is None:
+    if (limit := timeout()) is None:
         return False
     at = now()
-    pk = (Task.objects.filter(space=space, public_id=task_id, status=Task.Status.CLAIMED, sweep_at__lte=at)
+    pk = (Task.objects.filter(_due_or_stale(at, limit), space=space, public_id=task_id, status=Task.Status.CLAIMED)
           .values_list("pk", flat=True).first())
     return pk is not None and _decide(pk, at) == "expired"
 
@@ -142,12 +156,18 @@ def expire_due_in(space: Space) -> int:
     one task does: up to SCAN_LIMIT of those due in the sweep index, the
     earliest first. Cheap when nothing is due (one indexed read). Returns
     how many expired."""
-    if timeout() is None:
+    if (limit := timeout()) is None:
         return 0
     at = now()
-    due = (Task.objects.filter(space=space, status=Task.Status.CLAIMED, sweep_at__lte=at)
+    due = (Task.objects.filter(_due_or_stale(at, limit), space=space, status=Task.Status.CLAIMED)
            .order_by("sweep_at", "id").values_list("pk", flat=True)[:SCAN_LIMIT])
     return [_decide(pk, at) for pk in due].count("expired")
+
+
+def look_again(sender, space: Space, **kwargs) -> None:
+    """An unarchived space's claims are looked at by the next read or scan:
+    while it was archived each look put the next a whole timeout away."""
+    Task.objects.filter(space=space, status=Task.Status.CLAIMED).update(sweep_at=now())
 
 
 def due_claims(at: dt.datetime) -> list[int]:
@@ -158,10 +178,8 @@ def due_claims(at: dt.datetime) -> list[int]:
 
 
 def _catch_up(at: dt.datetime, limit: dt.timedelta) -> None:
-    """Claims whose next look an earlier CLAIM_TTL_HOURS set are due now (up
-    to SCAN_LIMIT a scan): none was set while it was 0, and one set under a
-    longer timeout lies past a whole timeout from now, where none can."""
-    stale = Task.objects.filter(Q(sweep_at__isnull=True) | Q(sweep_at__gt=at + limit), status=Task.Status.CLAIMED)
+    """Stale claims are due now (up to SCAN_LIMIT a scan)."""
+    stale = Task.objects.filter(_stale(at, limit), status=Task.Status.CLAIMED)
     if pks := list(stale.values_list("pk", flat=True)[:SCAN_LIMIT]):
         Task.objects.filter(pk__in=pks, status=Task.Status.CLAIMED).update(sweep_at=at)
 

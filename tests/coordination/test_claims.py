@@ -269,3 +269,49 @@ def test_claims_made_under_another_timeout_follow_the_new_one(space, alice, bob,
     # then: the claim expired, as one made under today's timeout would have
     task.refresh_from_db()
     assert task.status == "open" and [e.data["claimant"] for e in events("task_claim_expired")] == ["@bob"]
+
+
+@pytest.mark.parametrize("then_hours", [0, 48])
+def test_without_a_worker_reads_and_claims_follow_the_new_timeout_too(space, alice, bob, carol, start, settings,
+                                                                       then_hours):
+    """Reads and claim attempts looked only at claims due in the sweep
+    index: with no scan to catch up a claim made under another timeout, a
+    host without a worker never reopened it."""
+    # given: bob's claim, made under the timeout of then; the timeout is 24 h now
+    settings.CLAIM_TTL_HOURS = then_hours
+    with freeze(start):
+        task = tasks.create_task(space, title="Report", actor=alice)
+        tasks.claim_task(space, task.public_id, actor=bob)
+    settings.CLAIM_TTL_HOURS = 24
+    # when: someone lists the tasks an hour later, and carol claims 25 h later, with no scan run
+    with freeze(start + HOUR):
+        list(tasks.space_tasks(space, carol))
+    with freeze(start + 25 * HOUR):
+        taken = tasks.claim_task(space, task.public_id, actor=carol)
+    # then: bob's claim expired in her request, and the task is hers
+    assert taken.claimant == carol and [e.data["claimant"] for e in events("task_claim_expired")] == ["@bob"]
+
+
+def test_unarchiving_a_space_takes_up_its_claims_expiry_again(claimed, space, carol, start, make_member):
+    """A look while the space was archived put the next a whole timeout
+    away: unarchived, an expired claim refused new claimants for up to a
+    day more."""
+    from django.test import Client
+
+    admin = make_member("root", kind="human", is_admin=True, password="root-pass-123")
+    client = Client()
+    client.force_login(admin.user)
+    # given: bob's claim, looked at while the space was archived, a day after it was made
+    Space = type(space)
+    Space.objects.filter(pk=space.pk).update(archived=True)
+    with freeze(start + 25 * HOUR):
+        assert claims.expire_if_due(space, claimed.public_id) is False  # what a read does first
+    # when: an admin unarchives it
+    form = {"name": space.name, "visibility": space.visibility, "send_policy": space.send_policy,
+            "memberships-TOTAL_FORMS": 0, "memberships-INITIAL_FORMS": 0}
+    assert client.post(f"/admin/controlplane/space/{space.pk}/change/", form).status_code == 302
+    assert Space.objects.get(pk=space.pk).archived is False
+    # then: carol takes the task the next hour, bob's claim expiring in her request
+    with freeze(start + 26 * HOUR):
+        taken = tasks.claim_task(space, claimed.public_id, actor=carol)
+    assert taken.claimant == carol and [e.data["claimant"] for e in events("task_claim_expired")] == ["@bob"]
