@@ -160,10 +160,11 @@ def settle(message_ids: Iterable[int]) -> None:
 
 def settle_owed_by(member_id: int) -> None:
     """A member was suspended: the pending operations that wait for their
-    answer fail now (`member_removed`), not at their deadline or next
-    answer."""
-    settle(Collective.objects.filter(state=Collective.State.PENDING, message__recipients__member_id=member_id)
-           .values_list("message_id", flat=True))
+    answer (`member_removed`), and those they asked (`requester_gone`),
+    fail now, not at their deadline or next answer."""
+    pending = Collective.objects.filter(state=Collective.State.PENDING)
+    settle([*pending.filter(message__recipients__member_id=member_id).values_list("message_id", flat=True),
+            *pending.filter(requester_id=member_id).values_list("message_id", flat=True)])
 
 
 def finish_due(*, seconds: float = DUE_SECONDS) -> int:

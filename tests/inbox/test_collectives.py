@@ -181,6 +181,19 @@ def test_a_suspended_member_who_owes_an_answer_fails_the_operation_at_once(group
     assert [i["reason"] for i in items(alice, "operationFailed")] == ["member_removed"]
 
 
+def test_a_suspended_requester_fails_their_operations_at_once(group, alice, bob, as_alice,
+                                                              django_capture_on_commit_callbacks):
+    """Only operations waiting for the suspended member's answer failed: the
+    requester's own waited for the next answer or the deadline, a day."""
+    # given / when: alice's request, then alice suspended
+    with django_capture_on_commit_callbacks(execute=True):
+        ask(as_alice, group, op="all_gather", deadline_ms=86_400_000)
+        services.update_member(alice, status="suspended", actor=None)
+    # then: it failed now, and the members who were asked are told why
+    assert Collective.objects.get().state == "failed"
+    assert [i["reason"] for i in items(bob, "operationFailed")] == ["requester_gone"]
+
+
 def test_an_observer_answers_nothing_they_could_not_send(space, group, alice, carol, as_alice, as_carol):
     # given: carol made an observer after the request
     message = ask(as_alice, group, op="all_gather").json()["message"]["id"]
