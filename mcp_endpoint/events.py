@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from controlplane.api.parsers import check_text
 from controlplane.db import db_call
-from controlplane.errors import ApiError, NotFound, VerificationFailed, as_unavailable
+from controlplane.errors import ApiError, InvalidUrl, NotFound, VerificationFailed, as_unavailable
 from mcp_endpoint import errors, sources
 from mcp_endpoint.asgi import CREDENTIAL_KEY
 from mcp_endpoint.server import caller
@@ -277,6 +277,18 @@ def callback_reason(details: dict) -> str:
     return "connection_refused"
 
 
+def verification_error(failure: VerificationFailed) -> MCPError:
+    """CallbackEndpointError, in the extension's words; or InvalidParams for
+    a URL whose host resolved to an address that is never called (it was
+    never contacted: the URL is at fault, as an IP literal there is)."""
+    if failure.details.get("reason") == "forbidden_destination":
+        refused = InvalidUrl("The URL's host resolves to an address that is never called (loopback, private, "
+                             "link-local or metadata).", details={"reason": "forbidden_destination"})
+        return MCPError(types.INVALID_PARAMS, refused.message, data=refused.body()["error"])
+    return MCPError(errors.CALLBACK_ENDPOINT_ERROR, "The callback endpoint did not verify.",
+                    data={"reason": callback_reason(failure.details)})
+
+
 async def subscribe(ctx, params: SubscribeParams) -> dict:
     member = caller(ctx)
     source, arguments = _select(params)
@@ -284,8 +296,7 @@ async def subscribe(ctx, params: SubscribeParams) -> dict:
     try:
         return await db_call(pushed.subscribe)(member, source.name, arguments, url, secret, ttl_ms=params.ttl_ms)
     except VerificationFailed as failure:
-        raise MCPError(errors.CALLBACK_ENDPOINT_ERROR, "The callback endpoint did not verify.",
-                       data={"reason": callback_reason(failure.details)}) from None
+        raise verification_error(failure) from None
     except ApiError as error:
         if error.code == "INVALID_URL":
             raise MCPError(types.INVALID_PARAMS, error.message, data=error.body()["error"]) from None

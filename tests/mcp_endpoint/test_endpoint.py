@@ -4,6 +4,7 @@ import asyncio
 import httpx
 import pytest
 
+from controlplane.errors import VerificationFailed
 from mcp_endpoint import events
 from mcp_endpoint.asgi import McpEndpoint
 from mcp_endpoint.endpoint import build
@@ -130,6 +131,16 @@ def test_every_event_method_answers_a_lost_service_with_the_apis_unavailable_bod
                                                 ("tls_error", "tls_error"), ("connect_error", "connection_refused")])
 def test_a_failed_verification_is_named_in_the_extensions_words(reason, answer):
     assert events.callback_reason({"reason": reason}) == answer
+    refused = events.verification_error(VerificationFailed(details={"reason": reason})).error
+    assert (refused.code, refused.data) == (-32027, {"reason": answer})
+
+
+def test_a_name_that_resolves_where_no_call_goes_is_the_urls_fault_not_the_receivers():
+    """It was `connection_refused`: an operator would look for a receiver
+    that is down, and none was ever contacted."""
+    refused = events.verification_error(VerificationFailed(details={"reason": "forbidden_destination"})).error
+    assert refused.code == -32602
+    assert (refused.data["code"], refused.data["details"]) == ("INVALID_URL", {"reason": "forbidden_destination"})
 
 
 def test_an_events_argument_with_nul_is_invalid_params():
