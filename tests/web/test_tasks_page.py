@@ -46,3 +46,31 @@ def test_a_refused_action_is_a_clear_error_and_changes_nothing(room, ann, ben, h
     assert outsider.status_code == 404 and unknown.status_code == 404
     assert empty.status_code == 400 and Task.objects.count() == 1
 
+
+
+def test_every_task_can_be_reached_page_by_page_newest_first(room, ann, ben, browser_of, monkeypatch):
+    """The page showed the newest 200 and no more, with no way on: the API
+    listed the rest, the web app could neither show nor claim them."""
+    import html
+    import re
+
+    from coordination import services
+
+    monkeypatch.setattr("web.views.tasks.PAGE_TASKS", 2)
+    space, _ = room
+    for n in range(5):
+        services.create_task(space, title=f"task {n}", actor=ann)
+    as_ben, pages, url = browser_of(ben), [], "/app/spaces/room/tasks/?status=open"
+    # when: ben follows the older-tasks link to the end
+    while url:
+        page = as_ben.get(url).content.decode()
+        pages.append(re.findall(r'<span class="title">(.*?)</span>', page))
+        older = re.search(r'<a href="(\?[^"]*older=[^"]*)">Older tasks</a>', page)
+        url = "/app/spaces/room/tasks/" + html.unescape(older.group(1)) if older else None
+    # then: each once, newest first, the filter kept; the last page leads back
+    assert pages == [["task 4", "task 3"], ["task 2", "task 1"], ["task 0"]]
+    assert "Back to the newest tasks" in page
+    # and: a cursor is its member's, on its list
+    mine = re.search(r"older=([^\"&]+)", as_ben.get("/app/spaces/room/tasks/?status=open").content.decode()).group(1)
+    assert browser_of(ann).get(f"/app/spaces/room/tasks/?status=open&older={mine}").status_code == 400
+    assert as_ben.get(f"/app/spaces/room/tasks/?older={mine}").status_code == 400

@@ -8,6 +8,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from controlplane.access import get_readable_space
+from controlplane.cursors import caller_id, pack_cursor, unpack_cursor
 from controlplane.errors import NotFound
 from coordination import services
 from coordination.models import Task
@@ -15,6 +16,7 @@ from web.pages import member_page
 
 ACTIONS = {"claim": services.claim_task, "release": services.release_task, "submit": services.submit_task,
            "complete": services.complete_task, "reopen": services.reopen_task}
+PAGE_TASKS = 200
 DONE = {"claim": "claimed", "release": "released", "submit": "submitted for review", "complete": "completed",
         "reopen": "reopened"}
 
@@ -30,14 +32,24 @@ def _actions(task: Task, member) -> list[str]:
 
 @member_page
 def tasks_page(request, member, slug):
+    """The newest PAGE_TASKS tasks (in a status), then older ones page by
+    page (a sealed cursor, as the API's)."""
     space = get_readable_space(slug, member)
     status = request.GET.get("status") or None
     if status is not None and status not in Task.Status.values:
         raise NotFound()
+    stream = f"web-tasks:{space.pk}:{status or 'all'}"
     rows = services.space_tasks(space, member, status).order_by("-id")
+    if older := request.GET.get("older"):
+        (before,) = unpack_cursor(older, count=1, caller=caller_id(member), stream=stream)
+        rows = rows.filter(pk__lt=before)
+    rows = list(rows[:PAGE_TASKS + 1])
+    more = len(rows) > PAGE_TASKS
+    rows = rows[:PAGE_TASKS]
     return render(request, "web/tasks.html", {
-        "space": space, "status": status, "statuses": Task.Status.values,
-        "tasks": [(task, _actions(task, member)) for task in rows[:200]]})
+        "space": space, "status": status, "statuses": Task.Status.values, "paged": bool(older),
+        "tasks": [(task, _actions(task, member)) for task in rows],
+        "older": pack_cursor((rows[-1].pk,), caller=caller_id(member), stream=stream) if more else None})
 
 
 @member_page
