@@ -4,21 +4,29 @@ Django's ASGI handler reads a whole body (spooling it to disk) before any
 view or parser can look at its size. This wrapper, outermost on HTTP, answers
 `413 BODY_TOO_LARGE` at once when `Content-Length` is over
 DATA_UPLOAD_MAX_MEMORY_SIZE, and counts a body sent without one (chunked),
-answering 413 as soon as it passes the limit, without reading further."""
+answering 413 as soon as it passes the limit, without reading further.
+A refusal counts against its sender's address as an anonymous request
+does (429 past RATE_LIMIT_PER_MINUTE): it was a request no budget saw."""
 from __future__ import annotations
 
+import asyncio
 import json
 
 from django.conf import settings
 
-from controlplane.errors import BodyTooLarge
+from controlplane.errors import BodyTooLarge, RateLimited
+from controlplane.ratelimit import address_wait, scope_address
 
 
-async def _refuse(send, limit: int) -> None:
-    body = json.dumps(BodyTooLarge("The request is too large.", details={"max_bytes": limit}).body()).encode()
-    await send({"type": "http.response.start", "status": 413,
+async def _refuse(scope, send, limit: int) -> None:
+    wait = await asyncio.to_thread(address_wait, scope_address(scope))
+    error = RateLimited.after(wait) if wait is not None else BodyTooLarge(
+        "The request is too large.", details={"max_bytes": limit})
+    body = json.dumps(error.body()).encode()
+    headers = [(name.lower().encode(), value.encode()) for name, value in error.headers.items()]
+    await send({"type": "http.response.start", "status": error.status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+                            (b"connection", b"close"), *headers]})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -32,7 +40,7 @@ class BodyLimit:
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
-            return await _refuse(send, limit)
+            return await _refuse(scope, send, limit)
         if declared is not None:
             return await self.application(scope, receive, send)
         # No length given: read the body here, counting, then replay it.
@@ -43,7 +51,7 @@ class BodyLimit:
                 return  # the client went away
             size += len(message.get("body", b""))
             if size > limit:
-                return await _refuse(send, limit)
+                return await _refuse(scope, send, limit)
             chunks.append(message.get("body", b""))
             if not message.get("more_body", False):
                 break

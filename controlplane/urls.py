@@ -7,7 +7,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.generic import RedirectView
 
 from controlplane.health import readiness
-from web.errors import not_found
+from web.errors import unknown_route
 
 
 def healthz(request):
@@ -54,7 +54,7 @@ urlpatterns = [
     # Unknown routes answer in the error shape, in DEBUG too (Django's debug
     # 404 page would be HTML and list every route); writes too, before the
     # CSRF check refuses them (a bearer write to a mistyped path was a 403).
-    re_path(r"", csrf_exempt(not_found)),
+    re_path(r"", csrf_exempt(unknown_route)),
 ]
 
 handler400 = "controlplane.errors.bad_request"

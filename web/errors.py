@@ -7,7 +7,8 @@ from __future__ import annotations
 from django.utils.deprecation import MiddlewareMixin
 
 from controlplane import errors
-from controlplane.errors import ApiError, Forbidden, NotFound
+from controlplane.errors import ApiError, Forbidden, NotFound, RateLimited
+from controlplane.ratelimit import address_wait, client_address
 from web.pages import WEB_PATHS, error_response
 
 
@@ -23,6 +24,15 @@ def _web_page(request, error: ApiError):
 def not_found(request, exception=None):
     page = _web_page(request, NotFound("There is no such page."))
     return page if page is not None else errors.not_found(request, exception)
+
+
+def unknown_route(request):
+    """No route: 404, counted against the caller's address as an anonymous
+    request is (429 past RATE_LIMIT_PER_MINUTE): it was a request no budget
+    saw."""
+    if (wait := address_wait(client_address(request))) is not None:
+        return RateLimited.after(wait).json_response()
+    return not_found(request)
 
 
 class ServiceUnavailable(MiddlewareMixin):

@@ -58,3 +58,21 @@ def test_a_streamed_body_is_counted_and_refused_once_past_the_limit(settings):
     status, body = _call([], receive)
     assert (status, body["error"]["code"]) == (413, "BODY_TOO_LARGE")
     assert sum(read) <= settings.DATA_UPLOAD_MAX_MEMORY_SIZE + CHUNK
+
+
+def test_refusals_count_against_their_senders_address(settings):
+    """No budget saw them: a sender could be refused without end."""
+    from tests.conftest import clear_of_window_edge
+
+    settings.RATE_LIMIT_PER_MINUTE = 2
+    clear_of_window_edge()
+
+    async def receive():
+        raise AssertionError("nothing may be read")
+
+    # when: three oversized bodies from one address
+    answers = [_call([(b"content-length", str(10 ** 9).encode())], receive) for _ in range(3)]
+    # then: the third is over the address's budget
+    assert [(status, body["error"]["code"]) for status, body in answers] == [
+        (413, "BODY_TOO_LARGE"), (413, "BODY_TOO_LARGE"), (429, "RATE_LIMITED")]
+    assert answers[2][1]["error"]["details"]["retry_after"] >= 1

@@ -32,6 +32,14 @@ def test_too_many_query_parameters_are_a_400_in_the_contracts_shape_with_debug_o
     assert (response.status_code, error_code(response)) == (400, "INVALID_REQUEST")
 
 
+def test_unknown_routes_count_against_the_callers_address(settings, anon, space):
+    """No budget saw them: a caller could ask for routes that are not there without end."""
+    settings.RATE_LIMIT_PER_MINUTE = 3
+    clear_of_window_edge()
+    statuses = [anon.get(path).status_code for path in ("/v0/nope", "/v0/spaces/lab", "/nowhere", "/v0/nope")]
+    assert statuses == [404, 200, 404, 429]
+
+
 def test_wrong_method_is_json_405(as_alice):
     response = as_alice.delete("/v0/me")
     assert response.status_code == 405
