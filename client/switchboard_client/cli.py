@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
-import shlex
 import sys
 
 from switchboard_client import config
+from switchboard_client.argv import joined_cursors, next_page_command
 from switchboard_client.client import Client
 from switchboard_client.errors import SwitchboardError
 from switchboard_client.models import Page, as_dict
@@ -44,14 +44,6 @@ def emit(args, result, rows=None, columns=()) -> None:
         table(list(rows(result)), columns)
         if isinstance(result, Page) and result.has_more and result.cursor:
             print(f"more: {next_page_command(result.cursor)}", file=sys.stderr)
-
-
-def next_page_command(cursor: str, argv: list[str] | None = None) -> str:
-    """This command line again, with `--cursor` the next page's."""
-    words = sys.argv[1:] if argv is None else argv
-    kept = [word for n, word in enumerate(words)
-            if not (word == "--cursor" or word.startswith("--cursor=") or (n and words[n - 1] == "--cursor"))]
-    return shlex.join(["switchboard", *kept, "--cursor", cursor])
 
 
 def table(rows: list[tuple], columns: tuple[str, ...]) -> None:
@@ -417,7 +409,7 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(joined_cursors(sys.argv[1:] if argv is None else argv))
     args.host = getattr(args, "host", None)
     args.json = getattr(args, "json", False)
     try:

@@ -120,6 +120,17 @@ def test_a_list_longer_than_a_page_says_the_command_for_the_next(server, tmp_pat
     assert sorted(rows) == [f"grt_g{n:02d}" for n in range(51)]
 
 
+@pytest.mark.parametrize("words", [["grants", "list", "lab", "--cursor", "-Qw0boK39"],
+                                   ["tail", "--inbox", "--after", "-Qw0boK39", "--count", "3"]])
+def test_a_cursor_that_begins_with_a_dash_is_a_cursor(words):
+    """A cursor is base64url: one in 64 begins with "-", which argparse
+    took for an option ("expected one argument"), and the command the last
+    page printed failed."""
+    args = cli.build_parser().parse_args(cli.joined_cursors(words))
+    assert (getattr(args, "cursor", None) or args.after) == "-Qw0boK39"
+    assert cli.joined_cursors(["send", "lab", "@bo", "--", "--cursor", "x"])[-2:] == ["--cursor", "x"]
+
+
 def test_the_next_page_command_replaces_a_cursor_given_either_way():
     assert cli.next_page_command("c2", ["webhooks", "deliveries", "whs_1", "--cursor", "c1"]) == \
         "switchboard webhooks deliveries whs_1 --cursor c2"
