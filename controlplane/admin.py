@@ -3,6 +3,9 @@ from django.contrib import admin
 from django.contrib.auth import admin as auth_admin
 from django.contrib.auth.models import Group, User
 from django.db.models.constants import LOOKUP_SEP
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.text import smart_split
 from django_q.models import Failure, OrmQ, Schedule, Success
 
 from controlplane import audit, bearer, services
@@ -16,6 +19,7 @@ from controlplane.models import (AuditEntry, Conversation, Credential, Event, Ev
 # time; Django's own UserAdmin refuses it for `password`).
 SECRET_FIELDS = frozenset({"token_hash", "secret", "previous_secret", "private_key", "session_key", "session_data",
                            "password"})
+SEARCH_TERMS = 10  # words of a list's search
 
 
 class Guarded(admin.ModelAdmin):
@@ -23,6 +27,12 @@ class Guarded(admin.ModelAdmin):
         if SECRET_FIELDS.intersection(lookup.split(LOOKUP_SEP)):
             return False
         return super().lookup_allowed(lookup, value, request)
+
+    def get_search_results(self, request, queryset, search_term):
+        """The first SEARCH_TERMS words only: each is a condition on every
+        search field, and a thousand made a query SQLite refused as too
+        deep (answered as a lost database)."""
+        return super().get_search_results(request, queryset, " ".join(list(smart_split(search_term))[:SEARCH_TERMS]))
 
 
 class ReadOnlyAdmin(Guarded):
@@ -91,19 +101,6 @@ class CredentialAdmin(ThroughTheServices):
         self.message_user(request, "Revoked.")
 
 
-class MembershipInline(admin.TabularInline):
-    """Who joins and leaves, and in which role, goes through the services
-    (its events, removal hooks and the last owner's rule): through the API
-    or the web app, where an admin may act in any space."""
-    model = Membership
-    extra = 0
-    can_delete = False
-    readonly_fields = ["member", "role", "status", "updated_at"]
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-
 @admin.register(Space)
 class SpaceAdmin(ThroughTheServices):
     """Spaces are made by `create_space` (its owner and event); a slug is a
@@ -111,8 +108,18 @@ class SpaceAdmin(ThroughTheServices):
     list_display = ["slug", "name", "visibility", "send_policy", "archived", "created_at"]
     list_filter = ["visibility", "send_policy", "archived"]
     search_fields = ["slug", "name"]
-    readonly_fields = ["public_id", "slug", "created_by", "created_at"]
-    inlines = [MembershipInline]
+    readonly_fields = ["public_id", "slug", "created_by", "created_at", "members"]
+
+    @admin.display(description="members")
+    def members(self, obj: Space) -> str:
+        """How many, and a link to their list: who joins and leaves, and in
+        which role, goes through the services (through the API or the web
+        app, where an admin may act in any space). Listed inline here, every
+        member was a row of the form, and a space of about 490 could no
+        longer be saved (DATA_UPLOAD_MAX_NUMBER_FIELDS)."""
+        url = reverse("admin:controlplane_membership_changelist")
+        count = Membership.objects.filter(space=obj).count()
+        return format_html('<a href="{}?space__id__exact={}">{} memberships</a>', url, obj.pk, count)
 
     def save_model(self, request, obj, form, change):
         """Recorded, as no event records it: who changed which setting (a
@@ -168,6 +175,7 @@ class ParticipantAdmin(ReadOnlyAdmin):
 @admin.register(Event)
 class EventAdmin(ReadOnlyAdmin):
     list_display = ["position", "kind", "space", "conversation", "actor", "restricted", "created_at"]
+    list_select_related = ["space", "conversation", "actor"]  # nullable: not followed unless named
     list_filter = ["kind", "restricted"]
     search_fields = ["kind", "space__slug"]
 
@@ -175,6 +183,7 @@ class EventAdmin(ReadOnlyAdmin):
 @admin.register(EventAddressee)
 class EventAddresseeAdmin(ReadOnlyAdmin):
     list_display = ["event", "member", "space"]
+    list_select_related = ["event", "member", "space"]
 
 
 @admin.register(LogHead)
@@ -191,6 +200,7 @@ class IdempotencyRecordAdmin(ReadOnlyAdmin):
 @admin.register(AuditEntry)
 class AuditEntryAdmin(ReadOnlyAdmin):
     list_display = ["at", "actor", "action", "target"]
+    list_select_related = ["actor"]
     list_filter = ["action"]
     search_fields = ["target", "actor__handle"]
 

@@ -16,6 +16,7 @@ from controlplane.errors import ApiError
 from controlplane.models import Member
 from grants import approvals, barrier
 from grants.models import ApprovalRequest, Grant
+from grants.render import render_approval_request
 
 
 def approver(request) -> Member:
@@ -28,10 +29,13 @@ def approver(request) -> Member:
 
 @admin.register(ApprovalRequest)
 class ApprovalRequestAdmin(ReadOnlyAdmin):
-    list_display = ["public_id", "status", "sender", "space", "conversation", "recipient_handles", "created_at",
-                    "decided_by", "decided_at"]
-    list_filter = ["status", "space"]
-    search_fields = ["public_id", "sender__handle", "idempotency_key"]
+    # Recipients are on each request's page (one lookup of handles each); a
+    # space by its slug in the search (a filter listed every space of the host).
+    list_display = ["public_id", "status", "sender", "space", "conversation", "created_at", "decided_by",
+                    "decided_at"]
+    list_select_related = ["sender", "space", "conversation", "decided_by"]
+    list_filter = ["status"]
+    search_fields = ["public_id", "sender__handle", "idempotency_key", "space__slug"]
     ordering = ["-created_at"]
     fields = ["public_id", "status", "space", "conversation", "sender", "recipient_handles", "idempotency_key",
               "retained_body", "reply_to", "related_paths", "collective", "fingerprint", "created_at", "decided_by",
@@ -42,8 +46,7 @@ class ApprovalRequestAdmin(ReadOnlyAdmin):
 
     @admin.display(description="recipients")
     def recipient_handles(self, obj: ApprovalRequest) -> str:
-        handles = dict(Member.objects.filter(pk__in=obj.recipients).values_list("pk", "handle"))
-        return ", ".join(f"@{handles[pk]}" for pk in obj.recipients if pk in handles)
+        return ", ".join(render_approval_request(obj)["recipients"])
 
     @admin.display(description="body (exactly as it will be sent)")
     def retained_body(self, obj: ApprovalRequest) -> str:
@@ -118,8 +121,9 @@ class ApprovalRequestAdmin(ReadOnlyAdmin):
 class GrantAdmin(ReadOnlyAdmin):
     list_display = ["public_id", "space", "kind", "sender", "recipient", "status", "generation", "expires_at",
                     "created_by", "created_at"]
-    list_filter = ["kind", "status", "space"]
-    search_fields = ["public_id", "sender__handle", "recipient__handle"]
+    list_select_related = ["space", "sender", "recipient", "created_by"]
+    list_filter = ["kind", "status"]
+    search_fields = ["public_id", "sender__handle", "recipient__handle", "space__slug"]
     actions = ["revoke_selected"]
 
     @admin.action(description="Revoke the selected grants (runs the revocation barrier)")

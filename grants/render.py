@@ -40,8 +40,19 @@ def _party(grant: Grant, viewer: Member | None) -> bool:
     return viewer is not None and (viewer.pk in (grant.sender_id, grant.recipient_id) or is_active_admin(viewer))
 
 
-def render_approval_request(request: ApprovalRequest) -> dict:
-    handles = dict(Member.objects.filter(pk__in=request.recipients).values_list("pk", "handle"))
+def recipient_handles(requests: list[ApprovalRequest]) -> dict[int, str]:
+    """The handles of every recipient of `requests`, in one query."""
+    return dict(Member.objects.filter(pk__in={pk for r in requests for pk in r.recipients})
+                .values_list("pk", "handle"))
+
+
+def render_approval_requests(requests: list[ApprovalRequest]) -> list[dict]:
+    handles = recipient_handles(requests)
+    return [render_approval_request(r, handles) for r in requests]
+
+
+def render_approval_request(request: ApprovalRequest, handles: dict[int, str] | None = None) -> dict:
+    handles = recipient_handles([request]) if handles is None else handles
     return {
         "id": request.public_id,
         "status": request.status,

@@ -14,7 +14,7 @@ from controlplane.errors import ApiError
 from grants import approvals, services
 from grants.admin import approver
 from grants.models import ApprovalRequest, Grant
-from grants.render import render_approval_request
+from grants.render import render_approval_requests
 
 QUEUE_PAGE = 100
 
@@ -33,7 +33,7 @@ def approval_queue(request):
     # The page shows one screenful of each; past it, it says how many more
     # there are, and the admin site's lists (filtered, searchable) have them all.
     return render(request, "staff/approvals.html", {
-        "pending": [(r, render_approval_request(r)) for r in pending], "decided": decided, "grants": grants,
+        "pending": list(zip(pending, render_approval_requests(pending))), "decided": decided, "grants": grants,
         "pending_total": waiting.count() if len(pending) == QUEUE_PAGE else len(pending),
         "grants_total": in_force.count() if len(grants) == QUEUE_PAGE else len(grants),
     })

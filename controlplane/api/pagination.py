@@ -14,8 +14,10 @@ class PageParams(serializers.Serializer):
     limit = QueryIntegerField(required=False, min_value=1, max_value=MAX_LIMIT, default=DEFAULT_LIMIT)
 
 
-def paginate(request, queryset, *, stream: str, render) -> dict:
-    """One page of `queryset` in pk order: `{"items", "cursor", "has_more"}`."""
+def paginate(request, queryset, *, stream: str, render=None, render_rows=None) -> dict:
+    """One page of `queryset` in pk order: `{"items", "cursor", "has_more"}`,
+    each row rendered by `render`, or the page's rows at once by
+    `render_rows` (for what one query can look up for all of them)."""
     params = validated(PageParams, request.query_params)
     caller = caller_id(request.user)
     after = 0
@@ -25,5 +27,6 @@ def paginate(request, queryset, *, stream: str, render) -> dict:
     has_more = len(rows) > params["limit"]
     rows = rows[: params["limit"]]
     last = rows[-1].pk if rows else after
-    return {"items": [render(r) for r in rows], "cursor": pack_cursor((last,), caller=caller, stream=stream),
+    items = render_rows(rows) if render_rows is not None else [render(r) for r in rows]
+    return {"items": items, "cursor": pack_cursor((last,), caller=caller, stream=stream),
             "has_more": has_more}

@@ -16,7 +16,7 @@ from controlplane.services import require_owner
 from grants import approvals, services
 from grants.api.serializers import (ApprovalListParams, ApprovalRequestOut, DenyIn, GrantCreateIn, GrantOut)
 from grants.models import ApprovalRequest, Grant
-from grants.render import render_approval_request, render_grant
+from grants.render import render_approval_request, render_approval_requests, render_grant
 
 
 DECISION_ERRORS = ("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "FORBIDDEN", "NOT_FOUND", "CONFLICT",
@@ -107,7 +107,7 @@ class ApprovalRequestsView(APIView):
         status = validated(ApprovalListParams, request.query_params)["status"]
         queue = ApprovalRequest.objects.filter(status=status).select_related(
             "space", "conversation", "sender", "decided_by", "message")
-        page = paginate(request, queue, stream=f"approvals:{status}", render=render_approval_request)
+        page = paginate(request, queue, stream=f"approvals:{status}", render_rows=render_approval_requests)
         return Response({"approval_requests": page.pop("items"), **page})
 
 

@@ -182,3 +182,43 @@ def test_the_staff_page_revokes_the_grant_of_its_space_where_two_spaces_use_one_
     # then: that space's grant, and no other
     assert response.status_code == 302
     assert Grant.objects.get(pk=theirs.pk).status == "revoked" and Grant.objects.get(pk=mine.pk).status == "active"
+
+
+def test_the_queue_and_the_lists_cost_the_same_queries_however_many_requests_and_grants(pending, grant, approver,
+                                                                                       as_root, make_member):
+    """Each request's recipients were a query of their own (the staff queue,
+    the API's list, the admin's list), and each grant's members three; the
+    admin's lists also offered every space of the host as a filter."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from controlplane.models import Space
+
+    def queries() -> dict[str, int]:
+        counts = {}
+        for path in ("/staff/approvals/", "/admin/grants/approvalrequest/", "/admin/grants/grant/"):
+            with CaptureQueriesContext(connection) as captured:
+                assert approver.get(path).status_code == 200
+            counts[path] = len(captured)
+        with CaptureQueriesContext(connection) as captured:
+            assert as_root.get("/v0/approval-requests").status_code == 200
+        counts["GET /v0/approval-requests"] = len(captured)
+        return counts
+
+    def more(n: int, start: int) -> None:
+        fields = {f.attname: getattr(pending, f.attname) for f in ApprovalRequest._meta.fields
+                  if f.attname not in ("id", "public_id", "idempotency_key")}
+        for i in range(start, start + n):
+            ApprovalRequest.objects.create(**fields, idempotency_key=f"ship-{i:05d}")
+            handle = f"m{i}"
+            make_member(handle)
+            services.join_space(pending.space, actor=type(pending.sender).objects.get(handle=handle))
+            grant(f"grt_g{i}", "pair", sender=f"@{handle}", recipient="@carol")
+
+    more(1, 100)
+    few = queries()
+    more(5, 200)
+    many = queries()
+    assert many == few
+    Space.objects.create(slug="other-space", name="Other", created_by=pending.sender)
+    assert "other-space" not in approver.get("/admin/grants/grant/").content.decode()  # no list of every space
