@@ -116,11 +116,21 @@ def _in_flight(deliveries: str, subscriptions: str) -> str:
 
 def _in_flight_to(cursor, endpoints: set[int], params: dict) -> dict[int, int]:
     """How many deliveries are in flight to each of these endpoints (those with none are left out)."""
+    return _in_flight_by(cursor, "endpoint_id", endpoints, params)
+
+
+def in_flight_of(owners: set[int], params: dict) -> dict[int, int]:
+    """How many deliveries of each of these members are in flight (those with none are left out)."""
+    with connection.cursor() as cursor:
+        return _in_flight_by(cursor, "owner_id", owners, params)
+
+
+def _in_flight_by(cursor, column: str, ids: set[int], params: dict) -> dict[int, int]:
     quote = connection.ops.quote_name
     in_flight = _in_flight(quote(Delivery._meta.db_table), quote(Subscription._meta.db_table))
-    cursor.execute(f"SELECT bs.endpoint_id, COUNT(*) FROM {in_flight} "
-                   f"AND bs.endpoint_id IN ({', '.join(map(str, map(int, sorted(endpoints))))}) "
-                   f"GROUP BY bs.endpoint_id", params)
+    cursor.execute(f"SELECT bs.{column}, COUNT(*) FROM {in_flight} "
+                   f"AND bs.{column} IN ({', '.join(map(str, map(int, sorted(ids))))}) "
+                   f"GROUP BY bs.{column}", params)
     return dict(cursor.fetchall())
 
 

@@ -43,7 +43,7 @@ from inbox import mailbox, notices
 from inbox.delivery import acknowledge_items, deliverable, oldest_pending
 from inbox.models import InboxItem
 from webhooks import mcp, outbox
-from webhooks.due import (READY, anything_due, claimable, insert_attempts, mark_delivered, mark_sending,
+from webhooks.due import (READY, anything_due, claimable, in_flight_of, insert_attempts, mark_delivered, mark_sending,
                           send_next_items, set_by_wrong_clock, soonest_claim_end, soonest_due_at)
 from webhooks.models import Delivery, Subscription
 
@@ -349,14 +349,23 @@ def _hand_off(pushed: list[tuple[int, int, int]], room: int, keep_free: int) -> 
     bind (`oldest_pending`: admitted, not held back); a subscription that
     may no longer send, or has another delivery unfinished, gets none here,
     as a claim would cancel or skip it."""
-    oldest = oldest_pending({owner for _, _, owner in pushed})
+    owners = {owner for _, _, owner in pushed}
+    oldest = oldest_pending(owners)
     waiting = sorted(((subscription, oldest[owner]) for subscription, _, owner in pushed if owner in oldest),
                      key=lambda pair: pair[1].pk)
-    if len(waiting) > room - keep_free and anything_due(ready_params(now(), limit=1)):
+    # A member's hand-offs take places of their PER_OWNER as a claim's wakes do: past them, offered.
+    places = {owner: PER_OWNER - count for owner, count in in_flight_of(owners, ready_params(now())).items()}
+    owner_of = {subscription: owner for subscription, _, owner in pushed}
+    within, over = [], []
+    for subscription, item in waiting:
+        owner = owner_of[subscription]
+        places[owner] = places.get(owner, PER_OWNER) - 1
+        (within if places[owner] >= 0 else over).append((subscription, item))
+    if len(within) > room - keep_free and anything_due(ready_params(now(), limit=1)):
         room = max(0, room - keep_free)
-    if len(waiting) > room:
-        mcp.offer({subscription for subscription, _ in waiting[room:]}, kick=False)
-    items = dict(waiting[:room])
+    if over or len(within) > room:
+        mcp.offer({subscription for subscription, _ in over + within[room:]}, kick=False)
+    items = dict(within[:room])
     bodies = {subscription: mcp.item_body(item) for subscription, item in items.items()}
     at = now()
     claimed_now = send_next_items([(s, item.pk, bodies[s]) for s, item in items.items()], at, at + lease())

@@ -432,3 +432,30 @@ def test_a_record_keeps_room_free_only_while_something_else_is_due(world, receiv
     pending = Subscription.objects.get(owner=world["bo"], mcp_name=mcp.PENDING)
     assert {job.mcp_subscription_id for job in engine.claim_due(10)} == {pending.public_id,
                                                                         offered.subscription.public_id}
+
+
+def test_a_members_hand_offs_take_only_the_places_left_of_their_share(world, receiver, monkeypatch):
+    """A hand-off was claimed at once whatever the member had in flight: one
+    member's push chains held 20 places beyond the 32 their claims may."""
+    from webhooks.models import Endpoint
+
+    # given: ada's two pushed inboxes with items waiting, a share of two, and a wake of hers in flight
+    monkeypatch.setattr(engine, "PER_OWNER", 2)
+    ada = world["ada"]
+    for path in ("/a", "/b"):
+        mcp.subscribe(ada, mcp.ITEM, {}, receiver.url(path), SECRET, ttl_ms=None)
+    for n in range(4):
+        send_message(world["direct"], body=f"item {n}", actor=world["bo"])
+    jobs = engine.claim_due(10)
+    assert len(jobs) == 2
+    space = world["direct"].space
+    waking = Subscription.objects.create(owner=ada, endpoint=Endpoint.objects.create(owner=ada, url=world["url"]),
+                                         kind="space", space=space, status="active", activation_position=0)
+    Delivery.objects.create(subscription=waking, after_position=0, through_position=1, state="sending",
+                            due_at=now(), claimed_until=now() + dt.timedelta(seconds=30))
+    # when: both pushes are answered 2xx
+    handed = engine.record([engine.Result(job, Outcome(204, None, 5), "whsec", now()) for job in jobs], hand_off=10)
+    # then: one next item is handed off (her wake and it fill her share); the other is offered, for a claim
+    assert len(handed) == 1
+    offered = Delivery.objects.get(state=Delivery.State.OPEN, subscription__kind=Subscription.Kind.ITEM)
+    assert offered.subscription.public_id != handed[0].mcp_subscription_id
