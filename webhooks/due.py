@@ -301,6 +301,7 @@ def mark_sending(deliveries: list[Delivery], first: set[int], at, until) -> None
                        f"FROM ({values}) v WHERE {table}.id = v.id", [adapt(until), adapt(at), *params])
 
 
+LEASE_EXPIRED = "lease_expired"  # an attempt whose worker never recorded it
 ATTEMPT_COLUMNS = {"delivery_id": "BIGINT", "number": "INTEGER", "started_at": "TIMESTAMPTZ",
                    "duration_ms": "INTEGER", "status_code": "SMALLINT", "error_class": "VARCHAR(64)",
                    "key_id": "VARCHAR(40)"}
@@ -309,12 +310,20 @@ ATTEMPT_COLUMNS = {"delivery_id": "BIGINT", "number": "INTEGER", "started_at": "
 def insert_attempts(rows: list[tuple]) -> None:
     """A batch's attempt rows, each as ATTEMPT_COLUMNS' values: one
     statement (the ORM's bulk_create prepared each row for longer than the
-    insert ran)."""
+    insert ran). An attempt whose lease ran out is recorded as
+    `lease_expired` by the claim that takes its delivery again
+    (webhooks.engine.claim_due); if its worker records it after all, its
+    outcome takes that row's place. (`WHERE true`: SQLite reads an ON
+    CONFLICT straight after a SELECT as the SELECT's join.)"""
     adapt = connection.ops.adapt_datetimefield_value
     values, params = rows_sql([(*row[:2], adapt(row[2]), *row[3:]) for row in rows], ATTEMPT_COLUMNS)
+    table = connection.ops.quote_name(Attempt._meta.db_table)
+    replaced = ", ".join(f"{column} = excluded.{column}" for column in list(ATTEMPT_COLUMNS)[2:])
     with connection.cursor() as cursor:
-        cursor.execute(f"INSERT INTO {connection.ops.quote_name(Attempt._meta.db_table)} "
-                       f"({', '.join(ATTEMPT_COLUMNS)}) {values}", params)
+        cursor.execute(f"INSERT INTO {table} ({', '.join(ATTEMPT_COLUMNS)}) SELECT * FROM ({values}) AS r WHERE true "
+                       f"ON CONFLICT (delivery_id, number) DO UPDATE SET {replaced} "
+                       f"WHERE {table}.error_class = %s AND COALESCE(excluded.error_class, '') <> %s",
+                       [*params, LEASE_EXPIRED, LEASE_EXPIRED])
 
 
 def mark_delivered(answered: list[tuple[int, int]], at) -> list[tuple[int, int | None, int]]:

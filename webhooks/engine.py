@@ -43,8 +43,8 @@ from inbox import mailbox, notices
 from inbox.delivery import acknowledge_items, deliverable, oldest_pending
 from inbox.models import InboxItem
 from webhooks import mcp, outbox
-from webhooks.due import (READY, anything_due, claimable, in_flight_of, insert_attempts, mark_delivered, mark_sending,
-                          send_next_items, set_by_wrong_clock, soonest_claim_end, soonest_due_at)
+from webhooks.due import (LEASE_EXPIRED, READY, anything_due, claimable, in_flight_of, insert_attempts, mark_delivered,
+                          mark_sending, send_next_items, set_by_wrong_clock, soonest_claim_end, soonest_due_at)
 from webhooks.models import Delivery, Subscription
 
 if TYPE_CHECKING:  # aiohttp: the web processes import the engine, and send nothing
@@ -164,6 +164,7 @@ def claim_due(limit: int, recover: bool = True) -> list[Job]:
                         PER_ENDPOINT)
         # The rows are locked (PostgreSQL) or the database is (SQLite's
         # BEGIN IMMEDIATE), so what was read is what gets claimed.
+        _record_lapsed([d for d in due if d.state == Delivery.State.SENDING], at)
         cancelled, superseded = [], set()
         unbound = [d for d in due if d.subscription.kind == Subscription.Kind.ITEM and d.item_id is None]
         if unbound:
@@ -190,6 +191,17 @@ def claim_due(limit: int, recover: bool = True) -> list[Job]:
         for delivery in due:
             jobs.append(_job(delivery))
     return jobs
+
+
+def _record_lapsed(lapsed: list[Delivery], at) -> None:
+    """The attempts of deliveries claimed again because their lease ran
+    out: their worker never recorded them (it died, or lost the database),
+    and the history showed no trace of them. `lease_expired`, started when
+    the lease did, lasting it."""
+    span = lease()
+    if rows := [(d.pk, d.attempts, (d.claimed_until or at) - span, int(span.total_seconds() * 1000), None,
+                 LEASE_EXPIRED, "") for d in lapsed if d.attempts]:
+        insert_attempts(rows)
 
 
 def _job(delivery: Delivery) -> Job:

@@ -121,6 +121,7 @@ def test_a_late_2xx_leaves_a_wake_that_a_newer_attempt_owns(world, receiver):
     engine.record([engine.Result(second, Outcome(204, None, 5), "k", now())])
     delivery.refresh_from_db()
     assert delivery.state == "delivered" and delivery.finished_at is not None and delivery.claimed_until is None
+    # (the first attempt was recorded as lease_expired when it was claimed again; its answer took that place)
     assert list(Attempt.objects.order_by("number").values_list("number", "status_code")) == [(1, 202), (2, 204)]
 
 
@@ -158,6 +159,13 @@ def test_only_a_recovering_claim_takes_a_lapsed_lease(world, receiver):
     # then: only the recovering claim takes it again, as the same wake
     assert busy == []
     assert [(j.delivery_id, j.number) for j in recovering] == [(lost.delivery_id, 2)]
+    # and the lost attempt is in the history (it was not: the worker died before recording it)
+    assert list(Attempt.objects.values_list("number", "error_class", "status_code")) == [(1, "lease_expired", None)]
+    # when: the second attempt is answered
+    with freeze(later):
+        engine.record([engine.Result(recovering[0], Outcome(204, None, 5), "k", now())])
+    assert list(Attempt.objects.order_by("number").values_list("number", "error_class", "status_code")) == [
+        (1, "lease_expired", None), (2, None, 204)]
 
 
 def test_a_retry_scheduled_by_a_clock_a_day_ahead_is_sent_at_once(world, receiver):
