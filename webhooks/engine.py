@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 import logging
 import random
 import time
@@ -36,8 +35,7 @@ from django.db import InterfaceError, OperationalError, connection, connections,
 
 from controlplane import faults
 from controlplane.access import receives_from
-from controlplane.clock import now, rfc3339
-from controlplane.cursors import caller_id, pack_cursor
+from controlplane.clock import now
 from controlplane.models import Member, Space
 from inbox import mailbox, notices
 from inbox.delivery import acknowledge_items, deliverable, oldest_pending
@@ -46,6 +44,7 @@ from webhooks import mcp, outbox
 from webhooks.due import (LEASE_EXPIRED, READY, anything_due, claimable, in_flight_of, insert_attempts, mark_delivered,
                           mark_sending, send_next_items, set_by_wrong_clock, soonest_claim_end, soonest_due_at)
 from webhooks.models import Delivery, Subscription
+from webhooks.wakes import wake_body
 
 if TYPE_CHECKING:  # aiohttp: the web processes import the engine, and send nothing
     from webhooks.transport import Outcome
@@ -96,35 +95,6 @@ class Job:
     request_ids: tuple[str, ...] = ()
     # The inbox item a push carries (a 2xx acknowledges it), if any.
     item_id: int | None = None
-
-
-def feed_cursor(subscription: Subscription, position: int) -> str:
-    """A cursor for the owner's feed this subscription follows (the space
-    feed, or the inbox feed), at `position`."""
-    stream = f"space:{subscription.space.public_id}" if subscription.kind == Subscription.Kind.SPACE else "inbox"
-    return pack_cursor((position,), caller=caller_id(subscription.owner), stream=stream)
-
-
-def wake_body(delivery: Delivery) -> str:
-    """The wake as the receiver gets it: cursors valid for the owner's feed."""
-    subscription = delivery.subscription
-    kind = ("spaces.events.available" if subscription.kind == Subscription.Kind.SPACE
-            else "spaces.inbox_events.available")
-
-    def cursor(position: int) -> str:
-        return feed_cursor(subscription, position)
-
-    body = {"type": kind, "id": delivery.public_id, "issuer": _issuer(),
-            "subscription": {"id": subscription.public_id, "version": subscription.version}}
-    if subscription.kind == Subscription.Kind.SPACE:
-        body["space"] = subscription.space.slug
-    body["event_range"] = {"after": cursor(delivery.after_position), "through": cursor(delivery.through_position)}
-    body["created_at"] = rfc3339(delivery.created_at)
-    return json.dumps(body, separators=(",", ":"))
-
-
-def _issuer() -> str:
-    return settings.SWITCHBOARD_PUBLIC_URL
 
 
 def may_receive(subscription: Subscription) -> bool:

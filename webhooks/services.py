@@ -14,7 +14,8 @@ from controlplane.errors import Conflict, InvalidRequest, LimitExceeded, NotFoun
 from controlplane.models import Conversation, LogHead, Member, Space
 from coordination.models import Task
 from webhooks import crypto, due
-from webhooks.engine import feed_cursor, lease
+from webhooks.engine import lease
+from webhooks.wakes import feed_cursor
 from webhooks.models import Delivery, Endpoint, SigningKey, Subscription
 from webhooks.outbox import extend_or_open, last_through
 from webhooks.destinations import validate_url
