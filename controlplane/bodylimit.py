@@ -4,7 +4,9 @@ Django's ASGI handler reads a whole body (spooling it to disk) before any
 view or parser can look at its size. This wrapper, outermost on HTTP, answers
 `413 BODY_TOO_LARGE` at once when `Content-Length` is over
 DATA_UPLOAD_MAX_MEMORY_SIZE, and counts a body sent without one (chunked),
-answering 413 as soon as it passes the limit, without reading further.
+answering 413 as soon as it passes the limit, without reading further; a
+body within it is replayed with its length declared, since what reads it
+(REST framework's parsers) reads nothing from a request that declares none.
 A refusal counts against its sender's address as an anonymous request
 does (429 past RATE_LIMIT_PER_MINUTE): it was a request no budget saw."""
 from __future__ import annotations
@@ -55,9 +57,12 @@ class BodyLimit:
             chunks.append(message.get("body", b""))
             if not message.get("more_body", False):
                 break
-        replayed = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+        body = b"".join(chunks)
+        replayed = [{"type": "http.request", "body": body, "more_body": False}]
 
         async def replay():
             return replayed.pop() if replayed else await receive()
 
+        headers = [(name, value) for name, value in scope.get("headers") or [] if name != b"transfer-encoding"]
+        scope = {**scope, "headers": [*headers, (b"content-length", str(len(body)).encode())]}
         return await self.application(scope, replay, send)

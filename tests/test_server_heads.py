@@ -14,7 +14,7 @@ import uvicorn
 
 from controlplane import uvicorn_process
 from controlplane.uvicorn_process import HEAD_MAX_BYTES, BoundedHead
-from tests.servers import serving
+from tests.servers import member_token, serving
 
 
 def exchange(base: str, head: bytes) -> bytes:
@@ -48,6 +48,33 @@ def test_a_head_past_its_limit_is_431_in_the_contracts_shape_and_one_within_it_i
                                               "large.", "details": {"max_bytes": HEAD_MAX_BYTES}}}
         assert served.startswith(b"HTTP/1.1 200 ")
         assert exchange(base, get(host)).startswith(b"HTTP/1.1 200 ")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_body_sent_without_a_length_is_read_as_one_with_it():
+    """Sent in chunks (`Transfer-Encoding: chunked`), a body was counted and
+    passed on, and then read by no parser: a PATCH of optional fields answered
+    200 having changed nothing, and malformed JSON made a credential."""
+    import httpx
+
+    token = member_token("ada")
+
+    def chunked(data: bytes):
+        yield data[:5]
+        yield data[5:]
+
+    with serving("--no-worker", "--workers", "1") as (base, _):
+        with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}",
+                                                  "Content-Type": "application/json"}) as http:
+            # when a credential is asked for with a name, and with a body that is not JSON, both in chunks
+            named = http.post("/v0/me/credentials", content=chunked(b'{"name": "laptop"}'))
+            malformed = http.post("/v0/me/credentials", content=chunked(b"{not json"))
+            listed = http.get("/v0/me/credentials").json()
+    # then the first is made with its name, the second refused
+    assert named.request.headers["transfer-encoding"] == "chunked"
+    assert (named.status_code, named.json()["name"]) == (201, "laptop")
+    assert (malformed.status_code, malformed.json()["error"]["code"]) == (400, "INVALID_REQUEST")
+    assert sorted(row["name"] for row in listed["credentials"]) == ["", "laptop"]
 
 
 @pytest.mark.parametrize("bad", [b"Idempotency-Key: abcdefg\x7f", b"Content-Length: abc",
