@@ -139,6 +139,10 @@ def validated(serializer_class, data) -> dict:
         # A query string may name a parameter twice, and which one counted
         # (the last) was the server's choice, never said.
         raise serializers.ValidationError({name: ["Given more than once."] for name in repeated})
+    if isinstance(data, QueryDict) and (blank := sorted(k for k, value in data.items() if value == "")):
+        # DRF reads an empty optional value as one not given: `cursor=`
+        # started a feed again from its oldest event, `limit=` took 50.
+        raise serializers.ValidationError({name: ["May not be empty."] for name in blank})
     serializer = serializer_class(data=data)
     serializer.is_valid(raise_exception=True)
     return serializer.validated_data

@@ -80,6 +80,21 @@ def test_a_query_parameter_given_twice_is_400_naming_it(space, as_alice, path):
     assert list(response.json()["error"]["details"]["fields"]) == [path.split("?")[1].split("=")[0]]
 
 
+@pytest.mark.parametrize("path", [
+    "/v0/spaces/lab/events?cursor=",
+    "/v0/spaces/lab/conversations?limit=",
+    "/v0/me/inbox?limit=5&wait_ms=",
+    "/v0/me/snapshot?page=",
+    "/v0/me/inbox/held?cursor=",
+    "/v0/spaces/lab/tasks?status=",
+])
+def test_a_query_parameter_given_empty_is_400_naming_it(space, as_alice, path):
+    # it was read as not given: an empty cursor started the feed again from its oldest event
+    response = as_alice.get(path)
+    assert response.status_code == 400 and response.json()["error"]["code"] == "INVALID_REQUEST"
+    assert list(response.json()["error"]["details"]["fields"]) == [path.rsplit("&", 1)[-1].split("?")[-1][:-1]]
+
+
 def test_a_snapshot_given_a_feeds_cursor_says_it_pages_with_page(as_alice):
     # it started again at its first page, silently
     response = as_alice.get("/v0/me/snapshot", cursor="anything")
