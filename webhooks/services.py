@@ -83,6 +83,8 @@ def _conversation_subjects(space: Space, subjects: list[dict], owner: Member) ->
         return None
     if len(subjects) > MAX_SUBJECTS:
         raise InvalidRequest(f"At most {MAX_SUBJECTS} subjects.")
+    if len({(subject.get("type"), subject.get("id")) for subject in subjects}) < len(subjects):
+        raise InvalidRequest("A subscription lists each subject once.")
     ids = []
     for subject in subjects:
         if subject.get("type") == "task":  # a task's events and its discussion are on its channel
@@ -98,7 +100,7 @@ def _conversation_subjects(space: Space, subjects: list[dict], owner: Member) ->
         if conversation is None or (restricted and not conversation.participants.filter(member=owner).exists()):
             raise NotFound("No such conversation in this space.", details={"subject": subject})
         ids.append(conversation.pk)
-    return ids
+    return list(dict.fromkeys(ids))  # a task and its channel are one conversation
 
 
 def check_limits(owner: Member, *, space: Space | None) -> None:

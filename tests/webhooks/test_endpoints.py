@@ -56,6 +56,7 @@ def test_the_secret_is_stored_encrypted(receiver, as_alice):
     "https://127.0.0.1:8443/hook",            # loopback, without the development flag
     "https://１２７.０.０.１:8443/hook",      # loopback in full-width digits, which IDNA maps to ASCII
     "ftp://receiver.example/",
+    "",                                      # was 400 INVALID_REQUEST, where every other one is 422
     "https:///nohost",
     "https://receiver.example/a b",
     "https://receiver.example/a\x7fb",      # DEL

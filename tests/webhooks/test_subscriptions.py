@@ -180,6 +180,15 @@ def test_subjects_must_be_visible_conversations_of_the_space(space, bob, carol, 
     assert response.status_code == 404 and not Subscription.objects.exists()
 
 
+def test_a_subscription_lists_each_subject_once(space, general, as_alice, endpoint):
+    # twenty copies of one subject were stored and shown
+    subject = {"type": "conversation", "id": general.public_id}
+    response = as_alice.post("/v0/spaces/lab/webhook-subscriptions", {"endpoint_id": endpoint,
+                                                                       "subjects": [subject, subject]})
+    assert response.status_code == 400 and error_code(response) == "INVALID_REQUEST"
+    assert not Subscription.objects.exists()
+
+
 def test_limits(space, alice, as_alice, endpoint):
     for _ in range(20):
         subscribe(as_alice, endpoint)

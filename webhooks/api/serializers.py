@@ -8,7 +8,7 @@ from controlplane.api.fields import (BoundedListField, StrictBooleanField, Stric
 
 class EndpointIn(StrictSerializer):
     # Its length too is webhooks.destinations.validate_url's to check (422 INVALID_URL).
-    url = StrictCharField(help_text="https:// only, at most 2048 characters")
+    url = StrictCharField(allow_blank=True, help_text="https:// only, at most 2048 characters")
     secret = StrictCharField(required=False, allow_null=True, max_length=200,
                              help_text="Optional Standard Webhooks secret, whsec_…; never returned")
 
