@@ -133,20 +133,23 @@ def create_space(*, slug: str, name: str, visibility: str, send_policy: str, act
 
 
 def _lock_owners(space: Space) -> None:
-    list(Membership.objects.select_for_update(no_key=True).filter(space=space, role=Membership.Role.OWNER,
-                                                                  status=Membership.Status.ACTIVE).order_by("id"))
+    """Who owns the space holds still until the caller's transaction ends.
+    The space's row is the lock: which rows are its owners changes as each
+    change commits, so locking those rows in id order was no single order
+    (owners demoting and removing each other at once deadlocked)."""
+    list(Space.objects.select_for_update(no_key=True).filter(pk=space.pk).values_list("pk"))
 
 
 def _lock_memberships(space: Space, member: Member) -> Membership | None:
-    """Lock the space's active owners (always first, in id order, so two
-    membership changes never deadlock) and `member`'s row; return the latter."""
+    """Lock the space's owners (always first) and `member`'s row; return the latter."""
     _lock_owners(space)
     return Membership.objects.select_for_update(no_key=True).filter(space=space, member=member).first()
 
 
 def _keep_an_owner(space: Space, leaving: Membership) -> None:
-    """A space keeps at least one owner. The caller holds the owner rows'
-    locks, so two owners demoting or removing each other cannot both pass."""
+    """A space keeps at least one owner. The caller holds the owners' lock
+    (`_lock_owners`), so two owners demoting or removing each other cannot
+    both pass."""
     if leaving.role != Membership.Role.OWNER or leaving.status != Membership.Status.ACTIVE:
         return
     others = (Membership.objects.filter(space=space, role=Membership.Role.OWNER, status=Membership.Status.ACTIVE)
@@ -208,8 +211,8 @@ def require_owner(space: Space, actor: Member) -> None:
 
 
 def require_owner_locked(space: Space, actor: Member) -> None:
-    """`require_owner` under the owner rows' locks, in the caller's
-    transaction (as membership changes take them): an owner removed
+    """`require_owner` under the owners' lock, in the caller's
+    transaction (as membership changes take it): an owner removed
     meanwhile cannot act once the removal commits."""
     _lock_owners(space)
     require_owner(space, actor)
@@ -222,7 +225,7 @@ def add_member(space: Space, member: Member, *, role: str | None = None, actor: 
         raise InvalidRequest("role must be owner, member or observer.", details={"role": role})
     with transaction.atomic():
         current = _lock_memberships(space, member)
-        require_owner(space, actor)  # under the owner rows' locks: a just-removed owner cannot act
+        require_owner(space, actor)  # under the owners' lock: a just-removed owner cannot act
         if not member.is_active:  # told to owners only
             raise Conflict("The member is suspended.")
         if space.archived and (current is None or current.status != Membership.Status.ACTIVE):
@@ -275,7 +278,7 @@ def remove_member(space: Space, member: Member, *, actor: Member) -> None:
     with transaction.atomic():
         membership = _lock_memberships(space, member)
         if member.pk != actor.pk:
-            require_owner(space, actor)  # under the owner rows' locks: a just-removed owner cannot act
+            require_owner(space, actor)  # under the owners' lock: a just-removed owner cannot act
         if membership is None or membership.status == Membership.Status.REMOVED:
             raise NotFound("Not a member of this space.")
         _keep_an_owner(space, membership)

@@ -382,3 +382,51 @@ def test_the_same_group_made_twice_at_once_at_the_cap_is_found_not_refused(monke
     second.join(20)
     # then: one made it, the other found it
     assert results == {"first": True, "second": False}
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_owners_changing_each_others_memberships_at_once_never_deadlock():
+    """Which rows are a space's owners changes as each change commits, so
+    locking the owners' rows in id order was no single order: two owners
+    demoting, promoting and removing each other at once deadlocked, and
+    PostgreSQL broke the cycle after a second with an error (503)."""
+    import random
+    import threading
+
+    from django.db import OperationalError, connections
+
+    from controlplane.errors import ApiError
+
+    handles = ["alice", "bob", "carol", "dave"]
+    members = [services.create_member(h, actor=None) for h in handles]
+    space = services.create_space(slug="lab", name="Lab", visibility="private", send_policy="open", actor=members[0])
+    for member in members[1:]:
+        services.add_member(space, member, role="owner", actor=members[0])
+    failures, start = [], threading.Barrier(len(members))
+
+    def churn(index: int):
+        chance, actor = random.Random(index), Member.objects.get(pk=members[index].pk)
+        try:
+            start.wait(10)
+            for _ in range(40):
+                other = chance.choice([m for m in members if m.pk != actor.pk])
+                try:
+                    if chance.random() < 0.2:
+                        services.remove_member(space, other, actor=actor)
+                    else:
+                        services.add_member(space, other, role=chance.choice(["owner", "member"]), actor=actor)
+                except ApiError:
+                    pass  # not an owner just now, or the last one: refusals are the point
+                except OperationalError as exc:
+                    failures.append(repr(exc))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=churn, args=(i,)) for i in range(len(members))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert failures == []
+    assert Membership.objects.filter(space=space, role="owner", status="active").exists()
