@@ -134,13 +134,15 @@ def approve(request: ApprovalRequest, *, actor: Member) -> ApprovalRequest:
             # Away from the space since: the message would go to no one it was approved for.
             raise Conflict("The retained message cannot be sent as approved: "
                            f"{', '.join(gone)} no longer belong to the space.", details={"recipients": gone})
-        if not result.created:  # sent meanwhile under other authority with the same key: these went unused
-            Grant.objects.filter(pk__in=[grant.pk for grant in made]).delete()
-        else:
-            # Recorded as create_grant records one, after the send: the send
-            # takes the mailboxes before the log head, as every writer does.
-            used = Grant.objects.filter(pk__in=[grant.pk for grant in made]).select_related(
-                "space", "sender", "recipient", "message", "created_by").order_by("pk")
+        # What the send did not use (it went, or had gone, under other
+        # authority with the same key: an owner's one-message grant, a pair
+        # grant) could authorize nothing else: its key is spent.
+        made = [grant.pk for grant in made]
+        Grant.objects.filter(pk__in=made, message__isnull=True).delete()
+        # Recorded as create_grant records one, after the send: the send
+        # takes the mailboxes before the log head, as every writer does.
+        if used := list(Grant.objects.filter(pk__in=made).select_related(
+                "space", "sender", "recipient", "message", "created_by").order_by("pk")):
             append_events([grant_event("grant.created", grant, actor_id=actor.pk) for grant in used])
         request.status, request.decided_by, request.decided_at = ApprovalRequest.Status.APPROVED, actor, now()
         request.message = result.message

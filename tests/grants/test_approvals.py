@@ -242,6 +242,23 @@ def test_approving_a_message_already_sent_leaves_no_unused_grant(locked, bob_to_
     assert not Grant.objects.filter(kind="one_message").exists()
 
 
+def test_approving_a_message_sent_under_an_owners_grant_of_its_key_leaves_no_unused_grant(
+        requested, bob_to_carol, as_alice, as_root, as_carol):
+    # given: while bob's request waits, the space's owner makes a one-message grant for its key
+    made = as_alice.post("/v0/spaces/vault/grants", {"id": "grt_owners", "kind": "one_message", "sender": "@bob",
+                                                      "recipient": "@carol", "idempotency_key": KEY["Idempotency-Key"]})
+    # when an admin approves the request
+    approved = as_root.post(f"/v0/approval-requests/{requested['id']}/approve")
+    # then: the message went under the owner's grant, the older one, and the approval's own is gone: it was
+    # left in force for good, unusable (its key spent), its creation told to both parties
+    message = approved.json()["approval_request"]["message"]
+    assert made.status_code == 201 and approved.status_code == 200
+    assert list(Grant.objects.values_list("public_id", "message__public_id")) == [("grt_owners", message)]
+    created = [e["data"]["grant"]["id"] for e in as_carol.get("/v0/me/inbox/events").json()["events"]
+               if e["kind"] == "grant.created"]
+    assert created == ["grt_owners"]
+
+
 def test_a_keyed_decision_answers_its_retry_and_a_malformed_key_decides_nothing(requested, as_root):
     # given
     approve = f"/v0/approval-requests/{requested['id']}/approve"
