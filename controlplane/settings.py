@@ -62,15 +62,16 @@ SERVE_WORKERS = env_int("SERVE_WORKERS", 0)
 # long is killed and started again on its socket (controlplane.uvicorn_process);
 # 0: never, else at least 3.
 SERVE_HEALTHCHECK_SECONDS = env_int("SERVE_HEALTHCHECK_SECONDS", 10)
-def _bound_url(bind: str) -> str:
+def bound_url(bind: str) -> str:
     """The URL a local browser reaches `serve` at, from its HOST:PORT."""
     host, _, port = bind.rpartition(":")
     host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1"}.get(host, host).strip("[]")
     return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
-# Default: where SWITCHBOARD_BIND serves (bootstrap's links named port 8000 whatever it was).
-SWITCHBOARD_PUBLIC_URL = (os.environ.get("SWITCHBOARD_PUBLIC_URL") or _bound_url(SWITCHBOARD_BIND)).rstrip("/")
+# Default: where SWITCHBOARD_BIND serves (bootstrap's links named port 8000 whatever it was);
+# `serve --bind` and `cluster --bind` set it for their processes.
+SWITCHBOARD_PUBLIC_URL = (os.environ.get("SWITCHBOARD_PUBLIC_URL") or bound_url(SWITCHBOARD_BIND)).rstrip("/")
 WEBHOOK_ALLOW_PRIVATE_NETWORKS = env_bool("WEBHOOK_ALLOW_PRIVATE_NETWORKS", False)
 WEBHOOK_CA_BUNDLE = os.environ.get("WEBHOOK_CA_BUNDLE") or None
 # How long a worker holds a wake it is sending before another may take it

@@ -50,7 +50,7 @@ def test_a_send_wakes_the_receiver_which_reads_the_feed(receiver, https_receiver
                           headers=bob).json()["message"]
         (wake,) = receiver.wait_for(lambda requests: len(requests) >= 1, timeout=30)
         # then: the wake verifies against the published keys
-        verifier = WakeVerifier(lambda: fetch_signing_keys(base), issuer="http://127.0.0.1:8000")
+        verifier = WakeVerifier(lambda: fetch_signing_keys(base), issuer=base)  # where `serve --bind` serves
         body = verifier.verify(wake.headers, wake.body)
         assert body["type"] == "spaces.inbox_events.available"
         # and the feed from its range holds the message

@@ -20,6 +20,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from controlplane.processes import StopRequest, descendants, in_group, kill_all
+from controlplane.settings import bound_url
 
 log = logging.getLogger(__name__)
 STOP_GRACE_SECONDS = 10
@@ -216,6 +217,9 @@ class Command(BaseCommand):
         call_command("recover")  # persisted barriers finish before anything is served
         sockets = listening_sockets(host, port, workers) if server == "uvicorn" else []
         port = sockets[0].getsockname()[1] if sockets else port
+        # Its processes name where they serve (the issuer of every wake, links
+        # in payloads) after --bind, not after SWITCHBOARD_BIND's default.
+        os.environ.setdefault("SWITCHBOARD_PUBLIC_URL", bound_url(f"{host}:{port}"))
         # Listen first: a signal between two spawns must not leave a child
         # behind. Each child leads its own process group, so Ctrl-C reaches
         # only this process, which stops them in order, and what a child
