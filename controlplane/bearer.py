@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import transaction
+from django.dispatch import Signal
 
 from controlplane import audit
 from controlplane.errors import LimitExceeded, RateLimited
@@ -12,6 +13,11 @@ from controlplane.ratelimit import hit
 from controlplane.tokens import hash_token, new_bearer_token
 
 MAX_CREDENTIALS = 20
+
+# Sent (with `credential`) in a revocation's transaction, before the row
+# goes: apps above this one end what the credential set going (webhooks:
+# the MCP push subscriptions it made, which send whole messages).
+credential_revoked = Signal()
 
 
 def issue_credential(member: Member, *, actor: Member | None, name: str = "") -> tuple[Credential, str]:
@@ -36,4 +42,5 @@ def revoke_credential(credential: Credential, *, actor: Member | None) -> None:
     with transaction.atomic():
         audit.record("credential.revoked", credential.member.public_id, actor=actor,
                      credential=credential.public_id)
+        credential_revoked.send(sender=Credential, credential=credential)
         credential.delete()  # its streams end once this commits (controlplane.api.authentication)

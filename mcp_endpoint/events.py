@@ -294,7 +294,8 @@ async def subscribe(ctx, params: SubscribeParams) -> dict:
     source, arguments = _select(params)
     url, secret = _delivery(params, needs_secret=True)
     try:
-        return await db_call(pushed.subscribe)(member, source.name, arguments, url, secret, ttl_ms=params.ttl_ms)
+        return await db_call(pushed.subscribe)(member, source.name, arguments, url, secret, ttl_ms=params.ttl_ms,
+                                               credential_id=ctx.request.scope.get(CREDENTIAL_KEY))
     except VerificationFailed as failure:
         raise verification_error(failure) from None
     except ApiError as error:

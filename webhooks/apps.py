@@ -43,6 +43,10 @@ class WebhooksConfig(AppConfig):
         from controlplane.models import Member
 
         post_save.connect(_offer_on_reinstatement, sender=Member, dispatch_uid="webhooks.offer_on_reinstatement")
+        from controlplane.bearer import credential_revoked
+        from webhooks.mcp import end_for_credential
+
+        credential_revoked.connect(end_for_credential, dispatch_uid="webhooks.end_for_credential")
         from controlplane.log import register_append_hook
         from inbox.mailbox import register_acknowledged_hook
         from webhooks.outbox import acknowledged, enqueue_wakes

@@ -43,7 +43,7 @@ from controlplane.clock import now, rfc3339
 from controlplane.cursors import caller_id, pack_cursor
 from controlplane.errors import Conflict, InvalidUrl, LimitExceeded, NotFound
 from controlplane.keys import purpose_key
-from controlplane.models import Member, Space
+from controlplane.models import Credential, Member, Space
 from coordination.models import Task
 from inbox.delivery import deliverable, pending_count
 from inbox.models import InboxItem
@@ -86,12 +86,14 @@ def lease_for(ttl_ms: int | None) -> dt.timedelta:
 
 
 def subscribe(member: Member, name: str, arguments: dict, url: str, secret: str, *, ttl_ms: int | None,
-              resolver=None) -> dict:
+              resolver=None, credential_id: str | None = None) -> dict:
     """Create or refresh the subscription for this identity; verify the
     receiver first when its URL and secret are not verified yet. Returns
     `{id, refreshBefore, cursor, truncated}`. A subscription its receiver
     rejected for good (410, 413) is not revived by a refresh: unsubscribe
-    and subscribe again once the receiver is fixed."""
+    and subscribe again once the receiver is fixed. It is the credential's
+    (`credential_id`, the public id) that made or last refreshed it:
+    revoking that one deletes it (`end_for_credential`)."""
     # Imported here: webhooks.services imports the engine, which imports this module.
     from webhooks.services import catch_up_locked
     from webhooks.verification import verify_endpoint
@@ -124,7 +126,8 @@ def subscribe(member: Member, name: str, arguments: dict, url: str, secret: str,
                                               mcp_arguments=arguments,
                                               conversation_ids=[task.conversation_id] if task else None)
         _store_secret(row.endpoint_id, candidate.secret, verified_at, rotate=live)
-        fields = {"lease_expires_at": lease_until}
+        fields = {"lease_expires_at": lease_until,
+                  "credential": Credential.objects.filter(public_id=credential_id, member=member).first()}
         if not live:  # new, or deleted before: starts afresh from now
             fields.update(status=Subscription.Status.INACTIVE, activation_position=None, terminal=False,
                           suspended_reason=None, suspended_error=None, suspended_at=None, deleted_at=None)
@@ -217,6 +220,16 @@ def unsubscribe(member: Member, name: str, arguments: dict, url: str) -> bool:
             return False
         _delete([subscription])
     return True
+
+
+def end_for_credential(sender, credential: Credential, **kwargs) -> None:
+    """Delete the subscriptions `credential` made or last refreshed, in its
+    revocation's transaction (controlplane.bearer.credential_revoked): they
+    send whole messages, and a token taken and then revoked kept them going
+    until their lease ran out, up to a week."""
+    Member.take_turns(credential.member_id)  # as subscribe and unsubscribe do
+    _delete(Subscription.objects.filter(credential=credential, mcp_name__isnull=False)
+            .exclude(status=Subscription.Status.DELETED))
 
 
 def reap_deleted(limit: int = 1000) -> int:

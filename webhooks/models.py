@@ -5,7 +5,7 @@ from django.db import models
 from django.db.models import Q
 
 from controlplane.clock import now
-from controlplane.models import Member, Space
+from controlplane.models import Credential, Member, Space
 from controlplane.tokens import public_id
 
 
@@ -120,6 +120,8 @@ class Subscription(models.Model):
     mcp_name = models.CharField(max_length=64, null=True, blank=True)
     mcp_arguments = models.JSONField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # The credential that made or last refreshed it: revoking that ends it.
+    credential = models.ForeignKey(Credential, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
 
     @property
     def managed(self) -> bool:

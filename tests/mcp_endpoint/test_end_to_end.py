@@ -400,3 +400,29 @@ def test_the_example_client_drains_the_inbox_then_follows_the_stream():
         inbox = httpx.get(f"{base}/v0/me/inbox", headers=bearer(ada)).json()["items"]
     assert [line["item"]["content"] for line in lines if "item" in line] == ["live"]
     assert inbox == []  # both acknowledged
+
+
+def test_revoking_the_credential_that_subscribed_stops_its_pushes(receiver, https_receiver):
+    # given: ada subscribes with a second credential of hers
+    ada, bo = token_for("ada"), token_for("bo")
+    mcp_receiver(receiver)
+    with serving(**receiver_env(https_receiver)) as (base, _):
+        conversation = direct_between(base, ada, bo)
+        second = httpx.post(f"{base}/v0/me/credentials", json={"name": "agent"}, headers=bearer(ada)).json()
+        subscribe(base, second["token"], receiver)
+        send(base, bo, conversation, "before")
+        receiver.wait_for(lambda rs: len(pushed(rs)) >= 1, timeout=60)
+        deadline = time.monotonic() + 30  # its 2xx recorded, the item acknowledged
+        while httpx.get(f"{base}/v0/me/inbox", headers=bearer(ada)).json()["items"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        # when: she revokes it, and another message comes
+        revoked = httpx.delete(f"{base}/v0/me/credentials/{second['id']}", headers=bearer(ada))
+        after = send(base, bo, conversation, "after")
+        time.sleep(3)  # room for a push to show up
+        inbox = httpx.get(f"{base}/v0/me/inbox", headers=bearer(ada)).json()["items"]
+        listed = httpx.get(f"{base}/v0/me/inbox-subscriptions", headers=bearer(ada)).json()["subscriptions"]
+    # then: nothing more was pushed; the item waits in her inbox; the subscription is gone
+    assert revoked.status_code == 204
+    assert [r.json()["data"]["item"]["content"] for r in pushed(receiver.requests)] == ["before"]
+    assert [i["item"].get("postId") for i in inbox] == [after["id"]]
+    assert listed == []

@@ -11,7 +11,7 @@ from controlplane import services
 from controlplane.clock import freeze, now
 from controlplane.errors import LimitExceeded
 from inbox.services import send_message
-from tests.mcp_endpoint.test_push import pump, pushes, subscribe
+from tests.mcp_endpoint.test_push import SECRET, pump, pushes, subscribe
 from webhooks import engine, mcp
 from webhooks.models import Delivery, Endpoint, Subscription
 from webhooks.transport import Outcome
@@ -111,3 +111,28 @@ def test_a_reinstated_members_pushes_go_on_at_once(world, receiver):
     assert Delivery.objects.filter(subscription=subscription, state=Delivery.State.OPEN).count() == 1
     pump()
     assert [json.loads(r.body)["data"]["item"]["content"] for r in pushes(receiver)] == ["while she was away"]
+
+
+def test_revoking_the_credential_that_made_or_last_refreshed_a_subscription_ends_it(world, receiver):
+    """Pushes send whole messages: a token taken, then revoked, kept a
+    subscription of its making pushing (and acknowledging) its member's
+    items until the lease ran out, up to a week, and the member's REST
+    routes may not touch it."""
+    from controlplane import bearer
+
+    # given: one subscription made with a credential, one refreshed with another
+    taken, kept = (bearer.issue_credential(world["ada"], actor=None)[0] for _ in range(2))
+    made = mcp.subscribe(world["ada"], mcp.ITEM, {}, world["url"], SECRET, ttl_ms=None,
+                         credential_id=taken.public_id)
+    other_url = receiver.url("/other")
+    mcp.subscribe(world["ada"], mcp.ITEM, {}, other_url, SECRET, ttl_ms=None, credential_id=taken.public_id)
+    other = mcp.subscribe(world["ada"], mcp.ITEM, {}, other_url, SECRET, ttl_ms=None, credential_id=kept.public_id)
+    # when the first credential is revoked, and a message comes
+    bearer.revoke_credential(taken, actor=world["ada"])
+    send_message(world["direct"], body="after the revocation", actor=world["bo"])
+    pump()
+    # then: its subscription is deleted; the refreshed one goes on
+    status = dict(Subscription.objects.values_list("public_id", "status"))
+    assert status == {made["id"]: "deleted", other["id"]: "active"}
+    assert [(r.path, r.json()["data"]["item"]["content"]) for r in pushes(receiver)] == [
+        ("/other", "after the revocation")]
