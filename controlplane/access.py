@@ -78,6 +78,14 @@ def space_readable_by_row_member(space: str, member: str = "member_id") -> Q:
             | Exists(memberships))
 
 
+def space_received_by_row_member(space: str, member: str = "member_id") -> Q:
+    """`receives_from` as such a filter: readable, and not removed from it
+    (an open space's removed members still read it, and receive nothing)."""
+    removed = Membership.objects.filter(member_id=OuterRef(member), space_id=OuterRef(f"{space}_id"),
+                                        status=Membership.Status.REMOVED)
+    return space_readable_by_row_member(space, member) & ~Exists(removed)
+
+
 def may_administer(space: Space, member: Member | None) -> bool:
     """Owners of the space, and active admins, administer it."""
     if is_active_admin(member):

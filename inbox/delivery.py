@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q, Subquery
 
-from controlplane.access import space_readable_by_row_member
+from controlplane.access import space_received_by_row_member
 from controlplane.clock import now
 from controlplane.db import Compiled, ids_in, model_columns, model_from_row
 from controlplane.errors import AuthorityRevoked, InvalidEventId, UnknownDelivery, UnknownEvent
@@ -35,19 +35,19 @@ class InboxPage:
     next: tuple[int, int, int] | None
 
 
-def _pending_in_order(member: Member, bound: int | None, after: tuple[int, int], *, readable_only: bool = False):
+def _pending_in_order(member: Member, bound: int | None, after: tuple[int, int], *, receivable_only: bool = False):
     """`member`'s pending admitted items after `after` (position, id), in
-    insertion order, up to the insertion bound; with `readable_only`, only
-    those of spaces the member may still read (what may be delivered to
-    them now: an item stays in the inbox of a member who left its space,
-    but is no longer pushed)."""
+    insertion order, up to the insertion bound; with `receivable_only`, only
+    those of spaces that still deliver to the member (`receives_from`: an
+    item stays in the inbox of a member who left or was removed from its
+    space, open ones included, but is no longer pushed)."""
     position, last_id = after
     rows = InboxItem.objects.filter(member=member, admission=InboxItem.Admission.ADMITTED,
                                     state=InboxItem.State.PENDING, position__gte=position)
     if bound is not None:
         rows = rows.filter(position__lte=bound)
-    if readable_only:
-        rows = rows.filter(space_readable_by_row_member("conversation__space"))
+    if receivable_only:
+        rows = rows.filter(space_received_by_row_member("conversation__space"))
     # `position__gte` repeats what the OR implies so the index seeks to the
     # cursor instead of scanning every earlier item.
     return (rows.filter(Q(position__gt=position) | Q(position=position, id__gt=last_id))
@@ -71,12 +71,12 @@ def held_back() -> Q:
 def deliverable(member):
     """`member`'s (a pk, or an OuterRef to one) pending items that may be
     delivered to them now, in the order `read_inbox` shows them: admitted,
-    not held back, of no space or of one they may still read."""
-    return _pending_in_order(member, None, (0, 0), readable_only=True)
+    not held back, of no space or of one that still delivers to them."""
+    return _pending_in_order(member, None, (0, 0), receivable_only=True)
 
 
 def oldest_pending(member_ids: Iterable[int]) -> dict[int, InboxItem]:
-    """For each of `member_ids` with a pending item they may still read
+    """For each of `member_ids` with a pending item they may still receive
     (SPEC §3: removal from a space stops all delivery from it), the item
     `read_inbox` would show them first of those (what a push subscription
     of their inbox offers next): two statements however many members. (As one, `id IN (the
