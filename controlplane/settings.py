@@ -268,6 +268,9 @@ else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
+Q_LOG_LEVEL = os.environ.get("Q_LOG_LEVEL", "").strip().upper() or "WARNING"
+if Q_LOG_LEVEL not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+    raise ImproperlyConfigured(f"Q_LOG_LEVEL is DEBUG, INFO, WARNING, ERROR or CRITICAL, not {Q_LOG_LEVEL!r}.")
 Q_CLUSTER = {
     "name": REDIS_NAMESPACE,
     "workers": env_int("Q_WORKERS", 2, minimum=1),
@@ -279,7 +282,7 @@ Q_CLUSTER = {
     "max_attempts": 1,
     "catch_up": False,
     "save_limit": 1000,
-    "log_level": os.environ.get("Q_LOG_LEVEL", "WARNING"),
+    "log_level": Q_LOG_LEVEL,
 }
 if REDIS_URL:
     Q_CLUSTER["redis"] = REDIS_URL
@@ -349,15 +352,23 @@ if LOG_FORMAT not in {"plain", "json"}:
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "").strip().upper()
 if LOG_LEVEL not in {"", "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
     raise ImproperlyConfigured(f"LOG_LEVEL is DEBUG, INFO, WARNING, ERROR or CRITICAL, not {LOG_LEVEL!r}.")
+# DEBUG is for Switchboard's own loggers: libraries log whole answers at
+# DEBUG (sse_starlette every chunk of an MCP answer, delivery tokens and
+# message bodies in it), so theirs stay at INFO at most.
+LIBRARY_LOG_LEVEL = "INFO" if LOG_LEVEL == "DEBUG" else LOG_LEVEL or "WARNING"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
                    "json": {"()": "controlplane.tracing.JsonFormatter"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
-    "root": {"handlers": ["console"], "level": LOG_LEVEL or "WARNING"},
+    "root": {"handlers": ["console"], "level": LIBRARY_LOG_LEVEL},
     "loggers": {
-        "switchboard": {"level": LOG_LEVEL or "INFO", "propagate": True},
+        **{name: {"level": LOG_LEVEL or ("INFO" if name == "switchboard" else "WARNING"), "propagate": True}
+           for name in ("switchboard", "controlplane", "inbox", "grants", "webhooks", "coordination",
+                        "mcp_endpoint", "web")},
+        # django-q2 sets its own level only where nothing has a handler.
+        "django-q": {"level": Q_LOG_LEVEL, "propagate": True},
         # 4xx answers are the API working as specified, not server warnings.
         "django": {"handlers": ["console"], "level": "WARNING", "propagate": False},
         "django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False},

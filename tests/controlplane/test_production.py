@@ -39,10 +39,22 @@ def test_the_deployment_check_finds_nothing_to_report():
     ({"REDIS_URL": "http://user:hunter2@cache"}, "REDIS_URL is redis://, rediss:// or unix:// (redis://host:6379/0), "
                                                  "not 'cache'."),
     ({"LOG_LEVEL": "loud"}, "LOG_LEVEL is DEBUG, INFO, WARNING, ERROR or CRITICAL, not 'LOUD'."),
+    ({"Q_LOG_LEVEL": "loud"}, "Q_LOG_LEVEL is DEBUG, INFO, WARNING, ERROR or CRITICAL, not 'LOUD'."),
 ])
 def test_a_setting_that_cannot_be_stops_with_one_line_naming_it(setting, told):
     result = manage("check", **setting)
     assert result.returncode == 1 and result.stderr == f"manage.py: {told}\n"  # no traceback, no password
+
+
+def test_debug_logging_is_switchboards_own_and_the_task_queue_takes_its_own_level():
+    """Libraries log whole answers at DEBUG: with LOG_LEVEL=DEBUG every chunk
+    of an MCP answer (delivery tokens, message bodies) went to the log.
+    Q_LOG_LEVEL did nothing: django-q2 sets it only where no logger has a handler."""
+    names = ["sse_starlette.sse", "mcp.server.streamable_http", "switchboard.send", "webhooks.engine", "django-q"]
+    result = manage("shell", "-c", "import logging; print(*(logging.getLogger(name).getEffectiveLevel() "
+                    f"for name in {names!r}))", LOG_LEVEL="debug", Q_LOG_LEVEL="error")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[-2] == "20 20 10 10 40"
 
 
 def test_the_deployment_check_warns_of_a_host_check_turned_off():
