@@ -107,3 +107,33 @@ class RequestId:
             end_request(token)
         response[HEADER] = request_id
         return response
+
+
+class ApiAnswersNoStore:
+    """API answers are their caller's own (a new credential's token,
+    delivery tokens, message bodies): `Cache-Control: no-store`, as the web
+    app's pages and `/mcp` say, unless the view said otherwise. A browser
+    calls the API too (`/v0/docs/`)."""
+
+    async_capable = True
+    sync_capable = True
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request):
+        if self.is_async:
+            return self._acall(request)
+        return self._mark(request, self.get_response(request))
+
+    async def _acall(self, request):
+        return self._mark(request, await self.get_response(request))
+
+    @staticmethod
+    def _mark(request, response):
+        if request.path.startswith("/v0/"):
+            response.headers.setdefault("Cache-Control", "no-store")
+        return response

@@ -165,6 +165,7 @@ INSTALLED_APPS = [
 # Short and async-capable: every sync layer costs a thread hop under ASGI.
 MIDDLEWARE = [
     "controlplane.middleware.RequestId",
+    "controlplane.middleware.ApiAnswersNoStore",
     "controlplane.middleware.HostCheck",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -40,6 +40,14 @@ def test_unknown_routes_count_against_the_callers_address(settings, anon, space)
     assert statuses == [404, 200, 404, 429]
 
 
+def test_api_answers_are_kept_by_no_cache(as_alice, space):
+    # a new credential's token, delivery tokens and bodies came with no Cache-Control at all
+    answers = [as_alice.post("/v0/me/credentials", {"name": "laptop"}), as_alice.get("/v0/me/inbox"),
+               as_alice.get("/v0/me/inbox/events", wait_ms=0), as_alice.get("/v0/spaces/lab/events", wait_ms=0),
+               as_alice.get("/v0/no-such-route")]
+    assert [a["Cache-Control"] for a in answers] == ["no-store"] * 5
+
+
 def test_wrong_method_is_json_405(as_alice):
     response = as_alice.delete("/v0/me")
     assert response.status_code == 405
