@@ -21,6 +21,8 @@ DUE_TOPIC = "switchboard.webhooks.due"
 TIMER_KEY = "webhooks:timer"
 # Held from the timer's asking for a helper run to that run's end (webhooks.tasks.ask_for_help).
 HELPER_KEY = "webhooks:helper"
+# Held from a timer's queueing of the run that takes it over to that run's start (webhooks.tasks).
+SUCCESSOR_KEY = "webhooks:timer-next"
 
 
 def kick_on_commit() -> None:
@@ -40,8 +42,8 @@ def nudge_timer_on_commit() -> None:
 
 
 def _kick_unless_timed() -> None:
-    if live.shared_layer() and cache.get(TIMER_KEY):
-        return  # a queued task would race the timer for the same rows, from a cold start
+    if live.shared_layer() and cache.get_many([TIMER_KEY, SUCCESSOR_KEY]):
+        return  # a queued task would race the timer (or its next run) for the same rows, from a cold start
     live.kick("webhooks.tasks.deliver")
 
 

@@ -16,7 +16,7 @@ from django.db import connection
 from controlplane import live
 from controlplane.clock import timestamp
 from webhooks import engine, mcp, pump, reaper
-from webhooks.due import HELPER_KEY, TIMER_KEY
+from webhooks.due import HELPER_KEY, SUCCESSOR_KEY, TIMER_KEY
 
 log = logging.getLogger(__name__)
 
@@ -52,20 +52,40 @@ HELPER_KEY_SECONDS = 3 * HELP_SECONDS
 # a burst soon after finds it with its connections open, where a new helper
 # would open them again.
 HELP_LINGER_SECONDS = 2.0
+# A timer that ends queues the run that takes it over, and holds
+# SUCCESSOR_KEY (that run's token) until the run starts: meanwhile other
+# runs (the minute's sweep, a kick) send what is due now and leave the timer
+# to it. With one worker, whose queue runs one task at a time, every sweep
+# found the timer's key free and became a timer too, queueing a next run of
+# its own: one chain more a minute, and the queue grew without end. The key
+# lapses if its run never starts.
+SUCCESSOR_KEY_SECONDS = 2 * RUN_SECONDS
 
 
-def deliver() -> int:
+def _queue_successor() -> None:
+    from django_q.tasks import async_task
+
+    token = secrets.token_hex(8)
+    cache.set(SUCCESSOR_KEY, token, timeout=SUCCESSOR_KEY_SECONDS)
+    async_task("webhooks.tasks.deliver", token)
+
+
+def deliver(successor: str = "") -> int:
     """Send what is due. One worker at a time (per cache) is also the timer:
     it stays for the run, sending each wake as its debounce window or retry
     time comes, nudged by every new one (webhooks.due); the others send what
     is due now and return. Kicked after a new wake commits while no timer
-    runs, and swept once a minute."""
-    from django_q.tasks import async_task
-
+    runs, and swept once a minute; `successor`: queued by the timer before
+    it, which this run takes over from."""
     mcp.offer_waiting()
     shared = live.shared_layer()
-    host_lock = None if shared else _host_timer()
-    timer = (shared or host_lock is not None) and cache.add(TIMER_KEY, timestamp(), timeout=TIMER_KEY_SECONDS)
+    awaited = cache.get(SUCCESSOR_KEY)
+    if successor and awaited == successor:
+        cache.delete(SUCCESSOR_KEY)
+        awaited = None
+    host_lock = None if shared or awaited is not None else _host_timer()
+    timer = (awaited is None and (shared or host_lock is not None)
+             and cache.add(TIMER_KEY, timestamp(), timeout=TIMER_KEY_SECONDS))
     renew = (lambda: cache.set(TIMER_KEY, timestamp(), timeout=TIMER_KEY_SECONDS)) if timer else None
     handed_over = False
 
@@ -84,7 +104,7 @@ def deliver() -> int:
         nonlocal handed_over
         let_go()
         handed_over = True
-        async_task("webhooks.tasks.deliver")
+        _queue_successor()
 
     was_timer = timer
     try:
@@ -103,7 +123,7 @@ def deliver() -> int:
     # one timer also hands over after a run that sent anything: more is
     # likely to come.
     if was_timer and not handed_over and ((shared and sent) or engine.next_due_in(60) is not None):
-        async_task("webhooks.tasks.deliver")  # the next run takes over the timer
+        _queue_successor()
     return sent
 
 

@@ -141,6 +141,39 @@ def test_a_timer_run_hands_over_while_it_sent_anything_or_anything_falls_due(mon
     assert cache.get(due.TIMER_KEY) is None
 
 
+def test_runs_that_start_while_the_next_timer_is_queued_leave_the_timer_to_it(monkeypatch):
+    """With one worker the queue runs one task at a time, so each minute's
+    sweep found the timer's key free and became a timer too, queueing a next
+    run of its own: a chain more a minute, and the queue grew without end."""
+    from django_q import tasks as q_tasks
+
+    from webhooks import engine, tasks
+
+    queued, runs, kicked = [], [], []
+    monkeypatch.setattr("controlplane.live.shared_layer", lambda: True)
+    monkeypatch.setattr("controlplane.live.kick", lambda task, *args: kicked.append(task))
+    monkeypatch.setattr(q_tasks, "async_task", lambda name, *args: queued.append(args))
+    monkeypatch.setattr(tasks.mcp, "offer_waiting", lambda: None)
+    monkeypatch.setattr(engine, "next_due_in", lambda horizon: None)
+
+    async def run(seconds, wait, **kwargs):
+        runs.append(wait)
+        return 1  # each run sent something
+
+    monkeypatch.setattr(tasks.pump, "run", run)
+    cache.delete_many([due.TIMER_KEY, due.SUCCESSOR_KEY])
+    # given: a timer's run that ends having sent, so it queues the next
+    tasks.deliver()
+    (token,) = queued.pop()
+    # when: the minute's sweep and a kick come before that run starts, and then it starts
+    tasks.deliver()
+    due._kick_unless_timed()
+    tasks.deliver(token)
+    # then: the sweep sent what was due and queued nothing; the kick queued nothing; the next run was the timer
+    assert runs == [True, False, True] and kicked == []
+    assert len(queued) == 1 and queued[0] != (token,)
+
+
 def test_a_timer_whose_time_is_up_hands_over_before_its_slowest_send_answers(world, receiver):
     """A run whose time was up waited for its sends in flight, up to a
     request's 15 s, keeping the timer's key: nothing else was sent, to
