@@ -91,9 +91,10 @@ def fresh_channel_layer():
 
 @pytest.fixture(autouse=True)
 def fresh_rate_limits():
-    """Each test starts with no rate-limit or verification marks (they live
-    in the cache). On Redis only those keys go: the database also holds the
-    channel layer and the task broker of servers the tests run."""
+    """Each test starts with no rate-limit or verification marks, and no
+    delivery timer's next run awaited (they live in the cache). On Redis
+    only those keys go: the database also holds the channel layer and the
+    task broker of servers the tests run."""
     from django.core.cache import cache
 
     client = getattr(getattr(cache, "_cache", None), "get_client", None)
@@ -101,7 +102,7 @@ def fresh_rate_limits():
         cache.clear()
         return
     redis = client(write=True)
-    for pattern in ("*:rl:*", "*:verify:*"):
+    for pattern in ("*:rl:*", "*:verify:*", "*:webhooks:timer-next"):
         keys = list(redis.scan_iter(match=pattern, count=1000))
         if keys:
             redis.delete(*keys)

@@ -19,12 +19,15 @@ def _resume_on_spawn(sender, proc_name, **kwargs):
 
 
 def _offer_on_reinstatement(sender, instance, update_fields=None, **kwargs):
-    """A reinstated member's pushed items go on at once, not at the next
-    minute's sweep (their deliveries were cancelled while suspended)."""
+    """A reinstated member's wakes and pushed items go on at once, not at
+    the next minute's sweep: those that fell due while they were suspended
+    waited (webhooks.due.sendable)."""
     if update_fields and "status" in update_fields and instance.status == instance.Status.ACTIVE:
+        from webhooks.due import kick_on_commit
         from webhooks.mcp import offer_waiting
 
         offer_waiting(instance.pk)
+        kick_on_commit()
 
 
 class WebhooksConfig(AppConfig):

@@ -49,13 +49,19 @@ def _kick_unless_timed() -> None:
 
 def sendable(at: str = "%(at)s", subscription: str = "s") -> str:
     """Whether the subscription `subscription` (its alias) may send at `at`
-    (a placeholder): active, and within its lease (MCP-managed ones have
-    one; past it nothing is sent, nothing lost). Every read of the rule
-    states it through here: the claim, the timer's next wake, a push's
-    hand-off, the sweep's offer (webhooks.mcp.offer_waiting) and the health
-    figures."""
+    (a placeholder): active, within its lease (MCP-managed ones have one;
+    past it nothing is sent, nothing lost), and its owner not suspended.
+    Every read of the rule states it through here: the claim, the timer's
+    next wake, a push's hand-off, the sweep's offer
+    (webhooks.mcp.offer_waiting) and the health figures. A suspended
+    owner's wakes wait, their ranges as they were, and go once the owner is
+    reinstated: they were cancelled at their claim, and the next wake's
+    range began after theirs, breaking the chain (SPEC §8)."""
+    members = connection.ops.quote_name(Member._meta.db_table)
     return (f"{subscription}.status = 'active' "
-            f"AND ({subscription}.lease_expires_at IS NULL OR {subscription}.lease_expires_at > {at})")
+            f"AND ({subscription}.lease_expires_at IS NULL OR {subscription}.lease_expires_at > {at}) "
+            f"AND EXISTS (SELECT 1 FROM {members} so WHERE so.id = {subscription}.owner_id "
+            f"AND so.status = '{Member.Status.ACTIVE.value}')")
 
 
 SENDABLE = sendable()
@@ -396,8 +402,7 @@ def send_next_items(offers: list[tuple[int, int, str]], at, until) -> dict[int, 
     if not offers:
         return {}
     quote = connection.ops.quote_name
-    deliveries, subscriptions, members, endpoints = (quote(model._meta.db_table)
-                                                     for model in (Delivery, Subscription, Member, Endpoint))
+    deliveries, subscriptions, endpoints = (quote(model._meta.db_table) for model in (Delivery, Subscription, Endpoint))
     values, params = rows_sql([(pk, new_delivery_id(), item, body) for pk, item, body in sorted(offers)],
                               {"subscription_id": "BIGINT", "public_id": "VARCHAR(40)", "item_id": "BIGINT",
                                "body": "TEXT"})
@@ -408,13 +413,11 @@ def send_next_items(offers: list[tuple[int, int, str]], at, until) -> dict[int, 
                        f"state, due_at, attempts, created_at, claimed_until, first_attempt_at, body, item_id) "
                        f"SELECT v.public_id, v.subscription_id, 0, 0, %s, %s, 1, %s, %s, %s, v.body, v.item_id "
                        f"FROM ({values}) v JOIN {subscriptions} s ON s.id = v.subscription_id "
-                       f"JOIN {members} o ON o.id = s.owner_id "
-                       f"WHERE s.kind = %s AND o.status = %s AND {sendable('%s')} "
+                       f"WHERE s.kind = %s AND {sendable('%s')} "
                        f"AND {none_unfinished} "
                        f"ORDER BY v.subscription_id ON CONFLICT DO NOTHING RETURNING id, public_id, subscription_id",
                        [Delivery.State.SENDING, adapt(at), adapt(at), adapt(until), adapt(at), *params,
-                        Subscription.Kind.ITEM, Member.Status.ACTIVE, adapt(at),
-                        *unfinished])
+                        Subscription.Kind.ITEM, adapt(at), *unfinished])
         sent = {subscription: (pk, public_id) for pk, public_id, subscription in cursor.fetchall()}
         if not sent:
             return {}

@@ -256,9 +256,8 @@ def offer_waiting(owner_id: int | None = None) -> int:
     may_send = RawSQL(due.sendable("%s", connection.ops.quote_name(Subscription._meta.db_table)),
                       [connection.ops.adapt_datetimefield_value(now())], output_field=BooleanField())
     subscriptions = Subscription.objects.filter(owner_id=owner_id) if owner_id is not None else Subscription.objects
-    # A suspended owner's would be cancelled at its claim, and offered again next run.
     waiting = list(subscriptions.filter(may_send, kind=Subscription.Kind.ITEM)
-                   .filter(Exists(pending), owner__status=Member.Status.ACTIVE).exclude(Exists(unfinished))
+                   .filter(Exists(pending)).exclude(Exists(unfinished))
                    .values_list("pk", flat=True))
     with transaction.atomic():
         offer(waiting)

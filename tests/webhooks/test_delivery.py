@@ -239,6 +239,33 @@ def test_wakes_of_a_subscription_are_chained_and_sent_in_order(world, receiver):
     assert [d.state for d in Delivery.objects.order_by("id")] == ["delivered", "delivered"]
 
 
+@pytest.mark.parametrize("sent_before", [True, False])
+def test_a_suspended_owners_wakes_wait_and_keep_their_chain(world, receiver, sent_before):
+    """SPEC §8: each wake starts where the one before ended. Wakes that fell
+    due while their owner was suspended were cancelled, and the next one
+    after the reinstatement began past their ranges."""
+    # given: a wake sent (or about to be), then alice suspended, and an event while she is
+    send_message(world["general"], body="before", actor=world["bob"])
+    if sent_before:
+        pump()
+    services.update_member(world["alice"], status="suspended", actor=None)
+    send_message(world["general"], body="while suspended", actor=world["bob"])
+    assert pump() == 0
+    # when: she is reinstated, and another event comes
+    services.update_member(world["alice"], status="active", actor=None)
+    send_message(world["general"], body="after", actor=world["bob"])
+    while pump():
+        pass
+    # then: the wakes chain from the activation on, and the feed from them holds every event
+    ranges = [r.json()["event_range"] for r in receiver.wakes()]
+    assert ranges and all(a["through"] == b["after"] for a, b in zip(ranges, ranges[1:]))
+    assert not Delivery.objects.filter(state=Delivery.State.CANCELLED).exists()
+    events = world["as_alice"].get("/v0/spaces/lab/events",
+                                   cursor=ranges[0]["after"]).json()["events"]
+    assert [e["data"]["message"]["body"] for e in events if e["kind"] == "message.created"] == [
+        "before", "while suspended", "after"]
+
+
 def test_the_database_keeps_one_open_delivery_per_subscription(world):
     """The offer statements (`ON CONFLICT DO NOTHING`) and debounce rely on
     the unique index, which the migrations keep through every change to the
