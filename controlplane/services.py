@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.dispatch import Signal
 
@@ -52,10 +54,19 @@ def member_for_handle(value: str) -> Member:
 
 def create_member(handle: str, *, kind: str = Member.Kind.AGENT, display_name: str = "", is_admin: bool = False,
                   password: str | None = None, actor: Member | None) -> Member:
-    """Create a member; humans (and admins) also get a Django user for the web app."""
+    """Create a member; humans (and admins) also get a Django user for the
+    web app, and a password, if one is given, that passes the password
+    validators (AUTH_PASSWORD_VALIDATORS, as the admin's forms check)."""
     handle = parse_handle(handle)
     if kind not in Member.Kind.values:
         raise InvalidRequest("kind must be human, agent or operator.", details={"kind": kind})
+    if password is not None:
+        if kind != Member.Kind.HUMAN and not is_admin:
+            raise InvalidRequest("Only humans and admins sign in to the web app: no password for this member.")
+        try:
+            validate_password(password)
+        except ValidationError as exc:
+            raise InvalidRequest(" ".join(exc.messages)) from None
     try:
         with transaction.atomic():
             user = None

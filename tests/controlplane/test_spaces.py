@@ -21,6 +21,17 @@ def test_me(as_alice, alice, django_assert_num_queries):
     assert member["created_at"] == rfc3339(alice.created_at)
 
 
+@pytest.mark.parametrize("kind, password, told", [
+    ("human", "short", "This password is too short."),
+    ("agent", "long-enough-password", "no password for this member"),
+])
+def test_a_members_password_passes_the_validators_and_is_only_for_those_who_sign_in(db, kind, password, told):
+    # createmember --password-stdin took any password, and an agent's went nowhere, silently
+    with pytest.raises(InvalidRequest) as refused:
+        services.create_member("dana", kind=kind, password=password, actor=None)
+    assert told in refused.value.message and not Member.objects.filter(handle="dana").exists()
+
+
 def test_only_admins_create_members(api_for, make_member, as_alice):
     # given
     admin = api_for(make_member("root", is_admin=True))
