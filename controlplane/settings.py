@@ -15,10 +15,15 @@ VAR_DIR = Path(os.environ.get("SWITCHBOARD_VAR_DIR", BASE_DIR / "var"))
 
 
 def env_bool(name: str, default: bool = False) -> bool:
-    value = os.environ.get(name)
-    if value is None:
+    """A yes or no from the environment (1/0, true/false, yes/no, on/off;
+    empty: the default): anything else stops the process with one line,
+    where `TRUST_PROXY_HEADERS=y` quietly meant no."""
+    value = (os.environ.get(name) or "").strip().lower()
+    if not value:
         return default
-    return value.strip().lower() in {"1", "true", "yes", "on"}
+    if value not in {"1", "true", "yes", "on", "0", "false", "no", "off"}:
+        raise ImproperlyConfigured(f"{name} is 1 or 0 (true/false, yes/no, on/off), not {value!r}.")
+    return value in {"1", "true", "yes", "on"}
 
 
 def env_int(name: str, default: int, *, minimum: int = 0) -> int:
@@ -74,6 +79,8 @@ def bound_url(bind: str) -> str:
 SWITCHBOARD_PUBLIC_URL = (os.environ.get("SWITCHBOARD_PUBLIC_URL") or bound_url(SWITCHBOARD_BIND)).rstrip("/")
 WEBHOOK_ALLOW_PRIVATE_NETWORKS = env_bool("WEBHOOK_ALLOW_PRIVATE_NETWORKS", False)
 WEBHOOK_CA_BUNDLE = os.environ.get("WEBHOOK_CA_BUNDLE") or None
+if WEBHOOK_CA_BUNDLE is not None and not os.path.isfile(WEBHOOK_CA_BUNDLE):
+    raise ImproperlyConfigured(f"WEBHOOK_CA_BUNDLE names no file: {WEBHOOK_CA_BUNDLE!r}.")
 # How long a worker holds a wake it is sending before another may take it
 # again; keep it above the 15 s request timeout.
 WEBHOOK_LEASE_SECONDS = env_int("WEBHOOK_LEASE_SECONDS", 60, minimum=1)
@@ -122,6 +129,9 @@ CSRF_TRUSTED_ORIGINS = [SWITCHBOARD_PUBLIC_URL]
 TRUST_PROXY_HEADERS = env_bool("TRUST_PROXY_HEADERS", False)
 if TRUST_PROXY_HEADERS:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Read whether they apply or not: a bad value is told at once, not on the day the URL becomes https://.
+_hsts = (env_int("SECURE_HSTS_SECONDS", 365 * 24 * 3600), env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True),
+         env_bool("SECURE_HSTS_PRELOAD", True))
 if _public.scheme == "https" and not DEBUG:
     if not TRUST_PROXY_HEADERS:
         # serve speaks plain HTTP: TLS ends at a proxy, and without its header
@@ -132,9 +142,7 @@ if _public.scheme == "https" and not DEBUG:
     SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
     SECURE_SSL_REDIRECT = True
     SECURE_REDIRECT_EXEMPT = [f"^{path.lstrip('/')}$" for path in PROBE_PATHS]
-    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 365 * 24 * 3600)
-    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
-    SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
+    SECURE_HSTS_SECONDS, SECURE_HSTS_INCLUDE_SUBDOMAINS, SECURE_HSTS_PRELOAD = _hsts
 if WEBHOOK_ALLOW_PRIVATE_NETWORKS and not DEBUG:
     # It lets any member make this server call internal addresses (SSRF).
     raise ImproperlyConfigured("WEBHOOK_ALLOW_PRIVATE_NETWORKS is for development and tests only; "
@@ -212,6 +220,11 @@ if _db["ENGINE"] not in ("django.db.backends.sqlite3", "django.db.backends.postg
     # dj-database-url knows mysql:// and others, which failed later, naming a driver instead of the variable.
     raise ImproperlyConfigured("DATABASE_URL is postgres://user@host:5432/name or sqlite:///path, not that: "
                                "only PostgreSQL and SQLite are supported.")
+# PostgreSQL's pool and prepared statements: read on SQLite too, so a bad value is told at once.
+_pool = (env_int("DB_POOL_MIN", 2), env_int("DB_POOL_MAX", 16, minimum=1))
+if _pool[0] > _pool[1]:
+    raise ImproperlyConfigured("DB_POOL_MIN must be at most DB_POOL_MAX.")
+_prepare_threshold = env_int("DB_PREPARE_THRESHOLD", 5)
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     _db["OPTIONS"] = {
         # Writers take the lock at BEGIN, so they queue instead of failing
@@ -227,20 +240,14 @@ elif _db["ENGINE"] == "django.db.backends.postgresql":
     # Under ASGI every request runs in a fresh thread, so CONN_MAX_AGE
     # cannot reuse connections; a process-wide pool does.
     _db["CONN_MAX_AGE"] = 0
-    _db.setdefault("OPTIONS", {})["pool"] = {
-        "min_size": env_int("DB_POOL_MIN", 2),
-        "max_size": env_int("DB_POOL_MAX", 16, minimum=1),
-        "timeout": 10,
-    }
-    if _db["OPTIONS"]["pool"]["min_size"] > _db["OPTIONS"]["pool"]["max_size"]:
-        raise ImproperlyConfigured("DB_POOL_MIN must be at most DB_POOL_MAX.")
+    _db.setdefault("OPTIONS", {})["pool"] = {"min_size": _pool[0], "max_size": _pool[1], "timeout": 10}
     # A statement run DB_PREPARE_THRESHOLD times on a connection is prepared
     # on it (server-side binding): PostgreSQL plans it once per connection,
     # not on every run, and planning the hot paths' small queries cost more
     # than running them. 0 turns it off (client-side binding), for a
     # transaction-mode pooler in front of PostgreSQL that cannot keep them.
-    if prepare_threshold := env_int("DB_PREPARE_THRESHOLD", 5):
-        _db["OPTIONS"].update(server_side_binding=True, prepare_threshold=prepare_threshold)
+    if _prepare_threshold:
+        _db["OPTIONS"].update(server_side_binding=True, prepare_threshold=_prepare_threshold)
 DATABASES = {"default": _db}
 # Threads per server process for sync request work (controlplane.handlers):
 # calls overlap their database waits; Python itself runs one at a time.

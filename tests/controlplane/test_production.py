@@ -40,6 +40,12 @@ def test_the_deployment_check_finds_nothing_to_report():
                                                  "not 'cache'."),
     ({"LOG_LEVEL": "loud"}, "LOG_LEVEL is DEBUG, INFO, WARNING, ERROR or CRITICAL, not 'LOUD'."),
     ({"Q_LOG_LEVEL": "loud"}, "Q_LOG_LEVEL is DEBUG, INFO, WARNING, ERROR or CRITICAL, not 'LOUD'."),
+    # each was taken silently: on SQLite, without an https:// URL, or as "no"
+    ({"DB_POOL_MAX": "0"}, "DB_POOL_MAX must be at least 1, not 0."),
+    ({"DB_PREPARE_THRESHOLD": "abc"}, "DB_PREPARE_THRESHOLD must be a whole number, not 'abc'."),
+    ({"SECURE_HSTS_SECONDS": "abc"}, "SECURE_HSTS_SECONDS must be a whole number, not 'abc'."),
+    ({"TRUST_PROXY_HEADERS": "y"}, "TRUST_PROXY_HEADERS is 1 or 0 (true/false, yes/no, on/off), not 'y'."),
+    ({"WEBHOOK_CA_BUNDLE": "/nonexistent/ca.pem"}, "WEBHOOK_CA_BUNDLE names no file: '/nonexistent/ca.pem'."),
 ])
 def test_a_setting_that_cannot_be_stops_with_one_line_naming_it(setting, told):
     result = manage("check", **setting)
