@@ -120,5 +120,5 @@ def validate_url(url: str) -> str:
         try:
             check_address(parts.hostname)
         except ForbiddenDestination as exc:
-            raise InvalidUrl(f"The URL names a {exc}.") from None
+            raise InvalidUrl(f"The URL names a {exc}.", details={"reason": "forbidden_destination"}) from None
     return url

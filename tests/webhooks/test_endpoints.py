@@ -78,6 +78,15 @@ def test_unacceptable_urls_are_422(as_alice, url, settings):
     assert not Endpoint.objects.exists()
 
 
+@pytest.mark.parametrize("url", ["https://127.0.0.1:8443/hook", "https://[::ffff:10.0.0.1]/hook",
+                                 "https://169.254.169.254/latest/"])
+def test_an_address_never_called_is_refused_for_that_reason(as_alice, url, settings):
+    # as a name that resolves only to such addresses is (MCP's callback URLs, verification): it gave no reason
+    settings.WEBHOOK_ALLOW_PRIVATE_NETWORKS = False
+    response = create(as_alice, url)
+    assert response.json()["error"]["details"] == {"reason": "forbidden_destination"}
+
+
 @pytest.mark.parametrize("secret", ["whsec_short", "whsec_" + base64.b64encode(b"x" * 100).decode(), "s3cret",
                                     "whsec_!!!!"])
 def test_malformed_secrets_are_400(as_alice, secret):
