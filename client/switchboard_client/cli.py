@@ -173,7 +173,8 @@ def cmd_tail(args) -> None:
         except KeyboardInterrupt:
             pass
         finally:
-            if feed.cursor is not None:  # none before the first page came
+            # None before the first page came; the one it was given, when it read nothing more (a bad cursor too)
+            if feed.cursor not in (None, args.after):
                 print(f"cursor: {feed.cursor}", file=sys.stderr, flush=True)  # resume with --after
 
 

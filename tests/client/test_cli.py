@@ -96,6 +96,9 @@ def test_tail_with_a_count_pages_on_from_the_cursor_it_prints(server, tmp_path):
         after = ["--after", run.stderr.removeprefix("cursor: ").strip()]
     # then: each run went on where the last stopped (each printed the same events again)
     assert seen == [f"number {n}" for n in range(6)]
+    # and a cursor that is none is told as such, not printed back as where to resume
+    refused = shell(alice, "tail", "--inbox", "--after", "not-a-cursor", "--wait-ms", "0")
+    assert refused.returncode != 0 and "INVALID_CURSOR" in refused.stderr and "cursor: " not in refused.stderr
 
 
 def test_a_list_longer_than_a_page_says_the_command_for_the_next(server, tmp_path):
