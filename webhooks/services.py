@@ -273,10 +273,13 @@ def _delete_subscriptions(subscriptions) -> None:
     at = now()
     # The deliveries before their subscriptions, as a worker recording a
     # failure takes them (a delivery, then its subscription to suspend it).
-    Delivery.objects.filter(subscription__in=subscriptions, state__in=Delivery.UNFINISHED).update(
-        state=Delivery.State.CANCELLED, finished_at=at)
+    unfinished = Delivery.objects.filter(subscription__in=subscriptions, state__in=Delivery.UNFINISHED)
+    unfinished.update(state=Delivery.State.CANCELLED, finished_at=at)
     subscriptions.exclude(status=Subscription.Status.DELETED).update(status=Subscription.Status.DELETED,
                                                                      deleted_at=at)
+    # Again, under the subscriptions' locks: a replay that held one added
+    # its copy after the first pass, and it stayed pending for good.
+    unfinished.update(state=Delivery.State.CANCELLED, finished_at=at)
 
 
 def activation_cursor(subscription: Subscription) -> str:
@@ -304,6 +307,8 @@ def replay(delivery_id: str, owner: Member) -> Delivery:
     refuse_managed(original.subscription)
     with transaction.atomic():
         subscription = Subscription.objects.select_for_update(no_key=True).get(pk=original.subscription_id)
+        if subscription.status == Subscription.Status.DELETED:  # meanwhile: as before it
+            raise NotFound("No such delivery.")
         if subscription.status != Subscription.Status.ACTIVE:
             raise Conflict("Resume the subscription first: only an active one sends a replay.",
                            details={"status": subscription.status})

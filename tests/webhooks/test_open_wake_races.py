@@ -94,3 +94,56 @@ def test_an_event_for_a_member_whose_pushed_item_is_acknowledged_meanwhile_joins
     assert errors == [] and Grant.objects.filter(public_id="grt_pair").exists()
     wake = Delivery.objects.get(subscription=subscription, state=Delivery.State.OPEN)
     assert wake.through_position == log_head().position
+
+
+def test_a_replay_racing_the_deletion_of_its_subscription_leaves_nothing_to_send(monkeypatch):
+    """Deletion cancelled the unfinished deliveries, then marked the
+    subscription deleted; a replay holding the subscription's lock added its
+    copy between the two, and it stayed pending for good."""
+    from webhooks import services as webhooks_services
+
+    # given: alice's active subscription and a delivered wake of it
+    alice = services.create_member("alice", actor=None)
+    endpoint = Endpoint.objects.create(owner=alice, url="https://127.0.0.1:9/hook")
+    subscription = Subscription.objects.create(owner=alice, endpoint=endpoint, kind=Subscription.Kind.INBOX,
+                                               status=Subscription.Status.ACTIVE, activation_position=0)
+    sent = Delivery.objects.create(subscription=subscription, after_position=0, through_position=1,
+                                   state=Delivery.State.DELIVERED, due_at=now())
+    copied, release, errors = threading.Event(), threading.Event(), []
+
+    def pausing_kick():
+        copied.set()  # the replay's copy is made, its transaction open, the subscription locked
+        release.wait(10)
+
+    monkeypatch.setattr("webhooks.due.kick_on_commit", pausing_kick)
+
+    def replays():
+        try:
+            webhooks_services.replay(sent.public_id, alice)
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            errors.append(repr(exc))
+        finally:
+            connections.close_all()
+
+    def deletes():
+        try:
+            copied.wait(10)
+            webhooks_services.delete_subscription(Subscription.objects.get(pk=subscription.pk))
+        except Exception as exc:  # noqa: BLE001
+            errors.append(repr(exc))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=replays), threading.Thread(target=deletes)]
+    for thread in threads:
+        thread.start()
+    assert copied.wait(10)
+    waited = someone_waits_for_a_lock()
+    release.set()
+    for thread in threads:
+        thread.join(20)
+    # when the deletion found the subscription locked by the replay, it waited for it
+    assert waited and errors == []
+    # then: the subscription is deleted, and nothing of it is left to send
+    assert Subscription.objects.get(pk=subscription.pk).status == Subscription.Status.DELETED
+    assert sorted(Delivery.objects.values_list("state", flat=True)) == ["cancelled", "delivered"]
