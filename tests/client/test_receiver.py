@@ -149,7 +149,7 @@ def test_the_asgi_receiver_under_uvicorn_takes_space_wakes_with_an_async_callbac
         alice, bob = people(base)
         general = alice.create_channel("lab", "general").id
         # an ASGI receiver's natural client is an AsyncClient (its keys were fetched through it: every wake a 503)
-        receiver = WakeReceiver(client=AsyncClient(base, member_token("carol")), issuer="http://127.0.0.1:8000",
+        receiver = WakeReceiver(client=AsyncClient(base, member_token("carol")), issuer=base,
                                 on_space_wake=on_space_wake)
         config = uvicorn.Config(receiver.asgi, host="127.0.0.1", port=0, ssl_certfile=str(chain),
                                 ssl_keyfile=str(key), lifespan="on", log_level="warning")
