@@ -353,6 +353,20 @@ def mark_delivered(answered: list[tuple[int, int]], at) -> list[tuple[int, int |
         return cursor.fetchall()
 
 
+def cancelled_receipts(answered: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Of the deliveries answered with a 2xx, given as (id, attempt number),
+    the pushed items of those cancelled while that attempt was in flight (an
+    unsubscribe), as (item id, owner id): the receiver has them all the same."""
+    quote = connection.ops.quote_name
+    table, subscriptions = quote(Delivery._meta.db_table), quote(Subscription._meta.db_table)
+    values, params = rows_sql(answered, {"id": "BIGINT", "number": "INTEGER"})
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT d.item_id, s.owner_id FROM ({values}) v JOIN {table} d ON d.id = v.id "
+                       f"JOIN {subscriptions} s ON s.id = d.subscription_id WHERE d.state = 'cancelled' "
+                       f"AND d.attempts = v.number AND d.item_id IS NOT NULL", params)
+        return cursor.fetchall()
+
+
 def _none_unfinished(deliveries: str) -> tuple[str, list]:
     """The condition, with its parameters, that the derived table `v`'s
     subscription has no unfinished delivery (one item in flight)."""

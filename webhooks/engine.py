@@ -41,8 +41,9 @@ from inbox import mailbox, notices
 from inbox.delivery import acknowledge_items, deliverable, oldest_pending
 from inbox.models import InboxItem
 from webhooks import mcp, outbox
-from webhooks.due import (LEASE_EXPIRED, READY, anything_due, claimable, in_flight_of, insert_attempts, mark_delivered,
-                          mark_sending, send_next_items, set_by_wrong_clock, soonest_claim_end, soonest_due_at)
+from webhooks.due import (LEASE_EXPIRED, READY, anything_due, cancelled_receipts, claimable, in_flight_of,
+                          insert_attempts, mark_delivered, mark_sending, send_next_items, set_by_wrong_clock,
+                          soonest_claim_end, soonest_due_at)
 from webhooks.models import Delivery, Subscription
 from webhooks.wakes import wake_body
 
@@ -281,15 +282,20 @@ def record(results: list[Result], *, hand_off: int = 0, keep_free: int = 0) -> l
         answered = [(r.job.delivery_id, r.job.number) for r in results if r.outcome.ok]
         delivered = mark_delivered(answered, now()) if answered else []
         pushed = [(subscription, item, owner) for subscription, item, owner in delivered if item is not None]
+        # A pushed item's 2xx is its receipt, though an unsubscribe cancelled its delivery in flight: it was
+        # recorded and the item left pending, to be pushed again after a new subscribe.
+        received = cancelled_receipts(answered) if len(delivered) < len(answered) else []
         failed = [r for r in results if not r.outcome.ok]
-        return _record_rest(pushed, failed, hand_off, keep_free) if pushed or failed else []
+        return _record_rest(pushed, failed, hand_off, keep_free, received) if pushed or failed or received else []
 
 
-def _record_rest(pushed: list[tuple[int, int, int]], failed: list[Result], hand_off: int,
-                 keep_free: int) -> list[Job]:
+def _record_rest(pushed: list[tuple[int, int, int]], failed: list[Result], hand_off: int, keep_free: int,
+                 received: list[tuple[int, int]]) -> list[Job]:
     """The pushed items' 2xx answers, as (subscription id, item id, owner id)
     of the deliveries `mark_delivered` finished, and the failures of a batch:
-    deliveries before mailboxes, as always. Returns `_hand_off`'s jobs."""
+    deliveries before mailboxes, as always. `received`: (item id, owner id)
+    of pushed items whose deliveries were cancelled in flight, acknowledged
+    as the others are. Returns `_hand_off`'s jobs."""
     # The deliveries only (not their subscriptions, which a send's commit
     # checks its new deliveries' keys against), as no-key locks (mailbox.lock).
     current = {d.pk: d for d in Delivery.objects.select_for_update(of=("self",), no_key=True)
@@ -297,7 +303,8 @@ def _record_rest(pushed: list[tuple[int, int, int]], failed: list[Result], hand_
                .filter(pk__in=[r.job.delivery_id for r in failed], state=Delivery.State.SENDING)} if failed else {}
     # Every mailbox this batch may count into (a suspension notice) or out
     # of (a pushed item acknowledged), in member order, before the log head.
-    mailbox.lock([owner for _, _, owner in pushed] + [d.subscription.owner_id for d in current.values()])
+    mailbox.lock([owner for _, _, owner in pushed] + [owner for _, owner in received]
+                 + [d.subscription.owner_id for d in current.values()])
     for r in failed:
         delivery = current.get(r.job.delivery_id)
         if delivery is None or delivery.attempts != r.job.number:
@@ -308,11 +315,12 @@ def _record_rest(pushed: list[tuple[int, int, int]], failed: list[Result], hand_
         except Exception:
             log.exception("recording the failed attempt %d of %s failed; it is retried after its lease",
                           r.job.number, r.job.public_id)
-    if not pushed:
-        return []
     # A 2xx for a pushed inbox item acknowledges it, in the transaction
     # that records the attempt, and the next pending item is offered at once.
-    acknowledge_items([item for _, item, _ in pushed])
+    if acknowledged := [item for _, item, _ in pushed] + [item for item, _ in received]:
+        acknowledge_items(acknowledged)
+    if not pushed:
+        return []
     if hand_off:
         return _hand_off(pushed, hand_off, keep_free)
     mcp.offer({subscription for subscription, _, _ in pushed}, only_if_pending=True, kick=False)

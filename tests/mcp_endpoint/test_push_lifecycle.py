@@ -80,6 +80,26 @@ def test_an_unsubscribe_while_its_push_is_in_flight_leaves_the_rest_of_the_batch
     assert Attempt.objects.count() == 2
 
 
+def test_a_2xx_to_a_push_unsubscribed_in_flight_acknowledges_its_item_all_the_same(world, receiver):
+    """SPEC §9: a 2xx acknowledges the item. Its attempt was recorded as 204
+    and the item left pending, so a new subscribe pushed it again."""
+    from inbox.models import InboxItem
+
+    # given: a push in flight
+    subscribe(world)
+    send_message(world["direct"], body="one", actor=world["bo"])
+    (job,) = engine.claim_due(10)
+    # when: the agent unsubscribes, then the receiver answers 204
+    assert mcp.unsubscribe(world["ada"], mcp.ITEM, {}, world["url"])
+    engine.record_or_leave([engine.Result(job, Outcome(status_code=204, error_class=None, duration_ms=5), "key",
+                                          now())])
+    # then: the item was acknowledged by that 204, and a new subscribe does not push it again
+    assert InboxItem.objects.get(member=world["ada"]).state == InboxItem.State.ACKNOWLEDGED
+    subscribe(world)
+    pump()
+    assert pushes(receiver) == []
+
+
 def test_a_refresh_resumes_a_subscription_suspended_after_its_retries(world, receiver):
     # given: a subscription suspended after its retries ran out (not by a 410 or 413)
     created = subscribe(world)
