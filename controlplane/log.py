@@ -118,6 +118,16 @@ def reserve_positions(count: int) -> list[int]:
     return list(range(last - count + 1, last + 1))
 
 
+def hold_head() -> None:
+    """Wait for the writers holding the log head to commit, and hold it
+    until the caller's transaction ends: what they wrote is read from now
+    on, and what anyone writes next comes after this transaction's events.
+    (SQLite's writers take turns anyway.)"""
+    if connection.features.has_select_for_update:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT id FROM {LogHead._meta.db_table} WHERE id = 1 FOR NO KEY UPDATE")
+
+
 def append_events(events: list[NewEvent], positions: list[int] | None = None) -> list[Event]:
     """Append `events` to the log in the caller's transaction, at `positions`
     if the caller reserved them already, else at freshly reserved ones."""

@@ -32,7 +32,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from controlplane.clock import now, rfc3339
-from controlplane.log import append_events
+from controlplane.log import append_events, hold_head
 from controlplane.models import Space
 from coordination.events import task_event
 from coordination.models import CheckinReceipt, SweepMark, Task
@@ -95,6 +95,11 @@ def _decide(task_pk: int, at: dt.datetime) -> str | None:
             Task.objects.filter(pk=task.pk).update(sweep_at=at + limit)
             return None
         start = silent_since(task)
+        if at >= start + limit and task.claimant is not None:
+            # A message commits holding the log head: one of the claimant's
+            # committed meanwhile is read now, and any later comes after the expiry.
+            hold_head()
+            start = silent_since(task)
         if at >= start + limit or task.claimant is None:  # silent too long, or its claimant deleted
             claimant = task.claimant
             task.status, task.claimant, task.claimed_at, task.updated_at, task.sweep_at = (

@@ -299,3 +299,21 @@ def receiver(https_receiver, settings):
     receiver.respond = None
     yield receiver
     receiver.respond = None
+
+
+def someone_waits_for_a_lock(timeout: float = 10.0) -> bool:
+    """Whether a connection to the test database waits for a lock within
+    `timeout` (PostgreSQL): a concurrent writer under test has reached it."""
+    import time
+
+    from django.db import connection
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                           "AND datname = current_database()")
+            if cursor.fetchone()[0]:
+                return True
+        time.sleep(0.05)
+    return False

@@ -5,7 +5,7 @@ from controlplane import services
 from controlplane.clock import rfc3339
 from controlplane.errors import InvalidRequest
 from controlplane.models import Conversation, Event, Member, Membership, Space
-from tests.conftest import error_code
+from tests.conftest import error_code, someone_waits_for_a_lock
 
 
 def kinds_since(position: int) -> list[str]:
@@ -345,9 +345,8 @@ def test_a_member_makes_so_many_groups_in_a_space(monkeypatch, space, alice, bob
 @pytest.mark.django_db(transaction=True)
 def test_the_same_group_made_twice_at_once_at_the_cap_is_found_not_refused(monkeypatch):
     import threading
-    import time
 
-    from django.db import connection, connections
+    from django.db import connections
 
     # given: alice may make one group more; the first making of it pauses before its commit
     alice, bob = (services.create_member(h, actor=None) for h in ("alice", "bob"))
@@ -381,13 +380,7 @@ def test_the_same_group_made_twice_at_once_at_the_cap_is_found_not_refused(monke
     # when: the same group again, which waits for the first's lock on alice's row
     second = threading.Thread(target=make, name="second")
     second.start()
-    deadline = time.monotonic() + 10
-    with connection.cursor() as cursor:
-        while time.monotonic() < deadline:
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
-            if cursor.fetchone()[0]:
-                break
-            time.sleep(0.02)
+    someone_waits_for_a_lock()
     proceed.set()
     first.join(20)
     second.join(20)

@@ -10,6 +10,7 @@ from controlplane.clock import freeze, now
 from controlplane.log import Event
 from coordination import services as tasks
 from coordination.models import CheckinReceipt, Task
+from tests.conftest import someone_waits_for_a_lock
 from tests.servers import ROOT, server_env
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -103,3 +104,59 @@ def test_a_change_waiting_for_a_claim_answers_and_logs_its_claimant(space, alice
     # then
     assert renamed.claimant == carol
     assert Event.objects.filter(kind="task.updated").get().data["task"]["claimant"] == "@carol"
+
+
+def test_a_claimants_message_committing_while_the_expiry_decides_keeps_the_claim(space, alice, bob):
+    """The expiry read the claimant's messages once, under the task's lock,
+    which a message never takes: one that committed between that read and
+    the expiry's own commit came first in the log, and the claim expired
+    all the same."""
+    import threading
+
+    from django.db import connections
+
+    from controlplane import log
+    from coordination import claims
+    from inbox.services import send_message
+
+    # given: bob's claim, silent for longer than its time
+    task = tasks.create_task(space, title="Report", actor=alice)
+    tasks.claim_task(space, task.public_id, actor=bob)
+    Task.objects.filter(pk=task.pk).update(updated_at=now() - dt.timedelta(hours=25))
+    written, release, outcome = threading.Event(), threading.Event(), {}
+
+    def pause_the_senders_commit(entries):
+        if threading.current_thread().name == "sender":
+            written.set()
+            release.wait(10)
+
+    def sends():
+        try:
+            send_message(Task.objects.get(pk=task.pk).conversation, body="still on it", actor=bob)
+        finally:
+            connections.close_all()
+
+    def decides():
+        try:
+            outcome["decision"] = claims._decide(task.pk, now())
+        finally:
+            connections.close_all()
+
+    log.register_append_hook(pause_the_senders_commit)
+    try:
+        sender = threading.Thread(target=sends, name="sender")
+        sender.start()
+        assert written.wait(10)
+        # when: the expiry decides while bob's message is written and not yet committed
+        decider = threading.Thread(target=decides)
+        decider.start()
+        someone_waits_for_a_lock()
+        release.set()
+        sender.join(20)
+        decider.join(20)
+    finally:
+        log._APPEND_HOOKS.remove(pause_the_senders_commit)
+    # then: the message keeps the claim
+    assert outcome["decision"] != "expired"
+    assert Task.objects.get(pk=task.pk).claimant == bob
+    assert not Event.objects.filter(kind="task_claim_expired").exists()

@@ -4,10 +4,9 @@ transactions)."""
 import base64
 import datetime as dt
 import threading
-import time
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connections, transaction
 
 from controlplane import services
 from controlplane.clock import now
@@ -20,21 +19,10 @@ from inbox.models import InboxItem
 from inbox.services import send_message
 from webhooks import crypto
 from webhooks.mcp import PENDING
+from tests.conftest import someone_waits_for_a_lock
 from webhooks.models import Delivery, Endpoint, Subscription
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
-
-
-def someone_waits_for_a_lock(timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                           "AND datname = current_database()")
-            if cursor.fetchone()[0]:
-                return True
-        time.sleep(0.05)
-    return False
 
 
 def test_an_event_for_a_member_whose_pushed_item_is_acknowledged_meanwhile_joins_that_wake(monkeypatch):
