@@ -52,21 +52,23 @@ HELPER_KEY_SECONDS = 3 * HELP_SECONDS
 # a burst soon after finds it with its connections open, where a new helper
 # would open them again.
 HELP_LINGER_SECONDS = 2.0
-# A timer that ends queues the run that takes it over, and holds
-# SUCCESSOR_KEY (that run's token) until the run starts: meanwhile other
-# runs (the minute's sweep, a kick) send what is due now and leave the timer
-# to it. With one worker, whose queue runs one task at a time, every sweep
-# found the timer's key free and became a timer too, queueing a next run of
-# its own: one chain more a minute, and the queue grew without end. The key
-# lapses if its run never starts.
+# With Redis, a timer that ends queues the run that takes it over, and
+# holds SUCCESSOR_KEY (that run's token) until the run starts: meanwhile
+# other runs (the minute's sweep, a kick) send what is due now and leave the
+# timer to it. With one worker, whose queue runs one task at a time, every
+# sweep found the timer's key free and became a timer too, queueing a next
+# run of its own: one chain more a minute, and the queue grew without end.
+# The key lapses if its run never starts. (Without Redis each process has
+# a cache of its own, where another's successor would never clear the key.)
 SUCCESSOR_KEY_SECONDS = 2 * RUN_SECONDS
 
 
-def _queue_successor() -> None:
+def _queue_successor(shared: bool) -> None:
     from django_q.tasks import async_task
 
-    token = secrets.token_hex(8)
-    cache.set(SUCCESSOR_KEY, token, timeout=SUCCESSOR_KEY_SECONDS)
+    token = secrets.token_hex(8) if shared else ""
+    if shared:
+        cache.set(SUCCESSOR_KEY, token, timeout=SUCCESSOR_KEY_SECONDS)
     async_task("webhooks.tasks.deliver", token)
 
 
@@ -79,7 +81,7 @@ def deliver(successor: str = "") -> int:
     it, which this run takes over from."""
     mcp.offer_waiting()
     shared = live.shared_layer()
-    awaited = cache.get(SUCCESSOR_KEY)
+    awaited = cache.get(SUCCESSOR_KEY) if shared else None
     if successor and awaited == successor:
         cache.delete(SUCCESSOR_KEY)
         awaited = None
@@ -104,7 +106,7 @@ def deliver(successor: str = "") -> int:
         nonlocal handed_over
         let_go()
         handed_over = True
-        _queue_successor()
+        _queue_successor(shared)
 
     was_timer = timer
     try:
@@ -123,7 +125,7 @@ def deliver(successor: str = "") -> int:
     # one timer also hands over after a run that sent anything: more is
     # likely to come.
     if was_timer and not handed_over and ((shared and sent) or engine.next_due_in(60) is not None):
-        _queue_successor()
+        _queue_successor(shared)
     return sent
 
 
