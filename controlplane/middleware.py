@@ -7,6 +7,7 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.core.exceptions import TooManyFieldsSent
 from django.http.request import split_domain_port, validate_host
+from django.utils.decorators import sync_and_async_middleware
 
 from controlplane.errors import ApiError, Forbidden, InvalidRequest
 from controlplane.tracing import HEADER, begin_request, current_request_id, end_request
@@ -109,31 +110,22 @@ class RequestId:
         return response
 
 
-class ApiAnswersNoStore:
+
+@sync_and_async_middleware
+def api_answers_no_store(get_response):
     """API answers are their caller's own (a new credential's token,
     delivery tokens, message bodies): `Cache-Control: no-store`, as the web
     app's pages and `/mcp` say, unless the view said otherwise. A browser
     calls the API too (`/v0/docs/`)."""
-
-    async_capable = True
-    sync_capable = True
-
-    def __init__(self, get_response):
-        self.get_response = get_response
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
-
-    def __call__(self, request):
-        if self.is_async:
-            return self._acall(request)
-        return self._mark(request, self.get_response(request))
-
-    async def _acall(self, request):
-        return self._mark(request, await self.get_response(request))
-
-    @staticmethod
-    def _mark(request, response):
+    def mark(request, response):
         if request.path.startswith("/v0/"):
             response.headers.setdefault("Cache-Control", "no-store")
         return response
+
+    if iscoroutinefunction(get_response):
+        async def middleware(request):
+            return mark(request, await get_response(request))
+    else:
+        def middleware(request):
+            return mark(request, get_response(request))
+    return middleware

@@ -173,7 +173,7 @@ INSTALLED_APPS = [
 # Short and async-capable: every sync layer costs a thread hop under ASGI.
 MIDDLEWARE = [
     "controlplane.middleware.RequestId",
-    "controlplane.middleware.ApiAnswersNoStore",
+    "controlplane.middleware.api_answers_no_store",
     "controlplane.middleware.HostCheck",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
