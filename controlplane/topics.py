@@ -28,6 +28,7 @@ logger = logging.getLogger("switchboard.live")
 # A topic's subscription that heard nothing for this long pings Redis, so a
 # connection that died silently is found and replaced.
 SUBSCRIPTION_IDLE_SECONDS = 30.0
+CLOSE_SECONDS = 2.0  # a subscription's close
 GROUP_READD_SECONDS = 3600
 # How long `heeding_cancellation` waits for a cancelled receive to stop: two of stop_task's cancellations.
 STOP_WAIT_SECONDS = 1.0
@@ -105,9 +106,12 @@ async def _subscribe(topic: str, on_message: Callable[[dict], None]) -> None:
             warn_of(logger, "lost Redis while listening to %s; subscribing again", topic)
             await asyncio.sleep(1.0)
         finally:
+            # Bounded: a close that waits on its cancelled read would keep
+            # the task, and the loop's shutdown, waiting for ever (a
+            # long-poll's own loop never closed, the request never answered).
             for closing in (subscription, client):
                 with contextlib.suppress(Exception):
-                    await closing.aclose()
+                    await asyncio.wait_for(closing.aclose(), CLOSE_SECONDS)
 
 
 class Memberships:

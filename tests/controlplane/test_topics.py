@@ -84,3 +84,25 @@ async def test_a_listener_whose_connection_redis_dropped_subscribes_again():
     await asyncio.sleep(0.1)
     async with redis.asyncio.Redis.from_url(settings.REDIS_URL) as admin:
         assert dict(await admin.pubsub_numsub(channel))[channel.encode()] == 0
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_listener_ends_though_its_subscription_never_finishes_closing(monkeypatch):
+    """A close that waits on its cancelled read kept the task, and with it
+    the shutdown of its event loop, waiting for ever: a long-poll run on a
+    loop of its own was never answered."""
+    import redis.asyncio.client
+
+    async def never_closes(self):
+        await asyncio.Event().wait()
+
+    topic = "switchboard.test.unclosed"
+    listener = asyncio.create_task(topics.listen(topic, lambda message: None))
+    await _subscribed(1, topics.redis_channel(topic))
+    monkeypatch.setattr(redis.asyncio.client.PubSub, "aclose", never_closes)
+    monkeypatch.setattr(topics, "CLOSE_SECONDS", 0.2, raising=False)
+    # when
+    listener.cancel()
+    # then
+    done, _ = await asyncio.wait([listener], timeout=5)
+    assert done == {listener} and listener.cancelled()
