@@ -87,14 +87,22 @@
   // --- the inbox count in the header, on every page --------------------------
   const badge = document.getElementById("inbox-count");
   if (badge) {
+    let heard = false;  // a frame since the page was made
     live.inbox = liveSocket("/ws/inbox/", {
       params: () => ({}),
       onFrame(frame) {
         if (frame.type !== "inbox") return;
         const current = document.getElementById("inbox-count");
+        // The first frame tells the count as the page was just made, almost
+        // always: the inbox list is read again only if it differs. (Read
+        // again every time, it replaced the list under a keyboard already at
+        // work, and an Enter on a button htmx had yet to take up posted the
+        // form as a page.)
+        const changed = heard || current.textContent.trim() !== String(frame.pending);
+        heard = true;
         current.textContent = frame.pending;
         current.setAttribute("aria-label", `${frame.pending} pending`);
-        document.body.dispatchEvent(new CustomEvent("inbox-changed"));
+        if (changed) document.body.dispatchEvent(new CustomEvent("inbox-changed"));
       },
       onState() {},
     });
@@ -114,21 +122,25 @@
 
   // --- the inbox: the keyboard's place survives items going ------------------
   // An acknowledged item is deleted with its button, and a live refresh
-  // replaces them all: focus moves to the next item's button (else the
-  // heading), or back to the same item's, instead of falling to the page.
+  // replaces them all: when focus falls from the list to the page, it goes
+  // back to the same item's button, else the next item's, else the one
+  // before (else the heading). It was moved before each swap, from what that
+  // swap alone would do: a refresh and the acknowledgement's own answer in
+  // the other order left it on the page.
   const items = document.getElementById("inbox-items");
   if (items) {
-    items.addEventListener("htmx:beforeSwap", (event) => {
-      const focused = document.activeElement && document.activeElement.closest("#inbox-items li.item");
-      const going = event.target.closest("li.item");  // the item an acknowledgement deletes
-      if (!focused && !going) return;
-      const next = going ? going.nextElementSibling || going.previousElementSibling : focused;
-      const id = next && next.classList.contains("item") ? next.id : null;
-      setTimeout(() => {
-        const item = id && document.getElementById(id);
-        (item ? item.querySelector("button") : document.getElementById("inbox-title"))?.focus();
-      }, 0);
+    let place = [];  // where the keyboard is in the list: its item's id, the next's, the previous's
+    items.addEventListener("focusin", (event) => {
+      const item = event.target.closest("li.item");
+      if (item) place = [item.id, item.nextElementSibling?.id, item.previousElementSibling?.id].filter(Boolean);
     });
+    document.addEventListener("pointerdown", (event) => { if (!items.contains(event.target)) place = []; });
+    new MutationObserver(() => setTimeout(() => {  // once htmx has taken up what it swapped in
+      if (!place.length || (document.activeElement && document.activeElement !== document.body)) return;
+      const item = place.map((id) => document.getElementById(id))
+        .find((element) => element && element.classList.contains("item"));
+      (item ? item.querySelector("button") : document.getElementById("inbox-title"))?.focus();
+    }, 0)).observe(items, { childList: true, subtree: true });
   }
 
   // --- a conversation -----------------------------------------------------------
