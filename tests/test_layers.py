@@ -160,6 +160,19 @@ def test_the_web_processes_load_no_http_client_and_no_mcp_sdk_until_they_need_th
     assert loaded == "[]"
 
 
+def test_the_fault_matrix_reads_the_settings_only_once_it_has_set_its_environment():
+    # The settings module reads the environment when it is imported: imported
+    # with the serve command (for one helper), the fault matrix's driver read
+    # the default SQLite database before it set its PostgreSQL one.
+    import subprocess
+    import sys
+
+    script = "import sys, bench.chaos.run; print('controlplane.settings' in sys.modules)"
+    loaded = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    assert loaded == "False"
+
+
 def test_the_web_processes_load_no_schema_generator_nor_unused_renderers_until_asked():
     # drf-spectacular's generator imports django.test and unittest: 3 MiB of
     # every process (docs/benchmarks.md, round sixteen). The views' schema

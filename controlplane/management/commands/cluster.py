@@ -17,7 +17,6 @@ from controlplane.cluster import Child, Proxy, Supervisor, free_port, node_comma
 from controlplane.management.commands.serve import split_bind
 from controlplane.processes import StopRequest
 from controlplane.schedules import ensure_schedules
-from controlplane.settings import bound_url
 
 READY_TIMEOUT_SECONDS = 60
 
@@ -36,6 +35,8 @@ class Command(BaseCommand):
         if nodes < 1 or workers < 0:
             raise CommandError("--nodes must be at least 1 and --workers at least 0")
         host, port = split_bind(bind)
+        from controlplane.settings import bound_url  # here, as serve imports it
+
         os.environ.setdefault("SWITCHBOARD_PUBLIC_URL", bound_url(bind))  # the proxy's, for every node and worker
         call_command("recover")
         ensure_schedules()

@@ -20,7 +20,6 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from controlplane.processes import StopRequest, descendants, in_group, kill_all
-from controlplane.settings import bound_url
 
 log = logging.getLogger(__name__)
 STOP_GRACE_SECONDS = 10
@@ -219,6 +218,11 @@ class Command(BaseCommand):
         port = sockets[0].getsockname()[1] if sockets else port
         # Its processes name where they serve (the issuer of every wake, links
         # in payloads) after --bind, not after SWITCHBOARD_BIND's default.
+        # (Imported here: the settings module read at import reads the
+        # environment as it is then, and the fault matrix imports this module
+        # before it sets its own.)
+        from controlplane.settings import bound_url
+
         os.environ.setdefault("SWITCHBOARD_PUBLIC_URL", bound_url(f"{host}:{port}"))
         # Listen first: a signal between two spawns must not leave a child
         # behind. Each child leads its own process group, so Ctrl-C reaches
