@@ -59,6 +59,10 @@ def check_response(method: str, path: str, response) -> None:
     declared = operation["responses"].get(str(response.status_code))
     assert declared is not None, (f"{method.upper()} {path} answered {response.status_code}, "
                                   f"which its schema does not list")
+    if response.status_code >= 400:  # the code must be one the route's schema names (controlplane.api.schema.errors)
+        code = response.json().get("error", {}).get("code")
+        assert f"`{code}`" in declared.get("description", ""), (
+            f"{method.upper()} {path} answered {response.status_code} {code}, which its schema does not list")
     content = declared.get("content", {}).get("application/json")
     if content is None:
         return

@@ -47,7 +47,7 @@ class SpaceGrantsView(APIView):
     @extend_schema(operation_id="create_grant", request=GrantCreateIn, parameters=[IDEMPOTENCY_KEY],
                    responses={201: envelope("grant", GrantOut), 200: envelope("grant", GrantOut),
                               **errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "FORBIDDEN", "NOT_FOUND",
-                                       "GRANT_CONFLICT", "IDEMPOTENCY_CONFLICT")})
+                                       "GRANT_CONFLICT", "IDEMPOTENCY_CONFLICT", "CONFLICT")})
     @idempotent
     def post(self, request, slug):
         data = validated(GrantCreateIn, request.data)

@@ -87,7 +87,8 @@ class SpaceSubscriptionsView(APIView):
 
     @extend_schema(operation_id="create_space_subscription", request=SpaceSubscriptionIn,
                    parameters=[IDEMPOTENCY_KEY],
-                   responses={201: envelope("subscription", SubscriptionOut), **errors(*CREATE_ERRORS, "FORBIDDEN")})
+                   responses={201: envelope("subscription", SubscriptionOut),
+                              **errors(*CREATE_ERRORS, "FORBIDDEN", "CONFLICT")})
     @idempotent
     def post(self, request, slug):
         data = validated(SpaceSubscriptionIn, request.data)
@@ -113,7 +114,7 @@ class InboxSubscriptionsView(APIView):
 
     @extend_schema(operation_id="create_inbox_subscription", request=InboxSubscriptionIn,
                    parameters=[IDEMPOTENCY_KEY],
-                   responses={201: envelope("subscription", SubscriptionOut), **errors(*CREATE_ERRORS)})
+                   responses={201: envelope("subscription", SubscriptionOut), **errors(*CREATE_ERRORS, "CONFLICT")})
     @idempotent
     def post(self, request):
         data = validated(InboxSubscriptionIn, request.data)
