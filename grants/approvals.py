@@ -11,7 +11,7 @@ from controlplane.clock import now
 from controlplane.errors import (ApiError, Conflict, Forbidden, IdempotencyConflict, InvalidRequest, LimitExceeded,
                                  NotFound)
 from controlplane.log import append_events
-from controlplane.models import Member
+from controlplane.models import Member, Membership
 from controlplane.tokens import public_id
 from grants.models import ApprovalRequest, Grant
 from grants.render import grant_event
@@ -47,9 +47,13 @@ def retain_for_approval(message, uncovered: list[Member], collective: dict | Non
                 request = ApprovalRequest.objects.filter(**lookup).first()
                 if request is None:
                     _check_pending(message.author, uncovered)
+                    present = set(Membership.objects.filter(space=message.space, member__in=uncovered,
+                                                            status=Membership.Status.ACTIVE)
+                                  .values_list("member_id", flat=True))
                     request = ApprovalRequest.objects.create(
                         **lookup, space=message.space, conversation=message.conversation,
-                        recipients=[m.pk for m in uncovered], body=message.body,
+                        recipients=[m.pk for m in uncovered], away=[m.pk for m in uncovered if m.pk not in present],
+                        body=message.body,
                         reply_to=message.reply_to.public_id if message.reply_to_id else None,
                         related_paths=message.related_paths, collective=collective,
                         fingerprint=message.fingerprint)
@@ -130,10 +134,11 @@ def approve(request: ApprovalRequest, *, actor: Member) -> ApprovalRequest:
             # sender no longer a member, the key used for another message…
             raise Conflict(f"The retained message cannot be sent as approved: {exc.message}",
                            details={"cause": exc.code, **exc.details}) from None
-        if result.created and (gone := _not_received(result.message, request.recipients)):
+        if result.created and (gone := _not_received(result.message, set(request.recipients) - set(request.away))):
             # Away from the space since: the message would go to no one it was approved for.
             raise Conflict("The retained message cannot be sent as approved: "
-                           f"{', '.join(gone)} no longer belong to the space.", details={"recipients": gone})
+                           f"{', '.join(gone)} no longer belong to the space.",
+                           details={"cause": "CONFLICT", "recipients": gone})
         # What the send did not use (it went, or had gone, under other
         # authority with the same key: an owner's one-message grant, a pair
         # grant) could authorize nothing else: its key is spent.
@@ -151,10 +156,10 @@ def approve(request: ApprovalRequest, *, actor: Member) -> ApprovalRequest:
     return request
 
 
-def _not_received(message, retained: list[int]) -> list[str]:
+def _not_received(message, retained: set[int]) -> list[str]:
     """The handles of the retained recipients `message` got no copy for."""
     received = set(Recipient.objects.filter(message=message).values_list("member_id", flat=True))
-    return [f"@{handle}" for handle in Member.objects.filter(pk__in=set(retained) - received)
+    return [f"@{handle}" for handle in Member.objects.filter(pk__in=retained - received)
             .order_by("handle").values_list("handle", flat=True)]
 
 

@@ -100,6 +100,10 @@ class ApprovalRequest(models.Model):
     sender = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="+")
     # The recipients no grant covered, as member pks in send order.
     recipients = models.JSONField()
+    # Of those, the participants away from the space when it was retained
+    # (a direct or group conversation's): the send gets them no copy, and
+    # they read the conversation once back.
+    away = models.JSONField(default=list, blank=True)
     idempotency_key = models.CharField(max_length=128)
     body = models.TextField()
     reply_to = models.CharField(max_length=40, null=True, blank=True)

@@ -153,9 +153,51 @@ def test_approval_whose_recipient_left_sends_nothing_and_leaves_no_grant(request
     response = as_root.post(f"/v0/approval-requests/{requested['id']}/approve")
     # then: it would reach no one it was approved for; before, it was
     # "approved", sent to nobody, and its one-message grant stayed active
-    assert response.status_code == 409 and response.json()["error"]["details"]["recipients"] == ["@carol"]
+    assert response.status_code == 409
+    assert response.json()["error"]["details"] == {"cause": "CONFLICT", "recipients": ["@carol"]}
     assert ApprovalRequest.objects.get().status == "pending"
     assert not Grant.objects.exists() and not Message.objects.exists()
+
+
+def test_a_participant_away_when_the_send_was_retained_does_not_stop_its_approval(bob_to_carol, locked, alice, bob,
+                                                                                   carol, as_bob, as_root, as_carol):
+    """Away participants need a grant but get no copy (they read the
+    conversation once back), so each such request was refused for good as
+    if they had left since."""
+    # given: carol left before bob asked for approval
+    services.remove_member(locked, carol, actor=carol)
+    refused = as_bob.post(send_path(bob_to_carol), {"body": "for when you are back", "request_approval": True},
+                          headers=KEY)
+    requested = refused.json()["error"]["details"]["approval_request"]
+    assert refused.status_code == 403 and requested["recipients"] == ["@carol"]
+    # when
+    approved = as_root.post(f"/v0/approval-requests/{requested['id']}/approve")
+    # then: sent under its one-message grant, and carol reads it once back
+    assert approved.status_code == 200 and approved.json()["approval_request"]["status"] == "approved"
+    message = Message.objects.get()
+    assert Grant.objects.get().message_id == message.pk
+    services.join_space(locked, actor=carol)
+    read = as_carol.get(f"/v0/messages/{message.public_id}/body")
+    assert read.status_code == 200 and read.json()["body"] == "for when you are back"
+
+
+def test_in_a_group_only_who_left_since_the_request_stops_its_approval(locked, alice, bob, carol, as_alice, as_root):
+    # given: alice's group with bob and carol; carol is away when alice asks
+    group, _ = services.get_or_create_group(locked, [alice, bob, carol], actor=alice)
+    services.remove_member(locked, carol, actor=carol)
+    refused = as_alice.post(send_path(group), {"body": "hi", "request_approval": True}, headers=KEY)
+    requested = refused.json()["error"]["details"]["approval_request"]
+    assert requested["recipients"] == ["@bob", "@carol"]
+    # when: bob leaves after the request
+    services.remove_member(locked, bob, actor=bob)
+    gone = as_root.post(f"/v0/approval-requests/{requested['id']}/approve")
+    # then: bob is named, carol is not; nothing changed
+    assert gone.status_code == 409 and gone.json()["error"]["details"] == {"cause": "CONFLICT",
+                                                                          "recipients": ["@bob"]}
+    assert not Message.objects.exists() and ApprovalRequest.objects.get().status == "pending"
+    # and: back, bob lets it go
+    services.join_space(locked, actor=bob)
+    assert as_root.post(f"/v0/approval-requests/{requested['id']}/approve").status_code == 200
 
 
 def test_a_decision_on_a_channel_message_reaches_only_its_sender(locked, bob, carol, as_bob, as_root, anon):
