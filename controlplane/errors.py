@@ -4,13 +4,17 @@
 from __future__ import annotations
 
 import logging
+import re
 import sys
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.db import InterfaceError, OperationalError
 from django.http import Http404, JsonResponse
+from django.utils.regex_helper import _lazy_re_compile
+from django.views.debug import SafeExceptionReporterFilter
 from rest_framework import exceptions as drf
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
 logger = logging.getLogger("switchboard.errors")
@@ -254,6 +258,9 @@ def api_exception_handler(exc, context):
         exc = ApiError("Internal error.", status=500, code="INTERNAL")
     if isinstance(exc, Unauthenticated):
         exc = refused_credential(context["request"]) or exc
+    if (request := context.get("request")) is not None:
+        # In JSON whatever the route renders (the schema's YAML, its docs' HTML).
+        request.accepted_renderer, request.accepted_media_type = JSONRenderer(), JSONRenderer.media_type
     return Response(exc.body(), status=exc.status, headers=exc.headers)
 
 
@@ -290,3 +297,11 @@ def server_error(request):
 
 def csrf_failure(request, reason=""):
     return _json("FORBIDDEN", "CSRF verification failed.", 403)
+
+
+class ReporterFilter(SafeExceptionReporterFilter):
+    """What DEBUG's error pages show (DEFAULT_EXCEPTION_REPORTER_FILTER):
+    Django's hidden settings, and the connection URLs too (DATABASE_URL,
+    REDIS_URL), whose passwords Django's names (PASS, KEY…) do not match."""
+
+    hidden_settings = _lazy_re_compile(SafeExceptionReporterFilter.hidden_settings.pattern + "|_URL$", flags=re.I)

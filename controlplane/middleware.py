@@ -5,7 +5,7 @@ from urllib.parse import urlsplit
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
-from django.core.exceptions import TooManyFieldsSent
+from django.core.exceptions import DisallowedHost, TooManyFieldsSent
 from django.http.request import split_domain_port, validate_host
 from django.utils.decorators import sync_and_async_middleware
 
@@ -26,11 +26,15 @@ def host_check(headers: dict) -> ApiError | None:
     scope's, by name."""
     domain, _ = split_domain_port(headers.get(b"host", b"").decode("latin-1"))
     if not _allowed(domain):
-        return InvalidRequest("This host is not served here.", details={"reason": "host"})
+        return _not_served()
     origin = headers.get(b"origin")
     if origin is not None and not _allowed(urlsplit(origin.decode("latin-1")).hostname):
         return Forbidden("Requests from this origin are not accepted.", details={"reason": "origin"})
     return None
+
+
+def _not_served() -> ApiError:
+    return InvalidRequest("This host is not served here.", details={"reason": "host"})
 
 
 class HostCheck:
@@ -54,14 +58,17 @@ class HostCheck:
             markcoroutinefunction(self)
 
     def __call__(self, request):
-        if request.path not in settings.PROBE_PATHS:
-            request.get_host()  # DisallowedHost → 400
         try:
+            if request.path not in settings.PROBE_PATHS:
+                request.get_host()
             request.GET
+        except DisallowedHost:  # answered here: with DEBUG, Django's own answer was its debug page
+            refused = _not_served().json_response()
         except TooManyFieldsSent:
             refused = InvalidRequest("Too many query parameters.").json_response()
-            return _now(refused) if self.is_async else refused
-        return self.get_response(request)
+        else:
+            return self.get_response(request)
+        return _now(refused) if self.is_async else refused
 
 
 async def _now(response):

@@ -210,6 +210,8 @@ TEMPLATES = [
 
 # --- database -------------------------------------------------------------
 private_dir(VAR_DIR)
+# DEBUG pages show settings: these hold passwords, and are hidden there.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "controlplane.errors.ReporterFilter"
 DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'switchboard.sqlite3'}"
 try:
     _db = dj_database_url.parse(DATABASE_URL)

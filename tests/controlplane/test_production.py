@@ -117,6 +117,33 @@ def test_a_request_naming_another_host_is_400_except_the_health_check(settings):
     assert client.get("/healthz", HTTP_HOST="10.0.0.5").status_code == 200
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("debug", [False, True])
+@pytest.mark.parametrize("host", ["evil.example", "dev_box", "127.0.0.1:abc", "[::1"])
+def test_a_host_that_is_not_served_is_400_in_the_contracts_shape_with_debug_too(settings, debug, host):
+    """With DEBUG (`make run`'s default), Django's own answer to a malformed
+    host was its debug page: every setting, DATABASE_URL's password included."""
+    settings.DEBUG, settings.ALLOWED_HOSTS = debug, ["switchboard.example"]
+    wrong = Client().get("/v0/spaces", HTTP_HOST=host)
+    assert (wrong.status_code, wrong["Content-Type"]) == (400, "application/json")
+    assert wrong.json()["error"] == {"code": "INVALID_REQUEST", "message": "This host is not served here.",
+                                     "details": {"reason": "host"}}
+
+
+def test_a_debug_page_hides_the_connection_urls(settings, rf):
+    from django.views.debug import technical_500_response
+
+    secret = "-password-1"  # (the page shows this file's lines too: the whole value is never written here)
+    settings.DEBUG, settings.DATABASE_URL = True, f"postgres://someone:db{secret}@db.example/switchboard"
+    settings.REDIS_URL = f"redis://:redis{secret}@cache.example:6379/0"
+    try:
+        raise ValueError("a page failed")
+    except ValueError:
+        page = technical_500_response(rf.get("/app/"), *sys.exc_info()).content.decode()
+    assert "a page failed" in page and "DATABASE_URL" in page
+    assert f"db{secret}" not in page and f"redis{secret}" not in page
+
+
 @pytest.mark.parametrize("trust, expected", [(False, "10.0.0.9"), (True, "203.0.113.7")])
 def test_client_addresses_come_from_the_proxy_only_when_trusted(settings, trust, expected):
     settings.TRUST_PROXY_HEADERS = trust

@@ -83,3 +83,14 @@ def test_a_format_the_api_does_not_have_is_answered_in_json(as_alice):
     # (DRF answered a `?format=` it has no renderer for with 404, on a route that exists)
     response = as_alice.get("/v0/me?format=xml")
     assert response.status_code == 200 and response.json()["member"]["handle"] == "@alice"
+
+
+@pytest.mark.parametrize("path", ["/v0/schema/", "/v0/docs/"])
+@pytest.mark.parametrize("method, headers, status, code", [
+    ("post", {}, 405, "METHOD_NOT_ALLOWED"),
+    ("get", {"HTTP_AUTHORIZATION": "Bearer sbt_wrong"}, 401, "UNAUTHENTICATED")])
+def test_the_schema_and_its_docs_refuse_in_json_as_every_route_does(anon, path, method, headers, status, code):
+    # (their errors came in the route's own format: the schema's YAML, the docs' HTML)
+    response = getattr(anon.client, method)(path, **headers)
+    assert response.status_code == status and response["Content-Type"] == "application/json"
+    assert error_code(response) == code
