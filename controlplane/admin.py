@@ -2,6 +2,7 @@ import django_q.admin
 from django.contrib import admin
 from django.contrib.auth import admin as auth_admin
 from django.contrib.auth.models import Group, User
+from django.core.exceptions import FieldDoesNotExist
 from django.db.models.constants import LOOKUP_SEP
 from django.urls import reverse
 from django.utils.html import format_html
@@ -22,9 +23,25 @@ SECRET_FIELDS = frozenset({"token_hash", "secret", "previous_secret", "private_k
 SEARCH_TERMS = 10  # words of a list's search
 
 
+def _fields_named(model, lookup: str) -> list[str]:
+    """The fields a list filter's `lookup` names, model by model through its
+    relations, `pk` read as the name of the key it stands for (a session's
+    `pk` is its `session_key`)."""
+    names = []
+    for part in lookup.split(LOOKUP_SEP):
+        if model is not None and part == "pk":
+            part = model._meta.pk.name
+        names.append(part)
+        try:
+            model = model._meta.get_field(part).related_model if model is not None else None
+        except FieldDoesNotExist:
+            model = None  # a lookup (`startswith`) or a transform: nothing further is a field
+    return names
+
+
 class Guarded(admin.ModelAdmin):
     def lookup_allowed(self, lookup, value, request=None):
-        if SECRET_FIELDS.intersection(lookup.split(LOOKUP_SEP)):
+        if SECRET_FIELDS.intersection(_fields_named(self.model, lookup)):
             return False
         return super().lookup_allowed(lookup, value, request)
 

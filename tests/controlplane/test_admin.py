@@ -199,11 +199,16 @@ def test_no_list_filters_on_a_secret_through_any_relation(staff_client, alice, g
     probes = ["controlplane/credential/?token_hash__startswith=0", "controlplane/member/?credentials__token_hash=0",
               "webhooks/endpoint/?secret__startswith=s", "webhooks/endpoint/?previous_secret__isnull=1",
               "webhooks/subscription/?endpoint__secret__startswith=s", "webhooks/signingkey/?private_key__gt=0",
-              "controlplane/usersession/?session_key__startswith=a", "auth/user/?password__startswith=p"]
+              "controlplane/usersession/?session_key__startswith=a", "auth/user/?password__startswith=p",
+              # `pk` stands for a session's key: the same probe under another name
+              "controlplane/usersession/?pk__startswith=a", "controlplane/usersession/?pk__gt=a",
+              "controlplane/usersession/?pk__regex=^a"]
     for probe in probes:
         assert staff_client.get(f"/admin/{probe}").status_code == 400, probe
-    # the lists' own filters still work
+    # the lists' own filters still work, and a pk that is no secret
     assert staff_client.get("/admin/controlplane/member/?status__exact=active").status_code == 200
+    assert staff_client.get("/admin/controlplane/usersession/?user_id=1").status_code == 200
+    assert staff_client.get("/admin/controlplane/member/?pk__gt=0").status_code == 200
 
 
 def test_sessions_and_finished_tasks_are_shown_without_keys_or_actions(staff_client):
