@@ -95,24 +95,34 @@ class SessionSocket:
             self.memberships = Memberships(self.channel_layer, self.channel_name, on_renewal=self.recheck_session)
         await self.memberships.join(*groups)
 
-    async def recheck_session(self) -> None:
+    async def recheck_session(self) -> bool:
         """Close the socket (4401) once its session no longer signs its member
         in: it expired, was deleted, or what it rests on changed behind the
-        signals' back (web.sockets.recheck_live_sockets hears the rest at once)."""
+        signals' back (web.sockets.recheck_live_sockets hears the rest at once).
+        Returns whether it still does."""
         key = getattr(self.scope.get("session"), "session_key", None)
         if key is not None and await db_call(signed_in_user_id)(key) != self.scope["user"].pk:
             await self.close(code=SIGNED_OUT)
+            return False
+        return True
 
-    async def follow_session(self, member) -> None:
+    async def follow_session(self, member) -> bool:
         """Follow the member's and the session's groups, and start the
         heartbeat: a frame at least every LIVE_HEARTBEAT_SECONDS, so a page
         whose connection went away without a close (a network gone, a NAT
-        that forgot it) finds out from the silence and reconnects."""
+        that forgot it) finds out from the silence and reconnects. Returns
+        whether the session still signs the member in, read again once the
+        groups are joined: a sign-out or a new password told to them between
+        the handshake's read and the joins reached no one, and the socket
+        went on for up to GROUP_READD_SECONDS."""
         session = self.scope.get("session")
         key = getattr(session, "session_key", None)
         await self.join(member_group(member), *([session_group(key)] if key else []))
+        if not await self.recheck_session():
+            return False
         if self.heart is None:
             self.heart = asyncio.get_running_loop().create_task(self._beat())
+        return True
 
     async def _beat(self) -> None:
         frame = json.dumps({"type": "heartbeat"})
@@ -191,7 +201,8 @@ class ConversationConsumer(SessionSocket, AsyncWebsocketConsumer):
             await self.lose_access()
             return
         self.member_pk = member.pk
-        await self.follow_session(member)
+        if not await self.follow_session(member):
+            return
         if await self._catch_up(conversation):
             # Caught up alone, it shares the conversation's stream from now on.
             self.stream = streams.join(self, conversation)
@@ -256,8 +267,8 @@ class InboxConsumer(SessionSocket, AsyncJsonWebsocketConsumer):
             return
         self.member_pk = member.pk
         await self.join(inbox_group(member))
-        await self.follow_session(member)
-        await self._send_count()
+        if await self.follow_session(member):
+            await self._send_count()
 
     def _count(self) -> int | None:
         member = Member.objects.filter(pk=self.member_pk).first()

@@ -285,6 +285,28 @@ async def test_signing_out_closes_the_sessions_sockets(room, ben):
     assert await conversation.receive_nothing(0.3) and await inbox.receive_nothing(0.3)
 
 
+@pytest.mark.parametrize("path", ["/ws/inbox/", "conversation"])
+async def test_a_sign_out_between_a_handshake_and_its_groups_closes_the_socket(room, ben, path, monkeypatch):
+    """The sign-out's message reaches the session's group before the socket
+    is in it: the socket must not go on for an hour (GROUP_READD_SECONDS)."""
+    from web.consumers import SessionSocket
+
+    _, channel = room
+    client = Client()
+    await db_call(client.force_login)(ben.user)
+    joining = SessionSocket.join
+
+    async def signed_out_first(self, *groups):
+        await db_call(client.logout)()  # its session.ended goes out to no one yet
+        monkeypatch.setattr(SessionSocket, "join", joining)
+        await joining(self, *groups)
+
+    monkeypatch.setattr(SessionSocket, "join", signed_out_first)
+    socket, accepted = await open_socket(path if path.startswith("/") else f"/ws/conversations/{channel.public_id}/",
+                                         cookie=client.cookies["sessionid"].value)
+    assert accepted and await refusal(socket) == [4401]
+
+
 async def test_signing_in_as_someone_else_in_the_same_browser_reconnects_the_old_sessions_sockets(room, ben, human):
     # given: ben's live pages; then the same browser signs in as an outsider (Django's login gives a new key)
     _, channel = room
