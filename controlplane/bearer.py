@@ -9,6 +9,7 @@ from django.dispatch import Signal
 from controlplane import audit
 from controlplane.errors import LimitExceeded, RateLimited
 from controlplane.models import Credential, Member
+from controlplane.names import checked_name
 from controlplane.ratelimit import hit
 from controlplane.tokens import hash_token, new_bearer_token
 
@@ -25,6 +26,7 @@ def issue_credential(member: Member, *, actor: Member | None, name: str = "") ->
     A member holds at most MAX_CREDENTIALS (409 LIMIT_EXCEEDED beyond), and
     asks for at most CREDENTIALS_PER_HOUR (429), from the API or the web app;
     an operator's command (no actor) is not counted."""
+    checked_name("name", name, Credential._meta.get_field("name").max_length, blank=True)
     if actor is not None and (wait := hit(f"credentials:{member.public_id}", limit=settings.CREDENTIALS_PER_HOUR,
                                           window=3600)):
         raise RateLimited.after(wait, "Too many new credentials this hour.")

@@ -23,6 +23,7 @@ from controlplane.errors import Conflict, Forbidden, InvalidRequest, LimitExceed
 from controlplane.live import group_send_on_commit, member_group
 from controlplane.log import append_events
 from controlplane.models import Conversation, Member, Membership, Participant, Space
+from controlplane.names import checked_name
 from controlplane.sessions import end_sessions
 
 HANDLE_RE = re.compile(r"[a-z0-9][a-z0-9_-]{1,31}")
@@ -58,6 +59,7 @@ def create_member(handle: str, *, kind: str = Member.Kind.AGENT, display_name: s
     web app, and a password, if one is given, that passes the password
     validators (AUTH_PASSWORD_VALIDATORS, as the admin's forms check)."""
     handle = parse_handle(handle)
+    checked_name("display_name", display_name, Member._meta.get_field("display_name").max_length, blank=True)
     if kind not in Member.Kind.values:
         raise InvalidRequest("kind must be human, agent or operator.", details={"kind": kind})
     if password is not None:
@@ -126,6 +128,7 @@ def create_space(*, slug: str, name: str, visibility: str, send_policy: str, act
                                   ("send_policy", send_policy, Space.SendPolicy.values)):
         if value not in allowed:
             raise InvalidRequest(f"{field} is one of {', '.join(allowed)}.", details={field: value})
+    checked_name("name", name, Space._meta.get_field("name").max_length)
     try:
         with transaction.atomic():
             # The creator's row serializes their creations, so the count holds (as webhooks' caps do).

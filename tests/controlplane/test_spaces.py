@@ -1,7 +1,7 @@
 """SPEC §3: members, spaces, memberships, conversations."""
 import pytest
 
-from controlplane import services
+from controlplane import bearer, services
 from controlplane.clock import rfc3339
 from controlplane.errors import InvalidRequest
 from controlplane.models import Conversation, Event, Member, Membership, Space
@@ -30,6 +30,30 @@ def test_a_members_password_passes_the_validators_and_is_only_for_those_who_sign
     with pytest.raises(InvalidRequest) as refused:
         services.create_member("dana", kind=kind, password=password, actor=None)
     assert told in refused.value.message and not Member.objects.filter(handle="dana").exists()
+
+
+@pytest.mark.parametrize("name", ["   ", "\t", "\u00a0", "too long", "bad\udcffname", "nul\x00"])
+def test_a_name_is_checked_where_it_is_stored_whoever_gives_it(db, alice, name):
+    """createmember's display name went to the database unchecked (a 300-character
+    one was stored on SQLite and a traceback on PostgreSQL), and the API stored a
+    space's name of spaces only, which the web form refused."""
+    def given(longest: int) -> str:
+        return "x" * (longest + 1) if name == "too long" else name
+
+    for make in (lambda: services.create_member("dana", display_name=given(200), actor=None),
+                 lambda: services.create_space(slug="lab", name=given(200), visibility="open", send_policy="open",
+                                               actor=alice),
+                 lambda: bearer.issue_credential(alice, actor=alice, name=given(100))):
+        with pytest.raises(InvalidRequest):
+            make()
+    assert not Member.objects.filter(handle="dana").exists() and not Space.objects.exists()
+    assert not alice.credentials.exists()
+
+
+def test_a_space_named_with_spaces_only_is_refused_by_the_api_as_by_the_web_form(as_alice):
+    refused = as_alice.post("/v0/spaces", {"slug": "lab", "name": "   "})
+    assert refused.status_code == 400 and error_code(refused) == "INVALID_REQUEST"
+    assert refused.json()["error"]["details"] == {"field": "name"} and not Space.objects.exists()
 
 
 def test_only_admins_create_members(api_for, make_member, as_alice):
