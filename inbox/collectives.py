@@ -365,4 +365,12 @@ def answers_for(message: Message, member: Member) -> dict:
     if collective.state != Collective.State.COMPLETED:
         raise Conflict("The operation has not completed.", details={"state": collective.state,
                                                                      "reason": collective.reason})
+    result = (InboxItem.objects.filter(member=member, kind="collective.result",
+                                       payload__collective__message=message.public_id)
+              .values_list("admission", flat=True).first())
+    if result not in (None, InboxItem.Admission.ADMITTED):
+        # The result their firewall holds (or has yet to judge) carries these answers: every
+        # read path sees admitted items only (SPEC §7), this one too.
+        raise Conflict("The result is not in your inbox: your firewall holds it, or has yet to judge it.",
+                       details={"state": "held" if result == InboxItem.Admission.HELD else "unclassified"})
     return _outcome(collective)
