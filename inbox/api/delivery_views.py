@@ -9,8 +9,9 @@ from rest_framework.views import APIView
 from controlplane.api.fields import (BoundedListField, CursorField, QueryIntegerField, StrictCharField,
                                      StrictChoiceField, StrictIntegerField, StrictSerializer, validated)
 from controlplane.api.schema import CURSOR, IDEMPOTENCY_KEY, INBOX_LIMIT, errors, extend_schema
+from controlplane.errors import InvalidRequest
 from controlplane.idempotency import idempotent
-from controlplane.services import parse_handle
+from controlplane.services import SLUG_RE, parse_handle
 from inbox import delivery, firewall, reads
 from inbox.models import FirewallRule
 from inbox.render import render_entry, render_rules
@@ -77,6 +78,9 @@ def parse_rules(data) -> list[dict]:
     for rule in rules:
         if rule.get("sender"):
             rule["sender"] = parse_handle(rule["sender"])
+        if rule.get("space") is not None and not SLUG_RE.fullmatch(rule["space"]):
+            # (a rule of "LAB" or " lab" was kept, and matched nothing)
+            raise InvalidRequest("A rule's space is a space's slug.", details={"space": rule["space"]})
     return [dict(r) for r in rules]
 
 

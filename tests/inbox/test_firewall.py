@@ -115,6 +115,8 @@ def test_no_rules_means_admitted_at_once(space, alice, bob, as_bob):
     [{"action": "explode"}], [{"action": "hold", "content_pattern": "("}],
     [{"action": "hold", "conversation_kind": "room"}], [{"action": "hold", "unknown": 1}],
     [{"action": "hold", "min_bytes": "5"}], "hold",
+    # a space is a slug (these were kept, and matched nothing)
+    [{"action": "hold", "space": "LAB"}], [{"action": "hold", "space": " lab"}], [{"action": "hold", "space": ""}],
 ])
 def test_bad_rules_are_400_and_change_nothing(as_bob, bob, rules):
     as_bob.put("/v0/me/inbox/firewall", {"rules": [{"action": "allow"}]})

@@ -209,6 +209,16 @@ def test_saving_the_firewall_form_unchanged_keeps_rules_set_through_the_api(ben,
     assert list(FirewallRule.objects.filter(member=ben).values_list("action", "content_pattern", "guidance")) == before
 
 
+@pytest.mark.parametrize("count", ["", "x", "1" * 21])
+def test_a_firewall_form_with_a_malformed_rule_count_is_refused_and_deletes_nothing(ben, browser_of, count):
+    from inbox import firewall
+
+    firewall.set_rules(ben, [{"action": "hold", "sender": "mallory"}], actor=ben)
+    response = browser_of(ben).post("/app/inbox/firewall", {"rules": count, "rule-0-action": "allow"})
+    assert response.status_code == 400  # it saved no rules, deleting those there were
+    assert list(FirewallRule.objects.filter(member=ben).values_list("sender", flat=True)) == ["mallory"]
+
+
 def test_a_refused_firewall_form_names_each_field_it_refused(ben, browser_of):
     response = browser_of(ben).post("/app/inbox/firewall", {
         "rules": "2", "rule-0-action": "hold", "rule-0-min_bytes": "abc", "rule-1-action": "explode"})

@@ -10,6 +10,7 @@ from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.views.decorators.http import require_POST
 
+from controlplane.errors import InvalidRequest
 from inbox import firewall, reads
 from inbox.api.delivery_views import parse_rules
 from inbox.delivery import acknowledge_delivery, pending_count
@@ -69,8 +70,10 @@ def release(request, member):
 @require_POST
 def set_rules(request, member):
     """Rows `rule-N-FIELD`, in order; a row without an action is dropped."""
-    rows, count = [], request.POST.get("rules", "")
-    count = min(digits(count) or 0, firewall.MAX_RULES + BLANK_RULES)
+    rows, count = [], digits(request.POST.get("rules", ""))
+    if count is None:  # (it read as none, and saving deleted every rule)
+        raise InvalidRequest("The form's rule count is missing or malformed.")
+    count = min(count, firewall.MAX_RULES + BLANK_RULES)
     for n in range(count):
         row = {f: value if f in VERBATIM else value.strip()
                for f in RULE_FIELDS for value in [request.POST.get(f"rule-{n}-{f}", "")]}
