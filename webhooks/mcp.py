@@ -107,11 +107,17 @@ def subscribe(member: Member, name: str, arguments: dict, url: str, secret: str,
         require_receiving(space, member)
     task = work_task(space, arguments) if name == WORK else None
     public_id = subscription_id(member, url, name, arguments)
-    _refuse_or_count(Subscription.objects.filter(public_id=public_id, owner=member).first(), member, space,
-                     make_room=False)
-    # The receiver's consent, outside any transaction (network I/O).
+    existing = Subscription.objects.filter(public_id=public_id, owner=member).select_related("endpoint").first()
+    live = _refuse_or_count(existing, member, space, make_room=False)
     candidate = Endpoint(owner=member, url=url, secret=crypto.seal_secret(secret), managed=True)
-    verified_at = verify_endpoint(candidate, resolver=resolver, mcp_subscription_id=public_id)
+    if live and existing.endpoint.verified_digest == crypto.target_digest(url, secret) \
+            and existing.lease_expires_at is not None and existing.lease_expires_at > now():
+        # A refresh within its lease, to the URL and secret its receiver consented to: no new
+        # challenge (each one was a request to the receiver, and counted against VERIFY_PER_HOUR).
+        verified_at = existing.endpoint.verified_at
+    else:
+        # The receiver's consent, outside any transaction (network I/O).
+        verified_at = verify_endpoint(candidate, resolver=resolver, mcp_subscription_id=public_id)
     lease_until = now() + lease_for(ttl_ms)
     with transaction.atomic():
         # The member's subscribes and unsubscribes take turns (as ordinary

@@ -58,6 +58,27 @@ def test_the_id_is_stable_per_identity_and_the_lease_is_bounded(world, receiver)
     assert [r.path for r in receiver.requests if r.json().get("type") == "verification"] == ["/items", "/other"]
 
 
+def test_a_refresh_within_its_lease_to_the_same_receiver_is_not_challenged_again(world, receiver):
+    """Every refresh past the ten minutes' cache sent a new challenge and
+    counted against VERIFY_PER_HOUR: an agent keeping 30 subscriptions alive
+    was refused most refreshes, and their leases ran out."""
+    def challenges():
+        return [r.path for r in receiver.requests if r.json().get("type") == "verification"]
+
+    created = subscribe(world, ttl_ms=3600 * 1000)
+    with freeze(now() + dt.timedelta(minutes=30)):
+        # when: refreshed within its lease, past the cache
+        assert subscribe(world, ttl_ms=3600 * 1000)["id"] == created["id"]
+        assert challenges() == ["/items"]
+        # but: a new secret is the receiver's to confirm
+        subscribe(world, secret=ROTATED, ttl_ms=3600 * 1000)
+        assert challenges() == ["/items", "/items"]
+    with freeze(now() + dt.timedelta(hours=2)):
+        # and: so is a subscription whose lease ran out
+        subscribe(world, secret=ROTATED)
+        assert challenges() == ["/items", "/items", "/items"]
+
+
 def test_an_ordinary_endpoints_verification_does_not_stand_for_the_mcp_challenge(world, receiver):
     # given: ada verified her own endpoint at the same URL with the same secret a moment ago
     receiver.respond = lambda received: (200, {"Content-Type": "application/json"},
