@@ -24,6 +24,7 @@ from controlplane.bodylimit import BodyLimit  # noqa: E402
 from controlplane.db import pooled  # noqa: E402
 from controlplane.loop_reads import loop_reads  # noqa: E402
 from controlplane.live import log_watcher  # noqa: E402
+from controlplane.middleware import answers_not_stored  # noqa: E402
 from controlplane.publishing import publisher  # noqa: E402
 from controlplane.tracing import with_request_id  # noqa: E402
 from mcp_endpoint.endpoint import mcp_endpoint  # noqa: E402
@@ -37,7 +38,7 @@ router = ProtocolTypeRouter({
 })
 
 
-mcp = with_request_id(BodyLimit(mcp_endpoint))
+mcp = with_request_id(answers_not_stored(BodyLimit(mcp_endpoint)))
 MCP_PATHS = ("/mcp", "/mcp/")
 
 

@@ -118,11 +118,31 @@ class RequestId:
 
 
 
+def answers_not_stored(application):
+    """An ASGI application whose answers say `Cache-Control: no-store`
+    (`/mcp`, which Django's middleware does not see: tool results carry
+    delivery tokens and message bodies), beside what the answer says already
+    (its event streams' `no-cache, no-transform`)."""
+    async def call(scope, receive, send):
+        async def send_not_stored(message):
+            if message["type"] == "http.response.start":
+                headers = [(name, value) for name, value in message.get("headers", [])
+                           if name.lower() != b"cache-control"]
+                said = [value for name, value in message.get("headers", []) if name.lower() == b"cache-control"]
+                value = b", ".join([b"no-store", *(v for v in said if b"no-store" not in v)])
+                message = {**message, "headers": [*headers, (b"cache-control", value)]}
+            await send(message)
+
+        return await application(scope, receive, send_not_stored if scope["type"] == "http" else send)
+
+    return call
+
+
 @sync_and_async_middleware
 def api_answers_no_store(get_response):
     """API answers are their caller's own (a new credential's token,
     delivery tokens, message bodies): `Cache-Control: no-store`, as the web
-    app's pages and `/mcp` say, unless the view said otherwise. A browser
+    app's pages and `/mcp` (`answers_not_stored`) say, unless the view said otherwise. A browser
     calls the API too (`/v0/docs/`)."""
     def mark(request, response):
         if request.path.startswith("/v0/"):

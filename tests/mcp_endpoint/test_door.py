@@ -48,3 +48,32 @@ def test_only_post_is_served_so_no_idle_stream_is_held_open():
     assert [r.status_code for r in streams + [ended]] == [405] * 4
     assert streams[0].headers["allow"] == "POST" and streams[0].json()["error"]["code"] == "METHOD_NOT_ALLOWED"
     assert "read_inbox" in served
+
+
+def test_every_answer_says_it_is_not_to_be_stored():
+    # (tool results carry delivery tokens and message bodies; /v0/ said no-store, /mcp nothing)
+    from tests.mcp_endpoint.test_endpoint import DISCOVER, HEADERS
+
+    ada = token_for("ada")
+    with serving("--no-worker") as (base, _):
+        served = httpx.post(f"{base}/mcp", json=DISCOVER, headers={**HEADERS, **bearer(ada)})
+        refused = httpx.post(f"{base}/mcp", json=DISCOVER, headers=HEADERS)
+    assert (served.status_code, refused.status_code) == (200, 401)
+    assert served.headers["cache-control"] == refused.headers["cache-control"] == "no-store"
+
+
+def test_what_an_answer_said_of_caching_is_kept_beside_no_store():
+    from controlplane.middleware import answers_not_stored
+
+    async def stream(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"cache-control", b"no-cache, no-transform"), (b"content-type", b"text/event-stream")]})
+
+    sent = []
+
+    async def collect(message):
+        sent.append(message)
+
+    asyncio.run(answers_not_stored(stream)({"type": "http"}, None, collect))
+    assert dict(sent[0]["headers"]) == {b"cache-control": b"no-store, no-cache, no-transform",
+                                        b"content-type": b"text/event-stream"}
