@@ -40,4 +40,5 @@ def rfc3339(value: dt.datetime | None) -> str | None:
     if value is None:
         return None
     value = value.astimezone(dt.timezone.utc)
-    return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+    # (strftime's %Y does not pad years before 1000: year 1 was "1-01-01…")
+    return f"{value.year:04d}-" + value.strftime("%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"

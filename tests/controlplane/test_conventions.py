@@ -429,3 +429,14 @@ def test_a_hot_statement_is_prepared_on_its_connection():
         cursor.execute("SELECT statement FROM pg_prepared_statements")
         prepared = [statement for statement, in cursor.fetchall()]
     assert any("SELECT s.send_policy, m.id" in statement for statement in prepared), prepared
+
+
+@pytest.mark.parametrize("year, shown", [(1, "0001-01-01T00:00:00.000Z"), (999, "0999-01-01T00:00:00.000Z"),
+                                         (2027, "2027-01-01T00:00:00.000Z")])
+def test_every_timestamp_is_rfc_3339_whatever_its_year(year, shown):
+    # (a grant's expires_at of year 1 was refused with "1-01-01T00:00:00.000Z" in its details)
+    import datetime as dt
+
+    from controlplane.clock import rfc3339
+
+    assert rfc3339(dt.datetime(year, 1, 1, tzinfo=dt.timezone.utc)) == shown

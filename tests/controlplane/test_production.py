@@ -149,3 +149,15 @@ def test_client_addresses_come_from_the_proxy_only_when_trusted(settings, trust,
     settings.TRUST_PROXY_HEADERS = trust
     request = RequestFactory().get("/", REMOTE_ADDR="10.0.0.9", HTTP_X_FORWARDED_FOR="1.2.3.4, 203.0.113.7")
     assert client_address(request) == expected
+
+
+@pytest.mark.parametrize("bind", ["127.0.0.1:70000", "127.0.0.1:-1", "127.0.0.1:abc", "127.0.0.1:\u0661\u0662", "nohost"])
+def test_a_bind_address_past_the_port_range_is_one_line_naming_it(bind):
+    # (a port over 65535 ended in an OverflowError's traceback)
+    from django.core.management import CommandError
+
+    from controlplane.management.commands.serve import split_bind
+
+    with pytest.raises(CommandError, match="--bind must be HOST:PORT"):
+        split_bind(bind)
+    assert split_bind("[::1]:65535") == ("::1", 65535)

@@ -33,8 +33,8 @@ def _die_with_parent() -> None:
 
 def split_bind(bind: str) -> tuple[str, int]:
     host, sep, port = bind.rpartition(":")
-    if not sep or not port.isdigit():
-        raise CommandError(f"--bind must be HOST:PORT, not {bind!r}")
+    if not sep or not port.isascii() or not port.isdigit() or int(port) > 65535:
+        raise CommandError(f"--bind must be HOST:PORT (a port of 0-65535), not {bind!r}")
     return host.strip("[]"), int(port)
 
 
