@@ -8,6 +8,7 @@ import re
 from django.http import QueryDict
 from rest_framework import serializers
 from rest_framework.fields import empty
+from rest_framework.settings import api_settings
 from rest_framework.utils.serializer_helpers import BindingDict
 
 
@@ -145,4 +146,9 @@ def validated(serializer_class, data) -> dict:
         raise serializers.ValidationError({name: ["May not be empty."] for name in blank})
     serializer = serializer_class(data=data)
     serializer.is_valid(raise_exception=True)
+    if isinstance(data, QueryDict) and (unknown := sorted(set(data) - set(serializer_class._declared_fields)
+                                                          - {api_settings.URL_FORMAT_OVERRIDE})):
+        # As a body's unknown fields are (SPEC §12): `?state=denied` listed
+        # the pending requests, `?limt=1` a page of 50.
+        raise serializers.ValidationError({name: ["Not a parameter of this route."] for name in unknown})
     return serializer.validated_data

@@ -14,11 +14,14 @@ class PageParams(serializers.Serializer):
     limit = QueryIntegerField(required=False, min_value=1, max_value=MAX_LIMIT, default=DEFAULT_LIMIT)
 
 
-def paginate(request, queryset, *, stream: str, render=None, render_rows=None) -> dict:
+def paginate(request, queryset, *, stream: str, render=None, render_rows=None, params: dict | None = None) -> dict:
     """One page of `queryset` in pk order: `{"items", "cursor", "has_more"}`,
     each row rendered by `render`, or the page's rows at once by
-    `render_rows` (for what one query can look up for all of them)."""
-    params = validated(PageParams, request.query_params)
+    `render_rows` (for what one query can look up for all of them).
+    `params`: the query, if the view validated it (with a PageParams of its
+    own that has its filters too)."""
+    if params is None:
+        params = validated(PageParams, request.query_params)
     caller = caller_id(request.user)
     after = 0
     if params.get("cursor"):

@@ -3,6 +3,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from controlplane.api.fields import StrictCharField, StrictSerializer
+from controlplane.api.pagination import PageParams
 from coordination.models import Task
 from coordination.services import DESCRIPTION_MAX, TITLE_MAX
 
@@ -24,7 +25,7 @@ class TaskUpdateIn(TaskCreateIn):
     title = StrictCharField(required=False, help_text=TITLE)
 
 
-class TaskListParams(serializers.Serializer):
+class TaskListParams(PageParams):
     status = serializers.ChoiceField(choices=Task.Status.choices, required=False)
 
 

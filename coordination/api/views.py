@@ -31,9 +31,11 @@ class TasksView(APIView):
                               **errors("INVALID_REQUEST", "INVALID_CURSOR", "NOT_FOUND")})
     def get(self, request, slug):
         space = get_readable_space(slug, request.user)
-        status = validated(TaskListParams, request.query_params).get("status")
+        params = validated(TaskListParams, request.query_params)
+        status = params.get("status")
         tasks = services.space_tasks(space, request.user, status)
-        page = paginate(request, tasks, stream=f"tasks:{space.pk}:{status or 'all'}", render=render_task)
+        page = paginate(request, tasks, stream=f"tasks:{space.pk}:{status or 'all'}", render=render_task,
+                        params=params)
         return Response({"tasks": page.pop("items"), **page})
 
     @extend_schema(operation_id="create_task", request=TaskCreateIn, parameters=[IDEMPOTENCY_KEY],
@@ -68,8 +70,8 @@ class TaskActionView(APIView):
     ACTIONS = {"claim": services.claim_task, "release": services.release_task, "submit": services.submit_task,
                "complete": services.complete_task, "reopen": services.reopen_task}
 
-    @extend_schema(request=EmptyIn, parameters=[IDEMPOTENCY_KEY],
-                   responses={200: envelope("task", TaskOut), **errors(*WRITE_ERRORS)})
+    @extend_schema(request=EmptyIn, parameters=[IDEMPOTENCY_KEY],  # (LIMIT_EXCEEDED: reopening done work)
+                   responses={200: envelope("task", TaskOut), **errors(*WRITE_ERRORS, "LIMIT_EXCEEDED")})
     @idempotent
     def post(self, request, slug, task_id):
         validated(EmptyIn, request.data)

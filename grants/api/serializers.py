@@ -3,6 +3,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from controlplane.api.fields import RFC3339Field, StrictCharField, StrictChoiceField, StrictSerializer
+from controlplane.api.pagination import PageParams
 from grants.models import ApprovalRequest, Grant
 from inbox.models import Collective
 
@@ -21,7 +22,7 @@ class DenyIn(StrictSerializer):
     reason = StrictCharField(max_length=2000, help_text="Why; recorded with who denied and when.")
 
 
-class ApprovalListParams(serializers.Serializer):
+class ApprovalListParams(PageParams):
     status = serializers.ChoiceField(choices=ApprovalRequest.Status.choices, default=ApprovalRequest.Status.PENDING)
 
 

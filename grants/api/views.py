@@ -104,10 +104,12 @@ class ApprovalRequestsView(APIView):
                    responses={200: envelope("approval_requests", ApprovalRequestOut, many=True, paged=True),
                               **errors("INVALID_REQUEST", "INVALID_CURSOR", "FORBIDDEN")})
     def get(self, request):
-        status = validated(ApprovalListParams, request.query_params)["status"]
+        params = validated(ApprovalListParams, request.query_params)
+        status = params["status"]
         queue = ApprovalRequest.objects.filter(status=status).select_related(
             "space", "conversation", "sender", "decided_by", "message")
-        page = paginate(request, queue, stream=f"approvals:{status}", render_rows=render_approval_requests)
+        page = paginate(request, queue, stream=f"approvals:{status}", render_rows=render_approval_requests,
+                        params=params)
         return Response({"approval_requests": page.pop("items"), **page})
 
 
