@@ -67,12 +67,7 @@ def create_task(space: Space, *, title: str, description: str = "", assignee: st
     assignee_member, reviewer_member = _member_of(space, assignee, "assignee"), _member_of(space, reviewer,
                                                                                           "reviewer")
     with transaction.atomic():
-        Member.take_turns(actor.pk)  # serializes the count
-        unfinished = Task.objects.filter(space=space, created_by=actor).exclude(status=Task.Status.DONE).count()
-        if unfinished >= MAX_UNFINISHED_TASKS_PER_MEMBER:
-            raise LimitExceeded(f"A member has at most {MAX_UNFINISHED_TASKS_PER_MEMBER} unfinished tasks of their "
-                                "making in a space; complete some first.",
-                                details={"limit": MAX_UNFINISHED_TASKS_PER_MEMBER})
+        _require_room(space, actor.pk)
         task = Task(space=space, title=title, description=description, assignee=assignee_member,
                     reviewer=reviewer_member, created_by=actor)
         name = f"{TASK_CHANNEL_PREFIX}{task.public_id}"
@@ -83,6 +78,18 @@ def create_task(space: Space, *, title: str, description: str = "", assignee: st
         append_events([conversation_created(task.conversation, [], actor=actor),
                        task_event("task.created", task, actor=actor)])
     return task
+
+
+def _require_room(space: Space, creator_id: int) -> None:
+    """Room for one more unfinished task of `creator_id`'s making in
+    `space` (409 LIMIT_EXCEEDED): made, or reopened once done. Their turns
+    serialize the count."""
+    Member.take_turns(creator_id)
+    unfinished = Task.objects.filter(space=space, created_by_id=creator_id).exclude(status=Task.Status.DONE).count()
+    if unfinished >= MAX_UNFINISHED_TASKS_PER_MEMBER:
+        raise LimitExceeded(f"A member has at most {MAX_UNFINISHED_TASKS_PER_MEMBER} unfinished tasks of their "
+                            "making in a space; complete some first.",
+                            details={"limit": MAX_UNFINISHED_TASKS_PER_MEMBER})
 
 
 def space_tasks(space: Space, member: Member | None, status: str | None = None):
@@ -208,6 +215,12 @@ def reopen_task(space: Space, task_id: str, *, actor: Member) -> Task:
     that was not."""
     require_sender(space, actor)
     with transaction.atomic():
+        seen = visible_task(space, task_id, actor)
+        if seen.status == Task.Status.DONE:
+            # Done work reopened counts against its creator's unfinished tasks, as a new
+            # one does: the creator's turn first, before the task's lock (create_task's order).
+            _require_decider(seen, actor)
+            _require_room(space, seen.created_by_id)
         task = visible_task(space, task_id, actor, lock=True)
         _require_decider(task, actor)
         if task.status not in (Task.Status.IN_REVIEW, Task.Status.DONE):

@@ -132,6 +132,10 @@ def test_a_member_has_so_many_unfinished_tasks_in_a_space(monkeypatch, space, as
     as_alice.post(f"{TASKS}/{made[0]}/claim")
     as_alice.post(f"{TASKS}/{made[0]}/complete")
     assert as_alice.post(TASKS, {"title": "one more"}).status_code == 201
+    # and: reopening the done one would make three unfinished: refused as a new one is (it went through)
+    reopened = as_alice.post(f"{TASKS}/{made[0]}/reopen")
+    assert reopened.status_code == 409 and error_code(reopened) == "LIMIT_EXCEEDED"
+    assert Task.objects.get(public_id=made[0]).status == "done"
 
 
 @pytest.mark.parametrize("body", [
