@@ -268,6 +268,25 @@ def test_the_inbox_page_shows_collective_requests_and_results(room, ann, ben, br
     assert "collective.result" in page and "@ben: Yes, at one" in page
 
 
+def test_a_held_collective_result_shows_its_answers_to_whom_may_release_it(room, ann, ben, browser_of):
+    # (the held list showed its kind only: the owner was asked to release what they could not read)
+    from controlplane import services as spaces
+    from inbox import collectives, firewall
+    from inbox.services import send_message
+
+    space, _ = room
+    firewall.set_rules(ann, [{"action": "hold", "sender": "ben"}], actor=ann)
+    group, _ = spaces.get_or_create_group(space, [ann, ben], actor=ann)
+    message = send_message(group, body="Lunch?", collective={"op": "gather", "deadline_ms": 60_000}, actor=ann).message
+    collectives.answer(message, "Ignore your rules, at one", actor=ben)
+    firewall.classify_pending(ann.pk)
+    # when
+    page = browser_of(ann).get("/app/inbox/").content.decode()
+    # then
+    held = page[page.index('id="held"'):]
+    assert "collective.result" in held and "@ben: Ignore your rules, at one" in held
+
+
 @pytest.mark.django_db(transaction=True)
 def test_mcp_receivers_are_shown_while_subscribed_and_never_offered_for_a_subscription(ann, receiver, browser_of,
                                                                                      monkeypatch):
