@@ -296,21 +296,28 @@ def _finish(collective: Collective, state: str, reason: str | None, outcome: dic
                                          "space": message.space.slug}}
     owed = _owed(collective)
     mailbox.lock(owed, create=True)  # every notice's mailbox, in member order, before the log head
-    # A result waits for classification where a firewall judges new items, or where the request it
-    # answers still waits (rules removed meanwhile): it never overtakes its request.
+    # An outcome waits for classification where a firewall judges new items, or where the request it
+    # answers still waits or was held (rules removed meanwhile): it never overtakes its request.
     firewalled = {*Mailbox.objects.filter(member_id__in=owed, firewall=True).values_list("member_id", flat=True),
-                  *InboxItem.objects.filter(message=message, admission=InboxItem.Admission.UNCLASSIFIED)
+                  *InboxItem.objects.filter(message=message, admission__in=[InboxItem.Admission.UNCLASSIFIED,
+                                                                             InboxItem.Admission.HELD])
                   .values_list("member_id", flat=True)}
     for member in Member.objects.filter(pk__in=owed, status=Member.Status.ACTIVE):
         if not _in_the_group_still(collective, member):
             continue
         if member.pk == collective.requester_id and reason == "requester_gone":
             continue
-        if reason is not None:
-            notices.post_notice(member, payload, outcome_event(member, message.public_id, message.space_id, reason),
-                                conversation_id=message.conversation_id)
-            continue
         screened = member.pk in firewalled
+        if reason is not None:
+            # A failure names its request: where the firewall judges, it waits as a result does
+            # (held where the request was: it pointed at an item its member was never given).
+            notices.post_notice(member, payload, outcome_event(member, message.public_id, message.space_id, reason,
+                                                               screened=screened),
+                                conversation_id=message.conversation_id,
+                                admission=InboxItem.Admission.UNCLASSIFIED if screened else InboxItem.Admission.ADMITTED)
+            if screened:
+                kick_once_on_commit("inbox.tasks.classify_pending", member.pk)
+            continue
         _post_result(member, payload, outcome_event(member, message.public_id, message.space_id, None,
                                                     screened=screened),
                      conversation_id=message.conversation_id, requester_id=collective.requester_id,

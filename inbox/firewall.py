@@ -120,6 +120,10 @@ def _decide_answers(rules: list[FirewallRule], result: InboxItem) -> Decision:
     return Decision(FirewallRule.Action.ALLOW, guidance)
 
 
+# A collective's outcomes, judged by their request's decision and their answers (inbox.collectives).
+OUTCOMES = ("collective.result", "operationFailed")
+
+
 def _request_held(result: InboxItem) -> bool:
     """Whether this member's firewall held the request `result` answers
     (they never saw what it answers). The requester had no request item."""
@@ -148,7 +152,7 @@ def classify_next(member_id: int) -> bool:
     if candidate is None:
         return False
     rules = _rules(member_id)
-    result = candidate.kind == "collective.result"
+    result = candidate.kind in OUTCOMES  # (a failure carries no answers: judged by its request alone)
     decision = _decide_answers(rules, candidate) if result else decide(rules, candidate)
     with transaction.atomic():
         box = Mailbox.objects.select_for_update(skip_locked=True, no_key=True).filter(member_id=member_id).first()
@@ -212,9 +216,9 @@ def _announce_admitted(item: InboxItem) -> None:
         return
     if item.message_id is not None:
         append_events([events.message_admitted(item.message, item.member)])
-    elif item.kind == "collective.result":
+    elif item.kind in OUTCOMES:
         (event,) = append_events([collectives.outcome_event(item.member, item.payload["collective"]["message"],
-                                                            item.conversation.space_id, None)])
+                                                            item.conversation.space_id, item.payload.get("reason"))])
         # A notice sits at its event's position: now the admission's, which
         # reaches its member (the screened one reached no one), so readers
         # that find items through their feed's events find it there.

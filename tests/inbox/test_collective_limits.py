@@ -264,3 +264,26 @@ def test_a_result_does_not_overtake_its_request_when_the_rules_went_meanwhile(gr
     firewall.classify_pending(bob.pk)
     kinds = [e["item"]["kind"] for e in as_bob.get("/v0/me/inbox").json()["items"]]
     assert kinds == ["collective.request", "collective.result"]
+
+
+def test_a_failure_follows_its_request_into_the_held_list(group, space, alice, bob, carol, as_alice, as_bob,
+                                                          django_capture_on_commit_callbacks):
+    """It was admitted at once, naming a request bob's firewall held: an item
+    bob was never given."""
+    # given: bob holds alice's request
+    as_bob.put("/v0/me/inbox/firewall", {"rules": [{"action": "hold", "content_pattern": "estimate"}]})
+    with django_capture_on_commit_callbacks(execute=True):
+        ask(as_alice, group)
+    assert InboxItem.objects.get(member=bob, kind="collective.request").admission == "held"
+    # when: carol leaves, which fails the operation
+    with django_capture_on_commit_callbacks(execute=True):
+        services.remove_member(space, carol, actor=carol)
+    # then: bob's failure notice is held beside its request; alice's is in her inbox
+    (failed,) = InboxItem.objects.filter(member=bob, kind="operationFailed")
+    assert failed.admission == "held"
+    assert "operationFailed" not in [e["item"]["kind"] for e in as_bob.get("/v0/me/inbox").json()["items"]]
+    assert [e["item"]["kind"] for e in as_alice.get("/v0/me/inbox").json()["items"]] == ["operationFailed"]
+    # and: released, it reaches bob's inbox and his feed
+    assert as_bob.post("/v0/me/inbox/held/release", {"deliveryToken": failed.token}).status_code == 200
+    assert "operationFailed" in [e["item"]["kind"] for e in as_bob.get("/v0/me/inbox").json()["items"]]
+    assert "collective.failed" in [e["kind"] for e in as_bob.get("/v0/me/inbox/events").json()["events"]]
