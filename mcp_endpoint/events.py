@@ -106,8 +106,9 @@ def _as_mcp(error: ApiError) -> MCPError:
         return protocol
     if isinstance(error, NotFound) or error.status in (403, 409):
         return MCPError(FORBIDDEN, error.message, data={"reason": error.code})
-    if error.code == "RATE_LIMITED":
-        return MCPError(RESOURCE_EXHAUSTED, error.message, data={"limit": "requests"})
+    if error.code == "RATE_LIMITED":  # (the request limit is answered before any method: a receiver's verification)
+        return MCPError(RESOURCE_EXHAUSTED, error.message,
+                        data={"limit": "verifications", "retryAfterSeconds": int(error.headers["Retry-After"])})
     return MCPError(types.INTERNAL_ERROR, error.message, data=error.body()["error"])
 
 

@@ -135,6 +135,14 @@ def test_a_failed_verification_is_named_in_the_extensions_words(reason, answer):
     assert (refused.code, refused.data) == (-32027, {"reason": answer})
 
 
+def test_too_many_verifications_is_named_so_with_when_to_try_again():
+    # (it said `limit: "requests"`, which is HTTP's 429, and left out the wait)
+    from controlplane.errors import RateLimited
+
+    refused = events._as_mcp(RateLimited.after(42.5, "Too many verifications; try again later.")).error
+    assert (refused.code, refused.data) == (-32025, {"limit": "verifications", "retryAfterSeconds": 43})
+
+
 def test_a_name_that_resolves_where_no_call_goes_is_the_urls_fault_not_the_receivers():
     """It was `connection_refused`: an operator would look for a receiver
     that is down, and none was ever contacted."""
