@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from switchboard_client.config import DEFAULT_HOST, variable_token
-from switchboard_client.errors import ResyncRequired
+from switchboard_client.errors import ResyncRequired, done_synchronously
 from switchboard_client.feeds import AsyncFeed, DrainError, DrainReport, Feed, Resync
 from switchboard_client.models import InboxEntry
 from switchboard_client.operations import Operations
@@ -119,7 +119,7 @@ class Client(Operations):
                         continue
                     handled += 1
                     try:
-                        handler(entry)
+                        done_synchronously(handler(entry), "The handler")
                     except Exception as exc:  # noqa: BLE001 - kept in the report, raised at the end
                         failed.add(entry.token)
                         report.failed.append((entry, exc))

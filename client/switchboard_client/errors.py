@@ -11,6 +11,7 @@ does about it (the command line maps each group to an exit code).
 """
 from __future__ import annotations
 
+import inspect
 import math
 
 from collections.abc import Mapping
@@ -166,3 +167,14 @@ def error_from_response(status: int, body: object, headers: Mapping[str, str]) -
     message = error.get("message") if isinstance(error.get("message"), str) else f"HTTP {status}"
     return cls(message, status=status, code=code or cls.default_code, details=details, retry_after=retry_after,
                headers=headers)
+
+
+def done_synchronously(result: object, what: str) -> None:
+    """Refuse what a handler returned if it is awaitable: a callback that
+    needs an event loop, called where none awaits it, did not run (its
+    coroutine was dropped), and its item must not count as handled."""
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()  # (never started: no "was never awaited" warning)
+        raise TypeError(f"{what} returned an awaitable, which nothing here awaits: use the asynchronous form "
+                        "(AsyncClient, or WakeReceiver under ASGI).")

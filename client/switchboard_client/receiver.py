@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from switchboard_client.errors import done_synchronously
 from switchboard_client.verify import (CHALLENGE, KEY_FETCH_SECONDS, MCP_VERIFICATION, TOLERANCE_SECONDS, InvalidWake,
                                        SigningKeysUnavailable, WakeVerifier, keys_from_listing)
 
@@ -294,7 +295,7 @@ class WakeReceiver:
         try:
             callback = self._callback(prepared)
             if callback is not None:
-                callback(prepared)
+                done_synchronously(callback(prepared), "The wake's callback")
             self.store.record(prepared)
         except Exception as failure:  # noqa: BLE001 - the server retries a 5xx
             return Reply(500, {"error": "not recorded"}, f"{type(failure).__name__}: {failure}")
@@ -309,10 +310,12 @@ class WakeReceiver:
         try:
             callback = self._callback(prepared)
             if callback is not None:
-                if inspect.iscoroutinefunction(callback):
-                    await callback(prepared)
-                else:
-                    await asyncio.to_thread(callback, prepared)
+                # A plain function runs in a thread; whatever it returns that is awaitable
+                # (a lambda's coroutine, an async __call__) is awaited here.
+                result = callback(prepared) if inspect.iscoroutinefunction(callback) \
+                    else await asyncio.to_thread(callback, prepared)
+                if inspect.isawaitable(result):
+                    await result
             await asyncio.to_thread(self.store.record, prepared)
         except Exception as failure:  # noqa: BLE001 - the server retries a 5xx
             return Reply(500, {"error": "not recorded"}, f"{type(failure).__name__}: {failure}")

@@ -120,6 +120,20 @@ def test_drain_inbox_leaves_a_failed_item_pending_and_acknowledges_the_others(cl
     assert alice.read_inbox().items == ()
 
 
+def test_a_synchronous_drain_leaves_pending_what_an_async_handler_would_have_handled(clients):
+    # (the coroutine was dropped unrun, and the item acknowledged all the same)
+    alice, bob = clients
+    bob.send("lab", bob.open_direct("lab", "alice").id, "for an async handler")
+    ran = []
+
+    async def handler(entry):
+        ran.append(entry)
+
+    report = alice.drain_inbox(handler, raise_errors=False)
+    assert report.acknowledged == [] and [type(x) for _, x in report.failed] == [TypeError] and ran == []
+    assert [e.item["content"] for e in alice.read_inbox().items] == ["for an async handler"]
+
+
 def test_a_feed_that_does_not_wait_pauses_between_empty_polls():
     """With wait_ms=0 an empty page was asked for again at once, as fast as
     the server answered (its rate limit the only brake)."""

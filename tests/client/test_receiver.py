@@ -246,3 +246,42 @@ def test_a_store_that_fails_while_a_wake_is_checked_is_answered_503_for_a_retry(
     replies = [receiver.handle(headers, body.encode()), asyncio.run(receiver.handle_async(headers, body.encode()))]
     # then: a 5xx the server retries, with why, and no callback ran
     assert [(r.status, r.reason) for r in replies] == [(503, "OSError: disk I/O error")] * 2 and wakes == []
+
+
+def signed_push(event_id: str) -> tuple[str, dict, bytes]:
+    """(its secret, headers, body): an MCP push the Standard Webhooks library signed."""
+    from datetime import datetime, timezone
+
+    secret = "whsec_" + base64.b64encode(b"k" * 32).decode()
+    body = json.dumps({"eventId": event_id, "name": "spaces.work.available", "timestamp": "x",
+                       "data": {"space": "lab", "event_range": {"after": "a", "through": "b"}}, "cursor": None})
+    now = time.time()
+    headers = {"webhook-id": event_id, "webhook-timestamp": str(int(now)), "X-MCP-Subscription-Id": "sub_1",
+               "webhook-signature": Webhook(secret).sign(event_id, datetime.fromtimestamp(now, timezone.utc), body)}
+    return secret, headers, body.encode()
+
+
+class AsyncCall:
+    def __init__(self):
+        self.wakes = []
+
+    async def __call__(self, wake):
+        self.wakes.append(wake)
+
+
+def test_a_callback_whose_work_is_awaitable_is_awaited_or_refused_never_dropped():
+    """A lambda returning a coroutine, or an object with an async __call__,
+    was called and its coroutine dropped: the wake answered 202 and recorded
+    (a pushed item acknowledged by it) with the callback never run."""
+    queue = asyncio.Queue()
+    for name, callback, got in [("lambda", lambda wake: queue.put(wake), lambda: queue.qsize()),
+                                ("object", (call := AsyncCall()), lambda: len(call.wakes))]:
+        secret, headers, body = signed_push(f"whd_{name:a<16}")
+        store = MemoryWakeStore()
+        receiver = WakeReceiver(keys={}, mcp_secret=secret, store=store, on_space_wake=callback)
+        # under an event loop: awaited
+        assert asyncio.run(receiver.handle_async(headers, body)).status == 202 and got() == 1
+        # without one: refused (a 500, so the server retries), not recorded
+        again = WakeReceiver(keys={}, mcp_secret=secret, store=MemoryWakeStore(), on_space_wake=callback)
+        refused = again.handle(headers, body)
+        assert refused.status == 500 and not again.store.seen(headers["webhook-id"]) and got() == 1
