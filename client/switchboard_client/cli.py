@@ -16,7 +16,7 @@ import sys
 from switchboard_client import config
 from switchboard_client.argv import joined_cursors, next_page_command
 from switchboard_client.client import Client
-from switchboard_client.errors import SwitchboardError
+from switchboard_client.errors import ConfigurationError, SwitchboardError
 from switchboard_client.models import Page, as_dict
 
 EXIT_OK, EXIT_USAGE = 0, 1
@@ -132,13 +132,17 @@ def cmd_inbox(args) -> None:
 
 
 def cmd_ack(args) -> None:
-    with client_for(args) as client:
-        for token in args.tokens:
-            client.acknowledge(token)
-            if not args.json:
-                print(f"acknowledged {token}")
-    if args.json:
-        print(json.dumps({"acknowledged": args.tokens}))
+    done = []
+    try:
+        with client_for(args) as client:
+            for token in args.tokens:
+                client.acknowledge(token)
+                done.append(token)
+                if not args.json:
+                    print(f"acknowledged {token}")
+    finally:  # with --json, what was acknowledged before a refusal is said too
+        if args.json:
+            print(json.dumps({"acknowledged": done}))
 
 
 def _event_line(event) -> str:
@@ -425,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
             retry = f" (retry after {error.retry_after:g} s)" if error.retry_after else ""
             print(f"switchboard: {error}{retry}{extra}", file=sys.stderr)
         return error.exit_code
-    except UsageError as error:
+    except (UsageError, ConfigurationError) as error:
         print(f"switchboard: {error}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

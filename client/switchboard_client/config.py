@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from switchboard_client.errors import ConfigurationError
+
 DEFAULT_HOST = "http://127.0.0.1:8000"
 
 
@@ -38,12 +40,23 @@ def normalize_host(host: str) -> str:
     return host
 
 
-def load() -> dict:
+def load(*, repair: bool = False) -> dict:
+    """The config file's contents ({} when there is none). One that cannot
+    be read as the client writes it is a ConfigurationError, naming the
+    file, or with `repair` (a login, which writes it again) taken as empty."""
     try:
         data = json.loads(config_path().read_text())
     except FileNotFoundError:
         return {}
-    return data if isinstance(data, dict) else {}
+    except (ValueError, UnicodeDecodeError) as error:
+        data = error
+    hosts = data.get("hosts", {}) if isinstance(data, dict) else None
+    if isinstance(hosts, dict) and all(isinstance(h, dict) for h in hosts.values()):
+        return data
+    if repair:
+        return {}
+    why = data if isinstance(data, Exception) else "not the shape this client writes"
+    raise ConfigurationError(f"{config_path()} cannot be read ({why}): run `switchboard login` to write it again")
 
 
 def save(data: dict) -> Path:
@@ -63,7 +76,7 @@ def save(data: dict) -> Path:
 
 
 def store_token(host: str, token: str) -> Path:
-    data = load()
+    data = load(repair=True)
     data.setdefault("hosts", {})[host] = {"token": token}
     data["default_host"] = host
     return save(data)
@@ -81,7 +94,8 @@ def forget_token(host: str) -> bool:
 
 def default_host(host: str | None = None) -> str:
     """`host`, else `$SWITCHBOARD_URL`, else the host of the last login, else the local default."""
-    return normalize_host(host or os.environ.get("SWITCHBOARD_URL") or load().get("default_host") or DEFAULT_HOST)
+    return normalize_host(host or os.environ.get("SWITCHBOARD_URL") or load(repair=True).get("default_host")
+                          or DEFAULT_HOST)
 
 
 def variable_token(base: str) -> str | None:

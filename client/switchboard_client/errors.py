@@ -178,3 +178,8 @@ def done_synchronously(result: object, what: str) -> None:
             result.close()  # (never started: no "was never awaited" warning)
         raise TypeError(f"{what} returned an awaitable, which nothing here awaits: use the asynchronous form "
                         "(AsyncClient, or WakeReceiver under ASGI).")
+
+
+class ConfigurationError(ValueError):
+    """What the client was given cannot be used (a token that is not
+    printable ASCII, an unreadable config file): nothing was sent."""

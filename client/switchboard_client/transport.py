@@ -28,7 +28,9 @@ from typing import Any
 
 import httpx
 
-from switchboard_client.errors import ConnectionFailed, RequestError, ServerError, SwitchboardError, error_from_response
+from switchboard_client.config import normalize_host
+from switchboard_client.errors import (ConfigurationError, ConnectionFailed, RequestError, ServerError, SwitchboardError,
+                                      error_from_response)
 from switchboard_client.routes import Route
 
 USER_AGENT = "switchboard-client/0.1.0"
@@ -151,7 +153,9 @@ def outcome(call: Call, response: httpx.Response) -> tuple[bool, Any]:
 
 class _Base:
     def __init__(self, base_url: str, token: str | None, *, timeout: float, retry: RetryPolicy):
-        self.base_url = base_url.rstrip("/")
+        if token is not None and not (token.isascii() and token.isprintable()):
+            raise ConfigurationError("A token is printable ASCII (sbt_…): this one cannot go in a header.")
+        self.base_url = normalize_host(base_url)
         self.token = token
         self.timeout = timeout
         self.retry = retry

@@ -52,3 +52,33 @@ def test_a_library_client_sends_the_token_variable_only_to_its_own_host(monkeypa
     assert Client("https://switchboard.example/").transport.token == "sbt_variable"
     assert Client("https://attacker.example").transport.token is None
     assert Client("https://attacker.example", token="sbt_given").transport.token == "sbt_given"
+
+
+@pytest.mark.parametrize("text", ['{"hosts": ', '{"hosts": []}', '["a"]', '{"hosts": {"h": "t"}}', "\udcff"])
+def test_an_unreadable_config_is_one_line_and_a_login_writes_it_again(monkeypatch, tmp_path, capsys, text):
+    # (each was a traceback from every command, login included)
+    from switchboard_client import cli
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.delenv("SWITCHBOARD_TOKEN", raising=False)
+    config.config_path().parent.mkdir(parents=True)
+    config.config_path().write_bytes(text.encode("utf-8", "surrogateescape"))
+    assert cli.main(["whoami"]) == cli.EXIT_USAGE
+    assert "cannot be read" in capsys.readouterr().err
+    config.store_token("http://127.0.0.1:9", "sbt_new")
+    assert config.resolve("http://127.0.0.1:9") == ("http://127.0.0.1:9", "sbt_new")
+
+
+@pytest.mark.parametrize("token", ["sbt_é", "sbt_\u2026", "sbt_a\nb"])
+def test_a_token_that_cannot_go_in_a_header_is_refused_before_anything_is_sent(token):
+    from switchboard_client import Client, errors
+
+    with pytest.raises(errors.ConfigurationError):
+        Client("http://127.0.0.1:9", token)
+
+
+def test_a_base_url_without_a_scheme_is_read_as_a_host_is():
+    # (it was sent as it was, refused by httpx as no protocol, retried five times and reported as sent)
+    from switchboard_client import Client
+
+    assert Client("127.0.0.1:8140", "sbt_x").transport.base_url == "http://127.0.0.1:8140"
