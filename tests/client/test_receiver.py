@@ -285,3 +285,50 @@ def test_a_callback_whose_work_is_awaitable_is_awaited_or_refused_never_dropped(
         again = WakeReceiver(keys={}, mcp_secret=secret, store=MemoryWakeStore(), on_space_wake=callback)
         refused = again.handle(headers, body)
         assert refused.status == 500 and not again.store.seen(headers["webhook-id"]) and got() == 1
+
+
+def native_wake(key, *, issuer="https://switchboard.example", at=None, secret=None):
+    """(headers, body) of a native wake signed with `key` (Ed25519), and with the
+    Standard Webhooks HMAC of `secret` too if given."""
+    import hashlib
+    import hmac
+
+    at = str(int(time.time() if at is None else at))
+    body = json.dumps({"id": "whd_nativenativenat", "type": "spaces.inbox_events.available", "issuer": issuer,
+                       "subscription": "whs_1", "event_range": {"after": "a", "through": "b"}}).encode()
+    signature = base64.urlsafe_b64encode(key.sign(f"k1.{at}.".encode() + body)).rstrip(b"=").decode()
+    entries = [f"v1={signature}"]
+    if secret is not None:
+        mac = hmac.new(base64.b64decode(secret.removeprefix("whsec_")), f"whd_nativenativenat.{at}.".encode() + body,
+                       hashlib.sha256).digest()
+        entries.append("v1," + base64.b64encode(mac).decode())
+    return {"webhook-id": "whd_nativenativenat", "webhook-timestamp": at, "webhook-key-id": "k1",
+            "webhook-signature": " ".join(entries)}, body
+
+
+def test_a_native_wake_is_checked_for_its_issuer_its_hmac_and_a_timestamp_either_side_of_now():
+    """Mutants dropping the issuer check, the HMAC check or the future side of
+    the tolerance passed every receiver test."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+    from switchboard_client import WakeVerifier
+    from switchboard_client.verify import InvalidWake
+
+    key = Ed25519PrivateKey.generate()
+    keys = {"k1": key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)}
+    secret = "whsec_" + base64.b64encode(b"s" * 32).decode()
+
+    def refusal(verifier, headers_and_body):
+        with pytest.raises(InvalidWake) as refused:
+            verifier.verify(*headers_and_body)
+        return str(refused.value)
+
+    checking = WakeVerifier(keys, issuer="https://switchboard.example", secret=secret)
+    assert checking.verify(*native_wake(key, secret=secret))["subscription"] == "whs_1"
+    assert refusal(checking, native_wake(key, issuer="https://other.example", secret=secret)) == "wrong issuer"
+    assert refusal(checking, native_wake(key)) == "bad Standard Webhooks signature"
+    wrong_secret = "whsec_" + base64.b64encode(b"t" * 32).decode()
+    assert refusal(checking, native_wake(key, secret=wrong_secret)) == "bad Standard Webhooks signature"
+    for skew in (-301, 301):
+        assert refusal(checking, native_wake(key, secret=secret, at=time.time() + skew)) == "stale or future timestamp"
+    assert checking.verify(*native_wake(key, secret=secret, at=time.time() + 200))  # within the tolerance
