@@ -176,12 +176,19 @@ def test_each_error_class_has_its_exit_code(server, tmp_path):
     assert down.returncode == 7 and "CONNECTION_FAILED" in down.stderr
 
 
-def test_the_exit_codes_follow_the_error_groups():
-    # 6 (rate limited) is the one code the shell test does not provoke: a server rate-limiting a
-    # command would make it wait; the mapping is by group, the same for every code in it
+def test_the_exit_codes_follow_the_error_groups(tmp_path):
+    # the mapping is by group, the same for every code in it
     assert {cls.exit_code for cls in errors.BY_CODE.values()} == {2, 3, 4, 5, 6, 7}
     assert errors.RateLimited.exit_code == 6 and errors.Unavailable.exit_code == 7
     assert "6 rate limited" in cli.__doc__
+    # and 6 from a command: a server that rate-limits everything, with no wait asked (so no test waits)
+    from tests.client.test_signing_keys import Answering
+
+    limiting = Answering(429, {"Retry-After": "0"}, {"error": {"code": "RATE_LIMITED", "message": "slow down",
+                                                                "details": {"retry_after": 0}}})
+    limited = shell(tmp_path, "whoami", SWITCHBOARD_URL=limiting.base_url, SWITCHBOARD_TOKEN="sbt_" + "x" * 43)
+    limiting.close()
+    assert limited.returncode == 6 and "RATE_LIMITED" in limited.stderr and limiting.requests == 5
 
 
 def test_a_subscribe_whose_activation_is_refused_leaves_no_subscription_behind(server, tmp_path):
