@@ -14,6 +14,8 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, close_old_connections, connection, connections
 
+from controlplane import turns
+
 _pool: ThreadPoolExecutor | None = None
 # Set by the ASGI application (controlplane.asgi) for everything it serves:
 # elsewhere (the test client, management commands) sync work stays on
@@ -43,7 +45,10 @@ def in_pool(fn):
             return await shared(*args, **kwargs)
         if on_pool is None:
             on_pool = sync_to_async(fn, thread_sensitive=False, executor=_executor())
-        return await on_pool(*args, **kwargs)
+        if (caller := turns.caller.get()) is None:
+            return await on_pool(*args, **kwargs)
+        async with turns.request_turns().turn(caller):  # a request's: in its client address's turn
+            return await on_pool(*args, **kwargs)
 
     return call
 

@@ -26,7 +26,9 @@ from django.core.handlers.base import BaseHandler
 from django.db import close_old_connections
 from django.urls import Resolver404, URLResolver, get_resolver, set_script_prefix
 
+from controlplane import turns
 from controlplane.db import in_pool
+from controlplane.ratelimit import scope_address, source
 
 
 class PooledASGIHandler(ASGIHandler):
@@ -42,7 +44,12 @@ class PooledASGIHandler(ASGIHandler):
         # No ThreadSensitiveContext (which would make a thread per request):
         # for async views, the little sync work outside the pool (signal
         # receivers, closing the response) shares asgiref's long-lived thread.
-        await self.handle(scope, receive, send)
+        # Its work on the pool takes its client address's turns (controlplane.turns).
+        key = turns.caller.set(source(scope_address(scope)))
+        try:
+            await self.handle(scope, receive, send)
+        finally:
+            turns.caller.reset(key)
 
     @staticmethod
     @functools.lru_cache(maxsize=4096)
