@@ -26,10 +26,19 @@ def env_bool(name: str, default: bool = False) -> bool:
     return value in {"1", "true", "yes", "on"}
 
 
-def env_int(name: str, default: int, *, minimum: int = 0) -> int:
+def env_int(name: str, default: int, *, minimum: int = 0, maximum: int | None = None) -> int:
     """A whole number from the environment: anything else, or one below
-    `minimum`, stops the process with one line saying which and why."""
-    return _env_number(name, default, int, "a whole number", minimum, "")
+    `minimum` (or above `maximum`), stops the process with one line saying
+    which and why."""
+    number = _env_number(name, default, int, "a whole number", minimum, "")
+    if maximum is not None and number > maximum:
+        raise ImproperlyConfigured(f"{name} must be at most {maximum}, not {number}.")
+    return number
+
+
+# A span past which a date cannot be computed from today (Python's dates end
+# at year 9999): a hundred years, for settings counted in days, hours or seconds.
+CENTURY_DAYS = 36_500
 
 
 def env_seconds(name: str, default: float, *, minimum: float) -> float:
@@ -83,9 +92,9 @@ if WEBHOOK_CA_BUNDLE is not None and not os.path.isfile(WEBHOOK_CA_BUNDLE):
     raise ImproperlyConfigured(f"WEBHOOK_CA_BUNDLE names no file: {WEBHOOK_CA_BUNDLE!r}.")
 # How long a worker holds a wake it is sending before another may take it
 # again; keep it above the 15 s request timeout.
-WEBHOOK_LEASE_SECONDS = env_int("WEBHOOK_LEASE_SECONDS", 60, minimum=1)
-CLAIM_TTL_HOURS = env_int("CLAIM_TTL_HOURS", 24)
-EVENT_RETENTION_DAYS = env_int("EVENT_RETENTION_DAYS", 30)  # 0: keep every event
+WEBHOOK_LEASE_SECONDS = env_int("WEBHOOK_LEASE_SECONDS", 60, minimum=1, maximum=CENTURY_DAYS * 86400)
+CLAIM_TTL_HOURS = env_int("CLAIM_TTL_HOURS", 24, maximum=CENTURY_DAYS * 24)
+EVENT_RETENTION_DAYS = env_int("EVENT_RETENTION_DAYS", 30, maximum=CENTURY_DAYS)  # 0: keep every event
 RATE_LIMIT_PER_MINUTE = env_int("RATE_LIMIT_PER_MINUTE", 12000)  # per member
 # Live page sockets and waiting long-polls one member may hold open in one
 # server process at once (controlplane.holding); 0: no cap.

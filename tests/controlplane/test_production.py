@@ -46,6 +46,9 @@ def test_the_deployment_check_finds_nothing_to_report():
     ({"SECURE_HSTS_SECONDS": "abc"}, "SECURE_HSTS_SECONDS must be a whole number, not 'abc'."),
     ({"TRUST_PROXY_HEADERS": "y"}, "TRUST_PROXY_HEADERS is 1 or 0 (true/false, yes/no, on/off), not 'y'."),
     ({"WEBHOOK_CA_BUNDLE": "/nonexistent/ca.pem"}, "WEBHOOK_CA_BUNDLE names no file: '/nonexistent/ca.pem'."),
+    # past year 1 from today: taken, and then every hourly prune (or claim sweep) failed, for good
+    ({"EVENT_RETENTION_DAYS": "1000000"}, "EVENT_RETENTION_DAYS must be at most 36500, not 1000000."),
+    ({"CLAIM_TTL_HOURS": "99999999"}, "CLAIM_TTL_HOURS must be at most 876000, not 99999999."),
 ])
 def test_a_setting_that_cannot_be_stops_with_one_line_naming_it(setting, told):
     result = manage("check", **setting)
