@@ -99,8 +99,10 @@ def snapshot(member: Member, page: str | None) -> dict:
     head = log_head()
     if page:
         snapshot_id, high_watermark, issued_at, after = unpack_cursor(page, count=4, caller=caller, stream="snapshot")
-        if now().timestamp() - issued_at / 1e6 > SNAPSHOT_TTL_SECONDS or high_watermark < head.floor:
+        if now().timestamp() - issued_at / 1e6 > SNAPSHOT_TTL_SECONDS:
             raise ResyncRequired("The snapshot has expired; take a new one.")
+        if high_watermark < head.floor:  # said as a feed's cursor says it
+            raise ResyncRequired("The snapshot's position was pruned; take a new one.", details={"floor": head.floor})
     else:
         # Microseconds: every page reads the state at this moment.
         snapshot_id, high_watermark, issued_at, after = (secrets.randbits(62), head.position,

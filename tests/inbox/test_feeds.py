@@ -4,6 +4,7 @@ import datetime as dt
 import os
 
 import pytest
+from django.db.models import F
 
 from controlplane import services
 from controlplane.clock import freeze, now
@@ -315,6 +316,12 @@ def test_snapshot_page_tokens_are_bound_and_expire(space, alice, bob, as_bob, as
     with freeze(now() + dt.timedelta(hours=2)):
         expired = as_bob.get("/v0/me/snapshot", page=token)
     assert expired.status_code == 410 and error_code(expired) == "RESYNC_REQUIRED"
+    # and: one whose position was pruned says so, with the floor, as a feed's cursor does ("expired", {} before)
+    send_message(direct, body="later", actor=alice)
+    LogHead.objects.update(floor=F("position"))  # (as a prune past the snapshot's moment leaves it)
+    pruned = as_bob.get("/v0/me/snapshot", page=token)
+    assert pruned.status_code == 410 and "pruned" in pruned.json()["error"]["message"]
+    assert pruned.json()["error"]["details"] == {"floor": LogHead.objects.get().floor}
 
 
 def test_long_poll_times_out_with_the_same_cursor(space, as_alice):
