@@ -11,7 +11,6 @@ from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.db import InterfaceError, OperationalError
 from django.http import Http404, JsonResponse
-from django.utils.regex_helper import _lazy_re_compile
 from django.views.debug import SafeExceptionReporterFilter
 from rest_framework import exceptions as drf
 from rest_framework.renderers import JSONRenderer
@@ -304,4 +303,4 @@ class ReporterFilter(SafeExceptionReporterFilter):
     Django's hidden settings, and the connection URLs too (DATABASE_URL,
     REDIS_URL), whose passwords Django's names (PASS, KEY…) do not match."""
 
-    hidden_settings = _lazy_re_compile(SafeExceptionReporterFilter.hidden_settings.pattern + "|_URL$", flags=re.I)
+    hidden_settings = re.compile(SafeExceptionReporterFilter.hidden_settings.pattern + "|_URL$", flags=re.I)
