@@ -148,8 +148,8 @@ async def stream(ctx, params: StreamParams) -> dict:
     """One long-lived response: `active` first, then each event as it
     commits, a heartbeat at least every MCP_HEARTBEAT_SECONDS, and
     `terminated` when the server ends it (the consumer was replaced, or the
-    caller lost access); a recoverable `error` while the database or Redis
-    is out of reach, and the stream stays on. Re-reads after each nudge: for the inbox's events
+    caller lost access); a recoverable `error` while its reads fail (the
+    database out of reach; Redis out of reach fails none), and the stream stays on. Re-reads after each nudge: for the inbox's events
     also every FEED_RECHECK_SECONDS in case one was lost; for a space's, the
     process's log watcher finds a lost one (mcp_endpoint.streams)."""
     member = caller(ctx)
