@@ -1,4 +1,4 @@
-"""Who may read what: the one place the read rule lives (SPEC §3).
+"""Who may read and write what: the one place those rules live (SPEC §3).
 
 A member reads a space when it is open or they are an active member of it,
 and a conversation of it when it is a channel or they take part in it. A
@@ -13,6 +13,10 @@ Absent and unreadable are the same 404.
 streams, `readers_of`) are plain-SQL copies of the same rule;
 tests/controlplane/test_access.py checks that every path agrees with it over
 every kind of space, role, membership status and conversation.
+
+Who may write lives here too (`require_sender`, and `recheck_senders`, the
+send path's last look at its authors): an active membership that is not an
+observer's, in a space that is not archived.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from django.db import connection
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from controlplane.db import plain_rows
-from controlplane.errors import Forbidden, NotFound
+from controlplane.errors import Conflict, Forbidden, NotFound
 from controlplane.models import Conversation, Member, Membership, Participant, Space
 
 
@@ -361,3 +365,43 @@ def get_conversation_to_write(slug: str, ref: str, member: Member) -> Conversati
     if conversation.caller_role is None and conversation.space.visibility != Space.Visibility.OPEN:
         raise NotFound()
     return conversation
+
+
+# --- who may write -----------------------------------------------------------
+
+LOOK_UP_ROLE = object()
+
+
+def require_sender(space: Space, actor: Member, role: str | None = LOOK_UP_ROLE) -> None:
+    """Writing in a space needs an active, non-observer membership. `role`
+    is the actor's active role when the caller has already read it."""
+    if role is LOOK_UP_ROLE:
+        membership = active_membership(space, actor)
+        role = membership.role if membership else None
+    _require_writer(role, space.archived)
+
+
+def _require_writer(role: str | None, archived: bool) -> None:
+    if role is None or role == Membership.Role.OBSERVER:
+        raise Forbidden("Only active members (not observers) may write in this space.")
+    if archived:
+        raise Conflict("The space is archived.")
+
+
+def recheck_senders(pairs: list[tuple[int, int]]) -> None:
+    """require_sender again for each (space id, author id), read fresh: the
+    last statement of a message write, which holds the log head lock by then
+    (inbox.writes). A removal that committed after the send's first check is
+    seen here, and one that commits later must wait for the head, so its
+    `member.removed` follows the message: no message lands after its
+    author's removal (tests/inbox/test_send_races.py)."""
+    pairs = sorted(set(pairs))
+    values = ", ".join(["(%s, %s)"] * len(pairs))
+    rows = plain_rows(
+        f"SELECT ms.space_id, ms.member_id, ms.role, s.archived FROM {Membership._meta.db_table} ms "
+        f"JOIN {Space._meta.db_table} s ON s.id = ms.space_id "
+        f"WHERE (ms.space_id, ms.member_id) IN (VALUES {values}) AND ms.status = %s",
+        [*(n for pair in pairs for n in pair), Membership.Status.ACTIVE.value])
+    found = {(space_id, member_id): (role, archived) for space_id, member_id, role, archived in rows}
+    for pair in pairs:
+        _require_writer(*found.get(pair, (None, False)))

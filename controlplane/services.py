@@ -16,9 +16,8 @@ from django.db import IntegrityError, transaction
 from django.dispatch import Signal
 
 from controlplane import audit, events
-from controlplane.access import active_membership, may_administer
+from controlplane.access import may_administer, require_sender
 from controlplane.clock import now
-from controlplane.db import plain_rows
 from controlplane.errors import Conflict, Forbidden, InvalidRequest, LimitExceeded, NotFound
 from controlplane.live import group_send_on_commit, member_group
 from controlplane.log import append_events
@@ -306,44 +305,6 @@ def remove_member(space: Space, member: Member, *, actor: Member) -> None:
 
 
 # --- conversations ------------------------------------------------------------
-
-LOOK_UP_ROLE = object()
-
-
-def require_sender(space: Space, actor: Member, role: str | None = LOOK_UP_ROLE) -> None:
-    """Writing in a space needs an active, non-observer membership. `role`
-    is the actor's active role when the caller has already read it."""
-    if role is LOOK_UP_ROLE:
-        membership = active_membership(space, actor)
-        role = membership.role if membership else None
-    _require_writer(role, space.archived)
-
-
-def _require_writer(role: str | None, archived: bool) -> None:
-    if role is None or role == Membership.Role.OBSERVER:
-        raise Forbidden("Only active members (not observers) may write in this space.")
-    if archived:
-        raise Conflict("The space is archived.")
-
-
-def recheck_senders(pairs: list[tuple[int, int]]) -> None:
-    """require_sender again for each (space id, author id), read fresh: the
-    last statement of a message write, which holds the log head lock by then
-    (inbox.writes). A removal that committed after the send's first check is
-    seen here, and one that commits later must wait for the head, so its
-    `member.removed` follows the message: no message lands after its
-    author's removal (tests/inbox/test_send_races.py)."""
-    pairs = sorted(set(pairs))
-    values = ", ".join(["(%s, %s)"] * len(pairs))
-    rows = plain_rows(
-        f"SELECT ms.space_id, ms.member_id, ms.role, s.archived FROM {Membership._meta.db_table} ms "
-        f"JOIN {Space._meta.db_table} s ON s.id = ms.space_id "
-        f"WHERE (ms.space_id, ms.member_id) IN (VALUES {values}) AND ms.status = %s",
-        [*(n for pair in pairs for n in pair), Membership.Status.ACTIVE.value])
-    found = {(space_id, member_id): (role, archived) for space_id, member_id, role, archived in rows}
-    for pair in pairs:
-        _require_writer(*found.get(pair, (None, False)))
-
 
 def create_channel(space: Space, name: str, *, actor: Member) -> Conversation:
     require_sender(space, actor)

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from controlplane.access import can_read_space, may_administer
+from controlplane.access import can_read_space, may_administer, require_sender
 from controlplane.clock import now
 from controlplane.errors import Conflict, Forbidden, InvalidRequest, LimitExceeded, NotFound
 from controlplane.events import conversation_created
 from controlplane.log import append_events
 from controlplane.models import Conversation, Member, Space
-from controlplane.services import member_for_handle, require_sender
+from controlplane.services import member_for_handle
 from coordination import claims
 from coordination.events import task_event
 from coordination.models import TASK_CHANNEL_PREFIX, Task

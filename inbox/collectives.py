@@ -34,13 +34,12 @@ from dataclasses import replace
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 
-from controlplane.access import active_membership, can_read_space
+from controlplane.access import active_membership, can_read_space, require_sender
 from controlplane.clock import now, rfc3339
 from controlplane.live import kick_on_commit, kick_once_on_commit
 from controlplane.log import NewEvent
 from controlplane.errors import Conflict, Forbidden, InvalidRequest
 from controlplane.models import Conversation, Member, Participant
-from controlplane.services import require_sender
 from inbox import authority, mailbox, notices
 from inbox.items import content_bytes
 from inbox.models import Collective, CollectiveAnswer, InboxItem, Mailbox, Message, Recipient

@@ -9,14 +9,14 @@ from dataclasses import dataclass
 
 from django.db import IntegrityError, connection, transaction
 
-from controlplane.access import get_conversation_to_write, readers_of, removed_sql
+from controlplane.access import LOOK_UP_ROLE, get_conversation_to_write, readers_of, removed_sql, require_sender
 from controlplane.clock import now
 from controlplane.errors import (AuthorityRevoked, Conflict, Forbidden, GrantRequired, IdempotencyConflict,
                                  InvalidRequest, LimitExceeded, NotFound)
 from controlplane.log import append_events
 from controlplane.db import model_columns, model_from_row, plain_rows
 from controlplane.models import Conversation, Member, Membership, Participant, Space
-from controlplane.services import LOOK_UP_ROLE, MAX_GROUP_MEMBERS, require_sender
+from controlplane.services import MAX_GROUP_MEMBERS
 from inbox import authority, collectives, events, mailbox
 from inbox.mentions import parse_mentions
 from inbox.models import Message, Recipient

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field, replace
 
 from django.db import connection, transaction
 
+from controlplane.access import recheck_senders
 from controlplane.live import kick_once_on_commit
 from controlplane.log import NewEvent, append_events, appended, reserve_positions
 from controlplane.models import Event, EventAddressee, LogHead, Member
-from controlplane.services import recheck_senders
 from inbox import events, mailbox
 from inbox.authority import Authority
 from inbox.items import message_items

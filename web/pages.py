@@ -18,10 +18,10 @@ from django.utils.cache import add_never_cache_headers
 from django.utils.decorators import sync_and_async_middleware
 from rest_framework.exceptions import APIException
 
+from controlplane.access import require_sender
 from controlplane.api.parsers import check_text
 from controlplane.errors import ApiError, Forbidden, RateLimited, Unauthenticated, from_drf
 from controlplane.ratelimit import member_request_wait
-from controlplane.services import require_sender
 from controlplane.models import Member
 
 
@@ -70,7 +70,7 @@ def digits(value: str, max_digits: int = 18) -> int | None:
 
 def may_write(space, membership) -> bool:
     """Whether a page offers its write forms: what the API's writes would
-    refuse (controlplane.services.require_sender: an observer, an archived
+    refuse (controlplane.access.require_sender: an observer, an archived
     space) it does not show."""
     try:
         require_sender(space, None, role=membership.role if membership is not None else None)

@@ -1,4 +1,4 @@
-"""A send racing its author's removal (controlplane.services.recheck_senders).
+"""A send racing its author's removal (controlplane.access.recheck_senders).
 
 A send reads its author's role once, early, without a lock. A removal that
 commits between that read and the send's write must stop the send: no
