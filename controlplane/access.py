@@ -14,9 +14,9 @@ streams, `readers_of`) are plain-SQL copies of the same rule;
 tests/controlplane/test_access.py checks that every path agrees with it over
 every kind of space, role, membership status and conversation.
 
-Who may write lives here too (`require_sender`, and `recheck_senders`, the
-send path's last look at its authors): an active membership that is not an
-observer's, in a space that is not archived.
+Who may write lives here too (`require_sender`, and `recheck_writes`, the
+send path's last look at its authors and recipients): an active membership
+that is not an observer's, in a space that is not archived.
 """
 from __future__ import annotations
 
@@ -388,20 +388,27 @@ def _require_writer(role: str | None, archived: bool) -> None:
         raise Conflict("The space is archived.")
 
 
-def recheck_senders(pairs: list[tuple[int, int]]) -> None:
-    """require_sender again for each (space id, author id), read fresh: the
-    last statement of a message write, which holds the log head lock by then
-    (inbox.writes). A removal that committed after the send's first check is
-    seen here, and one that commits later must wait for the head, so its
-    `member.removed` follows the message: no message lands after its
-    author's removal (tests/inbox/test_send_races.py)."""
-    pairs = sorted(set(pairs))
+def recheck_writes(authors: list[tuple[int, int]], recipients: list[tuple[int, int]]) -> set[tuple[int, int]]:
+    """The parties of message writes again, read fresh, as the last statement
+    of the writes, which hold the log head lock by then (inbox.writes): a
+    removal that committed after the send looked them up is seen here, and
+    one that commits later must wait for the head, so its `member.removed`
+    follows the message (tests/inbox/test_send_races.py).
+    - `authors`, (space id, author id): require_sender again; no message
+      lands after its author's removal.
+    - `recipients`, (space id, member id): returned, those removed from the
+      space since (a recipient was never one removed when looked up); no
+      message lands in their inbox, and the caller writes again without them.
+    One plain read for all of them."""
+    pairs = sorted({*authors, *recipients})
     values = ", ".join(["(%s, %s)"] * len(pairs))
     rows = plain_rows(
-        f"SELECT ms.space_id, ms.member_id, ms.role, s.archived FROM {Membership._meta.db_table} ms "
+        f"SELECT ms.space_id, ms.member_id, ms.status, ms.role, s.archived FROM {Membership._meta.db_table} ms "
         f"JOIN {Space._meta.db_table} s ON s.id = ms.space_id "
-        f"WHERE (ms.space_id, ms.member_id) IN (VALUES {values}) AND ms.status = %s",
-        [*(n for pair in pairs for n in pair), Membership.Status.ACTIVE.value])
-    found = {(space_id, member_id): (role, archived) for space_id, member_id, role, archived in rows}
-    for pair in pairs:
-        _require_writer(*found.get(pair, (None, False)))
+        f"WHERE (ms.space_id, ms.member_id) IN (VALUES {values}) AND ms.status IN (%s, %s)",
+        [*(n for pair in pairs for n in pair), Membership.Status.ACTIVE.value, Membership.Status.REMOVED.value])
+    found = {(space_id, member_id): (status, role, archived) for space_id, member_id, status, role, archived in rows}
+    for pair in authors:
+        status, role, archived = found.get(pair, (None, None, False))
+        _require_writer(role if status == Membership.Status.ACTIVE else None, archived)
+    return {pair for pair in recipients if found.get(pair, (None,))[0] == Membership.Status.REMOVED}

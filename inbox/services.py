@@ -21,7 +21,7 @@ from inbox import authority, collectives, events, mailbox
 from inbox.mentions import parse_mentions
 from inbox.models import Message, Recipient
 from inbox.text import encode_text
-from inbox.writes import insert_message
+from inbox.writes import RecipientsRemoved, insert_message
 
 # One line per accepted send; its request id leads to its wakes (docs/observability.md).
 send_log = logging.getLogger("switchboard.send")
@@ -180,6 +180,9 @@ def _request(conversation: Conversation, body: str, related_paths: list[str] | N
     return raw, related_paths, collective, send_fingerprint(conversation, body, related_paths, reply_to, collective)
 
 
+SEND_TRIES = 3  # writes in a row that found a recipient removed since their lookup
+
+
 def send_message(conversation: Conversation, *, body: str, reply_to: str | None = None,
                  related_paths: list[str] | None = None, idempotency_key: str | None = None,
                  request_approval: bool = False, collective: dict | None = None, actor: Member,
@@ -199,7 +202,25 @@ def send_message(conversation: Conversation, *, body: str, reply_to: str | None 
     the send, in its transaction (an approval's notice to its sender, in an
     `explicit_only` space): they are locked with the recipients', in member
     order, after the grants and before the log head.
+
+    A recipient removed from the space between the lookup of the recipients
+    and the write gets nothing: the write rolls back and the send runs again
+    from the start, to whom it goes now (inbox.writes.RecipientsRemoved);
+    after SEND_TRIES such races in a row, CONFLICT.
     """
+    for _ in range(SEND_TRIES):
+        try:
+            return _send(conversation, body=body, reply_to=reply_to, related_paths=related_paths,
+                         idempotency_key=idempotency_key, request_approval=request_approval, collective=collective,
+                         actor=actor, lock_also=lock_also)
+        except RecipientsRemoved:
+            continue
+    raise Conflict("Members left the space as the message was sent; send it again.")
+
+
+def _send(conversation: Conversation, *, body: str, reply_to: str | None, related_paths: list[str] | None,
+          idempotency_key: str | None, request_approval: bool, collective: dict | None, actor: Member,
+          lock_also: tuple[int, ...]) -> SendResult:
     space = conversation.space
     raw, related_paths, collective, fingerprint = _request(conversation, body, related_paths, reply_to, collective)
     # A retry answers with the original before any check runs again: what

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from django.db import connection, transaction
 
-from controlplane.access import recheck_senders
+from controlplane.access import recheck_writes
 from controlplane.live import kick_once_on_commit
 from controlplane.log import NewEvent, append_events, appended, reserve_positions
 from controlplane.models import Event, EventAddressee, LogHead, Member
@@ -32,6 +32,21 @@ from inbox.models import InboxItem, Mailbox, MailboxShare, Message, Recipient
 
 class _MissingLogHead(Exception):
     """The log head row is made by a migration; a flushed database lacks it."""
+
+
+class RecipientsRemoved(Exception):
+    """A recipient was removed from the space between the send's lookup of
+    its recipients and its write: the write rolled back, and the send runs
+    again, to whom it goes now (inbox.services.send_message)."""
+
+
+def _recheck(writes: list[tuple[int, int, list[int]]]) -> None:
+    """Each write's (space id, author id, recipient ids) read again, under
+    the log head lock the writes hold (controlplane.access.recheck_writes):
+    a removed author is refused; a removed recipient is RecipientsRemoved."""
+    if recheck_writes([(space, author) for space, author, _ in writes],
+                      [(space, member) for space, _, members in writes for member in members]):
+        raise RecipientsRemoved()
 
 
 def _after_commit(message: Message, recipients: list[Member], firewalled: set[int]) -> None:
@@ -50,7 +65,8 @@ def insert_message(message: Message, recipients: list[Member],
     member of `recipients`, a handling row and an inbox item bound to its
     delivery token, both recording the authority (and its generation) in
     `authority` for that member, and the `message.created` event. Atomic.
-    Raises MAILBOX_FULL, or IntegrityError on a duplicate (author, key).
+    Raises MAILBOX_FULL, IntegrityError on a duplicate (author, key), or
+    RecipientsRemoved.
 
     Either path ends in controlplane.log.appended: the registered append
     hooks (the webhook outbox) in the transaction, the log message after it."""
@@ -72,7 +88,7 @@ def _insert_with_orm(message: Message, recipients: list[Member], items: list[Inb
             if item.member_id in firewalled:
                 item.admission = InboxItem.Admission.UNCLASSIFIED
         (message.position,) = reserve_positions(1)
-        recheck_senders([(message.space_id, message.author_id)])
+        _recheck([(message.space_id, message.author_id, [r.pk for r in recipients])])
         message.save(force_insert=True)
         Recipient.objects.bulk_create(
             Recipient(message=message, member=r, position=message.position,
@@ -184,8 +200,8 @@ def _run_one_statement(params: dict, recipients: list[Member], event: NewEvent) 
     return _write_alone(write) if connection.in_atomic_block else _group_commit.write(write)
 
 
-def _author(write: _Write) -> tuple[int, int]:
-    return write.params["space_id"], write.params["author_id"]
+def _parties(write: _Write) -> tuple[int, int, list[int]]:
+    return write.params["space_id"], write.params["author_id"], write.params["recipients"]
 
 
 def _write_alone(write: _Write) -> tuple[int, int, set[int]]:
@@ -193,8 +209,8 @@ def _write_alone(write: _Write) -> tuple[int, int, set[int]]:
         message_id, position, screened, event = _execute(write)
         # Statements of their own, under the log head lock the first one
         # took: they see every subscription activated before this position,
-        # and every removal of the author committed before it.
-        recheck_senders([_author(write)])
+        # and every removal of the author or a recipient committed before it.
+        _recheck([_parties(write)])
         appended([(position, event)])
     return message_id, position, screened
 
@@ -270,7 +286,7 @@ def _commit_group(group: list[_Write]) -> list[tuple[int, int, set[int]]]:
         with transaction.atomic():
             _lock_mailboxes(group)
             done = [_execute(w) for w in group]
-            recheck_senders([_author(w) for w in group])
+            _recheck([_parties(w) for w in group])
             appended([(position, event) for _, position, _, event in done])
     except Exception:
         return []
