@@ -20,10 +20,20 @@ from collections import OrderedDict, deque
 from django.conf import settings
 
 
-# The client address (`controlplane.ratelimit.source`) whose request is
-# being served, set by the ASGI handler (controlplane.handlers): its work on
-# the request threads waits for that address's turn (controlplane.db.in_pool).
+# The client address (`controlplane.ratelimit.source`) whose request or
+# live socket is being served, set by the ASGI handler (controlplane.handlers)
+# and the sockets (web.consumers.SessionSocket): its work on the request
+# threads waits for that address's turn (controlplane.db.in_pool).
 caller: contextvars.ContextVar[str | None] = contextvars.ContextVar("switchboard_caller", default=None)
+
+
+def shared_context() -> contextvars.Context:
+    """A context for a task whose work is shared by many callers (a live
+    conversation's stream): it waits for no one caller's turn, which an
+    address's backlog would make it wait out."""
+    context = contextvars.copy_context()
+    context.run(caller.set, None)
+    return context
 
 
 class FairTurns:

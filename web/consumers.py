@@ -20,15 +20,14 @@ import json
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 from django.conf import settings
 
-from controlplane import holding
+from controlplane import holding, turns
 from controlplane.access import readable_conversation
 from controlplane.live import member_group
 from controlplane.topics import Memberships, heeding_cancellation, stop_task
-from controlplane.models import Member
-from controlplane.ratelimit import address_wait, member_request_wait, scope_address
-from inbox.delivery import pending_count
+from controlplane.ratelimit import address_wait, member_request_wait, scope_address, source
 from inbox.mailbox import inbox_group
 from controlplane.db import db_call
+from web import inbox_counts
 from web.pages import digits, member_of
 from web.sockets import session_group, signed_in_user_id
 from web.streams import next_pass, streams
@@ -82,11 +81,15 @@ class SessionSocket:
         channel-layer receive failed: Redis lost) still leaves its groups
         and stream: its renewal would otherwise add a dead channel to its
         groups for as long as the process lives. (A second `disconnect`
-        does nothing.)"""
+        does nothing.) Its work on the request threads takes its client
+        address's turns, as an HTTP request's does (controlplane.turns): it
+        took a thread ahead of every request waiting for its turn."""
+        key = turns.caller.set(source(scope_address(scope)))
         try:
             return await super().__call__(scope, receive, send)
         finally:
             await self.disconnect(SERVER_ERROR)
+            turns.caller.reset(key)
 
     async def join(self, *groups: str) -> None:
         """Join `groups` for as long as the socket is open (renewed, and the
@@ -270,14 +273,8 @@ class InboxConsumer(SessionSocket, AsyncJsonWebsocketConsumer):
         if await self.follow_session(member):
             await self._send_count()
 
-    def _count(self) -> int | None:
-        member = Member.objects.filter(pk=self.member_pk).first()
-        if member is None or not member.is_active:
-            return None
-        return pending_count(member)
-
     async def _send_count(self):
-        count = await db_call(self._count)()
+        count = await inbox_counts.pending(self.member_pk)  # shared with the member's other sockets
         if count is None:
             await self.close(code=SIGNED_OUT)
             return

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
+from controlplane import turns
 from controlplane.db import db_call, plain_rows
 from controlplane.loop_reads import loop_reads
 from controlplane.live import log_watcher
@@ -85,7 +86,8 @@ class ConversationStream:
         self.sockets: set = set()
         self.interest = log_watcher.watch(conversations={conversation.pk}, spaces={conversation.space_id})
         self._on_empty = on_empty
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        # Made by the first socket to join, for every socket: none's caller.
+        self._task = asyncio.get_running_loop().create_task(self._run(), context=turns.shared_context())
 
     def join(self, socket) -> None:
         self.sockets.add(socket)

@@ -34,7 +34,7 @@ async def stops_finished() -> None:
         await asyncio.wait(set(topics._stopping), timeout=5)
 
 
-async def open_socket(path, member=None, origin=None, cookie=None, host="testserver"):
+async def open_socket(path, member=None, origin=None, cookie=None, host="testserver", client=None):
     headers = [(b"host", host.encode())]
     if member is not None:
         cookie = await db_call(session_cookie)(member)
@@ -43,6 +43,8 @@ async def open_socket(path, member=None, origin=None, cookie=None, host="testser
     if origin is not None:
         headers.append((b"origin", origin.encode()))
     socket = WebsocketCommunicator(router, path, headers=headers)
+    if client is not None:
+        socket.scope["client"] = client
     OPEN.append(socket)
     connected, _ = await socket.connect(timeout=5)
     return socket, connected

@@ -110,6 +110,27 @@ async def test_the_inbox_socket_counts_pending_items_live(room, ann, ben):
     assert await refusal((await open_socket("/ws/inbox/"))[0]) == [4401]
 
 
+async def test_a_members_inbox_sockets_share_one_count_a_change(room, ann, ben, monkeypatch):
+    """Every page holds an inbox socket, and each hears of every change:
+    counting once per socket made one message to ben as many reads on the
+    request threads as he had pages open (a hundred a process are allowed)."""
+    from web import inbox_counts
+
+    space, _ = room
+    direct, _ = await db_call(services.get_or_create_direct)(space, ben, actor=ann)
+    sockets = [(await open_socket("/ws/inbox/", ben))[0] for _ in range(20)]
+    for socket in sockets:
+        assert await socket.receive_json_from(timeout=5) == {"type": "inbox", "pending": 0}
+    counted, count = [], inbox_counts.pending_count
+    monkeypatch.setattr(inbox_counts, "pending_count", lambda member: counted.append(member.pk) or count(member))
+    # when
+    await send(direct, body="for ben", actor=ann)
+    # then: every socket has the new count, read once or twice (one read may have begun before the change)
+    for socket in sockets:
+        assert await socket.receive_json_from(timeout=5) == {"type": "inbox", "pending": 1}
+    assert 1 <= len(counted) <= 2 and set(counted) == {ben.pk}
+
+
 @pytest.mark.parametrize("path", ["/ws/inbox/", "conversation"])
 async def test_frames_from_the_page_are_ignored_and_log_nothing(room, ann, ben, path, caplog):
     """Both sockets are one-way: what a page sends, JSON or not, text or

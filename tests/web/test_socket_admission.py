@@ -94,3 +94,45 @@ async def test_sockets_on_a_host_this_server_does_not_serve_are_refused(room, be
                                           host="switchboard.example")
     assert connected
     await socket.disconnect()
+
+
+async def test_a_sockets_work_on_the_request_threads_takes_its_addresss_turns(room, ben, monkeypatch):
+    """As an HTTP request's does (controlplane.turns, controlplane.db.in_pool):
+    a socket's reads took a thread ahead of every request waiting for its
+    address's turn, so a member's hundred pages, each counting their inbox
+    on every change, held back everyone else's requests."""
+    from controlplane import turns
+    from web import inbox_counts
+
+    callers, counting = [], inbox_counts.pending
+
+    async def count(member_pk):
+        callers.append(turns.caller.get())
+        return await counting(member_pk)
+
+    monkeypatch.setattr(inbox_counts, "pending", count)
+    socket, connected = await open_socket("/ws/inbox/", ben, client=("203.0.113.9", 50000))
+    assert connected and await socket.receive_json_from(timeout=5) == {"type": "inbox", "pending": 0}
+    assert callers == ["203.0.113.9"]
+
+
+async def test_a_conversations_stream_takes_no_one_sockets_turns(room, ben, monkeypatch):
+    """A stream is made by the first socket to join it, for every socket
+    that follows: in that socket's turns, its passes would wait out any
+    backlog of that one address."""
+    from controlplane import turns
+    from web import streams
+
+    _, channel = room
+    callers, reading = [], streams.next_pass
+
+    async def next_pass(*args):
+        callers.append(turns.caller.get())
+        return await reading(*args)
+
+    monkeypatch.setattr(streams, "next_pass", next_pass)
+    socket, connected = await open_socket(f"/ws/conversations/{channel.public_id}/", ben,
+                                          client=("203.0.113.9", 50000))
+    assert connected
+    await frames_until_live(socket)
+    assert callers and set(callers) == {None}
