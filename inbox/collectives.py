@@ -38,7 +38,7 @@ from controlplane.access import active_membership, can_read_space, require_sende
 from controlplane.clock import now, rfc3339
 from controlplane.live import kick_on_commit, kick_once_on_commit
 from controlplane.log import NewEvent
-from controlplane.errors import Conflict, Forbidden, InvalidRequest
+from controlplane.errors import Conflict, Forbidden, IdempotencyConflict, InvalidRequest
 from controlplane.models import Conversation, Member, Participant
 from inbox import authority, mailbox, notices
 from inbox.items import content_bytes
@@ -96,10 +96,13 @@ def _locked(message: Message) -> Collective | None:
             .select_related("message__space", "message__conversation", "requester").filter(message=message).first())
 
 
-def answer(message: Message, body: str, *, actor: Member) -> tuple[CollectiveAnswer, bool]:
+def answer(message: Message, body: str, *, actor: Member,
+           idempotency_key: str | None = None) -> tuple[CollectiveAnswer, bool]:
     """`actor`'s answer (idempotent: the same answer again returns it; a
-    different one is 409 CONFLICT). Finishes the operation when it was the
-    last one. Returns (answer, created)."""
+    different one is 409 CONFLICT, or IDEMPOTENCY_CONFLICT under the key the
+    first was given with: a request with the same key at once has not found
+    the first's record, which is stored after its work). Finishes the
+    operation when it was the last one. Returns (answer, created)."""
     encode_text(body, field="body", max_bytes=MAX_ANSWER_BYTES)
     with transaction.atomic():
         collective = _locked(message)
@@ -109,6 +112,8 @@ def answer(message: Message, body: str, *, actor: Member) -> tuple[CollectiveAns
             raise Forbidden("Only the group's other members answer a collective request.")
         existing = CollectiveAnswer.objects.filter(collective=collective, member=actor).first()
         if existing is not None:
+            if existing.body != body and idempotency_key and existing.idempotency_key == idempotency_key:
+                raise IdempotencyConflict()
             if existing.body != body:
                 raise Conflict("You answered already, with a different answer.",
                                details={"state": collective.state, "reason": collective.reason})
@@ -117,7 +122,8 @@ def answer(message: Message, body: str, *, actor: Member) -> tuple[CollectiveAns
         _settle(collective)  # one that cannot complete any more fails now, and that commits
         created = None
         if collective.state == Collective.State.PENDING:
-            created = CollectiveAnswer.objects.create(collective=collective, member=actor, body=body)
+            created = CollectiveAnswer.objects.create(collective=collective, member=actor, body=body,
+                                                      idempotency_key=idempotency_key)
             _settle(collective)
     if created is None:
         raise Conflict("The operation has finished.", details={"state": collective.state, "reason": collective.reason})

@@ -243,6 +243,10 @@ class CollectiveAnswer(models.Model):
     member = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="+")
     body = models.TextField()
     answered_at = models.DateTimeField(default=now)
+    # The request's Idempotency-Key, if it had one: the same key with another
+    # answer is IDEMPOTENCY_CONFLICT, however close together the two came
+    # (the route stores its key's record after its work: inbox.collectives.answer).
+    idempotency_key = models.CharField(max_length=128, null=True, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["collective", "member"], name="one_answer_per_member")]

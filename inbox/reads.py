@@ -126,13 +126,13 @@ def snapshot(member: Member, page: str | None) -> dict:
     }
 
 
-def answer(member: Member, message_id: str, body: str) -> tuple[dict, bool]:
+def answer(member: Member, message_id: str, body: str, idempotency_key: str | None = None) -> tuple[dict, bool]:
     """(`{"answer": …}`, created): `member`'s answer to a collective request
     they can see (404 otherwise)."""
     message = Message.objects.visible_to(member).filter(public_id=message_id).first()
     if message is None:
         raise NotFound()
-    given, created = collectives.answer(message, body, actor=member)
+    given, created = collectives.answer(message, body, actor=member, idempotency_key=idempotency_key)
     return {"answer": render_answer(given)}, created
 
 

@@ -71,7 +71,7 @@ class AnswerView(APIView):
     @idempotent(atomic=False)
     def post(self, request, message_id):
         data = validated(AnswerIn, request.data)
-        answered, created = reads.answer(request.user, message_id, data["body"])
+        answered, created = reads.answer(request.user, message_id, data["body"], idempotency_key(request))
         return Response(answered, status=201 if created else 200)
 
 

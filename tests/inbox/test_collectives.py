@@ -250,6 +250,26 @@ def test_answers_are_idempotent_bounded_and_only_the_others_answer(group, alice,
     assert Collective.objects.get().state == "pending"
 
 
+def test_another_answer_under_the_first_ones_key_is_an_idempotency_conflict_before_its_record_is_stored(
+        group, as_alice, as_bob):
+    """The route stores its key's record after its work (controlplane.idempotency,
+    `atomic=False`): two first attempts at once under one key found no record,
+    and the later one was answered CONFLICT, not IDEMPOTENCY_CONFLICT."""
+    from controlplane.models import IdempotencyRecord
+
+    # given: bob's answer under a key, its record not stored yet (as while the first request finishes)
+    message = ask(as_alice, group).json()["message"]["id"]
+    path = f"/v0/messages/{message}/answer"
+    assert as_bob.post(path, {"body": "A"}, headers={"Idempotency-Key": "answer-key-1"}).status_code == 201
+    IdempotencyRecord.objects.all().delete()
+    # when / then: the same key with another answer, another key, and none
+    assert error_code(as_bob.post(path, {"body": "B"}, headers={"Idempotency-Key": "answer-key-1"})) == (
+        "IDEMPOTENCY_CONFLICT")
+    assert error_code(as_bob.post(path, {"body": "B"}, headers={"Idempotency-Key": "answer-key-2"})) == "CONFLICT"
+    assert error_code(as_bob.post(path, {"body": "B"})) == "CONFLICT"
+    assert as_bob.post(path, {"body": "A"}, headers={"Idempotency-Key": "answer-key-1"}).status_code == 200
+
+
 @pytest.mark.parametrize("collective", [
     {"op": "scatter", "deadline_ms": 5000}, {"op": "gather", "deadline_ms": 999},
     {"op": "gather", "deadline_ms": 86_400_001}, {"op": "gather", "deadline_ms": "5000"}, {"op": "gather"},
