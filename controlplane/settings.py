@@ -1,6 +1,7 @@
 """Switchboard settings, read from the environment (docs/configuration.md)."""
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -8,6 +9,7 @@ from urllib.parse import urlsplit
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from controlplane.binds import bound_url
 from controlplane.keys import derive_key, development_checkout, load_root_key, private_dir, redis_namespace
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -56,6 +58,8 @@ def _env_number(name: str, default, parse, kind: str, minimum, unit: str):
         raise ImproperlyConfigured(f"{name} must be {kind}, not {value!r}.") from None
     if not number >= minimum:  # (NaN too)
         raise ImproperlyConfigured(f"{name} must be at least {minimum}{unit}, not {value}.")
+    if not math.isfinite(number):  # a wait of `inf` never ends
+        raise ImproperlyConfigured(f"{name} must be finite, not {value}.")
     return number
 
 
@@ -70,18 +74,20 @@ REDIS_NAMESPACE = redis_namespace(SERVER_ADMIN_KEY)
 SWITCHBOARD_BIND = os.environ.get("SWITCHBOARD_BIND", "127.0.0.1:8000")
 # `serve`: the ASGI server (uvicorn, granian or daphne) and its processes
 # (0: one per core with REDIS_URL, else 1).
-SERVE_SERVER = os.environ.get("SERVE_SERVER", "uvicorn")
+SERVE_SERVERS = ("uvicorn", "granian", "daphne")
+SERVE_SERVER = os.environ.get("SERVE_SERVER", "").strip() or "uvicorn"
+if SERVE_SERVER not in SERVE_SERVERS:
+    raise ImproperlyConfigured(f"SERVE_SERVER is {', '.join(SERVE_SERVERS[:-1])} or {SERVE_SERVERS[-1]}, "
+                               f"not {SERVE_SERVER!r}.")
 SERVE_WORKERS = env_int("SERVE_WORKERS", 0)
 # A uvicorn process of `serve` whose event loop has not beaten for this
 # long is killed and started again on its socket (controlplane.uvicorn_process);
-# 0: never, else at least 3.
+# 0: never, else at least 3 (the processes beat once a second).
+MIN_HEALTHCHECK_SECONDS = 3
 SERVE_HEALTHCHECK_SECONDS = env_int("SERVE_HEALTHCHECK_SECONDS", 10)
-def bound_url(bind: str) -> str:
-    """The URL a local browser reaches `serve` at, from its HOST:PORT."""
-    host, _, port = bind.rpartition(":")
-    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1"}.get(host, host).strip("[]")
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
-
+if 0 < SERVE_HEALTHCHECK_SECONDS < MIN_HEALTHCHECK_SECONDS:
+    raise ImproperlyConfigured(f"SERVE_HEALTHCHECK_SECONDS must be 0 (no health check) or at least "
+                               f"{MIN_HEALTHCHECK_SECONDS}, not {SERVE_HEALTHCHECK_SECONDS}.")
 
 # Default: where SWITCHBOARD_BIND serves (bootstrap's links named port 8000 whatever it was);
 # `serve --bind` and `cluster --bind` set it for their processes.
@@ -104,7 +110,9 @@ CREDENTIALS_PER_HOUR = env_int("CREDENTIALS_PER_HOUR", 10)  # new credentials pe
 # or credential has changed (controlplane.api.authentication); 0 turns it off.
 CREDENTIAL_CACHE_SECONDS = env_int("CREDENTIAL_CACHE_SECONDS", 5)
 # How much of one recipient's 10 MiB mailbox one sender's pending items may fill.
-MAILBOX_SENDER_SHARE = env_int("MAILBOX_SENDER_SHARE", 2 * 1024 * 1024)
+# At least room for a few of the largest messages (8 KiB of body and 8 KiB of
+# related paths): below one, a sender's largest could never be delivered.
+MAILBOX_SENDER_SHARE = env_int("MAILBOX_SENDER_SHARE", 2 * 1024 * 1024, minimum=64 * 1024)
 VERIFY_PER_HOUR = env_int("VERIFY_PER_HOUR", 30)  # webhook endpoint verifications per member
 # Sign-in attempts per 15 minutes (the web app and the admin).
 SIGNIN_PER_ACCOUNT = env_int("SIGNIN_PER_ACCOUNT", 10)

@@ -49,6 +49,13 @@ def test_the_deployment_check_finds_nothing_to_report():
     # past year 1 from today: taken, and then every hourly prune (or claim sweep) failed, for good
     ({"EVENT_RETENTION_DAYS": "1000000"}, "EVENT_RETENTION_DAYS must be at most 36500, not 1000000."),
     ({"CLAIM_TTL_HOURS": "99999999"}, "CLAIM_TTL_HOURS must be at most 876000, not 99999999."),
+    # a wait that never ends: the look at the log head that finds a lost wake never came
+    ({"FEED_RECHECK_SECONDS": "inf"}, "FEED_RECHECK_SECONDS must be finite, not inf."),
+    # below the largest message, a sender's largest could never be delivered (at 0, none)
+    ({"MAILBOX_SENDER_SHARE": "0"}, "MAILBOX_SENDER_SHARE must be at least 65536, not 0."),
+    # refused by `serve` alone, where the rest are refused by every command
+    ({"SERVE_HEALTHCHECK_SECONDS": "2"}, "SERVE_HEALTHCHECK_SECONDS must be 0 (no health check) or at least 3, not 2."),
+    ({"SERVE_SERVER": "gunicorn"}, "SERVE_SERVER is uvicorn, granian or daphne, not 'gunicorn'."),
 ])
 def test_a_setting_that_cannot_be_stops_with_one_line_naming_it(setting, told):
     result = manage("check", **setting)

@@ -13,6 +13,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
+from controlplane.binds import bound_url
 from controlplane.cluster import Child, Proxy, Supervisor, free_port, node_command, worker_command
 from controlplane.management.commands.serve import split_bind
 from controlplane.processes import StopRequest
@@ -35,8 +36,6 @@ class Command(BaseCommand):
         if nodes < 1 or workers < 0:
             raise CommandError("--nodes must be at least 1 and --workers at least 0")
         host, port = split_bind(bind)
-        from controlplane.settings import bound_url  # here, as serve imports it
-
         os.environ.setdefault("SWITCHBOARD_PUBLIC_URL", bound_url(bind))  # the proxy's, for every node and worker
         call_command("recover")
         ensure_schedules()
