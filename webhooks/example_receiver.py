@@ -6,9 +6,19 @@ It keeps a throwaway certificate authority and a certificate for
 `localhost` and 127.0.0.1 in `--dir` (made on first start, kept after, so a
 server that trusts the CA keeps trusting it), serves HTTPS on 127.0.0.1
 only, and prints the settings to start Switchboard with. Every request goes
-through `switchboard_client.WakeReceiver` (the client package, `client/`):
-a challenge is answered, a wake is recorded once in `wakes.jsonl` and
-answered 202, anything else is refused (400, or 401 for a bad signature).
+through the WSGI adapter of `switchboard_client.WakeReceiver` (the client
+package, `client/`): a body is read only when its `Content-Length` is a
+number within a wake's size (else 400 or 413), a challenge is answered, a
+wake is recorded once in `wakes.jsonl` and answered 202, anything else is
+refused (400, or 401 for a bad signature). A connection has 10 s for each
+read and write.
+
+Its options, which `make receiver` takes as `RECEIVER_ARGS='…'`: `--port`,
+`--dir`, `--switchboard` (where the signing keys are published, and the
+issuer wakes must name: default `SWITCHBOARD_PUBLIC_URL`, else the URL
+`SWITCHBOARD_BIND` serves at, as `make run` prints it) and `--secret` (the
+endpoint's `whsec_` secret, to check the Standard Webhooks signature too:
+default `RECEIVER_SECRET`).
 """
 from __future__ import annotations
 
@@ -19,17 +29,25 @@ import ipaddress
 import json
 import os
 import ssl
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from controlplane.binds import bound_url
 from switchboard_client import Wake, WakeReceiver
 
 CERTIFICATE_DAYS = 30
+TIMEOUT_SECONDS = 10  # for each read and write of a connection: a client that stops holds a thread no longer
+
+
+def default_switchboard() -> str:
+    """The URL Switchboard serves at, as its settings would name it."""
+    return os.environ.get("SWITCHBOARD_PUBLIC_URL") or bound_url(os.environ.get("SWITCHBOARD_BIND", "127.0.0.1:8000"))
 
 
 def make_ca_and_certificate(directory: Path) -> tuple[Path, Path, Path]:
@@ -85,8 +103,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, default=8443)
     parser.add_argument("--dir", type=Path, default=Path("var/receiver"), help="certificates and wakes.jsonl")
-    parser.add_argument("--switchboard", default=os.environ.get("SWITCHBOARD_PUBLIC_URL", "http://127.0.0.1:8000"),
-                        help="where the signing keys are published, and the wakes' issuer")
+    parser.add_argument("--switchboard", default=default_switchboard(),
+                        help="where the signing keys are published, and the wakes' issuer "
+                             "(default SWITCHBOARD_PUBLIC_URL, else where SWITCHBOARD_BIND serves)")
     parser.add_argument("--secret", default=os.environ.get("RECEIVER_SECRET"),
                         help="the endpoint's whsec_ secret, to check the Standard Webhooks signature too")
     args = parser.parse_args(argv)
@@ -101,30 +120,29 @@ def main(argv: list[str] | None = None) -> None:
     receiver = WakeReceiver(base_url=args.switchboard, issuer=args.switchboard, secret=args.secret,
                             on_inbox_wake=record, on_space_wake=record)
 
-    class Hook(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    def hook(environ, start_response):
+        """The receiver's WSGI adapter, saying what it refused."""
+        def answered(status: str, headers: list):
+            if not status.startswith("2"):
+                print(f"refused: {status}", flush=True)
+            return start_response(status, headers)
 
-        def do_POST(self):  # noqa: N802 - the stdlib's name
-            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            answer = receiver.handle(dict(self.headers), body)
-            if answer.status >= 400:
-                print(f"refused: {answer.reason}", flush=True)
-            elif "challenge" in answer.body:
-                print("challenge answered", flush=True)
-            self.reply(answer.status, answer.body)
+        content = receiver.wsgi(environ, answered)
+        if b'"challenge"' in content[0]:
+            print("challenge answered", flush=True)
+        return content
 
-        def reply(self, status: int, payload: dict) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+    class Handler(WSGIRequestHandler):
+        timeout = TIMEOUT_SECONDS
 
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), Hook)
+    server = Server(("127.0.0.1", args.port), Handler)
+    server.set_app(hook)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(chain, key)
     server.socket = context.wrap_socket(server.socket, server_side=True)
