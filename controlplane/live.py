@@ -19,7 +19,7 @@ from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.conf import settings
 from django.db import transaction
 
-from controlplane import topics
+from controlplane import topics, turns
 from controlplane.errors import warn_of
 from controlplane.publishing import publisher
 
@@ -277,7 +277,9 @@ class LogWatcher:
             self._advanced = asyncio.Event()
             self._interests, self._waiting, self._announced = set(), 0, AnnouncedPositions()
             self._heard_here.clear()
-            self._tasks = [loop.create_task(self._listen()), loop.create_task(self._check_head())]
+            # Started by whichever waiter comes first, for every waiter of the process.
+            self._tasks = [loop.create_task(work(), context=turns.shared_context())
+                           for work in (self._listen, self._check_head)]
 
     def mark(self) -> asyncio.Event:
         """Take before reading; `wait(mark)` returns at once if the log

@@ -27,12 +27,13 @@ from django.conf import settings
 caller: contextvars.ContextVar[str | None] = contextvars.ContextVar("switchboard_caller", default=None)
 
 
-def shared_context() -> contextvars.Context:
+def shared_context(key: str | None = None) -> contextvars.Context:
     """A context for a task whose work is shared by many callers (a live
-    conversation's stream): it waits for no one caller's turn, which an
-    address's backlog would make it wait out."""
+    conversation's stream, the log watcher's look at the log head): it
+    waits for no one caller's turn, which that caller's backlog would make
+    it wait out. With `key`, it takes the turns of that key instead."""
     context = contextvars.copy_context()
-    context.run(caller.set, None)
+    context.run(caller.set, key)
     return context
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 
+from controlplane import turns
 from controlplane.db import db_call
 from controlplane.models import Member
 from inbox.delivery import pending_count
@@ -47,7 +48,9 @@ def _count(member_pk: int) -> int | None:
 
 def _start(member_pk: int) -> None:
     result = _next.pop(member_pk)
-    _running[member_pk] = asyncio.get_running_loop().create_task(_run(member_pk, result))
+    # Asked for by the member's sockets, of any address: the count takes the member's own turns.
+    _running[member_pk] = asyncio.get_running_loop().create_task(
+        _run(member_pk, result), context=turns.shared_context(f"member {member_pk}"))
 
 
 async def _run(member_pk: int, result: asyncio.Future) -> None:

@@ -1,6 +1,8 @@
 """Who may open a live socket, and how many: the handshake refuses the
 signed out, outsiders, other sites' pages and hosts this server does not
 serve, and a member past their rate limit or their cap of open sockets."""
+import asyncio
+
 import pytest
 
 from controlplane.db import db_call
@@ -136,3 +138,30 @@ async def test_a_conversations_stream_takes_no_one_sockets_turns(room, ben, monk
     assert connected
     await frames_until_live(socket)
     assert callers and set(callers) == {None}
+
+
+async def test_the_work_a_socket_starts_for_every_socket_takes_no_one_sockets_turns(room, ben, settings,
+                                                                                    monkeypatch):
+    """The log watcher's look at the log head (the lost-wake safety net) is
+    started by the first waiter of a process, and a member's inbox count by
+    the first of their sockets to ask: in that socket's turns, they would
+    wait out any backlog of its address for as long as they run."""
+    from controlplane import log, turns
+    from web import inbox_counts
+
+    settings.FEED_RECHECK_SECONDS = 0.1
+    _, channel = room
+    heads, counts = [], []
+    reading, counting = log.head_position, inbox_counts._count
+    monkeypatch.setattr(log, "head_position", lambda: heads.append(turns.caller.get()) or reading())
+    monkeypatch.setattr(inbox_counts, "_count", lambda pk: counts.append(turns.caller.get()) or counting(pk))
+    conversation, _ = await open_socket(f"/ws/conversations/{channel.public_id}/", ben,
+                                        client=("203.0.113.9", 50000))
+    inbox, _ = await open_socket("/ws/inbox/", ben, client=("203.0.113.9", 50000))
+    assert await inbox.receive_json_from(timeout=5) == {"type": "inbox", "pending": 0}
+    for _ in range(50):
+        if len(heads) >= 2:
+            break
+        await asyncio.sleep(0.1)
+    assert heads and set(heads) == {None}
+    assert counts == [f"member {ben.pk}"]
