@@ -43,9 +43,13 @@ def env_int(name: str, default: int, *, minimum: int = 0, maximum: int | None = 
 CENTURY_DAYS = 36_500
 
 
-def env_seconds(name: str, default: float, *, minimum: float) -> float:
-    """A number of seconds from the environment, at least `minimum`."""
-    return _env_number(name, default, float, "a number of seconds", minimum, " seconds")
+def env_seconds(name: str, default: float, *, minimum: float, maximum: float | None = None) -> float:
+    """A number of seconds from the environment, at least `minimum` (and at
+    most `maximum`)."""
+    seconds = _env_number(name, default, float, "a number of seconds", minimum, " seconds")
+    if maximum is not None and seconds > maximum:
+        raise ImproperlyConfigured(f"{name} must be at most {maximum} seconds, not {seconds:g}.")
+    return seconds
 
 
 def _env_number(name: str, default, parse, kind: str, minimum, unit: str):
@@ -110,8 +114,9 @@ CREDENTIALS_PER_HOUR = env_int("CREDENTIALS_PER_HOUR", 10)  # new credentials pe
 # or credential has changed (controlplane.api.authentication); 0 turns it off.
 CREDENTIAL_CACHE_SECONDS = env_int("CREDENTIAL_CACHE_SECONDS", 5)
 # How much of one recipient's 10 MiB mailbox one sender's pending items may fill.
-# At least room for a few of the largest messages (8 KiB of body and 8 KiB of
-# related paths): below one, a sender's largest could never be delivered.
+# At least room for the largest item (a collective request of 8 KiB to 64
+# members, escaped: about 51 KiB): below it, a sender's largest could never
+# be delivered.
 MAILBOX_SENDER_SHARE = env_int("MAILBOX_SENDER_SHARE", 2 * 1024 * 1024, minimum=64 * 1024)
 VERIFY_PER_HOUR = env_int("VERIFY_PER_HOUR", 30)  # webhook endpoint verifications per member
 # Sign-in attempts per 15 minutes (the web app and the admin).
@@ -123,7 +128,7 @@ if REDIS_URL and urlsplit(REDIS_URL).scheme not in ("redis", "rediss", "unix"):
                                f"not {REDIS_URL.split('@')[-1]!r}.")
 # A waiting long-poll re-reads at least this often, in case a wake was lost
 # (or, without Redis, came from another process).
-FEED_RECHECK_SECONDS = env_seconds("FEED_RECHECK_SECONDS", 1.0, minimum=0.05)
+FEED_RECHECK_SECONDS = env_seconds("FEED_RECHECK_SECONDS", 1.0, minimum=0.05, maximum=60.0)
 # An MCP events/stream sends a heartbeat frame at least this often (SEP-3415: every 30 s at most).
 MCP_HEARTBEAT_SECONDS = min(30.0, env_seconds("MCP_HEARTBEAT_SECONDS", 15.0, minimum=0.1))
 # A live page's socket hears a heartbeat at least this often, and the page

@@ -135,8 +135,19 @@ def main(argv: list[str] | None = None) -> None:
     class Server(ThreadingMixIn, WSGIServer):
         daemon_threads = True
 
+        def handle_error(self, request, client_address):
+            print(f"dropped a connection from {client_address[0]}: it failed its TLS handshake or timed out",
+                  flush=True)
+
     class Handler(WSGIRequestHandler):
         timeout = TIMEOUT_SECONDS
+
+        def setup(self):
+            # The TLS handshake here, in the connection's own thread and in
+            # its time: on accept, one silent connection held every other.
+            self.request.settimeout(TIMEOUT_SECONDS)
+            self.request.do_handshake()
+            super().setup()
 
         def log_message(self, *args):
             pass
@@ -145,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     server.set_app(hook)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(chain, key)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
+    server.socket = context.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
     print(f"Receiver listening on https://127.0.0.1:{args.port}/hook (and https://localhost:{args.port}/hook)\n"
           f"Switchboard must trust its CA and may call a loopback address only when told to; "
           f"restart `make run` with:\n\n"

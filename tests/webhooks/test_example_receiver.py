@@ -54,3 +54,13 @@ def test_its_issuer_is_where_switchboard_serves(receiver):
     server moved to another port had every wake refused as a wrong issuer."""
     _, _, printed = receiver
     assert "Wakes are verified against http://127.0.0.1:8123 " in "".join(printed)
+
+
+def test_a_silent_connection_holds_up_no_other(receiver):
+    """Its TLS handshake ran as the connection was accepted, on the one
+    thread that accepts them, with no time limit: one connection that sent
+    nothing stopped the receiver for as long as it stayed open."""
+    port, ca, _ = receiver
+    with socket.create_connection(("127.0.0.1", port)):
+        head = b"POST /hook HTTP/1.1\r\nHost: localhost\r\nContent-Length: abc\r\n"
+        assert answer(port, ca, head).split(" ")[1] == "400"
