@@ -62,18 +62,17 @@ def test_a_removal_committed_after_the_send_read_the_role_stops_the_send(policy,
     refused_with_nothing_written(lambda: send_message(direct, body="late", actor=bob), bob)
 
 
-@pytest.mark.postgres
-def test_a_removal_committing_while_the_send_waits_for_the_log_head_stops_the_send():
-    """The write's statement started before the removal committed: a check
-    in the statement itself would read the membership as it was then."""
-    # given: bob's send to carol, waiting for the log head that alice's removal of bob holds
-    alice, bob, carol, space = members_and_space("open")
-    direct, _ = services.get_or_create_direct(space, carol, actor=bob)
+def sent_while_a_removal_holds_the_head(send, remove):
+    """What `send()` (in a thread of its own) answers or raises when it
+    reaches the log head while `remove()` holds it, in a transaction that
+    commits once the send waits there: its statement started before the
+    removal committed, so a check in the statement itself would read the
+    membership as it was then."""
     outcome = []
 
-    def send():
+    def sending():
         try:
-            outcome.append(send_message(direct, body="late", actor=bob))
+            outcome.append(send())
         except Exception as error:
             outcome.append(error)
         finally:
@@ -81,14 +80,26 @@ def test_a_removal_committing_while_the_send_waits_for_the_log_head_stops_the_se
 
     with transaction.atomic():
         LogHead.objects.select_for_update().get(id=1)
-        sender = threading.Thread(target=send)
+        sender = threading.Thread(target=sending)
         sender.start()
         sender.join(1.0)
-        assert sender.is_alive()  # past its role check, waiting for the head
-        services.remove_member(space, bob, actor=alice)
+        assert sender.is_alive()  # past its checks, waiting for the head
+        remove()
     sender.join(10)
+    assert len(outcome) == 1, outcome
+    return outcome[0]
+
+
+@pytest.mark.postgres
+def test_a_removal_committing_while_the_send_waits_for_the_log_head_stops_the_send():
+    # given: bob's send to carol, waiting for the log head that alice's removal of bob holds
+    alice, bob, carol, space = members_and_space("open")
+    direct, _ = services.get_or_create_direct(space, carol, actor=bob)
+    # when
+    outcome = sent_while_a_removal_holds_the_head(lambda: send_message(direct, body="late", actor=bob),
+                                                  lambda: services.remove_member(space, bob, actor=alice))
     # then
-    assert len(outcome) == 1 and isinstance(outcome[0], Forbidden), outcome
+    assert isinstance(outcome, Forbidden), outcome
     assert not Message.objects.filter(author=bob).exists()
     assert Event.objects.order_by("-position").first().kind == "member.removed"
 
@@ -173,27 +184,12 @@ def test_a_recipient_removed_after_the_send_looked_them_up_gets_nothing(visibili
 def test_a_recipients_removal_committing_while_the_send_waits_for_the_log_head_stops_their_delivery():
     # given: bob's send to carol and dave, waiting for the log head that alice's removal of carol holds
     alice, bob, carol, dave, space, group = space_of("private")
-    outcome = []
-
-    def send():
-        try:
-            outcome.append(send_message(group, body="late", actor=bob))
-        except Exception as error:
-            outcome.append(error)
-        finally:
-            connection.close()
-
-    with transaction.atomic():
-        LogHead.objects.select_for_update().get(id=1)
-        sender = threading.Thread(target=send)
-        sender.start()
-        sender.join(1.0)
-        assert sender.is_alive()  # its statement started, waiting for the head
-        services.remove_member(space, carol, actor=alice)
-    sender.join(10)
+    # when
+    outcome = sent_while_a_removal_holds_the_head(lambda: send_message(group, body="late", actor=bob),
+                                                  lambda: services.remove_member(space, carol, actor=alice))
     # then
-    assert len(outcome) == 1 and not isinstance(outcome[0], Exception), outcome
-    delivered_to_the_rest_only(outcome[0], carol, dave)
+    assert not isinstance(outcome, Exception), outcome
+    delivered_to_the_rest_only(outcome, carol, dave)
 
 
 def test_a_send_that_finds_recipients_removed_every_time_is_a_conflict_and_writes_nothing(monkeypatch):
