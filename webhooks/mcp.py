@@ -41,7 +41,7 @@ from django.db.models.expressions import RawSQL
 from controlplane.access import get_readable_space, require_receiving
 from controlplane.clock import now, rfc3339
 from controlplane.cursors import caller_id, pack_cursor
-from controlplane.errors import Conflict, InvalidUrl, LimitExceeded, NotFound
+from controlplane.errors import Conflict, Forbidden, InvalidUrl, LimitExceeded, NotFound
 from controlplane.keys import purpose_key
 from controlplane.models import Credential, Member, Space
 from coordination.models import Task
@@ -123,6 +123,12 @@ def subscribe(member: Member, name: str, arguments: dict, url: str, secret: str,
         # The member's subscribes and unsubscribes take turns (as ordinary
         # subscriptions are created): the row and the limits are as read.
         Member.take_turns(member.pk)
+        # Read under that turn, which a revocation takes before it deletes the credential: one revoked
+        # while the receiver was being verified (outside any transaction) made a subscription that no
+        # revocation ends, sending the member's messages for up to its week's lease.
+        credential = Credential.objects.filter(public_id=credential_id, member=member).first()
+        if credential_id is not None and credential is None:
+            raise Forbidden("The credential making this request was revoked.")
         row = Subscription.objects.filter(public_id=public_id, owner=member).first()
         live = _refuse_or_count(row, member, space, make_room=True)
         if row is None:
@@ -132,8 +138,7 @@ def subscribe(member: Member, name: str, arguments: dict, url: str, secret: str,
                                               mcp_arguments=arguments,
                                               conversation_ids=[task.conversation_id] if task else None)
         _store_secret(row.endpoint_id, candidate.secret, verified_at, rotate=live)
-        fields = {"lease_expires_at": lease_until,
-                  "credential": Credential.objects.filter(public_id=credential_id, member=member).first()}
+        fields = {"lease_expires_at": lease_until, "credential": credential}
         if not live:  # new, or deleted before: starts afresh from now
             fields.update(status=Subscription.Status.INACTIVE, activation_position=None, terminal=False,
                           suspended_reason=None, suspended_error=None, suspended_at=None, deleted_at=None)

@@ -155,3 +155,33 @@ def test_revoking_the_credential_that_made_or_last_refreshed_a_subscription_ends
     assert status == {made["id"]: "deleted", other["id"]: "active"}
     assert [(r.path, r.json()["data"]["item"]["content"]) for r in pushes(receiver)] == [
         ("/other", "after the revocation")]
+
+
+@pytest.mark.parametrize("made", ["new", "refreshed with a new secret"])
+def test_a_credential_revoked_while_its_subscribe_verifies_the_receiver_makes_no_subscription(world, receiver,
+                                                                                              monkeypatch, made):
+    """The challenge runs outside any transaction: a revocation then found
+    no subscription of the credential's to end, and the subscription was
+    stored without one, so no revocation ever ended it (a stolen token's
+    receiver can hold its challenge open for 15 s)."""
+    from controlplane import bearer
+    from controlplane.errors import Forbidden
+    from webhooks import verification
+
+    # given: the credential the subscribe is made with, revoked while its receiver is being verified
+    taken, kept = (bearer.issue_credential(world["ada"], actor=None)[0] for _ in range(2))
+    if made != "new":
+        mcp.subscribe(world["ada"], mcp.ITEM, {}, world["url"], SECRET, ttl_ms=None, credential_id=kept.public_id)
+    verifying = verification.verify_endpoint
+
+    def revoked_meanwhile(*args, **kwargs):
+        bearer.revoke_credential(taken, actor=world["ada"])
+        return verifying(*args, **kwargs)
+
+    monkeypatch.setattr(verification, "verify_endpoint", revoked_meanwhile)
+    secret = SECRET if made == "new" else "whsec_" + "QUJD" * 8
+    # when / then: refused, and nothing of it stays to push the member's messages
+    with pytest.raises(Forbidden):
+        mcp.subscribe(world["ada"], mcp.ITEM, {}, world["url"], secret, ttl_ms=None, credential_id=taken.public_id)
+    live = Subscription.objects.exclude(status="deleted")
+    assert [s.credential_id for s in live] == ([] if made == "new" else [kept.pk])
