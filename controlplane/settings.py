@@ -128,7 +128,7 @@ if REDIS_URL and urlsplit(REDIS_URL).scheme not in ("redis", "rediss", "unix"):
                                f"not {REDIS_URL.split('@')[-1]!r}.")
 # A waiting long-poll re-reads at least this often, in case a wake was lost
 # (or, without Redis, came from another process).
-FEED_RECHECK_SECONDS = env_seconds("FEED_RECHECK_SECONDS", 1.0, minimum=0.05, maximum=60.0)
+FEED_RECHECK_SECONDS = env_seconds("FEED_RECHECK_SECONDS", 1.0, minimum=0.05, maximum=3600.0)
 # An MCP events/stream sends a heartbeat frame at least this often (SEP-3415: every 30 s at most).
 MCP_HEARTBEAT_SECONDS = min(30.0, env_seconds("MCP_HEARTBEAT_SECONDS", 15.0, minimum=0.1))
 # A live page's socket hears a heartbeat at least this often, and the page
