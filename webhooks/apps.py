@@ -52,10 +52,11 @@ class WebhooksConfig(AppConfig):
         credential_revoked.connect(end_for_credential, dispatch_uid="webhooks.end_for_credential")
         from controlplane.log import register_append_hook
         from inbox.mailbox import register_acknowledged_hook
-        from webhooks.outbox import acknowledged, enqueue_wakes
+        from webhooks.outbox import acknowledged, enqueue_wakes, offer_to_joiners
 
         # Every appended event gets its wakes in its own transaction, and so
         # does every acknowledgement (which appends none) that changes a
-        # pushed pending count.
+        # pushed pending count; a member who joins, the pushes that waited.
         register_append_hook(enqueue_wakes)
+        register_append_hook(offer_to_joiners)
         register_acknowledged_hook(acknowledged)

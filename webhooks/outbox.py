@@ -87,6 +87,16 @@ _COUNTING = (f"SELECT id, debounce_ms FROM {_SUBSCRIPTIONS} WHERE status = 'acti
              f"AND mcp_name = %s AND ")
 
 
+def offer_to_joiners(entries: Iterable[tuple[int, NewEvent]]) -> None:
+    """A member who joins a space (again) has the items of it that waited
+    for them pushed at once: while they were away their item subscriptions'
+    offers found nothing deliverable, and the items waited for the minute's
+    sweep (webhooks.mcp.offer_waiting, as a reinstatement does). Membership
+    changes are rare: the loop over a send's events finds none."""
+    for member_id in {event.member_id for _, event in entries if event.kind == "member.joined"}:
+        mcp.offer_waiting(member_id)
+
+
 def acknowledged(members: set[int]) -> None:
     """An acknowledgement lowered these members' pending counts without
     appending an event (inbox.mailbox's acknowledged hook): each active

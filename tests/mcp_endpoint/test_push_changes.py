@@ -114,6 +114,27 @@ def test_removal_from_a_space_stops_pushing_its_items_and_the_next_ones_come(wor
     assert mcp.offer_waiting() == 0
 
 
+def test_a_member_who_joins_again_has_the_items_that_waited_pushed_at_once(world, receiver):
+    """They waited for the minute's sweep: the offers made while she was
+    away found nothing deliverable."""
+    # given: ada removed from bo's open space `den` with an item of it pending, unpushed
+    ada, bo = world["ada"], world["bo"]
+    den = services.create_space(slug="den", name="Den", visibility="open", send_policy="open", actor=bo)
+    services.join_space(den, actor=ada)
+    in_den, _ = services.get_or_create_direct(den, ada, actor=bo)
+    send_message(in_den, body="den plans", actor=bo)
+    services.remove_member(den, ada, actor=bo)
+    subscribe(world)
+    while pump():
+        pass
+    assert pushes(receiver) == []
+    # when: she joins again
+    services.join_space(den, actor=ada)
+    # then: the next run pushes it
+    pump()
+    assert [r.json()["data"]["item"]["content"] for r in pushes(receiver)] == ["den plans"]
+
+
 @pytest.mark.parametrize("by", ["its owner", "an item push's 2xx"])
 def test_an_acknowledgement_pushes_the_new_pending_count(world, receiver, by):
     """An acknowledgement appends no event: the pushed count followed new
