@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from controlplane.binds import bound_url
+from controlplane.binds import bind, public_url
 from controlplane.keys import derive_key, development_checkout, load_root_key, private_dir, redis_namespace
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -75,7 +75,7 @@ SECRET_KEY = derive_key(SERVER_ADMIN_KEY, "django-secret-key", 48).hex()
 # root key) never see each other's messages or take each other's tasks.
 REDIS_NAMESPACE = redis_namespace(SERVER_ADMIN_KEY)
 
-SWITCHBOARD_BIND = os.environ.get("SWITCHBOARD_BIND", "127.0.0.1:8000")
+SWITCHBOARD_BIND = bind()
 # `serve`: the ASGI server (uvicorn, granian or daphne) and its processes
 # (0: one per core with REDIS_URL, else 1).
 SERVE_SERVERS = ("uvicorn", "granian", "daphne")
@@ -95,7 +95,7 @@ if 0 < SERVE_HEALTHCHECK_SECONDS < MIN_HEALTHCHECK_SECONDS:
 
 # Default: where SWITCHBOARD_BIND serves (bootstrap's links named port 8000 whatever it was);
 # `serve --bind` and `cluster --bind` set it for their processes.
-SWITCHBOARD_PUBLIC_URL = (os.environ.get("SWITCHBOARD_PUBLIC_URL") or bound_url(SWITCHBOARD_BIND)).rstrip("/")
+SWITCHBOARD_PUBLIC_URL = public_url()
 WEBHOOK_ALLOW_PRIVATE_NETWORKS = env_bool("WEBHOOK_ALLOW_PRIVATE_NETWORKS", False)
 WEBHOOK_CA_BUNDLE = os.environ.get("WEBHOOK_CA_BUNDLE") or None
 if WEBHOOK_CA_BUNDLE is not None and not os.path.isfile(WEBHOOK_CA_BUNDLE):

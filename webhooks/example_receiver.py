@@ -38,16 +38,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from controlplane.binds import bound_url
+from controlplane.binds import public_url
 from switchboard_client import Wake, WakeReceiver
 
 CERTIFICATE_DAYS = 30
 TIMEOUT_SECONDS = 10  # for each read and write of a connection: a client that stops holds a thread no longer
-
-
-def default_switchboard() -> str:
-    """The URL Switchboard serves at, as its settings would name it."""
-    return os.environ.get("SWITCHBOARD_PUBLIC_URL") or bound_url(os.environ.get("SWITCHBOARD_BIND", "127.0.0.1:8000"))
 
 
 def make_ca_and_certificate(directory: Path) -> tuple[Path, Path, Path]:
@@ -103,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, default=8443)
     parser.add_argument("--dir", type=Path, default=Path("var/receiver"), help="certificates and wakes.jsonl")
-    parser.add_argument("--switchboard", default=default_switchboard(),
+    parser.add_argument("--switchboard", default=public_url(),
                         help="where the signing keys are published, and the wakes' issuer "
                              "(default SWITCHBOARD_PUBLIC_URL, else where SWITCHBOARD_BIND serves)")
     parser.add_argument("--secret", default=os.environ.get("RECEIVER_SECRET"),
