@@ -46,14 +46,23 @@ def address_wait(address: str) -> float | None:
     return hit(f"ip:{source(address)}", limit=settings.RATE_LIMIT_PER_MINUTE, window=MEMBER_WINDOW)
 
 
-def hit(key: str, *, limit: int, window: int) -> float | None:
-    """Count one hit on `key` in the current window of `window` seconds.
-    None while within `limit` (0 or less: no limit); otherwise the seconds
-    until the window ends (the Retry-After)."""
+def hit(key: str, *, limit: int, window: int, now: float | None = None) -> float | None:
+    """Count one hit on `key` in the window of `window` seconds that holds
+    `now` (default: the current one). None while within `limit` (0 or less:
+    no limit); otherwise the seconds until the window ends (the Retry-After)."""
     if limit <= 0:
         return None
-    now = timestamp()
+    now = timestamp() if now is None else now
     return _wait(_count(_slot(key, window, now), window * 2), limit, window, now)
+
+
+def give_back(key: str, *, window: int, now: float) -> None:
+    """Take back a hit `hit` counted on `key` at `now`; nothing when its
+    window's count is gone."""
+    try:
+        caches[DEFAULT_CACHE_ALIAS].decr(_slot(key, window, now))
+    except ValueError:
+        pass
 
 
 def _slot(key: str, window: int, now: float) -> str:
@@ -132,33 +141,55 @@ def source(address: str) -> str:
     return address
 
 
-def signin_wait(request) -> float | None:
-    """Count a sign-in attempt against its client address
+def _signin_counters(request) -> list[tuple[str, int]]:
+    """The sign-in counters a POST to a sign-in view counts against, with
+    their limits: its client address's, the account it names from that
+    address, and that account from every address."""
+    # The name as the sign-in form resolves it (NFKC, as Django's UsernameField), folded: "ａnn" is "ann"'s count.
+    account = unicodedata.normalize("NFKC", str(request.POST.get("username", ""))).strip().casefold()[:64]
+    address = source(client_address(request))
+    return [(f"signin:ip:{address}", settings.SIGNIN_PER_ADDRESS),
+            (f"signin:user:{account}:{address}", settings.SIGNIN_PER_ACCOUNT),
+            (f"signin:user:{account}", settings.SIGNIN_PER_ACCOUNT * SIGNIN_ACCOUNT_EVERYWHERE)]
+
+
+def signin_wait(request, now: float) -> float | None:
+    """Count a sign-in attempt at `now` against its client address
     (SIGNIN_PER_ADDRESS per 15 minutes), the account it names from that
     address (SIGNIN_PER_ACCOUNT) and that account from every address
     (SIGNIN_ACCOUNT_EVERYWHERE times as many); the seconds to wait when any
     is spent, else None."""
-    # The name as the sign-in form resolves it (NFKC, as Django's UsernameField), folded: "ａnn" is "ann"'s count.
-    account = unicodedata.normalize("NFKC", str(request.POST.get("username", ""))).strip().casefold()[:64]
-    address = source(client_address(request))
-    waits = [hit(f"signin:ip:{address}", limit=settings.SIGNIN_PER_ADDRESS, window=SIGNIN_WINDOW),
-             hit(f"signin:user:{account}:{address}", limit=settings.SIGNIN_PER_ACCOUNT, window=SIGNIN_WINDOW),
-             hit(f"signin:user:{account}", limit=settings.SIGNIN_PER_ACCOUNT * SIGNIN_ACCOUNT_EVERYWHERE,
-                 window=SIGNIN_WINDOW)]
+    waits = [hit(key, limit=limit, window=SIGNIN_WINDOW, now=now) for key, limit in _signin_counters(request)]
     return max((w for w in waits if w is not None), default=None)
+
+
+def signin_succeeded(request, now: float) -> None:
+    """Give the account back the attempt counted at `now` that signed in:
+    an owner who signs in often is not guessing. The address keeps it, or
+    signing in to an account of one's own would buy guesses at others'."""
+    for key, limit in _signin_counters(request)[1:]:
+        if limit > 0:
+            give_back(key, window=SIGNIN_WINDOW, now=now)
 
 
 def throttle_signin(view):
     """A sign-in view (the web app's, the admin's) whose POSTs are counted
     by `signin_wait`: past a limit, 429 with Retry-After, and the password
-    is not even checked."""
+    is not even checked. One that signs in is given back to its account
+    (`signin_succeeded`)."""
     @functools.wraps(view)
     def wrapper(request, *args, **kwargs):
-        if request.method == "POST" and (wait := signin_wait(request)):
+        if request.method != "POST":
+            return view(request, *args, **kwargs)
+        now = timestamp()
+        if wait := signin_wait(request, now):
             error = RateLimited.after(wait, "Too many sign-in attempts. Wait a few minutes, then try again.")
             response = HttpResponse(f"<!doctype html><title>Too many attempts</title><p>{error.message}</p>",
                                     status=429)
             response["Retry-After"] = error.headers["Retry-After"]
             return response
-        return view(request, *args, **kwargs)
+        response = view(request, *args, **kwargs)
+        if response.status_code == 302 and request.user.is_authenticated:
+            signin_succeeded(request, now)
+        return response
     return wrapper
