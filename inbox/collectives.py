@@ -38,8 +38,8 @@ from controlplane.access import active_membership, can_read_space, require_sende
 from controlplane.clock import now, rfc3339
 from controlplane.live import kick_on_commit, kick_once_on_commit
 from controlplane.log import NewEvent
-from controlplane.errors import Conflict, Forbidden, IdempotencyConflict, InvalidRequest
-from controlplane.models import Conversation, Member, Participant
+from controlplane.errors import Conflict, Forbidden, GrantRequired, IdempotencyConflict, InvalidRequest
+from controlplane.models import Conversation, Member, Participant, Space
 from inbox import authority, mailbox, notices
 from inbox.items import content_bytes
 from inbox.models import Collective, CollectiveAnswer, InboxItem, Mailbox, Message, Recipient
@@ -122,6 +122,12 @@ def answer(message: Message, body: str, *, actor: Member,
         _settle(collective)  # one that cannot complete any more fails now, and that commits
         created = None
         if collective.state == Collective.State.PENDING:
+            # Still pending, so the settle wrote nothing for a refusal to roll back.
+            if unreached := _unreached(collective, answerers=[actor]):
+                (uncovered,) = unreached.values()
+                raise GrantRequired("An answer goes where its result goes, as a send would: "
+                                    "a grant must cover each of them.",
+                                    details={"recipients": [f"@{m.handle}" for m in uncovered]}, uncovered=uncovered)
             created = CollectiveAnswer.objects.create(collective=collective, member=actor, body=body,
                                                       idempotency_key=idempotency_key)
             _settle(collective)
@@ -252,6 +258,51 @@ def _outcome(collective: Collective) -> dict:
                         for pk in members]}
 
 
+def _readers(collective: Collective) -> list[Member]:
+    """Whom the outcome goes to now: of those it is owed (`_owed`), the
+    active ones still in the group."""
+    return [member for member in Member.objects.filter(pk__in=_owed(collective), status=Member.Status.ACTIVE)
+            if _in_the_group_still(collective, member)]
+
+
+def _unreached(collective: Collective, *, answerers: list[Member] | None = None,
+               readers: list[Member] | None = None) -> dict[str, list[Member]]:
+    """For each answerer (by `@handle`; default: who has answered) whose
+    answer may not reach some of `readers` (default: `_readers`), those
+    readers. An answer goes to them as a send of its answerer would, so
+    under `explicit_only` only where a grant covers the reader now: the
+    send policy's own decision, which keeps those grants locked until the
+    commit (a grant that covered an answer as it was given may have been
+    revoked or expired since). One-message grants, which authorize one
+    message, cover no answer."""
+    space = collective.message.space
+    if space.send_policy == Space.SendPolicy.OPEN:
+        return {}
+    readers = _readers(collective) if readers is None else readers
+    unreached = {}
+    for answerer in (Member.objects.filter(pk__in=_answered(collective)).order_by("pk") if answerers is None
+                     else answerers):
+        try:
+            authority.send_policy().authorize(space, answerer, [r for r in readers if r.pk != answerer.pk],
+                                              idempotency_key=None)
+        except GrantRequired as refused:
+            unreached[f"@{answerer.handle}"] = refused.uncovered
+    return unreached
+
+
+def _unreaching(unreached: dict[str, list[Member]], reader: Member) -> set[str]:
+    """The answerers (by `@handle`) in `unreached` whose answers may not reach `reader`."""
+    return {answerer for answerer, readers in unreached.items() if reader in readers}
+
+
+def _without(outcome: dict, answerers: set[str]) -> dict:
+    """`outcome` with these answerers' answers marked missing, for a reader they may not reach."""
+    if not answerers:
+        return outcome
+    return {**outcome, "answers": [{"member": a["member"], "missing": True, "reason": "grant_required"}
+                                   if a["member"] in answerers else a for a in outcome["answers"]]}
+
+
 def _settle(collective: Collective) -> None:
     """Finish a locked pending operation if it can or must be."""
     if collective.state != Collective.State.PENDING:
@@ -300,6 +351,8 @@ def _finish(collective: Collective, state: str, reason: str | None, outcome: dic
                                          "conversation": message.conversation.public_id,
                                          "space": message.space.slug}}
     owed = _owed(collective)
+    readers = _readers(collective)
+    unreached = _unreached(collective, readers=readers) if reason is None else {}  # grants before mailboxes
     mailbox.lock(owed, create=True)  # every notice's mailbox, in member order, before the log head
     # An outcome waits for classification where a firewall judges new items, or where the request it
     # answers still waits or was held (rules removed meanwhile): it never overtakes its request.
@@ -307,9 +360,7 @@ def _finish(collective: Collective, state: str, reason: str | None, outcome: dic
                   *InboxItem.objects.filter(message=message, admission__in=[InboxItem.Admission.UNCLASSIFIED,
                                                                              InboxItem.Admission.HELD])
                   .values_list("member_id", flat=True)}
-    for member in Member.objects.filter(pk__in=owed, status=Member.Status.ACTIVE):
-        if not _in_the_group_still(collective, member):
-            continue
+    for member in readers:
         if member.pk == collective.requester_id and reason == "requester_gone":
             continue
         screened = member.pk in firewalled
@@ -323,8 +374,8 @@ def _finish(collective: Collective, state: str, reason: str | None, outcome: dic
             if screened:
                 kick_once_on_commit("inbox.tasks.classify_pending", member.pk)
             continue
-        _post_result(member, payload, outcome_event(member, message.public_id, message.space_id, None,
-                                                    screened=screened),
+        _post_result(member, _without(payload, _unreaching(unreached, member)),
+                     outcome_event(member, message.public_id, message.space_id, None, screened=screened),
                      conversation_id=message.conversation_id, requester_id=collective.requester_id,
                      firewalled=screened)
 
@@ -385,4 +436,5 @@ def answers_for(message: Message, member: Member) -> dict:
         # read path sees admitted items only (SPEC §7), this one too.
         raise Conflict("The result is not in your inbox: your firewall holds it, or has yet to judge it.",
                        details={"state": "held" if result == InboxItem.Admission.HELD else "unclassified"})
-    return _outcome(collective)
+    with transaction.atomic():  # the grants are read locked, as a send reads them
+        return _without(_outcome(collective), _unreaching(_unreached(collective, readers=[member]), member))

@@ -161,6 +161,7 @@ class ResultAnswer(Resource):
     answer: str
     answered_at: str
     missing: bool
+    reason: str  # of a missing answer that was given: "grant_required"
 
 
 @_optional

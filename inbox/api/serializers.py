@@ -31,6 +31,8 @@ class ResultAnswerOut(serializers.Serializer):
     answer = serializers.CharField(required=False)
     answered_at = serializers.DateTimeField(required=False)
     missing = serializers.BooleanField(required=False)
+    # A missing answer that was given, but that no grant lets reach this reader (docs/collectives.md).
+    reason = serializers.ChoiceField(choices=["grant_required"], required=False)
 
 
 class AnswersOut(serializers.Serializer):

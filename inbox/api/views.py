@@ -63,8 +63,9 @@ class MessageView(APIView):
 class AnswerView(APIView):
     @extend_schema(operation_id="answer_collective", request=AnswerIn, parameters=[IDEMPOTENCY_KEY],
                    responses={201: envelope("answer", AnswerOut), 200: envelope("answer", AnswerOut),
-                              **errors("INVALID_REQUEST", "FORBIDDEN", "NOT_FOUND", "CONFLICT", "BODY_TOO_LARGE",
-                                       "INVALID_BODY", "INVALID_IDEMPOTENCY_KEY", "IDEMPOTENCY_CONFLICT")})
+                              **errors("INVALID_REQUEST", "FORBIDDEN", "GRANT_REQUIRED", "NOT_FOUND", "CONFLICT",
+                                       "BODY_TOO_LARGE", "INVALID_BODY", "INVALID_IDEMPOTENCY_KEY",
+                                       "IDEMPOTENCY_CONFLICT")})
     # An answer that finds its operation unable to complete fails it, commits
     # that, then answers 409: in the view's own transaction the 409 would undo
     # the failure. Answers are idempotent by content, so the record can follow.

@@ -2,11 +2,14 @@
 and one retained for approval goes as a collective once approved (SPEC §5, §7b)."""
 import datetime as dt
 
+import pytest
+
 from controlplane import services
 from controlplane.clock import freeze, now
 from grants import services as grants
 from inbox import collectives
-from inbox.models import Collective, InboxItem, Message
+from grants.models import Grant
+from inbox.models import Collective, CollectiveAnswer, InboxItem, Message
 from tests.conftest import error_code
 
 
@@ -91,3 +94,66 @@ def test_an_approved_collective_request_is_sent_as_a_collective(locked, alice, b
         assert item.kind == "collective.request" and item.payload["collective"]["op"] == "all_gather"
     # and alice's retry returns the original
     assert retry.status_code == 200 and retry.json()["message"]["id"] == collective.message.public_id
+
+
+
+def _pairs(space, root, *pairs):
+    for n, (sender, recipient) in enumerate(pairs):
+        grants.create_grant(space, grant_id=f"grt_pair{n}", kind="pair", sender=f"@{sender.handle}",
+                            recipient=f"@{recipient.handle}", actor=root)
+
+
+def _ask(as_alice, group, op: str) -> str:
+    sent = as_alice.post(f"/v0/spaces/vault/conversations/{group.public_id}/messages",
+                         {"body": "Vote?", "collective": {"op": op, "deadline_ms": 3_600_000}})
+    assert sent.status_code == 201
+    return sent.json()["message"]["id"]
+
+
+@pytest.mark.parametrize("op, reached", [("gather", {"@alice"}), ("all_gather", {"@alice", "@carol"})])
+def test_an_answer_needs_a_grant_covering_everyone_its_result_reaches(locked, alice, bob, carol, root, as_alice,
+                                                                      as_bob, op, reached):
+    # given: alice may ask bob and carol, and bob may send no one anything
+    _pairs(locked, root, (alice, bob), (alice, carol))
+    group, _ = services.get_or_create_group(locked, [alice, bob, carol], actor=alice)
+    message_id = _ask(as_alice, group, op)
+    # when: bob answers
+    refused = as_bob.post(f"/v0/messages/{message_id}/answer", {"body": "BOB TO EVERYONE"})
+    # then: refused as his send to them would be, and nothing is kept
+    assert refused.status_code == 403 and error_code(refused) == "GRANT_REQUIRED"
+    assert set(refused.json()["error"]["details"]["recipients"]) == reached
+    assert not CollectiveAnswer.objects.exists() and Collective.objects.get().state == "pending"
+    # and with grants to whom the result goes (one-message grants cover no answer), he may
+    grants.create_grant(locked, grant_id="grt_once", kind="one_message", sender="@bob", recipient="@alice",
+                        idempotency_key="answer-0001", actor=root)
+    keyed = as_bob.post(f"/v0/messages/{message_id}/answer", {"body": "yes"},
+                        headers={"Idempotency-Key": "answer-0001"})
+    assert keyed.status_code == 403 and error_code(keyed) == "GRANT_REQUIRED"
+    for n, handle in enumerate(sorted(reached)):
+        grants.create_grant(locked, grant_id=f"grt_bob{n}", kind="pair", sender="@bob", recipient=handle, actor=root)
+    assert as_bob.post(f"/v0/messages/{message_id}/answer", {"body": "yes"}).status_code == 201
+
+
+def test_a_result_leaves_out_for_each_reader_the_answers_no_grant_covers_any_more(locked, alice, bob, carol, root,
+                                                                                   as_alice, as_carol):
+    # given: an all_gather whose members may each send to everyone; bob answers
+    _pairs(locked, root, (alice, bob), (alice, carol), (bob, alice), (bob, carol), (carol, alice), (carol, bob))
+    group, _ = services.get_or_create_group(locked, [alice, bob, carol], actor=alice)
+    message_id = _ask(as_alice, group, "all_gather")
+    message = Message.objects.get(public_id=message_id)
+    collectives.answer(message, "BOB'S ANSWER", actor=bob)
+    # when: bob's grant to carol is revoked, and carol's answer completes the operation
+    grants.revoke_grant(Grant.objects.get(sender=bob, recipient=carol), actor=root)
+    collectives.answer(message, "CAROL'S ANSWER", actor=carol)
+    # then: alice's and bob's results hold both answers, and carol's leaves bob's out, marked
+    results = {item.member.handle: item.payload["answers"]
+               for item in InboxItem.objects.filter(kind="collective.result").select_related("member")}
+    both = [{"member": "@bob", "answer": "BOB'S ANSWER"}, {"member": "@carol", "answer": "CAROL'S ANSWER"}]
+    assert [{k: a[k] for k in ("member", "answer")} for a in results["alice"]] == both
+    assert [{k: a[k] for k in ("member", "answer")} for a in results["bob"]] == both
+    assert results["carol"][0] == {"member": "@bob", "missing": True, "reason": "grant_required"}
+    assert results["carol"][1]["answer"] == "CAROL'S ANSWER"
+    # and reading the answers shows carol the same
+    read = as_carol.get(f"/v0/messages/{message_id}/answers")
+    assert read.status_code == 200 and read.json()["answers"][0] == results["carol"][0]
+    assert "BOB'S ANSWER" not in read.content.decode()
