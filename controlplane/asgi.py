@@ -19,6 +19,8 @@ django_application = PooledASGIHandler()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+from django.core.exceptions import SuspiciousOperation  # noqa: E402
+from django.http import Http404  # noqa: E402
 
 from controlplane.bodylimit import BodyLimit  # noqa: E402
 from controlplane.db import pooled  # noqa: E402
@@ -29,11 +31,26 @@ from controlplane.publishing import publisher  # noqa: E402
 from controlplane.tracing import with_request_id  # noqa: E402
 from mcp_endpoint.endpoint import mcp_endpoint  # noqa: E402
 from web.routing import websocket_urlpatterns  # noqa: E402
+from web.errors import unknown_route  # noqa: E402
 from web.sockets import SameOriginOnly  # noqa: E402
+
+
+class StaticFiles(ASGIStaticFilesHandler):
+    """Django's static files, where a path it cannot find, or refuses (`..`
+    out of its folders: SuspiciousFileOperation, which Django's handler lets
+    through as a 500 with a traceback in the log), answers as an unknown
+    route does: the contract's 404, counted against the caller's address."""
+
+    def serve(self, request):
+        try:
+            return super().serve(request)
+        except (Http404, SuspiciousOperation):
+            return unknown_route(request)
+
 
 router = ProtocolTypeRouter({
     # The request id first, so that every answer names it: a refused body's and a static file's too.
-    "http": with_request_id(BodyLimit(ASGIStaticFilesHandler(django_application))),
+    "http": with_request_id(BodyLimit(StaticFiles(django_application))),
     "websocket": SameOriginOnly(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
 })
 

@@ -247,3 +247,17 @@ def test_an_answer_its_client_does_not_read_is_dropped_in_time(monkeypatch):
                 time.sleep(0.1)
             # then the server dropped the connection, and the answer it held, soon after the deadline
             assert first.startswith(b"HTTP/1.1 200 ") and not server.server_state.connections
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_static_path_that_is_not_there_or_climbs_out_is_404_in_the_contracts_shape():
+    with serving("--no-worker", "--workers", "1") as (base, _):
+        host = urlsplit(base).netloc
+        for path in ("/static/nothing-here.css", "/static/%2e%2e/%2e%2e/manage.py", "/static/admin/../../manage.py",
+                     "/static/..%2f..%2fmanage.py"):
+            answer = exchange(base, f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+            status, _, body = answer.partition(b"\r\n\r\n")
+            assert status.startswith(b"HTTP/1.1 404 "), (path, status)
+            assert b'{"error": {"code": "NOT_FOUND"' in body, path  # (chunked)
+        assert exchange(base, f"GET /static/web/app.js HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+                        .encode()).startswith(b"HTTP/1.1 200 ")
