@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from switchboard_client.errors import ConnectionFailed, RateLimitError, ResyncRequired, ServerError
 from switchboard_client.models import Event, InboxEntry
+from switchboard_client.transport import doubled
 
 Resync = Callable[[ResyncRequired], "str | None | Awaitable[str | None]"]
 RECONNECT_MAX = 30.0  # seconds between tries while the server is away
@@ -72,7 +73,7 @@ class _FeedState:
         self._failures += 1
         if error.retry_after is not None:
             return min(error.retry_after, RECONNECT_MAX)
-        return min(0.25 * 2 ** self._failures, RECONNECT_MAX) * random.uniform(0.8, 1.2)
+        return doubled(0.25, self._failures, RECONNECT_MAX) * random.uniform(0.8, 1.2)
 
     def resynced(self, cursor: str | None) -> None:
         self._buffer.clear()

@@ -67,8 +67,14 @@ class RetryPolicy:
     def wait(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
             return min(max(0.0, retry_after), self.max_retry_after)
-        base = min(self.backoff * 2 ** (attempt - 1), self.max_backoff)
-        return base * random.uniform(0.8, 1.2)
+        return doubled(self.backoff, attempt - 1, self.max_backoff) * random.uniform(0.8, 1.2)
+
+
+def doubled(first: float, times: int, cap: float) -> float:
+    """`first` doubled `times` times, at most `cap`. The exponent is bounded:
+    past 2 ** 1023 the product is no float (OverflowError), which a feed
+    failing for half a day reached."""
+    return min(first * 2 ** min(times, 64), cap)
 
 
 NO_RETRIES = RetryPolicy(attempts=1)

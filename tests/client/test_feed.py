@@ -154,3 +154,28 @@ def test_a_feed_that_does_not_wait_pauses_between_empty_polls():
                 on_resync=None)
     assert next(feed) == "event" and feed.cursor == "c3"
     assert server.asked == [("c0", 0), ("c1", 0), ("c2", 0)] and slept == [EMPTY_POLL_PAUSE] * 2
+
+
+def test_a_feed_away_from_its_server_for_half_a_day_goes_on_waiting():
+    """The 1,024th failure in a row (about 10.6 hours of a stopped server)
+    doubled the wait past what a float holds: OverflowError, not a wait."""
+    from switchboard_client import RetryPolicy, errors
+    from switchboard_client.feeds import RECONNECT_MAX, Feed
+    from switchboard_client.models import Page
+
+    class Server:  # away for 2,000 polls, then back with an event
+        polls = 0
+
+        def inbox_events(self, **params):
+            Server.polls += 1
+            if Server.polls <= 2000:
+                raise errors.ConnectionFailed("refused", details={"sent": False})
+            return Page(("event",), "c1", False)
+
+    slept = []
+    feed = Feed(Server(), sleep=slept.append, space=None, inbox=True, after="c0", wait_ms=30_000, limit=None,
+                on_resync=None)
+    assert next(feed) == "event"
+    assert len(slept) == 2000 and max(slept) <= RECONNECT_MAX * 1.2 and min(slept[-100:]) >= RECONNECT_MAX * 0.8
+    # and a retry policy that tries practically forever waits at most its longest wait
+    assert RetryPolicy(attempts=5000, max_backoff=20.0).wait(1100, None) <= 24.0
