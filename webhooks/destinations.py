@@ -93,7 +93,7 @@ def validate_url(url: str) -> str:
     HTTP only with WEBHOOK_ALLOW_PRIVATE_NETWORKS), an ASCII host, no
     credentials, no fragment, and no forbidden IP literal. Names are checked when used."""
     if not isinstance(url, str) or len(url) > MAX_URL_CHARS or _UNPRINTABLE.search(url):
-        raise InvalidUrl(f"A webhook URL is at most {MAX_URL_CHARS} printable characters.")
+        raise InvalidUrl(f"A webhook URL is printable characters without spaces, at most {MAX_URL_CHARS} of them.")
     try:
         parts = urlsplit(url)
         port = parts.port
