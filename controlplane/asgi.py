@@ -31,7 +31,7 @@ from controlplane.publishing import publisher  # noqa: E402
 from controlplane.tracing import with_request_id  # noqa: E402
 from mcp_endpoint.endpoint import mcp_endpoint  # noqa: E402
 from web.routing import websocket_urlpatterns  # noqa: E402
-from web.errors import unknown_route  # noqa: E402
+from web.errors import refusal_page, unknown_route  # noqa: E402
 from web.sockets import SameOriginOnly  # noqa: E402
 
 
@@ -50,7 +50,7 @@ class StaticFiles(ASGIStaticFilesHandler):
 
 router = ProtocolTypeRouter({
     # The request id first, so that every answer names it: a refused body's and a static file's too.
-    "http": with_request_id(BodyLimit(StaticFiles(django_application))),
+    "http": with_request_id(BodyLimit(StaticFiles(django_application), page=refusal_page)),
     "websocket": SameOriginOnly(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
 })
 

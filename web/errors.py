@@ -4,6 +4,9 @@ browser on its own pages in HTML, everyone else gets the contract's JSON
 (controlplane.errors)."""
 from __future__ import annotations
 
+import io
+
+from django.core.handlers.asgi import ASGIRequest
 from django.utils.deprecation import MiddlewareMixin
 
 from controlplane import errors
@@ -12,13 +15,20 @@ from controlplane.ratelimit import address_wait, client_address
 from web.pages import WEB_PATHS, error_response
 
 
-def _web_page(request, error: ApiError):
+def _web_page(request, error: ApiError, *, plain: bool = False):
     """The error as a page (or, for htmx, a message in the page's error
     area) for a browser on the web app's paths; None for anyone else."""
     browser = "text/html" in request.headers.get("Accept", "") or request.headers.get("HX-Request")
     if request.path.startswith(WEB_PATHS) and browser:
-        return error_response(request, error)
+        return error_response(request, error, plain=plain)
     return None
+
+
+def refusal_page(scope: dict, error: ApiError):
+    """`_web_page` for a request refused before Django read it
+    (controlplane.bodylimit: a form past the body limit), from its head
+    alone, and plain: its session was never looked at."""
+    return _web_page(ASGIRequest(scope, io.BytesIO()), error, plain=True)
 
 
 def not_found(request, exception=None):
