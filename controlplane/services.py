@@ -196,14 +196,15 @@ def _set_membership(membership: Membership, *, status: str, role: str) -> Member
 def join_space(space: Space, *, actor: Member) -> MembershipChange:
     """Join an open space, or ask to join a request space (pending until an
     owner admits). Private spaces are joined only by an owner adding you.
-    Idempotent: joining again returns the current membership."""
-    if space.visibility == Space.Visibility.PRIVATE:
-        raise NotFound()
+    Idempotent: joining again returns the current membership (a private
+    space's members' too; anyone else gets 404 there)."""
     status = Membership.Status.ACTIVE if space.visibility == Space.Visibility.OPEN else Membership.Status.PENDING
     with transaction.atomic():
         current = Membership.objects.select_for_update(no_key=True).filter(space=space, member=actor).first()
         if current is not None and current.status != Membership.Status.REMOVED:
             return MembershipChange(current, False)  # in an archived space too: nothing changes
+        if space.visibility == Space.Visibility.PRIVATE:
+            raise NotFound()
         if space.archived:
             raise Conflict("The space is archived.")
         if current is None:

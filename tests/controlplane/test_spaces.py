@@ -131,6 +131,13 @@ def test_private_space_is_invisible_to_outsiders(as_alice, as_bob, anon):
     assert as_alice.post("/v0/spaces/vault/members", {"member": "@bob", "role": "observer"}).status_code == 201
     # then
     assert as_bob.get("/v0/spaces/vault").status_code == 200
+    # and joining it, as its members may ask any space, is the same no-op as elsewhere (it was a 404)
+    for api, role in ((as_alice, "owner"), (as_bob, "observer")):
+        again = api.post("/v0/spaces/vault/join")
+        assert again.status_code == 200 and again.json()["membership"]["role"] == role
+    # but not for one removed since
+    assert as_alice.delete("/v0/spaces/vault/members/bob").status_code == 204
+    assert as_bob.post("/v0/spaces/vault/join").status_code == 404
 
 
 def test_only_owners_add_and_remove(space, as_bob, as_carol, as_alice):

@@ -353,9 +353,15 @@ def test_an_expired_form_is_a_clear_page(ann, room):
 
 def test_joining_an_open_space_from_home(ann, ben, browser_of):
     space = services.create_space(slug="plaza", name="Plaza", visibility="open", send_policy="open", actor=ann)
-    response = browser_of(ben).post(f"/app/spaces/{space.slug}/join")
-    assert response.status_code == 302
+    response = browser_of(ben).post(f"/app/spaces/{space.slug}/join", follow=True)
+    assert response.redirect_chain[0][1] == 302 and "You joined plaza." in response.content.decode()
     assert space.memberships.filter(member=ben, status="active").exists()
+    # and again, or by the owner of a private space, it says so (the owner's was a 404 page)
+    again = browser_of(ben).post(f"/app/spaces/{space.slug}/join", follow=True)
+    assert "You are in plaza already." in again.content.decode()
+    vault = services.create_space(slug="vault", name="Vault", visibility="private", send_policy="open", actor=ann)
+    assert "You are in vault already." in browser_of(ann).post(f"/app/spaces/{vault.slug}/join",
+                                                                 follow=True).content.decode()
 
 
 def test_deeply_nested_json_to_the_composer_is_400_as_in_the_api(ann, room, browser_of):

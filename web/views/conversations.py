@@ -81,8 +81,10 @@ def home(request, member):
 @require_POST
 def join(request, member, slug):
     change = spaces.join_space(get_space_for(slug, member), actor=member)
-    flash.success(request, f"You joined {slug}." if change.membership.status == Membership.Status.ACTIVE
-                  else f"You asked to join {slug}; an owner will admit you.")
+    if change.membership.status != Membership.Status.ACTIVE:
+        flash.success(request, f"You asked to join {slug}; an owner will admit you.")
+    else:
+        flash.success(request, f"You joined {slug}." if change.created else f"You are in {slug} already.")
     return redirect("web-home")
 
 
