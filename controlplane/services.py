@@ -224,6 +224,16 @@ def require_owner(space: Space, actor: Member) -> None:
         raise Forbidden("Only the space's owners may do this.")
 
 
+def member_to_manage(space: Space, value: str, *, actor: Member) -> Member:
+    """The member `value` names, for an owner's change to their membership
+    of `space` (anyone's own leaving aside): one who may not manage is
+    refused (403) before the handle is looked up, so they learn nothing of
+    which handles exist (it was 404 "No such member" for those no one holds)."""
+    if parse_handle(value) != actor.handle:
+        require_owner(space, actor)
+    return member_for_handle(value)
+
+
 def require_owner_locked(space: Space, actor: Member) -> None:
     """`require_owner` under the owners' lock, in the caller's
     transaction (as membership changes take it): an owner removed

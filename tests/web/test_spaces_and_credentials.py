@@ -103,9 +103,9 @@ def test_members_open_channels_direct_messages_and_groups(room, ann, ben, human,
     # and the space page lists them
     page = text(client.get("/app/spaces/room/"))
     assert "#ops" in page and "@ben" in page
-    # and an unknown handle is a clear 404 that creates nothing
+    # and an unknown handle is answered as the API answers it, as one not in the space, creating nothing
     unknown = client.post("/app/spaces/room/direct", {"member": "@nobody"})
-    assert unknown.status_code == 404 and Conversation.objects.filter(kind="direct").count() == 1
+    assert unknown.status_code == 400 and "active member of the space" in text(unknown) and Conversation.objects.filter(kind="direct").count() == 1
     # and a group too big (the caller and 64 others) is refused before any handle is looked up
     crowd = client.post("/app/spaces/room/groups", {"members": " ".join(f"@m{i:03}" for i in range(64))})
     assert crowd.status_code == 400 and Conversation.objects.filter(kind="group").count() == 1
@@ -245,3 +245,20 @@ def test_credentials_are_created_named_shown_once_and_revoked(ann, ben, browser_
     too_long = client.post("/app/credentials/new", {"name": "n" * 101})
     assert too_long.status_code == 400 and "name: Ensure this field has no more than 100" in text(too_long)
     assert not Credential.objects.filter(member=ann).exists()
+
+
+def test_who_may_not_write_or_manage_learns_nothing_of_which_handles_exist_from_the_pages(ann, human, browser_of):
+    # given: an open space of ann's, which anyone may read, and a stranger to it (and no member @nobody-at-all)
+    services.create_space(slug="plaza", name="Plaza", visibility="open", send_policy="open", actor=ann)
+    human("dave")
+    stranger = browser_of(human("stranger"))
+
+    def answers(handle: str) -> list[int]:
+        return [stranger.post(path, form, HTTP_ACCEPT="text/html").status_code for path, form in (
+            ("/app/spaces/plaza/direct", {"member": handle}),
+            ("/app/spaces/plaza/groups", {"members": handle}),
+            ("/app/spaces/plaza/members", {"member": handle}),
+            (f"/app/spaces/plaza/members/{handle}/remove", {}))]
+
+    # then: a handle someone holds and one no one does get the same answers (the second was 404 "No such member")
+    assert answers("dave") == answers("nobody-at-all") == [403, 403, 403, 403]

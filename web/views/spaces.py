@@ -88,7 +88,7 @@ def _handle(value: str) -> str:
 def add_member(request, member, slug):
     """Add a member, admit a join request, or change a role (owners)."""
     space = get_space_for(slug, member)
-    other = services.member_for_handle(_handle(request.POST.get("member", "")))
+    other = services.member_to_manage(space, _handle(request.POST.get("member", "")), actor=member)
     change = services.add_member(space, other, role=request.POST.get("role") or None, actor=member)
     verb = "added" if change.created else "is now"
     flash.success(request, f"@{other.handle} {verb} {change.membership.role} of {slug}.")
@@ -99,7 +99,7 @@ def add_member(request, member, slug):
 @require_POST
 def remove_member(request, member, slug, handle):
     space = get_space_for(slug, member)
-    other = services.member_for_handle(handle)
+    other = services.member_to_manage(space, handle, actor=member)
     services.remove_member(space, other, actor=member)
     if other.pk == member.pk:
         flash.success(request, f"You left {slug}.")
@@ -120,7 +120,7 @@ def create_channel(request, member, slug):
 @require_POST
 def start_direct(request, member, slug):
     space = get_space_for(slug, member)
-    other = services.member_for_handle(_handle(request.POST.get("member", "")))
+    (other,) = services.participants_named(space, [_handle(request.POST.get("member", ""))], actor=member)
     conversation, _ = services.get_or_create_direct(space, other, actor=member)
     return redirect("web-conversation", slug=slug, conversation_id=conversation.public_id)
 
@@ -133,6 +133,6 @@ def start_group(request, member, slug):
     handles = [h for h in map(_handle, request.POST.get("members", "").replace(",", " ").split())
                if h != f"@{member.handle}"]
     services.check_group_size(1 + len(handles))  # before looking any of them up
-    others = [services.member_for_handle(h) for h in handles]
+    others = services.participants_named(space, handles, actor=member)
     conversation, _ = services.get_or_create_group(space, [member, *others], actor=member)
     return redirect("web-conversation", slug=slug, conversation_id=conversation.public_id)
