@@ -66,6 +66,31 @@ def authorize_send(space: Space, author: Member, recipients: list[Member], *,
     return chosen
 
 
+def uncovered_each(space: Space, authors: list[Member], recipients: list[Member]) -> dict[int, list[Member]]:
+    """For each of `authors` (by pk) that standing grants (project, pair)
+    do not let send to every one of `recipients` (themselves aside), those
+    they do not: `authorize_send`'s rule for many authors at once. Every
+    grant that could cover any of them is locked in one statement, in id
+    order, until the caller commits: deciding author by author, two callers
+    each held one author's grants and waited for the other's."""
+    if space.send_policy == Space.SendPolicy.OPEN or not authors:
+        return {}
+    grants = list(Grant.objects.filter(_usable(), space=space)
+                  .filter(Q(kind=Grant.Kind.PROJECT) | Q(kind=Grant.Kind.PAIR, sender_id__in=[a.pk for a in authors],
+                                                         recipient_id__in=[r.pk for r in recipients]))
+                  .order_by("id").select_for_update(no_key=True))
+    uncovered = {}
+    for author in authors:
+        mine = [g for g in grants if (g.created_by_id != author.pk if g.kind == Grant.Kind.PROJECT
+                                      else g.sender_id == author.pk)]
+        if any(g.kind == Grant.Kind.PROJECT for g in mine):
+            continue
+        covered = {g.recipient_id for g in mine}
+        if left := [r for r in recipients if r.pk != author.pk and r.pk not in covered]:
+            uncovered[author.pk] = left
+    return uncovered
+
+
 def consume_one_message_grants(authority: dict[int, Grant], message) -> None:
     """Bind the one-message grants a send used to its message: consumed, they
     authorize nothing else. In the send's transaction, under their locks."""
@@ -79,6 +104,7 @@ class GrantPolicy:
     (registered in GrantsConfig.ready)."""
 
     authorize = staticmethod(authorize_send)
+    uncovered_each = staticmethod(uncovered_each)
     consume = staticmethod(consume_one_message_grants)
 
     @staticmethod

@@ -34,6 +34,11 @@ class SendPolicy(Protocol):
         """The authority for each recipient (by member pk), locked until the
         caller's transaction commits; GrantRequired naming the uncovered."""
 
+    def uncovered_each(self, space: Space, authors: list[Member], recipients: list[Member]) -> dict[int, list[Member]]:
+        """For each author (by pk) whom standing authority does not let send
+        to every one of `recipients`, those it does not; all of it locked in
+        one statement until the caller's transaction commits."""
+
     def consume(self, authority: dict[int, Authority], message) -> None:
         """Bind single-use authority to the message it authorized."""
 

@@ -123,8 +123,7 @@ def answer(message: Message, body: str, *, actor: Member,
         created = None
         if collective.state == Collective.State.PENDING:
             # Still pending, so the settle wrote nothing for a refusal to roll back.
-            if unreached := _unreached(collective, answerers=[actor]):
-                (uncovered,) = unreached.values()
+            if uncovered := _unreached(collective, also=actor).get(f"@{actor.handle}"):
                 raise GrantRequired("An answer goes where its result goes, as a send would: "
                                     "a grant must cover each of them.",
                                     details={"recipients": [f"@{m.handle}" for m in uncovered]}, uncovered=uncovered)
@@ -265,29 +264,26 @@ def _readers(collective: Collective) -> list[Member]:
             if _in_the_group_still(collective, member)]
 
 
-def _unreached(collective: Collective, *, answerers: list[Member] | None = None,
+def _unreached(collective: Collective, *, also: Member | None = None,
                readers: list[Member] | None = None) -> dict[str, list[Member]]:
-    """For each answerer (by `@handle`; default: who has answered) whose
+    """For each answerer (by `@handle`: who has answered, and `also`) whose
     answer may not reach some of `readers` (default: `_readers`), those
     readers. An answer goes to them as a send of its answerer would, so
-    under `explicit_only` only where a grant covers the reader now: the
-    send policy's own decision, which keeps those grants locked until the
-    commit (a grant that covered an answer as it was given may have been
-    revoked or expired since). One-message grants, which authorize one
-    message, cover no answer."""
+    under `explicit_only` only where a standing grant covers the reader now
+    (one-message grants authorize one message, not answers): a grant that
+    covered an answer as it was given may have been revoked or expired
+    since. The send policy decides, and keeps every grant it read locked
+    until the commit, all taken in one statement: an answer takes them for
+    the answers before it too, so its finish takes none more."""
     space = collective.message.space
     if space.send_policy == Space.SendPolicy.OPEN:
         return {}
     readers = _readers(collective) if readers is None else readers
-    unreached = {}
-    for answerer in (Member.objects.filter(pk__in=_answered(collective)).order_by("pk") if answerers is None
-                     else answerers):
-        try:
-            authority.send_policy().authorize(space, answerer, [r for r in readers if r.pk != answerer.pk],
-                                              idempotency_key=None)
-        except GrantRequired as refused:
-            unreached[f"@{answerer.handle}"] = refused.uncovered
-    return unreached
+    answerers = [*Member.objects.filter(pk__in=_answered(collective)).order_by("pk"), *([also] if also else [])]
+    handles = {m.pk: f"@{m.handle}" for m in answerers}
+    with transaction.atomic(savepoint=False):  # a read's own, or the caller's: locked until it commits
+        return {handles[pk]: left for pk, left in
+                authority.send_policy().uncovered_each(space, answerers, readers).items()}
 
 
 def _unreaching(unreached: dict[str, list[Member]], reader: Member) -> set[str]:
@@ -436,5 +432,4 @@ def answers_for(message: Message, member: Member) -> dict:
         # read path sees admitted items only (SPEC §7), this one too.
         raise Conflict("The result is not in your inbox: your firewall holds it, or has yet to judge it.",
                        details={"state": "held" if result == InboxItem.Admission.HELD else "unclassified"})
-    with transaction.atomic():  # the grants are read locked, as a send reads them
-        return _without(_outcome(collective), _unreaching(_unreached(collective, readers=[member]), member))
+    return _without(_outcome(collective), _unreaching(_unreached(collective, readers=[member]), member))

@@ -103,3 +103,56 @@ def test_concurrent_sends_consume_a_one_message_grant_once():
     assert {r.message.pk for r in results} == {Message.objects.get().pk}
     assert sum(r.created for r in results) == 1
     assert Grant.objects.get(public_id="grt_once").message_id == Message.objects.get().pk
+
+
+def test_answers_to_two_collectives_read_each_others_answerers_grants_without_deadlocking():
+    """Each answer reads the grants of every answer before it (its result
+    carries them). Two answers, each the last of one gather and the first
+    of the other's answerer, held each one answerer's grants and waited for
+    the other's: a deadlock (503) until an answer took them all at once."""
+    from django.db.models.signals import post_save
+
+    from inbox import collectives
+    from inbox.models import Collective, CollectiveAnswer
+    from tests.conftest import at_once, meeting_point
+
+    # given: two gathers of alice's to bob and carol, who may each answer her; bob answered the first,
+    # carol the second
+    alice, bob, carol = (services.create_member(h, actor=None) for h in ("alice", "bob", "carol"))
+    root = services.create_member("root", is_admin=True, actor=None)
+    space = services.create_space(slug="vault", name="Vault", visibility="open", send_policy="explicit_only",
+                                  actor=alice)
+    services.join_space(space, actor=bob)
+    services.join_space(space, actor=carol)
+    for n, (sender, recipient) in enumerate([("alice", "bob"), ("alice", "carol"), ("bob", "alice"),
+                                             ("carol", "alice")]):
+        grants.create_grant(space, grant_id=f"grt_{n}", kind="pair", sender=f"@{sender}", recipient=f"@{recipient}",
+                            actor=root)
+    group, _ = services.get_or_create_group(space, [alice, bob, carol], actor=alice)
+    first, second = (send_message(group, body=f"Vote {n}?", actor=alice,
+                                  collective={"op": "gather", "deadline_ms": 3_600_000}).message for n in (1, 2))
+    collectives.answer(first, "bob on 1", actor=bob)
+    collectives.answer(second, "carol on 2", actor=carol)
+    # when: each answers the other at once, the two meeting once each has written its answer
+    meet = meeting_point(2)
+
+    def met(sender, **kwargs):
+        meet()
+
+    def answering(message, member):
+        def answer():
+            try:
+                collectives.answer(message, f"{member.handle} again", actor=member)
+                return "ok"
+            except Exception as error:  # noqa: BLE001 (the deadlock, as the test's failure)
+                return f"{type(error).__name__}: {error}"
+        return answer
+
+    post_save.connect(met, sender=CollectiveAnswer)
+    try:
+        outcomes = at_once(answering(first, carol), answering(second, bob))
+    finally:
+        post_save.disconnect(met, sender=CollectiveAnswer)
+    # then: both answered, and both operations completed with both answers
+    assert outcomes == ["ok", "ok"]
+    assert list(Collective.objects.values_list("state", flat=True)) == ["completed", "completed"]
