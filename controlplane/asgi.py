@@ -24,6 +24,7 @@ from django.http import Http404  # noqa: E402
 
 from controlplane.bodylimit import BodyLimit  # noqa: E402
 from controlplane.db import pooled  # noqa: E402
+from controlplane.errors import as_unavailable  # noqa: E402
 from controlplane.loop_reads import loop_reads  # noqa: E402
 from controlplane.live import log_watcher  # noqa: E402
 from controlplane.middleware import answers_not_stored  # noqa: E402
@@ -45,7 +46,13 @@ class StaticFiles(ASGIStaticFilesHandler):
         try:
             return super().serve(request)
         except (Http404, SuspiciousOperation):
+            pass
+        try:
             return unknown_route(request)
+        except Exception as exc:  # Redis out of reach for the count: 503, as every route answers then
+            if (unavailable := as_unavailable(exc)) is None:
+                raise
+            return unavailable.json_response()
 
 
 router = ProtocolTypeRouter({

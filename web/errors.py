@@ -12,7 +12,7 @@ from django.utils.deprecation import MiddlewareMixin
 from controlplane import errors
 from controlplane.errors import ApiError, Forbidden, NotFound, RateLimited
 from controlplane.ratelimit import address_wait, client_address
-from web.pages import WEB_PATHS, error_response
+from web.pages import WEB_PATHS, error_response, with_policy
 
 
 def _web_page(request, error: ApiError, *, plain: bool = False):
@@ -28,7 +28,13 @@ def refusal_page(scope: dict, error: ApiError):
     """`_web_page` for a request refused before Django read it
     (controlplane.bodylimit: a form past the body limit), from its head
     alone, and plain: its session was never looked at."""
-    return _web_page(ASGIRequest(scope, io.BytesIO()), error, plain=True)
+    request = ASGIRequest(scope, io.BytesIO())
+    page = _web_page(request, error, plain=True)
+    if page is not None:  # what the middleware gives every page of the web app's
+        with_policy(request, page)
+        page.headers.setdefault("X-Frame-Options", "DENY")
+        page.headers.setdefault("X-Content-Type-Options", "nosniff")
+    return page
 
 
 def not_found(request, exception=None):

@@ -43,7 +43,7 @@ CONTENT_SECURITY_POLICY = ("default-src 'self'; object-src 'none'; base-uri 'non
                            "form-action 'self'")
 
 
-def _with_policy(request, response):
+def with_policy(request, response):
     if request.path.startswith(WEB_PATHS):
         response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
     return response
@@ -55,10 +55,10 @@ def content_security_policy(get_response):
     API's browsable docs have their own inline scripts)."""
     if iscoroutinefunction(get_response):
         async def middleware(request):
-            return _with_policy(request, await get_response(request))
+            return with_policy(request, await get_response(request))
     else:
         def middleware(request):
-            return _with_policy(request, get_response(request))
+            return with_policy(request, get_response(request))
     return middleware
 
 

@@ -12,25 +12,26 @@ from controlplane.asgi import application
 CHUNK = 64 * 1024
 
 
-def _answer(headers: list[tuple[bytes, bytes]], receive, path: str = "/v0/spaces") -> tuple[int, dict, bytes]:
-    """The status, headers and body `application` answers a POST to `path` with."""
+def answer(headers: list[tuple[bytes, bytes]], receive, path: str = "/v0/spaces",
+           method: str = "POST") -> tuple[int, dict, bytes]:
+    """The status, headers and body `application` answers a request to `path` with."""
     sent = []
 
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
              "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
              "root_path": "", "headers": [(b"host", b"testserver"), (b"content-type", b"application/json"), *headers],
              "client": ("127.0.0.1", 5000), "server": ("testserver", 80)}
     asyncio.run(application(scope, receive, send))
     start = next(m for m in sent if m["type"] == "http.response.start")
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return start["status"], dict(start["headers"]), body
+    return start["status"], {name.lower(): value for name, value in start["headers"]}, body
 
 
 def _call(headers: list[tuple[bytes, bytes]], receive) -> tuple[int, dict]:
-    status, _, body = _answer(headers, receive)
+    status, _, body = answer(headers, receive)
     return status, json.loads(body)
 
 
@@ -92,13 +93,16 @@ def test_a_web_form_past_the_limit_is_answered_as_a_page_and_a_script_in_json(ac
     form = "/app/spaces/room/cnv_x/send"
     too_large = [(b"content-length", str(10 ** 6).encode()), (b"accept", accept), *([(b"hx-request", b"true")] * htmx)]
     # a browser's form (or htmx) on the web app's paths gets the page (or the fragment for its error area)
-    status, headers, body = _answer(too_large, receive, form)
+    status, headers, body = answer(too_large, receive, form)
     assert status == 413 and headers[b"content-type"].startswith(b"text/html")
     assert "The request is too large." in body.decode() and "BODY_TOO_LARGE" in body.decode()
     assert (headers.get(b"hx-retarget") == b"#htmx-error") == htmx
     assert htmx or "<h1>That was too large to send</h1>" in body.decode()
+    # with the headers every page of the web app's has (the middleware never saw this one)
+    assert headers[b"content-security-policy"].startswith(b"default-src 'self'")
+    assert (headers[b"x-frame-options"], headers[b"x-content-type-options"]) == (b"DENY", b"nosniff")
     # a script there, and anyone on the API, gets the contract's JSON
     for path, accepting in ((form, b"application/json"), ("/v0/spaces", accept)):
-        status, headers, body = _answer([(b"content-length", str(10 ** 6).encode()), (b"accept", accepting)],
+        status, headers, body = answer([(b"content-length", str(10 ** 6).encode()), (b"accept", accepting)],
                                         receive, path)
         assert (status, json.loads(body)["error"]["code"]) == (413, "BODY_TOO_LARGE")
