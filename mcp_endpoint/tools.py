@@ -114,7 +114,7 @@ TOOLS = {tool.name: tool for tool in [
          "rules: grants, limits, mentions and idempotency (the key is scoped to you; a retry with the same "
          "key and content returns the original message with created=false).",
          _object({"space": {"type": "string", "maxLength": 64, "description": "The space's slug."},
-                  "conversation": {"type": "string", "maxLength": 80,
+                  "conversation": {"type": "string", "maxLength": 81,  # "#" and a channel's 80
                                    "description": "A conversation id (cnv_…) or #name for a channel."},
                   "body": {"type": "string", "description": "UTF-8 text, at most 8 KiB encoded."},
                   "reply_to": {"type": ["string", "null"], "maxLength": 40},

@@ -100,3 +100,10 @@ def test_a_null_cursor_is_the_first_page_as_the_tools_own_answers_give_it(space,
     first = call("read_inbox", alice, {"cursor": None})
     assert first == call("read_inbox", alice, {}) and first["nextCursor"] is None
     assert call("get_coordination_context", alice, {"page": None})["cursor"]
+
+
+def test_a_channel_of_the_longest_name_is_reached_by_its_name(space, alice):
+    # a channel name is 1–80 characters; "#" and 80 of them were past the schema's 80
+    services.create_channel(space, "c" * 80, actor=alice)
+    sent = call("send_message", alice, {"space": "lab", "conversation": "#" + "c" * 80, "body": "q"})
+    assert sent["created"] is True
