@@ -28,6 +28,7 @@ import datetime as dt
 import ipaddress
 import json
 import os
+import signal
 import ssl
 from pathlib import Path
 from socketserver import ThreadingMixIn
@@ -164,5 +165,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    # Ctrl-C stops it, started in a script's background too (which starts with SIGINT ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with contextlib.suppress(KeyboardInterrupt):
         main()

@@ -17,12 +17,15 @@ from tests.servers import free_port, read_until
 
 @pytest.fixture
 def receiver(tmp_path):
-    """(its port, its CA bundle, what it printed) while it runs."""
+    """(its port, its CA bundle, what it printed) while it runs; Ctrl-C
+    (SIGINT) stops it after, as a script's background job, which starts with
+    SIGINT ignored: Python then raises no KeyboardInterrupt of its own."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in {"SWITCHBOARD_PUBLIC_URL", "SWITCHBOARD_BIND"}}
     process = subprocess.Popen([sys.executable, "-m", "webhooks.example_receiver", "--port", str(port),
                                 "--dir", str(tmp_path)], env={**env, "SWITCHBOARD_BIND": "127.0.0.1:8123"},
-                               stdout=subprocess.PIPE, text=True, start_new_session=True)
+                               stdout=subprocess.PIPE, text=True, start_new_session=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         printed = read_until(process, "Ctrl-C stops")
         yield port, tmp_path / "ca.pem", printed
