@@ -40,9 +40,10 @@ def inbox_page(member: Member, cursor: str | None, limit: int = delivery.PAGE_IT
     return {"items": [render_entry(item) for item in items], "nextCursor": next_cursor}
 
 
-def held_after(member: Member, position: int, last_id: int):
+def held_after(member: Member, position: int, last_id: int, limit: int | None = None):
     """The query of `member`'s held items after (position, id), oldest
-    first: one page and one more (the `inboxitem_held` index serves it).
+    first: a page of `limit` (default delivery.PAGE_ITEMS) and one more
+    (the `inboxitem_held` index serves it).
     An item whose authority lapsed is left out: a barrier withholds only
     admitted items, and rejects held ones when it settles."""
     lapsed = Recipient.objects.filter(message=OuterRef("message"), member=OuterRef("member")).filter(
@@ -50,23 +51,23 @@ def held_after(member: Member, position: int, last_id: int):
     return (InboxItem.objects.filter(member=member, admission=InboxItem.Admission.HELD,
                                      state=InboxItem.State.PENDING, position__gte=position)
             .filter(Q(position__gt=position) | Q(position=position, id__gt=last_id))
-            .filter(~Exists(lapsed)).order_by("position", "id")[: delivery.PAGE_ITEMS + 1])
+            .filter(~Exists(lapsed)).order_by("position", "id")[: (limit or delivery.PAGE_ITEMS) + 1])
 
 
-def held_items(member: Member, cursor: str | None) -> tuple[list[InboxItem], str | None]:
+def held_items(member: Member, cursor: str | None, limit: int | None = None) -> tuple[list[InboxItem], str | None]:
     """One page of the items `member`'s firewall holds, oldest first, and the
     cursor of the next page, if any."""
     caller = caller_id(member)
     position, last_id = unpack_cursor(cursor, count=2, caller=caller, stream=HELD_STREAM) if cursor else (0, 0)
-    rows = list(held_after(member, position, last_id))
-    page = rows[: delivery.PAGE_ITEMS]
+    rows = list(held_after(member, position, last_id, limit))
+    page = rows[: limit or delivery.PAGE_ITEMS]
     more = len(rows) > len(page)
     return page, pack_cursor((page[-1].position, page[-1].id), caller=caller, stream=HELD_STREAM) if more else None
 
 
-def held_page(member: Member, cursor: str | None) -> dict:
+def held_page(member: Member, cursor: str | None, limit: int | None = None) -> dict:
     """`{"items": [...], "nextCursor"}`: one page of held items."""
-    items, next_cursor = held_items(member, cursor)
+    items, next_cursor = held_items(member, cursor, limit)
     return {"items": [render_entry(item) for item in items], "nextCursor": next_cursor}
 
 

@@ -211,9 +211,10 @@ class Operations:
         """Replace the inbox firewall's ordered rules."""
         return self._call("set_inbox_firewall", lambda data: tuple(data["rules"]), json={"rules": rules})
 
-    def held_items(self, *, cursor: str | None = None) -> m.Page[m.InboxEntry]:
+    def held_items(self, *, cursor: str | None = None, limit: int | None = None) -> m.Page[m.InboxEntry]:
         """Items the firewall holds (owner's audit), a page at a time."""
-        return self._call("list_held_items", _page(m.InboxEntry, "items", "nextCursor"), params={"cursor": cursor})
+        return self._call("list_held_items", _page(m.InboxEntry, "items", "nextCursor"),
+                          params={"cursor": cursor, "limit": limit})
 
     def release_held(self, delivery_token: str, *, idempotency_key: str | None = None) -> m.InboxEntry:
         return self._call("release_held_item", _one(m.InboxEntry, "item"), json={"deliveryToken": delivery_token},

@@ -85,11 +85,11 @@ def parse_rules(data) -> list[dict]:
 
 
 class HeldView(APIView):
-    @extend_schema(operation_id="list_held_items", parameters=[CURSOR],
+    @extend_schema(operation_id="list_held_items", parameters=[CURSOR, INBOX_LIMIT],
                    responses={200: InboxPageOut, **errors("INVALID_REQUEST", "INVALID_CURSOR")})
     def get(self, request):
         params = validated(InboxParams, request.query_params)
-        return Response(reads.held_page(request.user, params.get("cursor")))
+        return Response(reads.held_page(request.user, params.get("cursor"), params["limit"]))
 
 
 class ReleaseView(APIView):

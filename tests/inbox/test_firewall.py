@@ -352,9 +352,8 @@ def test_read_event_gives_the_guidance_beside_the_item(space, alice, bob, as_bob
 
 
 def test_every_held_item_can_be_listed_page_by_page(space, alice, bob, as_bob, as_alice,
-                                                    django_capture_on_commit_callbacks, monkeypatch):
-    # given: more held items than one page
-    monkeypatch.setattr("inbox.delivery.PAGE_ITEMS", 3)
+                                                    django_capture_on_commit_callbacks):
+    # given: more held items than one page of three (`limit` was taken, and every page was 50)
     as_bob.put("/v0/me/inbox/firewall", {"rules": [{"action": "hold"}]})
     direct, _ = services.get_or_create_direct(space, alice, actor=bob)
     for i in range(7):
@@ -363,7 +362,7 @@ def test_every_held_item_can_be_listed_page_by_page(space, alice, bob, as_bob, a
     # when
     seen, cursor, pages = [], None, 0
     while True:
-        page = as_bob.get("/v0/me/inbox/held", **({"cursor": cursor} if cursor else {})).json()
+        page = as_bob.get("/v0/me/inbox/held", limit=3, **({"cursor": cursor} if cursor else {})).json()
         seen += [e["item"]["content"] for e in page["items"]]
         pages, cursor = pages + 1, page["nextCursor"]
         if cursor is None:
@@ -374,7 +373,7 @@ def test_every_held_item_can_be_listed_page_by_page(space, alice, bob, as_bob, a
 
 
 def page_cursor(api) -> str:
-    return api.get("/v0/me/inbox/held").json()["nextCursor"]
+    return api.get("/v0/me/inbox/held", limit=1).json()["nextCursor"]
 
 
 @pytest.mark.postgres
