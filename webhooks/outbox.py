@@ -20,7 +20,7 @@ from collections.abc import Iterable
 
 from django.db import connection
 
-from controlplane.access import readers_of_conversations
+from controlplane.access import readers_of_conversations, removed_sql
 from controlplane.clock import now
 from controlplane.db import ids_in, plain_rows
 from controlplane.log import NewEvent
@@ -33,10 +33,15 @@ _SUBSCRIPTIONS = connection.ops.quote_name(Subscription._meta.db_table)
 def _active_subscriptions(space_ids: set[int], members: set[int]) -> list[tuple]:
     """(id, kind, owner, space, conversation ids, exclude_self, debounce) of the
     active subscriptions these spaces or addressees might wake: one plain
-    statement, run for every append, that almost always finds nothing."""
+    statement, run for every append, that almost always finds nothing. A
+    space subscription of an owner removed from its space wakes for nothing
+    until they are back (`receives_from`)."""
     clauses, params = [], []
     if space_ids:
-        clauses.append(f"(kind = 'space' AND space_id IN ({', '.join(['%s'] * len(space_ids))}))")
+        # Not an owner's removed from the space: their wakes would only be cancelled as they are sent
+        # (SPEC §3), and the cancelled deliveries in their history told them when the space was busy.
+        clauses.append(f"(kind = 'space' AND space_id IN ({', '.join(['%s'] * len(space_ids))}) "
+                       f"AND NOT {removed_sql(f'{_SUBSCRIPTIONS}.space_id', f'{_SUBSCRIPTIONS}.owner_id')})")
         params += sorted(space_ids)
     if members:
         clauses.append(f"(kind IN ('inbox', 'item') AND owner_id IN ({', '.join(['%s'] * len(members))}))")

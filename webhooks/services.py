@@ -219,10 +219,13 @@ def activate_locked(subscription: Subscription) -> None:
 
 def update_subscription(subscription: Subscription, *, status: str | None, debounce_ms: int | None) -> Subscription:
     """Pause, resume (with a catch-up wake for what was missed) or change the
-    debounce window."""
+    debounce window. A space subscription resumes only as it activates:
+    while its owner receives from the space."""
     refuse_managed(subscription)
     if debounce_ms is not None:
         _check_debounce(debounce_ms)
+    if status == Subscription.Status.ACTIVE and subscription.kind == Subscription.Kind.SPACE:
+        require_receiving(subscription.space, subscription.owner)
     with transaction.atomic():
         locked = _lock_undeleted(subscription)
         changed = []

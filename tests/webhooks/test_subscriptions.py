@@ -161,6 +161,36 @@ def test_a_member_removed_from_a_private_space_still_manages_their_subscriptions
     assert as_bob.get(f"/v0/spaces/lab/webhook-subscriptions/{mine['id']}").status_code == 404
 
 
+@pytest.mark.parametrize("visibility, refused", [("private", "NOT_FOUND"), ("open", "FORBIDDEN")])
+def test_a_removed_members_subscriptions_to_the_space_wake_for_nothing_until_they_are_back(
+        alice, bob, as_bob, receiver, visibility, refused):
+    # given: two subscriptions of bob's to a space of alice's, one active and one he paused
+    room = services.create_space(slug="den", name="Den", visibility=visibility, send_policy="open", actor=alice)
+    services.add_member(room, bob, actor=alice)
+    channel = services.create_channel(room, "plans", actor=alice)
+    endpoint = as_bob.post("/v0/webhook-endpoints", {"url": receiver.url()}).json()["endpoint"]["id"]
+    assert as_bob.post(f"/v0/webhook-endpoints/{endpoint}/verify").status_code == 200
+    active, paused = (subscribe(as_bob, endpoint, slug="den", debounce_ms=0) for _ in range(2))
+    for subscription in (active, paused):
+        activate(as_bob, subscription, slug="den")
+    paused_path = f"/v0/spaces/den/webhook-subscriptions/{paused['id']}"
+    assert as_bob.patch(paused_path, {"status": "paused"}).status_code == 200
+    # when: he is removed, and alice goes on writing
+    services.remove_member(room, bob, actor=alice)
+    for n in range(3):
+        send_message(channel, body=f"plan {n}", actor=alice)
+    # then: no wake opened, cancelled or not (their times in his history told him when the space was busy)
+    assert wakes(active) == []
+    # and he cannot resume the paused one, as he cannot activate one (resuming was taken)
+    resumed = as_bob.patch(paused_path, {"status": "active"})
+    assert error_code(resumed) == refused and Subscription.objects.get(public_id=paused["id"]).status == "paused"
+    # but back in the space, the active one wakes again, and he resumes the other
+    services.add_member(room, bob, actor=alice)
+    send_message(channel, body="welcome back", actor=alice)
+    assert len(wakes(active)) == 1
+    assert as_bob.patch(paused_path, {"status": "active"}).json()["subscription"]["status"] == "active"
+
+
 @pytest.mark.parametrize("body", [
     {"subjects": [{"type": "project", "id": "tsk_aaaaaaaaaaaaaaaa"}]},
     {"debounce_ms": 60_001}, {"debounce_ms": -1}, {"debounce_ms": "100"}, {"exclude_self": "yes"},

@@ -167,7 +167,8 @@ def _one_subscription_schema(scope: str):
                             parameters=[IDEMPOTENCY_KEY],
                             responses={200: envelope("subscription", SubscriptionOut),
                                        **errors("INVALID_REQUEST", "INVALID_IDEMPOTENCY_KEY", "IDEMPOTENCY_CONFLICT",
-                                                "NOT_FOUND", "CONFLICT")}),
+                                                "NOT_FOUND", "CONFLICT",
+                                                *(["FORBIDDEN"] if scope == "space" else []))}),
         delete=extend_schema(operation_id=f"delete_{scope}_subscription",
                              responses={204: None, **errors("INVALID_REQUEST", "NOT_FOUND", "CONFLICT")}),
     )
