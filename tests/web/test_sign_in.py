@@ -109,7 +109,7 @@ def test_guesses_from_one_address_do_not_lock_the_owner_out_from_another(ann, se
 @pytest.mark.parametrize("path", ["/app/login/", "/admin/login/"])
 def test_an_owner_who_signs_in_often_keeps_the_accounts_attempts_but_spends_the_addresss(human, settings, path):
     # given: two attempts per account and six per address; an admin, who may sign in to both
-    owner = human("ada", is_admin=True)
+    human("ada", is_admin=True)
     settings.SIGNIN_PER_ACCOUNT, settings.SIGNIN_PER_ADDRESS = 2, 6
     clear_of_window_edge(15 * 60)
     address = {"REMOTE_ADDR": "198.51.100.7"}
