@@ -30,6 +30,18 @@ def _usable() -> Q:
     return Q(status=Grant.Status.ACTIVE) & (Q(expires_at__isnull=True) | Q(expires_at__gt=now()))
 
 
+def _chosen(grants: list[Grant], author_pk: int, pks: list[int]) -> dict[int, Grant]:
+    """Of `grants`, the one each of `pks` is sent under by `author_pk`, in
+    order of preference. A project grant covers every member but its
+    creator: no grant authorizes the one who made it (SPEC §5); a pair or
+    one-message grant covers its recipient for its sender."""
+    chosen: dict[int, Grant] = {}
+    mine = [g for g in grants if (g.created_by_id != author_pk if g.kind == Grant.Kind.PROJECT
+                                  else g.sender_id == author_pk)]
+    for grant in sorted(mine, key=lambda g: (_PREFERENCE[g.kind], g.pk)):
+        for pk in pks if grant.kind == Grant.Kind.PROJECT else [grant.recipient_id]:
+            chosen.setdefault(pk, grant)
+    return chosen
 
 
 def authorize_send(space: Space, author: Member, recipients: list[Member], *,
@@ -45,7 +57,6 @@ def authorize_send(space: Space, author: Member, recipients: list[Member], *,
         return {}
     pks = [r.pk for r in recipients]
     in_space = Grant.objects.filter(_usable(), space=space)
-    # A project grant covers every member but its creator: no grant authorizes the one who made it (SPEC §5).
     covering = ((Q(kind=Grant.Kind.PROJECT) & ~Q(created_by_id=author.pk))
                 | Q(kind=Grant.Kind.PAIR, sender=author, recipient_id__in=pks))
     if idempotency_key:
@@ -53,12 +64,7 @@ def authorize_send(space: Space, author: Member, recipients: list[Member], *,
                       idempotency_key=idempotency_key, message__isnull=True)
     # Locked in id order, so concurrent senders never deadlock. (SQLite
     # serializes writers anyway; it has no row locks.)
-    candidates = list(in_space.filter(covering).order_by("id").select_for_update(no_key=True))
-    chosen: dict[int, Grant] = {}
-    for grant in sorted(candidates, key=lambda g: (_PREFERENCE[g.kind], g.pk)):
-        covered = pks if grant.kind == Grant.Kind.PROJECT else [grant.recipient_id]
-        for pk in covered:
-            chosen.setdefault(pk, grant)
+    chosen = _chosen(list(in_space.filter(covering).order_by("id").select_for_update(no_key=True)), author.pk, pks)
     uncovered = [r for r in recipients if r.pk not in chosen]
     if uncovered:
         raise GrantRequired(details={"recipients": [f"@{r.handle}" for r in uncovered]},
@@ -69,10 +75,11 @@ def authorize_send(space: Space, author: Member, recipients: list[Member], *,
 def uncovered_each(space: Space, authors: list[Member], recipients: list[Member]) -> dict[int, list[Member]]:
     """For each of `authors` (by pk) that standing grants (project, pair)
     do not let send to every one of `recipients` (themselves aside), those
-    they do not: `authorize_send`'s rule for many authors at once. Every
-    grant that could cover any of them is locked in one statement, in id
-    order, until the caller commits: deciding author by author, two callers
-    each held one author's grants and waited for the other's."""
+    they do not: `authorize_send`'s rule (`_chosen`) for many authors at
+    once. Every grant that could cover any of them is locked in one
+    statement, in id order, until the caller commits: deciding author by
+    author, two callers each held one author's grants and waited for the
+    other's."""
     if space.send_policy == Space.SendPolicy.OPEN or not authors:
         return {}
     grants = list(Grant.objects.filter(_usable(), space=space)
@@ -81,12 +88,9 @@ def uncovered_each(space: Space, authors: list[Member], recipients: list[Member]
                   .order_by("id").select_for_update(no_key=True))
     uncovered = {}
     for author in authors:
-        mine = [g for g in grants if (g.created_by_id != author.pk if g.kind == Grant.Kind.PROJECT
-                                      else g.sender_id == author.pk)]
-        if any(g.kind == Grant.Kind.PROJECT for g in mine):
-            continue
-        covered = {g.recipient_id for g in mine}
-        if left := [r for r in recipients if r.pk != author.pk and r.pk not in covered]:
+        others = [r for r in recipients if r.pk != author.pk]
+        chosen = _chosen(grants, author.pk, [r.pk for r in others])
+        if left := [r for r in others if r.pk not in chosen]:
             uncovered[author.pk] = left
     return uncovered
 
