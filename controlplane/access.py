@@ -112,6 +112,21 @@ def removed_sql(space: str, member: str) -> str:
             f"AND removed.member_id = {member} AND removed.status = '{Membership.Status.REMOVED.value}')")
 
 
+def receiving_sql(space: str, member: str) -> str:
+    """SQL true when deliveries from the space (`space`, an expression of
+    its id) reach the member (`member`, of theirs) as `receives_from`
+    decides, less the member's own status, the caller's to check (a
+    suspended owner's wakes wait): an active membership, or an open space
+    they were not removed from. A removed member who asked to join a request
+    space again is pending: nothing reaches them yet."""
+    memberships = connection.ops.quote_name(Membership._meta.db_table)
+    spaces = connection.ops.quote_name(Space._meta.db_table)
+    return (f"(EXISTS (SELECT 1 FROM {memberships} active WHERE active.space_id = {space} "
+            f"AND active.member_id = {member} AND active.status = '{Membership.Status.ACTIVE.value}') "
+            f"OR (EXISTS (SELECT 1 FROM {spaces} open_space WHERE open_space.id = {space} "
+            f"AND open_space.visibility = '{Space.Visibility.OPEN.value}') AND NOT {removed_sql(space, member)}))")
+
+
 def receives_from(space: Space, member: Member) -> bool:
     """Whether deliveries from `space` (mentions, space subscriptions'
     wakes) reach `member`: they read it, and were not removed from it.

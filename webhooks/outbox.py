@@ -20,7 +20,7 @@ from collections.abc import Iterable
 
 from django.db import connection
 
-from controlplane.access import readers_of_conversations, removed_sql
+from controlplane.access import readers_of_conversations, receiving_sql
 from controlplane.clock import now
 from controlplane.db import ids_in, plain_rows
 from controlplane.log import NewEvent
@@ -34,14 +34,15 @@ def _active_subscriptions(space_ids: set[int], members: set[int]) -> list[tuple]
     """(id, kind, owner, space, conversation ids, exclude_self, debounce) of the
     active subscriptions these spaces or addressees might wake: one plain
     statement, run for every append, that almost always finds nothing. A
-    space subscription of an owner removed from its space wakes for nothing
-    until they are back (`receives_from`)."""
+    space subscription of an owner who no longer receives from its space
+    (removed from it, or pending again) wakes for nothing until they do
+    (`receiving_sql`)."""
     clauses, params = [], []
     if space_ids:
-        # Not an owner's removed from the space: their wakes would only be cancelled as they are sent
+        # Only an owner's who receives from the space: others' wakes would be cancelled as they are sent
         # (SPEC §3), and the cancelled deliveries in their history told them when the space was busy.
         clauses.append(f"(kind = 'space' AND space_id IN ({', '.join(['%s'] * len(space_ids))}) "
-                       f"AND NOT {removed_sql(f'{_SUBSCRIPTIONS}.space_id', f'{_SUBSCRIPTIONS}.owner_id')})")
+                       f"AND {receiving_sql(f'{_SUBSCRIPTIONS}.space_id', f'{_SUBSCRIPTIONS}.owner_id')})")
         params += sorted(space_ids)
     if members:
         clauses.append(f"(kind IN ('inbox', 'item') AND owner_id IN ({', '.join(['%s'] * len(members))}))")

@@ -135,7 +135,13 @@ def test_delivery_from_a_space_follows_reading_less_removal(matrix):
         with connection.cursor() as cursor:
             cursor.execute(f"SELECT {access.removed_sql('%s', '%s')}", [space.pk, member.pk])
             removed = bool(cursor.fetchone()[0])
+            # and `receiving_sql` (space subscriptions' wakes), which leaves the member's own status to its caller
+            cursor.execute(f"SELECT {access.receiving_sql(str(space.pk), str(member.pk))}")
+            receiving = bool(cursor.fetchone()[0])
         assert access.receives_from(space, member) == expected == (reads and not removed), (member.handle, space.slug)
+        as_if_active = ((space.visibility == Space.Visibility.OPEN or status == Membership.Status.ACTIVE)
+                        and status != Membership.Status.REMOVED)
+        assert receiving == as_if_active, (member.handle, space.slug)
         answers[(member.handle, space.visibility)] = expected
     assert answers[("gone", "open")] is False and answers[("out", "open")] is True
 

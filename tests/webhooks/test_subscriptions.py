@@ -191,6 +191,28 @@ def test_a_removed_members_subscriptions_to_the_space_wake_for_nothing_until_the
     assert as_bob.patch(paused_path, {"status": "active"}).json()["subscription"]["status"] == "active"
 
 
+def test_a_member_who_left_and_asks_to_join_again_gets_no_wake_while_pending(alice, bob, as_bob, receiver):
+    # given: bob's active subscription to a request space he then left
+    room = services.create_space(slug="den", name="Den", visibility="request", send_policy="open", actor=alice)
+    services.add_member(room, bob, actor=alice)
+    channel = services.create_channel(room, "plans", actor=alice)
+    endpoint = as_bob.post("/v0/webhook-endpoints", {"url": receiver.url()}).json()["endpoint"]["id"]
+    assert as_bob.post(f"/v0/webhook-endpoints/{endpoint}/verify").status_code == 200
+    mine = subscribe(as_bob, endpoint, slug="den", debounce_ms=0)
+    activate(as_bob, mine, slug="den")
+    services.remove_member(room, bob, actor=bob)
+    # when: he asks to join again, and alice writes while his request waits
+    assert services.join_space(room, actor=bob).membership.status == "pending"
+    for n in range(3):
+        send_message(channel, body=f"plan {n}", actor=alice)
+    # then: pending is not back (his wakes were opened again, and cancelled in his history)
+    assert wakes(mine) == []
+    # and once admitted, they wake again
+    services.add_member(room, bob, actor=alice)
+    send_message(channel, body="welcome", actor=alice)
+    assert len(wakes(mine)) == 1
+
+
 @pytest.mark.parametrize("body", [
     {"subjects": [{"type": "project", "id": "tsk_aaaaaaaaaaaaaaaa"}]},
     {"debounce_ms": 60_001}, {"debounce_ms": -1}, {"debounce_ms": "100"}, {"exclude_self": "yes"},
