@@ -106,3 +106,20 @@ def test_a_web_form_past_the_limit_is_answered_as_a_page_and_a_script_in_json(ac
         status, headers, body = answer([(b"content-length", str(10 ** 6).encode()), (b"accept", accepting)],
                                         receive, path)
         assert (status, json.loads(body)["error"]["code"]) == (413, "BODY_TOO_LARGE")
+
+
+def test_a_browser_past_its_addresss_rate_is_told_so_not_that_the_service_is_down(settings):
+    from tests.conftest import clear_of_window_edge
+
+    settings.RATE_LIMIT_PER_MINUTE = 1
+    clear_of_window_edge()
+
+    async def receive():
+        raise AssertionError("nothing may be read")
+
+    form = [(b"content-length", str(10 ** 6).encode()), (b"accept", b"text/html")]
+    answers = [answer(form, receive, "/app/spaces/room/cnv_x/send") for _ in range(2)]
+    status, headers, body = answers[1]
+    # the page said "Switchboard is briefly unavailable"
+    assert status == 429 and b"retry-after" in headers
+    assert "<h1>Too many requests</h1>" in body.decode() and "unavailable" not in body.decode()
