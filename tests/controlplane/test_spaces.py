@@ -32,11 +32,13 @@ def test_a_members_password_passes_the_validators_and_is_only_for_those_who_sign
     assert told in refused.value.message and not Member.objects.filter(handle="dana").exists()
 
 
-@pytest.mark.parametrize("name", ["   ", "\t", "\u00a0", "too long", "bad\udcffname", "nul\x00"])
+@pytest.mark.parametrize("name", ["   ", "\t", "\u00a0", "too long", "bad\udcffname", "nul\x00", "two\nlines",
+                                  "tab\there", "ada\u202egnp.exe", "isolated\u2067name\u2069"])
 def test_a_name_is_checked_where_it_is_stored_whoever_gives_it(db, alice, name):
     """createmember's display name went to the database unchecked (a 300-character
     one was stored on SQLite and a traceback on PostgreSQL), and the API stored a
-    space's name of spaces only, which the web form refused."""
+    space's name of spaces only, which the web form refused. A name with a
+    right-to-left override showed the names after it reversed in every list."""
     def given(longest: int) -> str:
         return "x" * (longest + 1) if name == "too long" else name
 
@@ -48,6 +50,13 @@ def test_a_name_is_checked_where_it_is_stored_whoever_gives_it(db, alice, name):
             make()
     assert not Member.objects.filter(handle="dana").exists() and not Space.objects.exists()
     assert not alice.credentials.exists()
+
+
+def test_a_right_to_left_name_keeps_its_direction_marks(db, alice):
+    name = "\u05e9\u05dc\u05d5\u05dd\u200f (RTL)"
+    assert services.create_space(slug="lab", name=name, visibility="open", send_policy="open",
+                                 actor=alice).name == name
+    assert services.create_member("dana", display_name=name, actor=None).display_name == name
 
 
 def test_a_space_named_with_spaces_only_is_refused_by_the_api_as_by_the_web_form(as_alice):
