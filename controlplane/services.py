@@ -196,7 +196,8 @@ def _set_membership(membership: Membership, *, status: str, role: str) -> Member
 def join_space(space: Space, *, actor: Member) -> MembershipChange:
     """Join an open space, or ask to join a request space (pending until an
     owner admits). Private spaces are joined only by an owner adding you.
-    Idempotent: joining again returns the current membership (a private
+    One who joins again after leaving or being removed keeps an observer's
+    role if they had it (anyone else joins as a member). Idempotent: joining again returns the current membership (a private
     space's members' too; anyone else gets 404 there)."""
     status = Membership.Status.ACTIVE if space.visibility == Space.Visibility.OPEN else Membership.Status.PENDING
     with transaction.atomic():
@@ -213,7 +214,10 @@ def join_space(space: Space, *, actor: Member) -> MembershipChange:
                 return MembershipChange(Membership.objects.get(space=space, member=actor), False)
             change = MembershipChange(created, True)
         else:
-            change = _set_membership(current, status=status, role=Membership.Role.MEMBER)
+            # An observer who left comes back an observer: leaving and joining again
+            # would otherwise undo an owner's demotion. Owners come back as members.
+            role = Membership.Role.OBSERVER if current.role == Membership.Role.OBSERVER else Membership.Role.MEMBER
+            change = _set_membership(current, status=status, role=role)
         if status == Membership.Status.ACTIVE:
             append_events([events.member_joined(change.membership, actor=actor)])
         return change

@@ -198,6 +198,24 @@ def test_a_space_keeps_an_owner_through_demotion(space, as_alice):
     assert as_alice.post("/v0/spaces/lab/members", {"member": "@alice", "role": "member"}).status_code == 200
 
 
+def test_leaving_and_joining_again_undoes_no_demotion(space, as_alice, as_bob, as_carol, general):
+    """An observer of an open space left it and joined again as a member,
+    undoing the owner's demotion; an owner who leaves gives up the role."""
+    # given: bob made an observer, carol an owner (alice stays one)
+    assert as_alice.post("/v0/spaces/lab/members", {"member": "@bob", "role": "observer"}).status_code == 200
+    assert as_alice.post("/v0/spaces/lab/members", {"member": "@carol", "role": "owner"}).status_code == 200
+    for api, handle in ((as_bob, "@bob"), (as_carol, "@carol")):
+        # when: each leaves and joins again
+        assert api.delete(f"/v0/spaces/lab/members/{handle}").status_code == 204
+        joined = api.post("/v0/spaces/lab/join")
+        assert joined.status_code == 201 and joined.json()["membership"]["status"] == "active"
+    # then
+    roles = dict(Membership.objects.filter(space=space).values_list("member__handle", "role"))
+    assert (roles["bob"], roles["carol"]) == ("observer", "member")
+    refused = as_bob.post("/v0/spaces/lab/conversations/%23general/messages", {"body": "back with a voice?"})
+    assert refused.status_code == 403 and error_code(refused) == "FORBIDDEN"
+
+
 def test_adding_a_member_without_a_role_keeps_an_active_members_role(space, make_member, as_alice, alice):
     # given: bob an owner, eve an observer
     services.add_member(space, make_member("eve"), role="observer", actor=alice)
