@@ -160,12 +160,13 @@ def _lock_memberships(space: Space, member: Member) -> Membership | None:
 
 
 def _keep_an_owner(space: Space, leaving: Membership) -> None:
-    """A space keeps at least one owner. The caller holds the owners' lock
-    (`_lock_owners`), so two owners demoting or removing each other cannot
-    both pass."""
+    """A space keeps at least one owner who may act: a suspended owner
+    does not count. The caller holds the owners' lock (`_lock_owners`), so
+    two owners demoting or removing each other cannot both pass."""
     if leaving.role != Membership.Role.OWNER or leaving.status != Membership.Status.ACTIVE:
         return
-    others = (Membership.objects.filter(space=space, role=Membership.Role.OWNER, status=Membership.Status.ACTIVE)
+    others = (Membership.objects.filter(space=space, role=Membership.Role.OWNER, status=Membership.Status.ACTIVE,
+                                        member__status=Member.Status.ACTIVE)
               .exclude(pk=leaving.pk).exists())
     if not others:
         raise Conflict("A space keeps at least one owner.")

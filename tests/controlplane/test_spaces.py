@@ -198,6 +198,18 @@ def test_a_space_keeps_an_owner_through_demotion(space, as_alice):
     assert as_alice.post("/v0/spaces/lab/members", {"member": "@alice", "role": "member"}).status_code == 200
 
 
+def test_a_suspended_owner_is_no_owner_the_space_keeps(space, as_alice, bob):
+    # given: bob an owner, then suspended
+    assert as_alice.post("/v0/spaces/lab/members", {"member": "@bob", "role": "owner"}).status_code == 200
+    services.update_member(bob, status="suspended", actor=None)
+    # when: alice, the only owner who may act, leaves or steps down
+    for refused in (as_alice.delete("/v0/spaces/lab/members/@alice"),
+                    as_alice.post("/v0/spaces/lab/members", {"member": "@alice", "role": "member"})):
+        # then
+        assert refused.status_code == 409 and error_code(refused) == "CONFLICT"
+    assert Membership.objects.get(space=space, member__handle="alice").role == "owner"
+
+
 def test_leaving_and_joining_again_undoes_no_demotion(space, as_alice, as_bob, as_carol, general):
     """An observer of an open space left it and joined again as a member,
     undoing the owner's demotion; an owner who leaves gives up the role."""
