@@ -109,6 +109,7 @@ def update_member(member: Member, *, status: str | None = None, is_admin: bool |
                 is_active=active, is_staff=active and locked.is_admin, is_superuser=active and locked.is_admin)
         audit.record("member.updated", locked.public_id, actor=actor, **changed)
         if not active:
+            writer_lost.send(sender=Member, space_id=None, member_id=locked.pk)
             if locked.user_id is not None:
                 end_sessions(locked.user_id)  # Django would honour them again on reinstatement
             group_send_on_commit(member_group(locked), {"type": "session.ended"})
@@ -274,6 +275,8 @@ def add_member(space: Space, member: Member, *, role: str | None = None, actor: 
         if role != Membership.Role.OWNER:
             _keep_an_owner(space, current)
         joined = current.status != Membership.Status.ACTIVE
+        if not joined and role == Membership.Role.OBSERVER:
+            writer_lost.send(sender=Membership, space_id=space.pk, member_id=member.pk)
         change = _set_membership(current, status=Membership.Status.ACTIVE, role=role)
         if joined:
             append_events([events.member_joined(change.membership, actor=actor)])
@@ -283,6 +286,14 @@ def add_member(space: Space, member: Member, *, role: str | None = None, actor: 
 # Sent (with `space`) when an admin unarchives a space: apps above this one
 # take up again what archiving paused (coordination: its claims' expiry).
 space_unarchived = Signal()
+
+# Sent (with `space_id`, None for every space, and `member_id`) in the
+# transaction of a change after which a member may no longer write in a
+# space (a removal, a demotion to observer) or anywhere (a suspension):
+# coordination looks at their claims at once. Receivers lock only rows of
+# their own and append nothing: a removal sends it before its hooks, which
+# take mailboxes and the log head.
+writer_lost = Signal()
 
 RemovalHook = Callable[[int, int], None]
 
@@ -315,6 +326,7 @@ def remove_member(space: Space, member: Member, *, actor: Member) -> None:
         membership.status, membership.updated_at = Membership.Status.REMOVED, now()
         membership.save(update_fields=["status", "updated_at"])
         if was_active:
+            writer_lost.send(sender=Membership, space_id=space.pk, member_id=member.pk)
             for hook in _REMOVAL_HOOKS:
                 hook(space.pk, member.pk)
             append_events([events.member_removed(membership, actor=actor)])

@@ -7,7 +7,8 @@ class CoordinationConfig(AppConfig):
     schedules = [("sweep-claims", "coordination.tasks.sweep_claims", 1)]
 
     def ready(self):
-        from controlplane.services import space_unarchived
-        from coordination.claims import look_again
+        from controlplane.services import space_unarchived, writer_lost
+        from coordination.claims import look_again, look_at_claims_of
 
         space_unarchived.connect(look_again, dispatch_uid="coordination.look_again")
+        writer_lost.connect(look_at_claims_of, dispatch_uid="coordination.look_at_claims_of")

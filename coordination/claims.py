@@ -20,8 +20,10 @@ after the scan began still counts.
 Reads and claim attempts sweep the claims they show the same way, from the
 same index (on hosts with no worker too): a claim they find alive moves on
 in it, so the next read passes it by, and one that expired is never hidden
-behind live ones. A claim whose claimant was deleted (the admin site may)
-is released at its first look.
+behind live ones. A claim whose claimant was deleted (the admin site may),
+or may no longer write in the space (removed, made an observer, suspended),
+is released at its first look; those changes make it due at once
+(`look_at_claims_of`).
 """
 from __future__ import annotations
 
@@ -31,9 +33,10 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
+from controlplane.access import active_membership
 from controlplane.clock import now, rfc3339
 from controlplane.log import append_events, hold_head
-from controlplane.models import Space
+from controlplane.models import Membership, Space
 from coordination.events import task_event
 from coordination.models import CheckinReceipt, SweepMark, Task
 from inbox.models import Message
@@ -82,6 +85,17 @@ def locked_task(rows, related: tuple[str, ...]) -> Task | None:
     return None if pk is None else Task.objects.select_related(*related).get(pk=pk)
 
 
+def _claimant_gone(task: Task) -> bool:
+    """The claimant was deleted, suspended, or may no longer write in the
+    task's space (removed from it, or made an observer): no one who could
+    act holds the claim."""
+    claimant = task.claimant
+    if claimant is None or not claimant.is_active:
+        return True
+    membership = active_membership(task.space, claimant)
+    return membership is None or membership.role == Membership.Role.OBSERVER
+
+
 def _decide(task_pk: int, at: dt.datetime) -> str | None:
     """Check in on, or expire, one claim, with its row locked, and move it
     on in the sweep index. Returns "checkin", "expired" or None."""
@@ -95,19 +109,21 @@ def _decide(task_pk: int, at: dt.datetime) -> str | None:
             Task.objects.filter(pk=task.pk).update(sweep_at=at + limit)
             return None
         start = silent_since(task)
-        if at >= start + limit and task.claimant is not None:
+        gone = _claimant_gone(task)
+        if at >= start + limit and not gone:
             # A message commits holding the log head: one of the claimant's
             # committed meanwhile is read now, and any later comes after the expiry.
             hold_head()
             start = silent_since(task)
-        if at >= start + limit or task.claimant is None:  # silent too long, or its claimant deleted
+        if at >= start + limit or gone:
             claimant = task.claimant
             task.status, task.claimant, task.claimed_at, task.updated_at, task.sweep_at = (
                 Task.Status.OPEN, None, None, at, None)
             task.save(update_fields=["status", "claimant", "claimed_at", "updated_at", "sweep_at"])
             append_events([task_event("task_claim_expired", task, actor=None,
                                       extra={"claimant": claimant and f"@{claimant.handle}",
-                                             "silent_since": rfc3339(start)})])
+                                             "silent_since": rfc3339(start),
+                                             "reason": "claimant_gone" if gone else "silence"})])
             return "expired"
         key = {"task": task, "claimant_id": task.claimant_id, "task_updated_at": task.updated_at}
         checked_in = CheckinReceipt.objects.filter(**key).exists()
@@ -173,6 +189,16 @@ def look_again(sender, space: Space, **kwargs) -> None:
     """An unarchived space's claims are looked at by the next read or scan:
     while it was archived each look put the next a whole timeout away."""
     Task.objects.filter(space=space, status=Task.Status.CLAIMED).update(sweep_at=now())
+
+
+def look_at_claims_of(sender, space_id: int | None, member_id: int, **kwargs) -> None:
+    """A member may no longer write in a space (or, suspended, anywhere;
+    controlplane.services.writer_lost): their claims there are due at
+    once, and the next read or scan releases them (`_claimant_gone`)
+    rather than leaving the work held until the claim's silence runs out.
+    One reinstated before that look keeps the claim."""
+    claims = Task.objects.filter(claimant_id=member_id, status=Task.Status.CLAIMED)
+    (claims.filter(space_id=space_id) if space_id is not None else claims).update(sweep_at=now())
 
 
 def due_claims(at: dt.datetime) -> list[int]:

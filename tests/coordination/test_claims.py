@@ -5,6 +5,7 @@ import datetime as dt
 
 import pytest
 
+from controlplane import services
 from controlplane.clock import freeze, now
 from controlplane.log import Event
 from coordination import claims
@@ -315,3 +316,35 @@ def test_unarchiving_a_space_takes_up_its_claims_expiry_again(claimed, space, ca
     with freeze(start + 26 * HOUR):
         taken = tasks.claim_task(space, claimed.public_id, actor=carol)
     assert taken.claimant == carol and [e.data["claimant"] for e in events("task_claim_expired")] == ["@bob"]
+
+
+@pytest.mark.parametrize("change", ["removed", "left", "observer", "suspended"])
+def test_a_claimant_who_may_no_longer_write_lets_the_work_go_at_the_next_look(claimed, space, alice, bob, start,
+                                                                             change):
+    """A removed, demoted or suspended claimant held the work until the
+    claim's silence ran out (24 hours by default), and no one else could
+    take it meanwhile."""
+    # when: an hour into the claim
+    with freeze(start + HOUR):
+        if change in ("removed", "left"):
+            services.remove_member(space, bob, actor=alice if change == "removed" else bob)
+        elif change == "observer":
+            services.add_member(space, bob, role="observer", actor=alice)
+        else:
+            services.update_member(bob, status="suspended", actor=None)
+        # then: the next read lets it go, saying why
+        task = tasks.visible_task(space, claimed.public_id, alice)
+    assert task.status == "open" and task.claimant is None
+    (expired,) = events("task_claim_expired")
+    assert (expired.data["claimant"], expired.data["reason"]) == ("@bob", "claimant_gone")
+
+
+def test_a_claimant_reinstated_before_the_look_keeps_the_claim(claimed, space, bob, start):
+    with freeze(start + HOUR):
+        services.update_member(bob, status="suspended", actor=None)
+        services.update_member(bob, status="active", actor=None)
+    # when: the sweep looks, and again when the silence runs out
+    assert at(start + 2 * HOUR)["expired"] == 0
+    assert Task.objects.get().claimant == bob and events("task_claim_expired") == []
+    assert at(start + 24 * HOUR)["expired"] == 1
+    assert events("task_claim_expired")[0].data["reason"] == "silence"
