@@ -125,10 +125,14 @@ class MemoryWakeStore:
 
 
 class SQLiteWakeStore:
-    """In an SQLite file: survives restarts; one transaction per wake."""
+    """In an SQLite file: survives restarts; one transaction per wake.
+    Bounded as `MemoryWakeStore` is, to the latest `remember` ids (and twice
+    as many cursors): a wake's redelivery comes within hours, and the file
+    no longer grows with every wake for as long as the receiver runs."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, remember: int = 1_000_000):
         self.path = str(path)
+        self._remember = remember
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         with self._connect() as db:
             db.execute("CREATE TABLE IF NOT EXISTS seen_wakes (id TEXT PRIMARY KEY, subscription TEXT, "
@@ -155,6 +159,9 @@ class SQLiteWakeStore:
                                "DO UPDATE SET through = excluded.through", (wake.subscription_id, wake.through))
                 db.executemany("INSERT OR IGNORE INTO wake_cursors VALUES (?, ?)",
                                [(wake.subscription_id, c) for c in (wake.after, wake.through) if c])
+            # The oldest rows past the bound (rowids grow with each insert): a seek, not a scan.
+            for table, keep in (("seen_wakes", self._remember), ("wake_cursors", 2 * self._remember)):
+                db.execute(f"DELETE FROM {table} WHERE rowid <= (SELECT max(rowid) FROM {table}) - ?", (keep,))
 
     def watermark(self, subscription_id: str) -> str | None:
         with self._connect() as db:

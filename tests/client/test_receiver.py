@@ -6,6 +6,7 @@ import asyncio
 import base64
 import io
 import json
+import sqlite3
 import ssl
 import threading
 import time
@@ -222,6 +223,25 @@ def test_a_replay_of_an_old_range_does_not_move_the_watermark_back(kind, tmp_pat
     # and the replay of the lost wake (c3 → c4), whose end a recorded wake began at, leaves it too
     store.record(wake("whd_7", "c3", "c4"))
     assert store.watermark("whs_1") == "c5"
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_store_remembers_the_latest_wakes_only(kind, tmp_path):
+    """The SQLite store kept every wake's id and cursors for as long as the receiver ran."""
+    path = tmp_path / "wakes.sqlite3"
+    store = MemoryWakeStore(remember=3) if kind == "memory" else SQLiteWakeStore(path, remember=3)
+    # when: five chained wakes
+    for n in range(1, 6):
+        store.record(Wake(f"whd_{n}", "inbox", "whs_1", None, f"c{n - 1}", f"c{n}", "webhook",
+                          "spaces.inbox_events.available", {}))
+    # then: the latest three are known, the first two forgotten, the watermark the latest
+    assert [store.seen(f"whd_{n}") for n in range(1, 6)] == [False, False, True, True, True]
+    assert store.watermark("whs_1") == "c5"
+    if kind == "sqlite":
+        with sqlite3.connect(path) as db:
+            counts = [db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+                      for table in ("seen_wakes", "wake_cursors")]
+        assert counts == [3, 6]
 
 
 def test_a_store_that_fails_while_a_wake_is_checked_is_answered_503_for_a_retry():
