@@ -80,10 +80,10 @@ class _FeedState:
         self.cursor = cursor
 
 
-class Feed:
-    """An endless iterator of `Event`s (see `Client.iter_feed`)."""
+class _Feed:
+    """What a sync and an async feed share: their state, cursor and page size."""
 
-    def __init__(self, client, *, sleep: Callable[[float], None] = time.sleep, **options):
+    def __init__(self, client, sleep, options: dict):
         self._client, self._sleep = client, sleep
         self._state = _FeedState(**options)
 
@@ -99,6 +99,13 @@ class Feed:
     @limit.setter
     def limit(self, value: int | None) -> None:
         self._state.limit = value
+
+
+class Feed(_Feed):
+    """An endless iterator of `Event`s (see `Client.iter_feed`)."""
+
+    def __init__(self, client, *, sleep: Callable[[float], None] = time.sleep, **options):
+        super().__init__(client, sleep, options)
 
     def __iter__(self) -> Feed:
         return self
@@ -119,18 +126,13 @@ class Feed:
         return event
 
 
-class AsyncFeed:
+class AsyncFeed(_Feed):
     """An endless async iterator of `Event`s (see `AsyncClient.iter_feed`)."""
 
-    def __init__(self, client, **options):
+    def __init__(self, client, *, sleep: Callable[[float], Awaitable[None]] | None = None, **options):
         import asyncio
 
-        self._client, self._sleep = client, asyncio.sleep
-        self._state = _FeedState(**options)
-
-    @property
-    def cursor(self) -> str | None:
-        return self._state.cursor
+        super().__init__(client, sleep or asyncio.sleep, options)
 
     def __aiter__(self) -> AsyncFeed:
         return self

@@ -179,3 +179,31 @@ def test_a_feed_away_from_its_server_for_half_a_day_goes_on_waiting():
     assert len(slept) == 2000 and max(slept) <= RECONNECT_MAX * 1.2 and min(slept[-100:]) >= RECONNECT_MAX * 0.8
     # and a retry policy that tries practically forever waits at most its longest wait
     assert RetryPolicy(attempts=5000, max_backoff=20.0).wait(1100, None) <= 24.0
+
+
+def test_an_async_feed_takes_a_page_size_and_a_sleep_as_the_sync_one_does():
+    """AsyncFeed had no settable `limit` and always slept with asyncio.sleep."""
+    import asyncio
+
+    from switchboard_client.feeds import EMPTY_POLL_PAUSE, AsyncFeed
+    from switchboard_client.models import Page
+
+    class Server:  # an empty page, then one with an event
+        def __init__(self):
+            self.pages = [Page((), "c1", False), Page(("event",), "c2", False)]
+            self.asked = []
+
+        async def inbox_events(self, **params):
+            self.asked.append((params["cursor"], params["limit"]))
+            return self.pages.pop(0)
+
+    slept = []
+
+    async def sleep(seconds):
+        slept.append(seconds)
+
+    server = Server()
+    feed = AsyncFeed(server, sleep=sleep, space=None, inbox=True, after="c0", wait_ms=0, limit=None, on_resync=None)
+    feed.limit = 5
+    assert asyncio.run(feed.__anext__()) == "event" and feed.cursor == "c2" and feed.limit == 5
+    assert server.asked == [("c0", 5), ("c1", 5)] and slept == [EMPTY_POLL_PAUSE]
