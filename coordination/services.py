@@ -153,6 +153,32 @@ def _conflict(task: Task, message: str) -> Conflict:
                                       "claimant": f"@{task.claimant.handle}" if task.claimant else None})
 
 
+def _claims_assigned(task: Task, actor: Member) -> bool:
+    """A task with an assignee is claimed by them only (and by space admins)."""
+    return task.assignee_id in (None, actor.pk)
+
+
+def _decides(task: Task, actor: Member) -> bool:
+    """The task's reviewer and its assignee (and space admins) complete and reopen it."""
+    return actor.pk in (task.reviewer_id, task.assignee_id)
+
+
+def may_move(task: Task, move: str, actor: Member, *, admin: bool) -> bool:
+    """Whether `move` (claim, release, submit, complete, reopen) of
+    `task` by `actor`, who may write in its space, would be taken now: the
+    table of docs/tasks.md, from the same rules the moves below check, for
+    pages that offer only what would be accepted. `admin`: `actor` may
+    administer the space."""
+    status, own = task.status, task.claimant_id == actor.pk
+    return {
+        "claim": status == Task.Status.OPEN and (admin or _claims_assigned(task, actor)),
+        "release": status == Task.Status.CLAIMED and (admin or own),
+        "submit": status == Task.Status.CLAIMED and own,
+        "complete": status != Task.Status.DONE and (admin or _decides(task, actor)),
+        "reopen": status in (Task.Status.IN_REVIEW, Task.Status.DONE) and (admin or _decides(task, actor)),
+    }[move]
+
+
 def claim_task(space: Space, task_id: str, *, actor: Member) -> Task:
     """Claim an open task, or one whose claim has expired (in the same
     request: the expiry is swept first). Claiming one's own claim again
@@ -164,7 +190,7 @@ def claim_task(space: Space, task_id: str, *, actor: Member) -> Task:
             return task
         if task.status != Task.Status.OPEN:
             raise _conflict(task, "The task is not open: it is claimed by another member, in review, or done.")
-        if task.assignee_id not in (None, actor.pk) and not may_administer(space, actor):
+        if not (_claims_assigned(task, actor) or may_administer(space, actor)):
             raise Forbidden("The task is assigned to another member.")
         task.status, task.claimant, task.claimed_at = Task.Status.CLAIMED, actor, now()
         return _changed(task, "task.claimed", actor, ["status", "claimant", "claimed_at"])
@@ -195,7 +221,7 @@ def submit_task(space: Space, task_id: str, *, actor: Member) -> Task:
 
 
 def _require_decider(task: Task, actor: Member) -> None:
-    if not (actor.pk in (task.reviewer_id, task.assignee_id) or may_administer(task.space, actor)):
+    if not (_decides(task, actor) or may_administer(task.space, actor)):
         raise Forbidden("Only the task's reviewer, its assignee or an admin of the space may do this.")
 
 

@@ -48,6 +48,50 @@ def test_a_refused_action_is_a_clear_error_and_changes_nothing(room, ann, ben, h
 
 
 
+def test_the_page_offers_each_reader_only_the_moves_the_service_accepts_from_them(ann, ben, human, browser_of):
+    """Every reader saw Complete and Reopen on a task in review, and observers
+    and readers who never joined an open space the claim buttons and the
+    new task form: each answered 403."""
+    import re
+
+    from controlplane import services as spaces
+    from coordination import services
+
+    # given: an open space of ann's; ben and cy members, dee an observer, eve a reader who never joined
+    space = spaces.create_space(slug="yard", name="Yard", visibility="open", send_policy="open", actor=ann)
+    cy, dee, eve = human("cy"), human("dee"), human("eve")
+    for member in (ben, cy):
+        spaces.join_space(space, actor=member)
+    spaces.add_member(space, dee, role="observer", actor=ann)
+    review = services.create_task(space, title="Review", actor=ann)
+    services.claim_task(space, review.public_id, actor=cy)
+    services.submit_task(space, review.public_id, actor=cy)
+    theirs = services.create_task(space, title="Theirs", assignee="@cy", actor=ann)
+    mine = services.create_task(space, title="Mine", actor=ann)
+    services.claim_task(space, mine.public_id, actor=ben)
+
+    def offered(member) -> tuple[set[tuple[str, str]], bool]:
+        page = browser_of(member).get("/app/spaces/yard/tasks/").content.decode()
+        moves = set(re.findall(r"/app/spaces/yard/tasks/(tsk_\w+)/(\w+)\"", page))
+        return moves, "/app/spaces/yard/tasks/new" in page
+
+    ids = {review.public_id: "review", theirs.public_id: "theirs", mine.public_id: "mine"}
+    # when / then
+    offers = {member.handle: offered(member) for member in (ann, ben, cy, dee, eve)}
+    named = {handle: ({(ids[task], move) for task, move in moves}, form) for handle, (moves, form) in offers.items()}
+    assert named == {
+        "ann": ({("review", "complete"), ("review", "reopen"), ("theirs", "claim"), ("mine", "release")}, True),
+        "ben": ({("mine", "submit"), ("mine", "release")}, True),
+        "cy": ({("theirs", "claim")}, True),
+        "dee": (set(), False),
+        "eve": (set(), False),
+    }
+    # and what the page offers, the service accepts
+    for member, task, move in ((ann, review, "complete"), (ben, mine, "submit"), (cy, theirs, "claim")):
+        assert browser_of(member).post(f"/app/spaces/yard/tasks/{task.public_id}/{move}").status_code == 302
+    assert [Task.objects.get(pk=task.pk).status for task in (review, mine, theirs)] == ["done", "in_review", "claimed"]
+
+
 def test_every_task_can_be_reached_page_by_page_newest_first(room, ann, ben, browser_of, monkeypatch):
     """The page showed the newest 200 and no more, with no way on: the API
     listed the rest, the web app could neither show nor claim them."""

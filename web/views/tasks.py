@@ -7,12 +7,12 @@ from django.contrib import messages as flash
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from controlplane.access import get_readable_space
+from controlplane.access import active_membership, get_readable_space, may_administer
 from controlplane.cursors import caller_id, pack_cursor, unpack_cursor
 from controlplane.errors import NotFound
 from coordination import services
 from coordination.models import Task
-from web.pages import member_page
+from web.pages import may_write, member_page
 
 ACTIONS = {"claim": services.claim_task, "release": services.release_task, "submit": services.submit_task,
            "complete": services.complete_task, "reopen": services.reopen_task}
@@ -21,13 +21,19 @@ DONE = {"claim": "claimed", "release": "released", "submit": "submitted for revi
         "reopen": "reopened"}
 
 
-def _actions(task: Task, member) -> list[str]:
-    """The buttons that make sense for `member` (the services decide)."""
-    if task.status == Task.Status.OPEN:
-        return ["claim"]
-    if task.status == Task.Status.CLAIMED:
-        return ["submit", "release"] if task.claimant_id == member.pk else []
-    return ["complete", "reopen"] if task.status == Task.Status.IN_REVIEW else ["reopen"]
+# What each status offers on the page: the moves that make sense there
+# (completing an open task is allowed, and rarely meant).
+OFFERED = {Task.Status.OPEN: ("claim",), Task.Status.CLAIMED: ("submit", "release"),
+           Task.Status.IN_REVIEW: ("complete", "reopen"), Task.Status.DONE: ("reopen",)}
+
+
+def _actions(task: Task, member, *, can_write: bool, admin: bool) -> list[str]:
+    """The buttons for `member`: those of the task's status the service
+    would accept from them (observers and readers who are not members get
+    none)."""
+    if not can_write:
+        return []
+    return [move for move in OFFERED[task.status] if services.may_move(task, move, member, admin=admin)]
 
 
 @member_page
@@ -46,9 +52,11 @@ def tasks_page(request, member, slug):
     rows = list(rows[:PAGE_TASKS + 1])
     more = len(rows) > PAGE_TASKS
     rows = rows[:PAGE_TASKS]
+    can_write, admin = may_write(space, active_membership(space, member)), may_administer(space, member)
     return render(request, "web/tasks.html", {
         "space": space, "status": status, "statuses": Task.Status.values, "paged": bool(older),
-        "tasks": [(task, _actions(task, member)) for task in rows],
+        "can_write": can_write, "tasks": [(task, _actions(task, member, can_write=can_write, admin=admin))
+                                          for task in rows],
         "older": pack_cursor((rows[-1].pk,), caller=caller_id(member), stream=stream) if more else None})
 
 
