@@ -96,12 +96,17 @@ def test_the_staff_queue_shows_and_decides_requests(pending, approver):
     assert "No request is waiting." in approver.get("/staff/approvals/").content.decode()
 
 
-def test_a_denial_whose_reason_holds_a_nul_says_so_and_decides_nothing(pending, approver):
+@pytest.mark.parametrize("reason, status, code", [("no\x00", 422, "INVALID_BODY"), ("", 400, "INVALID_REQUEST"),
+                                                  ("r" * 5000, 400, "INVALID_REQUEST")])
+def test_a_refused_denial_is_a_clear_4xx_on_the_queue_and_decides_nothing(pending, approver, reason, status, code):
+    """A refused decision was a 302 back to the queue, the reason in a flash."""
     page = approver.get("/staff/approvals/")
     answer = approver.post(f"/staff/approvals/{pending.public_id}/deny",
-                           {"csrfmiddlewaretoken": csrf(approver, page), "reason": "no\x00"}, follow=True)
+                           {"csrfmiddlewaretoken": csrf(approver, page), "reason": reason})
     pending.refresh_from_db()
-    assert pending.status == "pending" and "none of them NUL" in answer.content.decode()
+    assert answer.status_code == status and pending.status == "pending"
+    text = answer.content.decode()
+    assert f"{pending.public_id}: " in text and f"({code})" in text and 'name="reason"' in text
 
 
 def test_the_staff_queue_says_how_many_more_wait_past_its_page(pending, grant, approver, monkeypatch):
