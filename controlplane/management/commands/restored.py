@@ -9,7 +9,8 @@ GAP = 2**40
 
 
 class Command(BaseCommand):
-    help = ("Run once after restoring the database from a backup, before serving: new events take positions past "
+    help = ("Run after restoring the database from a backup, before serving (running it again is harmless): new "
+            "events take positions past "
             "every one given out before, and readers whose cursors are past the restored log are told to "
             "resynchronize (410 RESYNC_REQUIRED), since they read events the restore lost (docs/deploy.md).")
 
@@ -17,5 +18,8 @@ class Command(BaseCommand):
         with transaction.atomic():
             head, _ = LogHead.objects.select_for_update().get_or_create(id=1)
             restored, jumped = head.position, head.position + GAP
-            LogHead.objects.filter(id=1).update(lost_from=restored, lost_to=jumped, position=jumped)
+            # Nothing written since the last mark (a second run, or a backup taken right after
+            # one): the lost range grows from where that one began, never forgetting it.
+            lost_from = head.lost_from if head.lost_to and restored == head.lost_to else restored
+            LogHead.objects.filter(id=1).update(lost_from=lost_from, lost_to=jumped, position=jumped)
         self.stdout.write(f"The restored log ends at position {restored}; new events start after {jumped}.")
