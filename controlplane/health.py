@@ -8,10 +8,13 @@ it. A check names its state and at most an error class: never an address,
 a message or a credential.
 
 Each app names its own backlog figures as `gauges` on its AppConfig: a
-dotted path to a function returning {name: number or None (unknown)}.
+dotted path to a function returning {name: number or None (unknown)},
+marked with the names it returns (`figures`), so that one which fails
+(the database is away) gives None for each, and the others still count.
 """
 from __future__ import annotations
 
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as CheckTimedOut
@@ -76,6 +79,18 @@ def readiness() -> tuple[bool, dict]:
     return ready, {"status": "ready" if ready else "unavailable", "checks": dict(sorted(report.items()))}
 
 
+log = logging.getLogger("switchboard.health")
+
+
+def figures(*names: str):
+    """Mark a gauges function with the figures it returns."""
+    def mark(provider):
+        provider.figures = names
+        return provider
+    return mark
+
+
+@figures("tasks_queued")
 def task_queue() -> dict[str, int | None]:
     """django-q2 tasks waiting for a worker (either broker), None if the
     broker cannot say."""
@@ -87,8 +102,13 @@ def task_queue() -> dict[str, int | None]:
 
 def gauges() -> dict[str, int | float | None]:
     """Every app's backlog figures (`gauges` on its AppConfig), by name."""
-    figures = {}
+    found = {}
     for config in apps.get_app_configs():
         if path := getattr(config, "gauges", None):
-            figures.update(import_string(path)())
-    return figures
+            provider = import_string(path)
+            try:
+                found.update(provider())
+            except Exception as error:  # unknown, not a traceback: the figures matter most when this happens
+                log.warning("the %s figures are unknown: %s", config.label, type(error).__name__)
+                found.update(dict.fromkeys(provider.figures))
+    return found

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 from django.db.models import Count, Q
 
+from controlplane.health import figures
 from inbox.models import InboxItem
 
 
+@figures("inbox_items_pending", "inbox_items_unclassified")
 def gauges() -> dict[str, int]:
     """Pending items: admitted ones wait for their recipient to acknowledge
     them; unclassified ones wait for the firewall's classification task."""

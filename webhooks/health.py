@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 from controlplane.clock import now
+from controlplane.health import figures
 from webhooks.due import due_now
 from webhooks.engine import ready_params
 from webhooks.models import Delivery, Subscription
 
 
+@figures("wakes_due", "oldest_due_wake_seconds", "wakes_sending_past_lease", "subscriptions_suspended")
 def gauges() -> dict[str, int | float | None]:
     """- wakes_due: wakes a worker could send now (due, their subscription
       may send, no older wake of it unfinished), and how long the oldest

@@ -162,6 +162,18 @@ def test_the_health_command_counts_due_wakes_stuck_claims_suspensions_and_pendin
     assert list(printed) == ["tasks_queued", *figures] and printed["oldest_due_wake_seconds"] == "30.0"
 
 
+def test_the_health_command_says_unknown_when_the_database_is_away(tmp_path):
+    """It ended in a traceback (exit 1, nothing printed) when the figures mattered most."""
+    away = f"sqlite:///{tmp_path}/no-such-folder/db.sqlite3"
+    result = subprocess.run([sys.executable, "manage.py", "health", "--json"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60, env=server_env(DATABASE_URL=away))
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)
+    assert figures.keys() > {"inbox_items_pending", "wakes_due", "subscriptions_suspended"}
+    assert all(value is None for name, value in figures.items() if name != "tasks_queued")
+    assert "the inbox figures are unknown: OperationalError" in result.stderr and "Traceback" not in result.stderr
+
+
 @pytest.mark.django_db
 def test_a_wake_behind_an_unfinished_one_of_its_subscription_is_not_counted_as_due(space, alice):
     # given: a wake waiting for its retry, and the next one due behind it
