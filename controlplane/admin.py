@@ -1,8 +1,9 @@
 import django_q.admin
+from django import forms
 from django.contrib import admin
 from django.contrib.auth import admin as auth_admin
 from django.contrib.auth.models import Group, User
-from django.core.exceptions import FieldDoesNotExist
+from django.core.exceptions import FieldDoesNotExist, ValidationError
 from django.db.models.constants import LOOKUP_SEP
 from django.urls import reverse
 from django.utils.html import format_html
@@ -11,8 +12,10 @@ from django_q.models import Failure, OrmQ, Schedule, Success
 
 from controlplane import audit, bearer, services
 from controlplane.access import admin_member
+from controlplane.errors import InvalidRequest
 from controlplane.models import (AuditEntry, Conversation, Credential, Event, EventAddressee, IdempotencyRecord,
                                  LogHead, Member, Membership, Participant, Space, UserSession)
+from controlplane.names import checked_name
 
 # Fields that hold a secret, its hash or its ciphertext: never shown, and
 # never a list's filter, on any model or through any relation (a filter in
@@ -77,6 +80,20 @@ class ThroughTheServices(Guarded):
         return False
 
 
+def _name_form(model, field: str, *, blank: bool = False) -> type[forms.ModelForm]:
+    """A change form whose `field` is checked as the services check the
+    names they store (controlplane.names): the admin saved what the API,
+    the web app and the commands refuse."""
+    def clean(form):
+        value = form.cleaned_data[field]
+        try:
+            return checked_name(field, value, model._meta.get_field(field).max_length, blank=blank)
+        except InvalidRequest as refused:
+            raise ValidationError(refused.message) from None
+    return type(f"{model.__name__}Form", (forms.ModelForm,), {
+        "Meta": type("Meta", (), {"model": model, "fields": "__all__"}), f"clean_{field}": clean})
+
+
 @admin.register(Member)
 class MemberAdmin(ThroughTheServices):
     """Members are made by `createmember`, the API or the web app, and
@@ -85,6 +102,7 @@ class MemberAdmin(ThroughTheServices):
     list_filter = ["kind", "status", "is_admin"]
     search_fields = ["handle", "public_id", "display_name"]
     readonly_fields = ["public_id", "handle", "kind", "user", "created_at"]
+    form = _name_form(Member, "display_name", blank=True)
 
     def save_model(self, request, obj, form, change):
         """Suspension and admin powers change through `update_member`, so
@@ -126,6 +144,7 @@ class SpaceAdmin(ThroughTheServices):
     list_filter = ["visibility", "send_policy", "archived"]
     search_fields = ["slug", "name"]
     readonly_fields = ["public_id", "slug", "created_by", "created_at", "members"]
+    form = _name_form(Space, "name")
 
     @admin.display(description="members")
     def members(self, obj: Space) -> str:

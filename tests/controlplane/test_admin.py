@@ -110,6 +110,26 @@ def test_member_changes_in_the_admin_go_through_the_service(staff_client, make_m
     assert AuditEntry.objects.filter(action="member.updated", target=bob.public_id, actor__handle="root").exists()
 
 
+def test_names_changed_in_the_admin_are_checked_as_the_services_check_them(staff_client, space, bob):
+    """The admin saved a display name or a space name the API refuses (a
+    right-to-left override, a control character)."""
+    from controlplane.models import Member, Space
+
+    before = bob.display_name
+    refused = [
+        staff_client.post(f"/admin/controlplane/member/{bob.pk}/change/",
+                          {"display_name": "evil\u202eexe.txt", "status": "active"}),
+        staff_client.post(f"/admin/controlplane/space/{space.pk}/change/",
+                          {"name": "Ops\x1b[31m", "visibility": "open", "send_policy": "open"}),
+    ]
+    assert [response.status_code for response in refused] == [200, 200]  # the form again, with the error
+    assert all("no control or reordering characters" in r.content.decode() for r in refused)
+    assert Member.objects.get(pk=bob.pk).display_name == before and Space.objects.get(pk=space.pk).name == "Lab"
+    # and an ordinary name still saves
+    assert staff_client.post(f"/admin/controlplane/space/{space.pk}/change/",
+                             {"name": "Lab \u05e9\u200f", "visibility": "open", "send_policy": "open"}).status_code == 302
+
+
 @pytest.mark.parametrize("path", [
     "/admin/controlplane/member/add/", "/admin/controlplane/space/add/", "/admin/controlplane/membership/add/",
     "/admin/inbox/firewallrule/add/", "/admin/django_q/schedule/add/",
