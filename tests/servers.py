@@ -72,13 +72,14 @@ def member_token(handle: str, *, kind: str = "agent", admin: bool = False, passw
     return bearer.issue_credential(member, actor=None)[1]
 
 
-def start_serving(*args, port: int | None = None, **env) -> subprocess.Popen:
+def start_serving(*args, port: int | None = None, stderr=None, **env) -> subprocess.Popen:
     """`manage.py serve` on a free port (or `port`, to start a server again
     where its clients left it), in a session of its own (so that the tests
-    can find everything it started); `.base_url` is its address."""
+    can find everything it started); `.base_url` is its address. `stderr`:
+    a file for its log (else the test run's)."""
     port = port or free_port()
     process = subprocess.Popen([sys.executable, "manage.py", "serve", "--bind", f"127.0.0.1:{port}", *args],
-                               cwd=ROOT, env=server_env(**env), stdout=subprocess.PIPE, text=True,
+                               cwd=ROOT, env=server_env(**env), stdout=subprocess.PIPE, stderr=stderr, text=True,
                                start_new_session=True)
     process.base_url = f"http://127.0.0.1:{port}"
     return process
@@ -97,9 +98,9 @@ def read_until(process: subprocess.Popen, marker: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def serving(*args, port: int | None = None, **env):
+def serving(*args, port: int | None = None, stderr=None, **env):
     """`manage.py serve` until the block ends; yields its base URL."""
-    process = start_serving(*args, port=port, **env)
+    process = start_serving(*args, port=port, stderr=stderr, **env)
     base = process.base_url
     try:
         deadline = time.monotonic() + 30

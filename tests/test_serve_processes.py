@@ -2,6 +2,7 @@
 own (one SO_REUSEPORT group), and `serve` starts one that dies again on its
 socket once it has listened (docs/decisions.md, "Running it")."""
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -128,9 +129,10 @@ def test_each_server_process_accepts_on_a_listening_socket_of_its_own():
         assert all(len(held) == 1 for held in inodes) and inodes[0] != inodes[1]
 
 
-def test_a_server_process_that_dies_is_started_again_on_its_socket():
-    # given
-    with serving("--no-worker", "--workers", "1") as (base, process):
+def test_a_server_process_that_dies_is_started_again_on_its_socket(tmp_path):
+    # given: its log in JSON, to a file
+    log_file = open(tmp_path / "serve.log", "w")
+    with log_file, serving("--no-worker", "--workers", "1", stderr=log_file, LOG_FORMAT="json") as (base, process):
         port = int(base.rsplit(":", 1)[1])
         (first,) = server_processes(process)
         socket_before = listening_inodes(first, port)
@@ -144,6 +146,10 @@ def test_a_server_process_that_dies_is_started_again_on_its_socket():
         assert listening_inodes(second, port) == socket_before
         assert httpx.get(f"{base}/healthz", timeout=30).json() == {"status": "ok"}
         assert process.poll() is None
+    # and serve said so in the log's format: its lines were plain text among JSON ones (jq stopped there)
+    records = [json.loads(line) for line in (tmp_path / "serve.log").read_text().splitlines() if line.strip()]
+    assert any(r["message"] == "a server process exited with status -9; starting another on its socket"
+               for r in records)
 
 
 def test_a_server_process_whose_loop_stops_answering_is_started_again_on_its_socket():

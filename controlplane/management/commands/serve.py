@@ -254,19 +254,19 @@ class Command(BaseCommand):
                 if child.alive() and not child.unresponsive(settings.SERVE_HEALTHCHECK_SECONDS):
                     continue
                 if child.alive():
-                    self.stderr.write(f"a server process ({child.process.pid}) has not answered for "
-                                      f"{settings.SERVE_HEALTHCHECK_SECONDS} s; starting another on its socket")
+                    log.warning("a server process (%d) has not answered for %s s; starting another on its socket",
+                                child.process.pid, settings.SERVE_HEALTHCHECK_SECONDS)
                 elif child.listening is None or not child.ready():
                     return
                 else:
-                    self.stderr.write(f"a server process exited with status {child.process.returncode}; "
-                                      "starting another on its socket")
+                    log.warning("a server process exited with status %d; starting another on its socket",
+                                child.process.returncode)
                 kill_all(lambda: in_group(child.process.pid))
                 try:
                     child.process.wait(STOP_GRACE_SECONDS)
                 except subprocess.TimeoutExpired:
-                    self.stderr.write(f"the server process {child.process.pid} outlived SIGKILL; "
-                                      "starting another beside it")
+                    log.error("the server process %d outlived SIGKILL; starting another beside it",
+                              child.process.pid)
                 if stop.requested:
                     return
                 child.start()
