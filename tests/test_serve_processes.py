@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from django.core.management.base import CommandError
 from controlplane.management.commands import serve
 from controlplane.management.commands.serve import listening_sockets
 from controlplane.processes import in_session, kill_all
-from tests.servers import free_port, serving, start_serving
+from tests.servers import free_port, read_until, serving, start_serving
 from tests.test_server import left_behind, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -185,3 +186,15 @@ def test_a_server_process_that_dies_before_it_listens_stops_serve():
         assert left_behind(process) == []
     finally:
         kill_all(lambda: in_session(process.pid))
+
+
+def test_a_bind_with_no_host_is_asked_and_named_by_its_loopback_address():
+    """`--bind :PORT` served, but serve asked `http://:PORT/healthz` for ever:
+    it never said where it served and never watched its processes."""
+    port = free_port()
+    with serving("--no-worker", "--workers", "1", "--bind", f":{port}", port=port) as (base, process):
+        printed = []
+        threading.Thread(target=lambda: printed.extend(read_until(process, "Switchboard is serving at")),
+                         daemon=True).start()
+        wait_until(lambda: printed, "serve never said where it serves", seconds=30)
+        assert f"Switchboard is serving at http://127.0.0.1:{port}/" in "".join(printed)

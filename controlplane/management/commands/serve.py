@@ -231,9 +231,10 @@ class Command(BaseCommand):
             for child in planned:
                 if not stop.requested:
                     children.append(child.start())
-            url_host = f"[{host}]" if ":" in host else host
-            if self._wait_ready(f"http://{url_host}:{port}/healthz", children, stop):
-                self.stdout.write(f"Switchboard is serving at http://{url_host}:{port}/  (Ctrl-C stops)")
+            # A wildcard or empty host is asked and named by its loopback address: `http://:8000/` is no URL.
+            url = bound_url(f"{host}:{port}")
+            if self._wait_ready(f"{url}/healthz", children, stop):
+                self.stdout.write(f"Switchboard is serving at {url}/  (Ctrl-C stops)")
                 self.stdout.flush()
                 self._supervise(children, stop)
         finally:
