@@ -3,6 +3,7 @@ proxy, on PostgreSQL + Redis, as the deployment docs describe it."""
 import asyncio
 import json
 import signal
+import socket
 import subprocess
 import sys
 
@@ -44,6 +45,19 @@ def test_two_nodes_behind_the_proxy_serve_one_deployment():
             raise
     assert process.returncode == 0
     assert not in_session(process.pid)  # nodes and workers stopped with it
+
+
+def test_a_port_in_use_is_one_line_and_leaves_nothing_behind():
+    """It was a traceback (serve says `cannot listen on …`)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([sys.executable, "manage.py", "cluster", "--bind", f"127.0.0.1:{port}", "--nodes",
+                                 "1", "--workers", "0"], cwd=ROOT, env=server_env(), capture_output=True, text=True,
+                                timeout=120, start_new_session=True)
+    assert result.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
 
 
 def token(handle: str) -> str:

@@ -3,6 +3,8 @@ database, the real channel layer (Redis when REDIS_URL is set)."""
 import concurrent.futures
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import httpx
@@ -13,8 +15,8 @@ from django.db import connection
 from controlplane.management.commands.serve import default_workers
 from controlplane.processes import descendants, in_session, kill_all
 from tests.inbox.test_firewall import inbox_paths
-from tests.servers import (cut_every_database_connection, left_behind, manage, member_token, read_until, serving,
-                           start_serving)
+from tests.servers import (ROOT, cut_every_database_connection, left_behind, manage, member_token, read_until,
+                           server_env, serving, start_serving)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -224,6 +226,15 @@ def test_management_commands_print_only_their_result():
     assert "http://127.0.0.1:8698/app/" in first_admin
     from django.contrib.auth import authenticate
     assert authenticate(username="dana", password="s3cret-pass") is not None
+
+
+def test_bootstrap_refuses_a_bad_or_taken_handle_in_one_line():
+    """Both ended in a traceback."""
+    manage("createmember", "admin")  # a member who is no admin holds the default handle
+    for args, told in ((["--handle", "Bad Handle"], "A handle is"), ([], "That handle is taken")):
+        result = subprocess.run([sys.executable, "manage.py", "bootstrap", *args], cwd=ROOT, env=server_env(),
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 1 and told in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
 def test_inbox_items_and_tokens_survive_a_restart():

@@ -1,8 +1,9 @@
 import secrets
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
+from controlplane.errors import ApiError
 from controlplane.models import Member
 from controlplane.services import create_member
 
@@ -17,7 +18,10 @@ class Command(BaseCommand):
         if Member.objects.filter(is_admin=True).exists():
             return
         password = secrets.token_urlsafe(12)
-        create_member(handle, kind=Member.Kind.HUMAN, is_admin=True, password=password, actor=None)
+        try:
+            create_member(handle, kind=Member.Kind.HUMAN, is_admin=True, password=password, actor=None)
+        except ApiError as exc:  # a malformed handle, or one a member who is no admin holds
+            raise CommandError(f"{exc.message} (--handle {handle})") from None
         self.stdout.write(
             "\nFirst admin created (this password is shown only now):\n"
             f"  user:     {handle}\n  password: {password}\n"

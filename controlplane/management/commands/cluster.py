@@ -4,6 +4,7 @@ worker processes on PostgreSQL + Redis, behind a round-robin proxy on
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 import urllib.request
@@ -18,6 +19,8 @@ from controlplane.cluster import Child, Proxy, Supervisor, free_port, node_comma
 from controlplane.management.commands.serve import split_bind
 from controlplane.processes import StopRequest
 from controlplane.schedules import ensure_schedules
+
+log = logging.getLogger(__name__)
 
 READY_TIMEOUT_SECONDS = 60
 
@@ -54,21 +57,23 @@ class Command(BaseCommand):
 
     async def _run(self, supervisor: Supervisor, ports: list[int], host: str, port: int, stop: StopRequest) -> None:
         proxy = Proxy([("127.0.0.1", p) for p in ports])
-        await proxy.start(host, port)
+        try:
+            await proxy.start(host, port)
+        except OSError as exc:  # as serve says it
+            raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
         try:
             deadline = time.monotonic() + READY_TIMEOUT_SECONDS
             while not stop.requested and not await asyncio.to_thread(_all_ready, ports):
                 if time.monotonic() > deadline:
                     raise CommandError("the nodes did not become ready")
                 await asyncio.sleep(0.2)
-            url_host = f"[{host}]" if ":" in host else host
             self.stdout.write(f"Switchboard cluster: {len(ports)} nodes (ports {', '.join(map(str, ports))}), "
                               f"{sum(c.name.startswith('worker') for c in supervisor.children)} workers, "
-                              f"serving at http://{url_host}:{port}/  (Ctrl-C stops)")
+                              f"serving at {bound_url(f'{host}:{port}')}/  (Ctrl-C stops)")
             self.stdout.flush()
             while not stop.requested:
                 for child in supervisor.tick():
-                    self.stderr.write(f"{child.name} died and was restarted")
+                    log.warning("%s died and was restarted", child.name)
                 await asyncio.sleep(0.2)
         finally:
             await proxy.close()
