@@ -74,7 +74,7 @@ class ApprovalRequestAdmin(ReadOnlyAdmin):
                 decide(pending)
                 done += 1
             except ApiError as exc:
-                self.message_user(request, f"{pending.public_id}: {exc.message}", messages.ERROR)
+                self.message_user(request, f"Request {pending.public_id}: {exc.message}", messages.ERROR)
         return done
 
     def approve_view(self, request, object_id):

@@ -62,7 +62,7 @@ def revoke(request, slug: str, grant_id: str):
     try:
         grant = services.revoke_grant(grant, actor=actor)
     except ApiError as exc:
-        return _refused(request, grant.public_id, exc)
+        return _refused(request, f"Grant {grant.public_id}", exc)
     messages.success(request, f"Grant {grant.public_id} is {grant.status}.")
     return redirect("staff-approvals")
 
@@ -79,7 +79,7 @@ def decide(request, request_id: str, decision: str):
         else:
             approvals.deny(pending, request.POST.get("reason", ""), actor=actor)
     except ApiError as exc:
-        return _refused(request, pending.public_id, exc)
+        return _refused(request, f"Request {pending.public_id}", exc)
     messages.success(request, f"Approved {pending.public_id}: the message was sent." if decision == "approve"
                      else f"Denied {pending.public_id}.")
     return redirect("staff-approvals")

@@ -106,7 +106,7 @@ def test_a_refused_denial_is_a_clear_4xx_on_the_queue_and_decides_nothing(pendin
     pending.refresh_from_db()
     assert answer.status_code == status and pending.status == "pending"
     text = answer.content.decode()
-    assert f"{pending.public_id}: " in text and f"({code})" in text and 'name="reason"' in text
+    assert f"Request {pending.public_id}: " in text and f"({code})" in text and 'name="reason"' in text
 
 
 def test_the_staff_queue_says_how_many_more_wait_past_its_page(pending, grant, approver, monkeypatch):
