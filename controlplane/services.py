@@ -199,8 +199,9 @@ def join_space(space: Space, *, actor: Member) -> MembershipChange:
     """Join an open space, or ask to join a request space (pending until an
     owner admits). Private spaces are joined only by an owner adding you.
     One who joins again after leaving or being removed keeps an observer's
-    role if they had it (anyone else joins as a member). Idempotent: joining again returns the current membership (a private
-    space's members' too; anyone else gets 404 there)."""
+    role if they had it (anyone else joins as a member). Idempotent:
+    joining again returns the current membership (a private space's
+    members' too; anyone else gets 404 there)."""
     status = Membership.Status.ACTIVE if space.visibility == Space.Visibility.OPEN else Membership.Status.PENDING
     with transaction.atomic():
         current = Membership.objects.select_for_update(no_key=True).filter(space=space, member=actor).first()
