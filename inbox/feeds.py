@@ -73,7 +73,10 @@ def check_retained_steps(after: int | None):
         return
     head = yield from log_head_steps()
     if head.resync_needed(after):
-        raise ResyncRequired(details={"floor": head.floor})
+        if after < head.floor:
+            raise ResyncRequired(details={"floor": head.floor, "reason": "pruned"})
+        raise ResyncRequired("The cursor is past the log as restored from a backup, which lost events it had read; "
+                             "take a fresh snapshot.", details={"floor": head.floor, "reason": "restored"})
 
 
 # An event's relations a page loads with it, as select_related would.

@@ -63,9 +63,8 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
 
 def build_server(extension_methods: dict[str, tuple[type, Any]], extensions: dict[str, dict]) -> Server:
     server = Server("switchboard", version="0.1.0", title="Switchboard",
-                    instructions="Your Switchboard inbox and spaces: read_inbox, acknowledge_delivery, "
-                                 "read_event, send_message and get_coordination_context; inbox events "
-                                 "through the io.modelcontextprotocol/events extension.",
+                    instructions=f"Your Switchboard inbox and spaces, through the tools {', '.join(TOOLS)}; "
+                                 "inbox events through the io.modelcontextprotocol/events extension.",
                     on_list_tools=list_tools, on_call_tool=call_tool)
     for method, (params_type, handler) in extension_methods.items():
         server.add_request_handler(method, params_type, handler)

@@ -226,6 +226,7 @@ def test_cursor_below_retention_floor_needs_resync(general, alice, as_alice):
     assert deleted >= 1
     gone = as_alice.get("/v0/spaces/lab/events", cursor=old_cursor)
     assert gone.status_code == 410 and error_code(gone) == "RESYNC_REQUIRED"
+    assert gone.json()["error"]["details"]["reason"] == "pruned"
     fresh, _ = drain(as_alice)
     assert [e["data"]["message"]["body"] for e in fresh if e["kind"] == "message.created"] == ["new"]
     assert all(e["position"] > LogHead.objects.get().floor for e in fresh)
@@ -269,6 +270,7 @@ def test_after_a_restore_readers_who_read_what_it_lost_resync_and_the_rest_miss_
     for path in paths:
         gone = as_bob.get(path, cursor=past_it[path])
         assert (gone.status_code, error_code(gone)) == (410, "RESYNC_REQUIRED"), path
+        assert gone.json()["error"]["details"]["reason"] == "restored" and "restored" in gone.json()["error"]["message"]
         read_on = drain(as_bob, path, cursor=at_backup[path])[0]
         assert [e["data"]["message"]["body"] for e in read_on if e["kind"] == "message.created"] == [
             "after the restore"], path

@@ -68,6 +68,10 @@ def test_the_sdk_starts_at_the_first_accepted_request_not_at_a_refused_one(make_
     # then
     assert refused.status_code == 401 and started_by_refusal is False
     assert accepted.status_code == 200 and started is True
+    # and its instructions name every tool (they named five of seven)
+    from mcp_endpoint.tools import TOOLS
+    instructions = accepted.json()["result"]["instructions"]
+    assert all(name in instructions for name in TOOLS) and {"answer", "read_answers"} <= TOOLS.keys()
 
 
 def test_a_lost_redis_is_the_apis_503_at_the_door(make_member, lost_redis):

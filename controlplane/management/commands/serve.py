@@ -109,7 +109,8 @@ def listening_sockets(host: str, port: int, count: int) -> list[socket.socket]:
     except OSError as exc:
         for listening in sockets:
             listening.close()
-        raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror} (choose another with --bind or "
+                           "SWITCHBOARD_BIND)") from None
     try:
         _keep_the_group(sockets)
     except OSError as exc:  # a kernel without it: the group still spreads connections, by their addresses
