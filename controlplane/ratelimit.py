@@ -158,8 +158,13 @@ def signin_wait(request, now: float) -> float | None:
     (SIGNIN_PER_ADDRESS per 15 minutes), the account it names from that
     address (SIGNIN_PER_ACCOUNT) and that account from every address
     (SIGNIN_ACCOUNT_EVERYWHERE times as many); the seconds to wait when any
-    is spent, else None."""
-    waits = [hit(key, limit=limit, window=SIGNIN_WINDOW, now=now) for key, limit in _signin_counters(request)]
+    is spent, else None. An address that is spent counts nothing more: its
+    refused attempts make no counters (each new name made two, and without
+    Redis a flood of names pushed others' counters out of the cache)."""
+    (address, address_limit), *accounts = _signin_counters(request)
+    if spent := hit(address, limit=address_limit, window=SIGNIN_WINDOW, now=now):
+        return spent
+    waits = [hit(key, limit=limit, window=SIGNIN_WINDOW, now=now) for key, limit in accounts]
     return max((w for w in waits if w is not None), default=None)
 
 

@@ -298,7 +298,10 @@ if REDIS_URL:
     }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    # The rate limits' counters live here: Django's default of 300 entries let a
+    # flood of new ones push others' out (a sign-in throttle forgot its guesses).
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+                          "OPTIONS": {"MAX_ENTRIES": 100_000}}}
 
 Q_LOG_LEVEL = os.environ.get("Q_LOG_LEVEL", "").strip().upper() or "WARNING"
 if Q_LOG_LEVEL not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:

@@ -138,3 +138,20 @@ def test_sign_in_is_throttled_per_client_address(ann, settings, path):
     v6 = [Client(REMOTE_ADDR=f"2001:db8:1:2::{n:x}").post(path, {"username": "cid", "password": "x"}).status_code
           for n in range(1, 4)]
     assert v6 == [200, 200, 429]
+
+
+def test_a_flood_of_names_from_another_address_does_not_reset_an_addresss_guesses(ann, settings):
+    """Without Redis the counters live in a local cache that held 300 entries,
+    and each refused attempt under a new name made two: another address's
+    flood of names pushed the guesser's counts out, and ann's password was
+    guessed 70 times in 30 seconds against a limit of 10 per 15 minutes."""
+    settings.SIGNIN_PER_ACCOUNT, settings.SIGNIN_PER_ADDRESS = 5, 10
+    clear_of_window_edge(15 * 60)
+    guesser, flooder = Client(REMOTE_ADDR="198.51.100.7"), Client(REMOTE_ADDR="198.51.100.8")
+    # given: the guesser spent ann's attempts from its address
+    guesses = [guesser.post("/app/login/", {"username": "ann", "password": "guess"}).status_code for _ in range(6)]
+    # when: another address sends 400 attempts under new names
+    flood = {flooder.post("/app/login/", {"username": f"name{n}", "password": "x"}).status_code for n in range(400)}
+    # then: the guesser is still refused
+    assert guesses == [200] * 5 + [429] and flood == {200, 429}
+    assert guesser.post("/app/login/", {"username": "ann", "password": PASSWORD}).status_code == 429
