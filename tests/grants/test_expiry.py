@@ -33,6 +33,32 @@ def test_the_watch_fences_what_expired_and_has_a_worker_finish_it(bob_to_carol, 
     assert InboxItem.objects.get().admission == "withheld"
 
 
+def test_one_spaces_many_expiring_grants_do_not_hold_back_anothers_fence(grant, carol, bob, monkeypatch):
+    """The watch fenced the earliest 100 of the host: an owner's 2,000 grants
+    expiring at one instant kept another space's expired grant (and what it
+    admitted) active for 35 s."""
+    from controlplane import services
+    from grants import services as grants
+
+    monkeypatch.setattr(barrier, "kick", lambda *args: None)
+    # given: ten of alice's grants expiring first, then one of carol's own space
+    at = now()
+    flood = [grant(f"grt_flood{n}", "project", expires_at=at + dt.timedelta(seconds=10)) for n in range(10)]
+    other = services.create_space(slug="other", name="Other", visibility="open", send_policy="explicit_only",
+                                  actor=carol)
+    services.join_space(other, actor=bob)
+    grants.create_grant(other, grant_id="grt_victim", kind="project", actor=carol,
+                        expires_at=at + dt.timedelta(seconds=11))
+    # when: a watch that fences five at a time looks after both expired
+    with freeze(at + dt.timedelta(seconds=12)):
+        fenced = barrier.fence_expired(limit=5)
+    # then: the other space's grant is among them, with the earliest of the flood
+    statuses = dict(Grant.objects.values_list("public_id", "status"))
+    assert fenced == 5 and statuses["grt_victim"] == "revoking"
+    assert sorted(g.public_id for g in flood if statuses[g.public_id] == "revoking") == [
+        "grt_flood0", "grt_flood1", "grt_flood2", "grt_flood3"]
+
+
 def test_a_failing_watch_is_logged_once_a_minute_and_stops_nothing(monkeypatch, caplog):
     calls = []
 
