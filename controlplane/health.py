@@ -15,6 +15,7 @@ marked with the names it returns (`figures`), so that one which fails
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as CheckTimedOut
@@ -60,7 +61,29 @@ def _timed(check) -> int:
     return round((time.monotonic() - started) * 1000)
 
 
+# A process answers probes from its last checks for this long: /readyz is
+# counted by no rate limit (load balancers call it), and each check took a
+# database connection and a new Redis connection, so a flood of anonymous
+# probes slowed everyone's requests fourfold more than one of /healthz.
+ANSWER_FOR_SECONDS = 1.0
+_last: tuple[float, tuple[bool, dict]] | None = None
+_last_lock = threading.Lock()
+
+
 def readiness() -> tuple[bool, dict]:
+    """`check_readiness`, at most once per ANSWER_FOR_SECONDS in a process:
+    probes meanwhile get its answer (those arriving while it runs wait for
+    it)."""
+    global _last
+    with _last_lock:
+        if _last is not None and time.monotonic() - _last[0] < ANSWER_FOR_SECONDS:
+            return _last[1]
+        answer = check_readiness()
+        _last = (time.monotonic(), answer)
+        return answer
+
+
+def check_readiness() -> tuple[bool, dict]:
     """(ready, {"status", "checks": {name: {"state", "ms"?, "error"?}}}):
     every configured dependency answered within CHECK_SECONDS."""
     checks = {"database": _database, "redis": _redis if settings.REDIS_URL else None}
