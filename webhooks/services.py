@@ -293,8 +293,12 @@ def activation_cursor(subscription: Subscription) -> str:
 
 def deliveries_of(*subscriptions: Subscription):
     """The delivery history of `subscriptions`: every wake but those still
-    open (in their debounce window)."""
-    return Delivery.objects.filter(subscription__in=subscriptions).exclude(state=Delivery.State.OPEN)
+    open (in their debounce window), and but an item push's offer that
+    found no item to carry and was never sent (each subscribe made one,
+    shown as a `cancelled` wake no one had cancelled)."""
+    return (Delivery.objects.filter(subscription__in=subscriptions).exclude(state=Delivery.State.OPEN)
+            .exclude(state=Delivery.State.CANCELLED, item__isnull=True, attempts=0,
+                     subscription__kind=Subscription.Kind.ITEM))
 
 
 def replay(delivery_id: str, owner: Member) -> Delivery:

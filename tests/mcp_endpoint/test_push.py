@@ -18,7 +18,7 @@ from inbox.services import send_message
 from webhooks import engine, mcp
 from webhooks import pump as timer_loop
 from webhooks.models import Delivery, Subscription
-from webhooks.services import create_endpoint
+from webhooks.services import create_endpoint, deliveries_of
 from webhooks.transport import Outcome
 from webhooks.verification import verify_endpoint
 
@@ -337,6 +337,8 @@ def test_a_subscription_with_nothing_pending_is_offered_nothing_more(world, rece
     # then: it found nothing, ended, and no new one took its place
     assert pushes(receiver) == []
     assert list(Delivery.objects.filter(subscription=subscription).values_list("state", flat=True)) == ["cancelled"]
+    # and the history shows no wake (it showed a `cancelled` one no one had cancelled)
+    assert list(deliveries_of(subscription)) == []
 
 
 def test_item_pushes_and_range_wakes_are_claimed_in_one_batch(world, receiver):
