@@ -200,9 +200,14 @@ def look_at_claims_of(sender, space_id: int | None, member_id: int, **kwargs) ->
     controlplane.services.writer_lost): their claims there are due at
     once, and the next read or scan releases them (`_claimant_gone`)
     rather than leaving the work held until the claim's silence runs out.
-    One reinstated before that look keeps the claim."""
+    One reinstated before that look keeps the claim. The rows are locked
+    in id order first: a removal and a suspension of one claimant at once
+    updated them in two plans' orders and deadlocked."""
     claims = Task.objects.filter(claimant_id=member_id, status=Task.Status.CLAIMED)
-    (claims.filter(space_id=space_id) if space_id is not None else claims).update(sweep_at=now())
+    if space_id is not None:
+        claims = claims.filter(space_id=space_id)
+    if pks := list(claims.order_by("pk").select_for_update(no_key=True).values_list("pk", flat=True)):
+        Task.objects.filter(pk__in=pks).update(sweep_at=now())
 
 
 def due_claims(at: dt.datetime) -> list[int]:

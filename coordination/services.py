@@ -18,7 +18,7 @@ from controlplane.clock import now
 from controlplane.errors import Conflict, Forbidden, InvalidRequest, LimitExceeded, NotFound
 from controlplane.events import conversation_created
 from controlplane.log import append_events
-from controlplane.models import Conversation, Member, Space
+from controlplane.models import Conversation, Member, Membership, Space
 from controlplane.services import member_for_handle
 from coordination import claims
 from coordination.events import task_event
@@ -179,12 +179,29 @@ def may_move(task: Task, move: str, actor: Member, *, admin: bool) -> bool:
     }[move]
 
 
+def _lock_claimant(space: Space, actor: Member) -> None:
+    """`require_sender`, under the locks of `actor`'s member row and
+    membership (the order a suspension and a removal take them in): a
+    removal, demotion or suspension committing meanwhile is either seen
+    here, or waits and then finds the claim, and lets it go
+    (claims.look_at_claims_of). Checked before the task's lock only, a
+    claim racing a removal was kept for 18 hours by a member who could
+    neither submit nor release it."""
+    Member.take_turns(actor.pk)
+    membership = (Membership.objects.select_for_update(no_key=True)
+                  .filter(space=space, member=actor, status=Membership.Status.ACTIVE).first())
+    if not Member.objects.filter(pk=actor.pk, status=Member.Status.ACTIVE).exists():
+        raise Forbidden("The member is suspended.")
+    require_sender(space, actor, role=membership.role if membership is not None else None)
+
+
 def claim_task(space: Space, task_id: str, *, actor: Member) -> Task:
     """Claim an open task, or one whose claim has expired (in the same
     request: the expiry is swept first). Claiming one's own claim again
     changes nothing."""
-    require_sender(space, actor)
+    require_sender(space, actor)  # refused before any lock is taken, as every move is
     with transaction.atomic():
+        _lock_claimant(space, actor)
         task = visible_task(space, task_id, actor, lock=True)
         if task.status == Task.Status.CLAIMED and task.claimant_id == actor.pk:
             return task

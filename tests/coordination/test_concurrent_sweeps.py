@@ -160,3 +160,76 @@ def test_a_claimants_message_committing_while_the_expiry_decides_keeps_the_claim
     assert outcome["decision"] != "expired"
     assert Task.objects.get(pk=task.pk).claimant == bob
     assert not Event.objects.filter(kind="task_claim_expired").exists()
+
+
+def test_a_claim_racing_its_claimants_removal_is_refused_or_let_go(space, alice, bob):
+    """The claim checked its claimant before its transaction: a removal
+    committing meanwhile found the task still open and marked nothing, and
+    the claim was kept for 18 hours by a member who could neither submit
+    nor release it."""
+    import threading
+
+    from django.db import connections
+
+    from controlplane import services
+    from controlplane.errors import Forbidden
+
+    task = tasks.create_task(space, title="Report", actor=alice)
+    reached, release, outcome = threading.Event(), threading.Event(), {}
+
+    def hold_the_removal(sender, **kwargs):  # after coordination's receiver, before the removal commits
+        if threading.current_thread().name == "remover":
+            reached.set()
+            release.wait(10)
+
+    def removes():
+        try:
+            services.remove_member(space, bob, actor=alice)
+        finally:
+            connections.close_all()
+
+    def claims():
+        try:
+            outcome["claim"] = tasks.claim_task(space, task.public_id, actor=bob).status
+        except Forbidden:
+            outcome["claim"] = "refused"
+        finally:
+            connections.close_all()
+
+    services.writer_lost.connect(hold_the_removal, dispatch_uid="test.hold_the_removal")
+    try:
+        remover = threading.Thread(target=removes, name="remover")
+        remover.start()
+        assert reached.wait(10)
+        # when: bob claims while his removal holds his membership, not yet committed
+        claimer = threading.Thread(target=claims)
+        claimer.start()
+        someone_waits_for_a_lock(timeout=3)
+        release.set()
+        remover.join(20)
+        claimer.join(20)
+    finally:
+        services.writer_lost.disconnect(dispatch_uid="test.hold_the_removal")
+    # then: the claim waited for the removal and was refused, and the work is open
+    assert outcome["claim"] == "refused"
+    assert tasks.visible_task(space, task.public_id, alice).status == "open"
+
+
+def test_a_claimants_tasks_are_marked_under_locks_taken_in_id_order(space, alice, bob):
+    """A removal and a suspension of one claimant at once each updated the
+    claimant's tasks in the order of its own plan (an index scan, a bitmap
+    heap scan) and deadlocked: 4 in 30 rounds on a database with many
+    tasks. Both now lock the rows in id order before they update them."""
+    from django.db import connection, transaction
+    from django.test.utils import CaptureQueriesContext
+
+    from coordination import claims
+
+    for n in range(3):
+        tasks.claim_task(space, tasks.create_task(space, title=f"t{n}", actor=alice).public_id, actor=bob)
+    for space_id in (space.pk, None):  # a removal's (one space) and a suspension's (every space)
+        with transaction.atomic(), CaptureQueriesContext(connection) as ran:  # as its senders call it
+            claims.look_at_claims_of(None, space_id=space_id, member_id=bob.pk)
+        locking, updating = (next(i for i, q in enumerate(ran.captured_queries) if marker in q["sql"])
+                             for marker in ("FOR NO KEY UPDATE", "UPDATE \"coordination_task\""))
+        assert locking < updating and 'ORDER BY 1 ASC FOR NO KEY UPDATE' in ran.captured_queries[locking]["sql"]
