@@ -81,11 +81,13 @@ def grant_event(kind: str, grant: Grant, *, actor_id: int | None) -> NewEvent:
     theirs to see. A party outside the space is told nothing: anyone who
     owns a space could otherwise put events in any member's inbox feed and
     wake their receivers, as often as they liked, and a private space's
-    grants woke a member removed from it."""
-    named = {pk for pk in (grant.sender_id, grant.recipient_id) if pk is not None}
+    grants woke a member removed from it. Its creator likewise, while a
+    member of the space or an active admin (admins manage every space): an
+    owner who left was still woken by the revocations of their grants."""
+    named = {pk for pk in (grant.sender_id, grant.recipient_id, grant.created_by_id) if pk is not None}
     parties = set(Membership.objects.filter(space_id=grant.space_id, member_id__in=named,
                                             status=Membership.Status.ACTIVE).values_list("member_id", flat=True))
-    if grant.created_by_id is not None:
+    if grant.created_by_id not in parties and is_active_admin(grant.created_by):
         parties.add(grant.created_by_id)
     return NewEvent(kind, {"grant": render_grant(grant, grant.created_by)}, space_id=grant.space_id,
                     actor_id=actor_id, restricted=True, addressees=tuple(sorted(parties)))

@@ -296,6 +296,16 @@ def test_grant_events_reach_no_party_outside_the_space(as_alice, alice, bob, mak
     # then: the revocation is addressed to alice alone, so it wakes nothing of bob's
     revoked = EventAddressee.objects.filter(event__kind="grant.revoked")
     assert list(revoked.values_list("member__handle", flat=True)) == ["alice"]
+    # when: its creator leaves the space (a second owner stays), and that owner revokes her other grant there
+    carol = make_member("carol")
+    services.add_member(vault, carol, role="owner", actor=alice)
+    assert as_alice.post(GRANTS, {"id": "grt_hers", "kind": "pair", "sender": "@carol", "recipient": "@alice"}) \
+        .status_code == 201
+    services.remove_member(vault, alice, actor=alice)
+    assert api_for(carol).post("/v0/grants/grt_hers/revoke", {}).status_code == 200
+    # then: nothing of it reaches her (her receivers were woken by it)
+    hers = EventAddressee.objects.filter(event__kind="grant.revoked", event__data__grant__id="grt_hers")
+    assert list(hers.values_list("member__handle", flat=True)) == ["carol"]
 
 
 def test_an_owner_removed_while_creating_a_grant_creates_none(locked, alice, carol, monkeypatch):
