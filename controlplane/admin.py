@@ -274,8 +274,11 @@ class UserAdmin(Guarded, auth_admin.UserAdmin):
     """The web sign-in accounts of human members: made, named and flagged by
     the services (`create_member`, `update_member`), so here an admin only
     sets a password (a member's account recovery), which is recorded."""
-    readonly_fields = ["username", "is_active", "is_staff", "is_superuser", "groups", "user_permissions",
-                       "last_login", "date_joined"]
+    # Its name and e-mail too: the member's display name is the name shown,
+    # and these were saved unchecked and unrecorded (the admin's greeting
+    # showed a right-to-left override).
+    readonly_fields = ["username", "first_name", "last_name", "email", "is_active", "is_staff", "is_superuser",
+                       "groups", "user_permissions", "last_login", "date_joined"]
 
     def has_add_permission(self, request):
         return False

@@ -18,7 +18,8 @@ REORDERING = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 def checked_name(field: str, value: str, max_chars: int, *, blank: bool = False) -> str:
     """`value` if it is one line of text of at most `max_chars` characters,
     not only whitespace (with `blank`, empty is allowed), with no control
-    character (NUL, a line break, a tab), no character that reorders the
+    character (NUL, a line break, a tab), no line or paragraph separator
+    (U+2028, U+2029), no character that reorders the
     text around it (`REORDERING`) and no lone surrogate; else 400
     INVALID_REQUEST naming `field`."""
     empty = "may be empty but not only whitespace" if blank else "may not be empty or only whitespace"
@@ -26,7 +27,7 @@ def checked_name(field: str, value: str, max_chars: int, *, blank: bool = False)
                              f"or reordering characters, and {empty}.", details={"field": field})
     if not isinstance(value, str) or len(value) > max_chars:
         raise refusal
-    if any(unicodedata.category(c) == "Cc" or c in REORDERING for c in value):
+    if any(unicodedata.category(c) in ("Cc", "Zl", "Zp") or c in REORDERING for c in value):
         raise refusal
     if not value.strip() and not (blank and value == ""):
         raise refusal

@@ -181,7 +181,8 @@ def test_the_admin_deletes_and_renames_nothing_the_services_keep(staff_client, s
 
 def test_a_members_account_gets_only_a_password_in_the_admin_and_that_is_recorded(staff_client, make_member):
     """Accounts are made and flagged by the services: the user admin added
-    accounts, renamed them and set their flags unrecorded, around them."""
+    accounts, renamed them and set their flags unrecorded, around them (and
+    their names and e-mail, unchecked)."""
     from django.contrib.auth.models import User
 
     from controlplane.models import AuditEntry
@@ -194,13 +195,15 @@ def test_a_members_account_gets_only_a_password_in_the_admin_and_that_is_recorde
     deleted = staff_client.post(f"/admin/auth/user/{user.pk}/delete/", {"post": "yes"}).status_code
     staff_client.post(f"/admin/auth/user/{user.pk}/change/", {
         "username": "someone", "is_superuser": "on", "is_staff": "on", "is_active": "on",
-        "first_name": "Noor", "last_name": "", "email": "", "date_joined_0": "2026-01-01", "date_joined_1": "00:00"})
+        "first_name": "\u202eNoor", "last_name": "x", "email": "a@example.com", "date_joined_0": "2026-01-01",
+        "date_joined_1": "00:00"})
     password = staff_client.post(f"/admin/auth/user/{user.pk}/password/",
                                  {"password1": "a new long password", "password2": "a new long password"})
     # then: only the password changed, and it is on record
     assert (added, deleted, password.status_code) == (403, 403, 302)
     user = User.objects.get(pk=user.pk)
-    assert (user.username, user.is_superuser, user.is_staff, user.first_name) == ("noor", False, False, "Noor")
+    assert (user.username, user.is_superuser, user.is_staff) == ("noor", False, False)
+    assert (user.first_name, user.last_name, user.email) == ("", "", "")  # saved unchecked and unrecorded, before
     assert user.check_password("a new long password")
     assert AuditEntry.objects.filter(action="member.password_set", target=noor.public_id,
                                      actor__handle="root").exists()

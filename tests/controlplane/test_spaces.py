@@ -33,7 +33,8 @@ def test_a_members_password_passes_the_validators_and_is_only_for_those_who_sign
 
 
 @pytest.mark.parametrize("name", ["   ", "\t", "\u00a0", "too long", "bad\udcffname", "nul\x00", "two\nlines",
-                                  "tab\there", "ada\u202egnp.exe", "isolated\u2067name\u2069"])
+                                  "tab\there", "ada\u202egnp.exe", "isolated\u2067name\u2069", "ab\u2028cd",
+                                  "ab\u2029cd"])
 def test_a_name_is_checked_where_it_is_stored_whoever_gives_it(db, alice, name):
     """createmember's display name went to the database unchecked (a 300-character
     one was stored on SQLite and a traceback on PostgreSQL), and the API stored a
