@@ -29,6 +29,7 @@ from django_q.brokers import get_broker
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+log = logging.getLogger("switchboard.health")
 CHECK_SECONDS = 2.0
 # Checks run here, so the probe can stop waiting for one; a hung check
 # keeps its thread until it returns, and at most this many hang at once
@@ -100,9 +101,6 @@ def check_readiness() -> tuple[bool, dict]:
             report[name] = {"state": "failed", "error": type(error).__name__}
     ready = all(check["state"] in ("ok", "not configured") for check in report.values())
     return ready, {"status": "ready" if ready else "unavailable", "checks": dict(sorted(report.items()))}
-
-
-log = logging.getLogger("switchboard.health")
 
 
 def figures(*names: str):
