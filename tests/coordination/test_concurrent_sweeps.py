@@ -72,6 +72,34 @@ def _slow_claim(space, task, member, monkeypatch):
     return thread
 
 
+def _held_then_raced(holder, racer, reached, release, *, lock_timeout: float = 10.0) -> None:
+    """Run `holder` in a thread named "holder" until it sets `reached` (it
+    holds its transaction open, waiting for `release`); then `racer` in
+    another until it waits for a lock; then let the holder commit, and wait
+    for both. Each thread gives its connections back."""
+    import threading
+
+    from django.db import connections
+
+    def closing(work):
+        def run():
+            try:
+                work()
+            finally:
+                connections.close_all()
+        return run
+
+    held = threading.Thread(target=closing(holder), name="holder")
+    held.start()
+    assert reached.wait(10)
+    racing = threading.Thread(target=closing(racer))
+    racing.start()
+    someone_waits_for_a_lock(timeout=lock_timeout)
+    release.set()
+    held.join(20)
+    racing.join(20)
+
+
 def test_a_claim_taken_over_while_another_claimant_waits_for_the_row_stands(space, alice, bob, carol, monkeypatch):
     """Two members claim work whose claim has expired: carol takes it
     (expiry and claim in one transaction) while bob's request waits for the
@@ -113,8 +141,6 @@ def test_a_claimants_message_committing_while_the_expiry_decides_keeps_the_claim
     all the same."""
     import threading
 
-    from django.db import connections
-
     from controlplane import log
     from coordination import claims
     from inbox.services import send_message
@@ -126,34 +152,20 @@ def test_a_claimants_message_committing_while_the_expiry_decides_keeps_the_claim
     written, release, outcome = threading.Event(), threading.Event(), {}
 
     def pause_the_senders_commit(entries):
-        if threading.current_thread().name == "sender":
+        if threading.current_thread().name == "holder":
             written.set()
             release.wait(10)
 
     def sends():
-        try:
-            send_message(Task.objects.get(pk=task.pk).conversation, body="still on it", actor=bob)
-        finally:
-            connections.close_all()
+        send_message(Task.objects.get(pk=task.pk).conversation, body="still on it", actor=bob)
 
     def decides():
-        try:
-            outcome["decision"] = claims._decide(task.pk, now())
-        finally:
-            connections.close_all()
+        outcome["decision"] = claims._decide(task.pk, now())
 
     log.register_append_hook(pause_the_senders_commit)
     try:
-        sender = threading.Thread(target=sends, name="sender")
-        sender.start()
-        assert written.wait(10)
         # when: the expiry decides while bob's message is written and not yet committed
-        decider = threading.Thread(target=decides)
-        decider.start()
-        someone_waits_for_a_lock()
-        release.set()
-        sender.join(20)
-        decider.join(20)
+        _held_then_raced(sends, decides, written, release)
     finally:
         log._APPEND_HOOKS.remove(pause_the_senders_commit)
     # then: the message keeps the claim
@@ -169,8 +181,6 @@ def test_a_claim_racing_its_claimants_removal_is_refused_or_let_go(space, alice,
     nor release it."""
     import threading
 
-    from django.db import connections
-
     from controlplane import services
     from controlplane.errors import Forbidden
 
@@ -178,36 +188,23 @@ def test_a_claim_racing_its_claimants_removal_is_refused_or_let_go(space, alice,
     reached, release, outcome = threading.Event(), threading.Event(), {}
 
     def hold_the_removal(sender, **kwargs):  # after coordination's receiver, before the removal commits
-        if threading.current_thread().name == "remover":
+        if threading.current_thread().name == "holder":
             reached.set()
             release.wait(10)
 
     def removes():
-        try:
-            services.remove_member(space, bob, actor=alice)
-        finally:
-            connections.close_all()
+        services.remove_member(space, bob, actor=alice)
 
     def claims():
         try:
             outcome["claim"] = tasks.claim_task(space, task.public_id, actor=bob).status
         except Forbidden:
             outcome["claim"] = "refused"
-        finally:
-            connections.close_all()
 
     services.writer_lost.connect(hold_the_removal, dispatch_uid="test.hold_the_removal")
     try:
-        remover = threading.Thread(target=removes, name="remover")
-        remover.start()
-        assert reached.wait(10)
         # when: bob claims while his removal holds his membership, not yet committed
-        claimer = threading.Thread(target=claims)
-        claimer.start()
-        someone_waits_for_a_lock(timeout=3)
-        release.set()
-        remover.join(20)
-        claimer.join(20)
+        _held_then_raced(removes, claims, reached, release, lock_timeout=3)
     finally:
         services.writer_lost.disconnect(dispatch_uid="test.hold_the_removal")
     # then: the claim waited for the removal and was refused, and the work is open
